@@ -1,0 +1,188 @@
+"""The ``stabletoolbench-mirror`` command line.
+
+Each command group lives in its own module and registers itself through a
+``register(subparsers)`` function listed in :data:`COMMAND_MODULES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from .config import ConfigError, Settings, load_settings
+
+#: modules with a ``register(subparsers)`` function adding their commands
+COMMAND_MODULES: list[str] = [
+    "stabletoolbench_mirror.cli",
+]
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", help="config file (default: $STM_CONFIG or ./server_config.yml)")
+    parser.add_argument("--mode", choices=["replay", "record"], help="override 'mode'")
+    parser.add_argument("--store-path", help="override 'store.path' (diskcache folder)")
+
+
+def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
+    overrides: dict[str, Any] = {"mode": getattr(args, "mode", None)}
+    if getattr(args, "store_path", None):
+        overrides["store"] = {"path": os.path.abspath(args.store_path)}
+    overrides.update({k: v for k, v in extra.items() if v is not None})
+    return load_settings(args.config, overrides=overrides)
+
+
+# -- serve ---------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .logs import setup_logging
+
+    settings = settings_from_args(args, host=args.host, port=args.port, workers=args.workers)
+    setup_logging(settings.log_level, settings.secrets())
+    if settings.workers > 1:
+        # each worker process rebuilds the same settings from the environment
+        os.environ["STM_SERVE_SETTINGS_JSON"] = serialize_settings(settings)
+        uvicorn.run(
+            "stabletoolbench_mirror.server:app_from_environment",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=settings.log_level,
+        )
+        return 0
+    from .server import create_app
+
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    return 0
+
+
+def serialize_settings(settings: Settings) -> str:
+    data = settings.model_dump(mode="python")
+    data["base_dir"] = settings.base_dir
+
+    def reveal(value: Any) -> Any:
+        if hasattr(value, "get_secret_value"):
+            return value.get_secret_value()
+        if isinstance(value, dict):
+            return {k: reveal(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [reveal(v) for v in value]
+        return value
+
+    return json.dumps(reveal(data))
+
+
+def deserialize_settings(text: str) -> Settings:
+    data = json.loads(text)
+    base_dir = data.pop("base_dir", ".")
+    settings = Settings(**data)
+    settings.base_dir = base_dir
+    return settings
+
+
+# -- cache ---------------------------------------------------------------------------------------
+
+
+def _open_store(args: argparse.Namespace):
+    from .factory import build_store
+
+    return build_store(settings_from_args(args))
+
+
+def cmd_cache_import(args: argparse.Namespace) -> int:
+    from .cache_tools import import_tree
+
+    if not os.path.isdir(args.directory):
+        print(f"error: {args.directory} is not a folder", file=sys.stderr)
+        return 2
+    with _open_store(args) as store:
+        summary = import_tree(store, args.directory, progress=not args.quiet)
+    print("\n".join(summary.lines()))
+    return 1 if summary.bad_files else 0
+
+
+def cmd_cache_export(args: argparse.Namespace) -> int:
+    from .cache_tools import export_tree
+
+    with _open_store(args) as store:
+        summary = export_tree(store, args.directory, progress=not args.quiet)
+    print("\n".join(summary.lines()))
+    return 0
+
+
+def cmd_cache_stats(args: argparse.Namespace) -> int:
+    from .cache_tools import store_stats
+
+    with _open_store(args) as store:
+        stats = store_stats(store)
+    if args.json:
+        print(json.dumps(stats, indent=2, ensure_ascii=False))
+        return 0
+    print(f"entries: {stats['entries']}  apis: {stats['apis']}")
+    print("by source:")
+    for source, n in stats["by_source"].items():
+        print(f"  {source:<10} {n}")
+    print("by category:")
+    for category, n in stats["by_category"].items():
+        print(f"  {category:<40} {n}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="run the /virtual server")
+    add_config_arguments(serve)
+    serve.add_argument("--host", help="override 'host' (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="override 'port' (default 8080)")
+    serve.add_argument("--workers", type=int, help="uvicorn worker processes (default 1)")
+    serve.set_defaults(func=cmd_serve)
+
+    cache = sub.add_parser("cache", help="import, export and inspect the response store")
+    cache_sub = cache.add_subparsers(dest="cache_command", required=True)
+    imp = cache_sub.add_parser("import", help="copy an upstream tool_response_cache tree into the store")
+    imp.add_argument("directory")
+    exp = cache_sub.add_parser("export", help="write the store as an upstream tool_response_cache tree")
+    exp.add_argument("directory")
+    stats = cache_sub.add_parser("stats", help="count the store's entries")
+    stats.add_argument("--json", action="store_true", help="print JSON")
+    for p, fn in ((imp, cmd_cache_import), (exp, cmd_cache_export), (stats, cmd_cache_stats)):
+        add_config_arguments(p)
+        p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+        p.set_defaults(func=fn)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stabletoolbench-mirror",
+        description="A stable, replayable virtual API server for StableToolBench.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__import__('stabletoolbench_mirror').__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        register_fn: Callable[[Any], None] = importlib.import_module(name).register
+        register_fn(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

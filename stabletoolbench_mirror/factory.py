@@ -1,0 +1,36 @@
+"""Build the store and the responders a :class:`Settings` asks for."""
+
+from __future__ import annotations
+
+from .config import ConfigError, Settings
+from .responders import Responder
+from .stores import DiskcacheStore, Store
+
+
+def build_store(settings: Settings) -> Store:
+    cfg = settings.store
+    if cfg.kind == "diskcache":
+        return DiskcacheStore(settings.resolve(cfg.path))
+    if cfg.kind == "redis":
+        if not cfg.url:
+            raise ConfigError("store.url: required when store.kind is 'redis'")
+        try:
+            from .stores.redis_store import RedisStore
+        except ImportError as exc:  # the redis extra is missing
+            raise ConfigError(f"store.kind: 'redis' needs the redis extra (pip install 'stabletoolbench-mirror[redis]'): {exc}") from exc
+        return RedisStore(cfg.url, prefix=cfg.prefix, lock_ttl_s=cfg.lock_ttl_s)
+    raise ConfigError(f"store.kind: unknown store kind {cfg.kind!r}")
+
+
+def build_responders(settings: Settings) -> list[Responder]:
+    """The miss chain in order: the real API (when enabled), then the simulator (when enabled)."""
+    responders: list[Responder] = []
+    if settings.real.enabled:
+        from .real import build_real_responder
+
+        responders.append(build_real_responder(settings))
+    if settings.simulator.enabled:
+        from .simulator import build_simulator
+
+        responders.append(build_simulator(settings))
+    return responders

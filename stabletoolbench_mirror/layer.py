@@ -1,0 +1,206 @@
+"""The request path: cache layers, then the real API and the simulator, then the record.
+
+``server -> MirrorLayer.handle -> (store, frozen caches) -> (real API, simulator) -> store.add``
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from pydantic import ValidationError
+
+from . import protocol
+from .call import ToolCall
+from .config import Settings
+from .naming import resolve_names
+from .protocol import ToolInputParseError, VirtualRequest, parse_tool_input
+from .records import Record
+from .responders import Responder
+from .singleflight import SingleFlight
+from .stats import Stats
+from .stores import FrozenCache, Store, StoreError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the layer answers: the JSON text to serve, its HTTP status and how it was produced."""
+
+    body: str
+    kind: str
+    """``hit``, ``recorded``, ``failed``, ``unanswered``, ``local``, ``rejected``, ``overloaded`` or ``store_error``."""
+    status: int = 200
+    source: str | None = None
+    """For ``hit`` and ``recorded``: ``real``, ``simulated`` or ``imported``."""
+    origin: str = ""
+
+    @property
+    def answer(self) -> Any:
+        return json.loads(self.body)
+
+
+class MirrorLayer:
+    """Answers StableToolBench calls from the cache, the real API or the simulator, and records them."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        mode: str = "record",
+        frozen: Sequence[FrozenCache] = (),
+        responders: Sequence[Responder] = (),
+        save: bool = True,
+        max_pending_misses: int = 256,
+        stats: Stats | None = None,
+    ) -> None:
+        if mode not in ("replay", "record"):
+            raise ValueError(f"unknown mode {mode!r}")
+        self.store = store
+        self.mode = mode
+        self.frozen = list(frozen)
+        self.responders = list(responders)
+        self.save = save
+        self.stats = stats or Stats()
+        self._flight: SingleFlight[Outcome] = SingleFlight()
+        self._pending = threading.BoundedSemaphore(max_pending_misses)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, store: Store | None = None) -> "MirrorLayer":
+        from .factory import build_responders, build_store
+
+        return cls(
+            store if store is not None else build_store(settings),
+            mode=settings.mode,
+            frozen=[FrozenCache(settings.resolve(p)) for p in settings.frozen_caches],
+            responders=build_responders(settings),
+            save=settings.save,
+            max_pending_misses=settings.limits.max_pending_misses,
+        )
+
+    # -- entry points -------------------------------------------------------------------------
+
+    def handle_payload(self, payload: Any) -> Outcome:
+        """Answer a decoded JSON ``/virtual`` body (validation errors become HTTP 422 outcomes)."""
+        try:
+            request = VirtualRequest.model_validate(payload)
+        except ValidationError as exc:
+            self.stats.count("rejected")
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors(include_url=False)
+            )
+            return _rejected(422, f"invalid /virtual request: {problems}")
+        return self.handle(request)
+
+    def handle(self, request: VirtualRequest) -> Outcome:
+        """Answer one validated ``/virtual`` request, exactly as upstream would shape it."""
+        names = resolve_names(request.category, request.tool_name, request.api_name)
+        # upstream answers chat_with_user before it parses the input
+        if names.api == protocol.CHAT_WITH_USER_API:
+            self.stats.count("local")
+            return Outcome(protocol.encode_answer(protocol.chat_with_user_answer()), "local")
+        try:
+            tool_input = parse_tool_input(request.tool_input)
+        except ToolInputParseError:
+            self.stats.count("rejected")
+            return Outcome(protocol.encode_answer(protocol.parse_error_answer()), "rejected")
+        return self.handle_call(ToolCall.build(request, tool_input, names))
+
+    def handle_call(self, call: ToolCall) -> Outcome:
+        try:
+            record = self.lookup(call)
+        except StoreError as exc:
+            return self._store_error(call, exc)
+        if record is not None:
+            self.stats.count("hits", call.namespace, record.source)
+            return Outcome(record.body, "hit", source=record.source, origin=record.origin)
+        self.stats.count("misses", call.namespace)
+        if self.mode == "replay" or not self.responders:
+            reason = "replay mode" if self.mode == "replay" else "no real API or simulator configured"
+            log.info("miss %s key=%s (%s)", call.namespace, call.key[:500], reason)
+            self.stats.count("unanswered", call.namespace)
+            return Outcome(protocol.encode_answer(protocol.miss_answer(call.namespace, reason)), "unanswered")
+        if not self._pending.acquire(blocking=False):
+            self.stats.count_failure("overloaded: too many pending misses")
+            return _rejected(503, "stabletoolbench-mirror is overloaded: too many misses pending; retry later", "overloaded")
+        try:
+            outcome, _shared = self._flight.do((call.namespace, call.canonical), lambda: self._fill(call))
+        except StoreError as exc:
+            return self._store_error(call, exc)
+        finally:
+            self._pending.release()
+        return outcome
+
+    # -- the parts ----------------------------------------------------------------------------
+
+    def lookup(self, call: ToolCall) -> Record | None:
+        """The cached record of ``call``: exact upstream key first, then the canonical key."""
+        record = self.store.get(call.namespace, call.key)
+        if record is not None:
+            return record
+        for frozen in self.frozen:
+            record = frozen.get(call.namespace, call.key)
+            if record is not None:
+                return record
+        record = self.store.get_canonical(call.namespace, call.canonical)
+        if record is not None:
+            return record
+        for frozen in self.frozen:
+            record = frozen.get_canonical(call.namespace, call.canonical)
+            if record is not None:
+                return record
+        return None
+
+    def examples(self, call: ToolCall, limit: int = 20) -> list[Record]:
+        """Cached answers of the same API, for few-shot simulators."""
+        try:
+            return list(self.store.sample(call.namespace, limit))
+        except StoreError:
+            return []
+
+    def _fill(self, call: ToolCall) -> Outcome:
+        # another request (or process) may have recorded it while this one waited
+        record = self.lookup(call)
+        if record is not None:
+            return Outcome(record.body, "hit", source=record.source, origin=record.origin)
+        fallback: Any = None
+        examples: list[Record] | None = None
+        for responder in self.responders:
+            if examples is None:
+                examples = self.examples(call) if responder.source == "simulated" else []
+            attempt = responder.respond(call, examples)
+            if attempt.answer is None:
+                log.info("%s gave no usable answer for %s: %s", responder.source, call.namespace, attempt.detail)
+                self.stats.count_failure(f"{responder.source}: {attempt.detail}")
+                if attempt.fallback is not None:
+                    fallback = attempt.fallback
+                continue
+            record = Record.from_answer(call.namespace, call.key, attempt.answer, responder.source, attempt.origin)
+            if self.save:
+                if not self.store.add(record, call.canonical):
+                    # someone else recorded first: everyone serves that one
+                    record = self.store.get(call.namespace, call.key) or record
+            self.stats.count("recorded", call.namespace, record.source)
+            return Outcome(record.body, "recorded", source=record.source, origin=record.origin)
+        self.stats.count("failed", call.namespace)
+        if fallback is None:
+            fallback = protocol.miss_answer(call.namespace, "the real API and the simulator gave no usable answer")
+        return Outcome(protocol.encode_answer(fallback), "failed")
+
+    def _store_error(self, call: ToolCall, exc: StoreError) -> Outcome:
+        log.error("store error for %s: %s", call.namespace, exc)
+        self.stats.count("store_errors", call.namespace)
+        return _rejected(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}", "store_error")
+
+    def close(self) -> None:
+        for responder in self.responders:
+            responder.close()
+        self.store.close()
+
+
+def _rejected(status: int, message: str, kind: str = "rejected") -> Outcome:
+    return Outcome(protocol.encode_answer(protocol.answer(message, "")), kind, status=status)

@@ -1,0 +1,97 @@
+"""StableToolBench's name standardisation rules, reproduced exactly.
+
+StableToolBench lays out its response cache and maps agent function names back
+to tools with three small functions (``standardize``, ``change_name`` and the
+category rule).  Every quirk is kept on purpose, because a cache written by the
+upstream server must be found by this one:
+
+* ``standardize`` replaces every character outside CJK, ``a-z``, ``A-Z``,
+  ``0-9``, ``_`` **and** ``^`` (the upstream character class contains literal
+  carets) with ``_``, collapses runs of ``_``, lower-cases, strips ``_`` at both
+  ends and prefixes ``get_`` when the result starts with a digit.
+* ``change_name`` prefixes ``is_`` to a handful of Python keywords/names.
+* categories only have spaces, commas and slashes replaced, followed by a
+  *single* ``"__" -> "_"`` replacement pass (so ``___`` becomes ``__``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_OUTSIDE_NAME_CHARS = re.compile("[^\\u4e00-\\u9fa5^a-zA-Z0-9_]")
+_UNDERSCORE_RUNS = re.compile(r"(_)\1+")
+_RENAMED = frozenset({"from", "class", "return", "false", "true", "id", "and"})
+
+
+def standardize(name: str) -> str:
+    """Upstream ``standardize()``: the tool/API/parameter name rule."""
+    name = _OUTSIDE_NAME_CHARS.sub("_", name)
+    name = _UNDERSCORE_RUNS.sub("_", name).lower().strip("_")
+    if name and name[0].isdigit():
+        name = "get_" + name
+    return name
+
+
+def change_name(name: str) -> str:
+    """Upstream ``change_name()``: ``id`` -> ``is_id`` and the like (exact match only)."""
+    return "is_" + name if name in _RENAMED else name
+
+
+def standardize_category(category: str) -> str:
+    """Upstream category rule: spaces, commas, slashes to ``_``, one ``__`` -> ``_`` pass."""
+    return category.replace(" ", "_").replace(",", "_").replace("/", "_").replace("__", "_")
+
+
+def parameter_name(name: str) -> str:
+    """The name under which StableToolBench shows a doc parameter to the agent."""
+    return change_name(standardize(name))
+
+
+@dataclass(frozen=True)
+class CallNames:
+    """The names of one call, resolved exactly as StableToolBench's ``/virtual`` server does."""
+
+    category: str
+    """Standardised category, e.g. ``Data`` or ``Artificial_Intelligence_Machine_Learning``."""
+    tool: str
+    """Standardised tool name without the ``_for_<category>`` suffix."""
+    tool_folder: str
+    """Cache folder of the tool: ``<tool>_for_<category>``."""
+    api: str
+    """Standardised API name (the cache file is ``<api>.json``)."""
+
+    @property
+    def namespace(self) -> str:
+        """``<category>/<tool_folder>/<api>``: the upstream cache file of the call, minus ``.json``."""
+        return f"{self.category}/{self.tool_folder}/{self.api}"
+
+
+def resolve_names(category: str, tool_name: str, api_name: str) -> CallNames:
+    """Resolve the raw names of a ``/virtual`` payload like upstream ``prepare_tool_name_and_url``.
+
+    The API name is ``change_name(standardize(api_name))`` cut at ``_for_<raw tool_name>``;
+    a tool name that already ends in ``_for_<category>`` is kept as the folder name.
+    """
+    std_category = standardize_category(category)
+    api = change_name(standardize(api_name)).split(f"_for_{tool_name}")[0]
+    suffix = f"_for_{std_category}"
+    if tool_name.endswith(suffix):
+        folder = tool_name
+        tool = standardize(tool_name[: -len(suffix)])
+    else:
+        tool = standardize(tool_name)
+        folder = tool + suffix
+    return CallNames(category=std_category, tool=tool, tool_folder=folder, api=api)
+
+
+def is_safe_path_component(name: str) -> bool:
+    """Whether ``name`` can be used as one file-system path component without escaping its folder."""
+    return (
+        bool(name)
+        and name not in (".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\x00" not in name
+        and len(name.encode("utf-8", "surrogatepass")) <= 240
+    )

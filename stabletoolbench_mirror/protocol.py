@@ -1,0 +1,89 @@
+"""StableToolBench's ``/virtual`` wire protocol: the request model and the exact answer strings.
+
+Answers are JSON objects ``{"error": ..., "response": ...}``.  The StableToolBench
+client turns the ``error`` text into a status code by exact string comparison,
+so the strings below must not change.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict
+
+# error texts the StableToolBench client maps to a status code (exact comparison)
+API_NOT_WORKING = "API not working error..."  # -> status 6
+UNAUTHORIZED = "Unauthorized error..."  # -> status 7
+UNSUBSCRIBED = "Unsubscribed error..."  # -> status 8
+TOO_MANY_REQUESTS = "Too many requests error..."  # -> status 9
+RATE_LIMIT_PER_MINUTE = "Rate limit per minute error..."  # -> status 10
+MESSAGE_ERROR = "Message error..."  # -> status 11
+
+# upstream server answers
+TOOL_INPUT_PARSE_ERROR = "Tool input parse error...\n"
+SIMULATION_FAILED = "Failed to generate fake response"
+CHAT_WITH_USER_API = "chat_with_user"
+
+#: The answer to a cache miss that nothing may fill (``replay`` mode, or nothing configured).
+#: Its ``error`` is the text the client maps to "API not working" (status 6), so an agent
+#: sees a failed call rather than an invented answer.
+MISS_ERROR = API_NOT_WORKING
+
+
+def answer(error: str, response: Any) -> dict[str, Any]:
+    """An answer object in upstream key order (``error`` first)."""
+    return {"error": error, "response": response}
+
+
+def chat_with_user_answer() -> dict[str, Any]:
+    return answer("", "Chat with user.")
+
+
+def parse_error_answer() -> dict[str, Any]:
+    return answer(TOOL_INPUT_PARSE_ERROR, "")
+
+
+def simulation_failed_answer() -> dict[str, Any]:
+    return answer(SIMULATION_FAILED, "")
+
+
+def miss_answer(namespace: str, reason: str) -> dict[str, Any]:
+    return answer(MISS_ERROR, f"stabletoolbench-mirror: no recorded response for {namespace} ({reason}).")
+
+
+def encode_answer(body: Any) -> str:
+    """Serialise an answer exactly as FastAPI's default ``JSONResponse`` (and so upstream) does."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+class VirtualRequest(BaseModel):
+    """The body StableToolBench's client POSTs to ``/virtual``; unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    category: str
+    tool_name: str
+    api_name: str
+    tool_input: Union[str, dict]
+    strip: str = ""
+    toolbench_key: str = ""
+
+
+class ToolInputParseError(ValueError):
+    """The ``tool_input`` text is not JSON (upstream answers ``Tool input parse error...``)."""
+
+
+def parse_tool_input(tool_input: Union[str, dict]) -> Any:
+    """Parse ``tool_input`` like the upstream server: JSON text, ``""`` -> ``{}``, a dict as is.
+
+    Any JSON value is accepted, as upstream does (the cache key is then ``str()`` of it).
+    """
+    if isinstance(tool_input, dict):
+        return tool_input
+    if tool_input == "":
+        return {}
+    try:
+        return json.loads(tool_input)
+    except (ValueError, RecursionError) as exc:
+        raise ToolInputParseError(str(exc)) from None

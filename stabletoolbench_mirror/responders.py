@@ -1,0 +1,39 @@
+"""What answers a cache miss: the real API and the simulator share one small interface."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from .call import ToolCall
+from .records import Record, Source
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The result of asking one responder.
+
+    ``answer`` is a usable answer that will be recorded; when it is ``None`` the
+    layer goes on to the next responder, and serves ``fallback`` (unrecorded) if
+    no responder answers.
+    """
+
+    answer: Any | None
+    origin: str
+    """The endpoint or model that answered (never a secret)."""
+    detail: str = ""
+    """Why there is no usable answer, for logs and stats."""
+    fallback: Any | None = None
+
+
+class Responder(Protocol):
+    """The real API or a simulator."""
+
+    source: Source
+
+    def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
+        """Answer ``call``; ``examples`` are cached answers of the same API (for few-shot prompts)."""
+        ...
+
+    def close(self) -> None:
+        ...

@@ -1,0 +1,62 @@
+"""Counters behind ``GET /stats`` and ``cache stats``.
+
+Per request exactly one of ``hits``, ``misses``, ``rejected`` (bad input) or
+``local`` (answered without the cache: ``chat_with_user``) counts.  Each miss then
+ends as ``recorded`` (a real or simulated answer, stored), ``failed`` (the real
+API and simulator gave nothing usable; an unrecorded error answer) or
+``unanswered`` (nothing may fill it: ``replay`` mode or nothing configured).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+MAX_TRACKED_APIS = 10_000
+MAX_TRACKED_FAILURES = 200
+_OTHER = "(other)"
+OUTCOMES = ("hits", "misses", "rejected", "local", "recorded", "failed", "unanswered", "store_errors")
+
+
+class Stats:
+    """Thread-safe counters; per-API and per-failure tables are capped so random input cannot grow them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counters: Counter[str] = Counter()
+        self.by_source: Counter[str] = Counter()
+        self.by_api: dict[str, Counter[str]] = {}
+        self.failures: Counter[str] = Counter()
+
+    def count(self, outcome: str, namespace: str | None = None, source: str | None = None) -> None:
+        assert outcome in OUTCOMES, outcome
+        with self._lock:
+            self.counters[outcome] += 1
+            if source is not None:
+                self.by_source[source] += 1
+            if namespace is not None:
+                api = self.by_api.get(namespace)
+                if api is None:
+                    key = namespace if len(self.by_api) < MAX_TRACKED_APIS else _OTHER
+                    api = self.by_api.setdefault(key, Counter())
+                api[outcome] += 1
+
+    def count_failure(self, detail: str) -> None:
+        with self._lock:
+            detail = detail[:200]
+            if detail in self.failures or len(self.failures) < MAX_TRACKED_FAILURES:
+                self.failures[detail] += 1
+            else:
+                self.failures[_OTHER] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            out: dict[str, Any] = {
+                "requests": sum(self.counters[k] for k in ("hits", "misses", "rejected", "local")),
+            }
+            out.update({k: self.counters[k] for k in OUTCOMES})
+            out["by_source"] = dict(sorted(self.by_source.items()))
+            out["failures"] = dict(self.failures.most_common())
+            out["by_api"] = {ns: dict(c) for ns, c in sorted(self.by_api.items())}
+            return out

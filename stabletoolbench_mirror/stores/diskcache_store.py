@@ -1,0 +1,90 @@
+"""The embedded default store: a diskcache (SQLite + files) folder, safe across threads and processes."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Iterator
+
+import diskcache
+
+from ..records import Record
+from .base import Store, StoreError
+
+_ENTRY = "e"
+_CANONICAL = "c"
+
+
+def _entry_key(namespace: str, key: str) -> str:
+    return f"{_ENTRY}\x00{namespace}\x00{key}"
+
+
+def _canonical_key(namespace: str, canonical: str) -> str:
+    return f"{_CANONICAL}\x00{namespace}\x00{canonical}"
+
+
+class DiskcacheStore(Store):
+    """Records as JSON text in a :class:`diskcache.Cache` (no pickles: the data stays inspectable)."""
+
+    kind = "diskcache"
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            # no eviction: a response cache that forgets is not reproducible
+            self._cache = diskcache.Cache(self.path, eviction_policy="none", size_limit=2**62, timeout=60)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open diskcache store at {self.path}: {exc}") from exc
+
+    def get(self, namespace: str, key: str) -> Record | None:
+        try:
+            raw = self._cache.get(_entry_key(namespace, key))
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+        return None if raw is None else Record.from_json(raw)
+
+    def get_canonical(self, namespace: str, canonical: str) -> Record | None:
+        try:
+            key = self._cache.get(_canonical_key(namespace, canonical))
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+        return None if key is None else self.get(namespace, key)
+
+    def add(self, record: Record, canonical: str | None) -> bool:
+        try:
+            # the entry goes first: a canonical pointer never points at nothing
+            added = self._cache.add(_entry_key(record.namespace, record.key), record.to_json())
+            if canonical is not None:
+                self._cache.add(_canonical_key(record.namespace, canonical), record.key)
+            return bool(added)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache write failed: {exc}") from exc
+
+    def sample(self, namespace: str, limit: int) -> Iterator[Record]:
+        prefix = _entry_key(namespace, "")
+        try:
+            # a key-range scan over diskcache's SQLite table (string keys are stored raw)
+            rows = self._cache._sql(  # noqa: SLF001 - diskcache exposes no prefix query
+                "SELECT key FROM Cache WHERE raw = 1 AND key >= ? AND key < ? LIMIT ?",
+                (prefix, prefix + "\U0010ffff", int(limit)),
+            ).fetchall()
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+        for (key,) in rows:
+            raw = self._cache.get(key)
+            if raw is not None:
+                yield Record.from_json(raw)
+
+    def __iter__(self) -> Iterator[Record]:
+        for k in self._cache.iterkeys():
+            if isinstance(k, str) and k.startswith(_ENTRY + "\x00"):
+                raw = self._cache.get(k)
+                if raw is not None:
+                    yield Record.from_json(raw)
+
+    def __len__(self) -> int:
+        return sum(1 for k in self._cache.iterkeys() if isinstance(k, str) and k.startswith(_ENTRY + "\x00"))
+
+    def close(self) -> None:
+        self._cache.close()

@@ -1,0 +1,89 @@
+"""Read-only layers over upstream ``tool_response_cache`` trees, served without conversion.
+
+Each API file is parsed once on first use and kept in memory (re-read when its
+modification time changes), so a hit costs a dict lookup whatever the file's size.
+The canonical index of a file is built only when a canonical lookup needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..keys import canonical_from_upstream_key
+from ..protocol import encode_answer
+from ..records import Record
+from ..upstream_layout import namespace_path, read_cache_file
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _LoadedFile:
+    mtime_ns: int
+    bodies: dict[str, str]
+    canonical: dict[str, str] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class FrozenCache:
+    """One upstream tree, read-only."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.origin = f"frozen:{self.root}"
+        self._files: dict[str, _LoadedFile | None] = {}
+        self._lock = threading.Lock()
+
+    def _load(self, namespace: str) -> _LoadedFile | None:
+        path = namespace_path(self.root, namespace)
+        if path is None:
+            return None
+        try:
+            mtime_ns = os.stat(path).st_mtime_ns
+        except OSError:
+            return None
+        loaded = self._files.get(namespace)
+        if loaded is not None and loaded.mtime_ns == mtime_ns:
+            return loaded
+        with self._lock:
+            loaded = self._files.get(namespace)
+            if loaded is not None and loaded.mtime_ns == mtime_ns:
+                return loaded
+            try:
+                entries = read_cache_file(path)
+            except (OSError, ValueError) as exc:
+                log.warning("frozen cache file %s cannot be read: %s", path, exc)
+                return None
+            loaded = _LoadedFile(mtime_ns, {k: encode_answer(v) for k, v in entries.items()})
+            self._files[namespace] = loaded
+            return loaded
+
+    def _record(self, namespace: str, key: str, body: str) -> Record:
+        return Record(namespace=namespace, key=key, body=body, source="imported", origin=self.origin, created_at=0.0)
+
+    def get(self, namespace: str, key: str) -> Record | None:
+        loaded = self._load(namespace)
+        if loaded is None:
+            return None
+        body = loaded.bodies.get(key)
+        return None if body is None else self._record(namespace, key, body)
+
+    def get_canonical(self, namespace: str, canonical: str) -> Record | None:
+        loaded = self._load(namespace)
+        if loaded is None:
+            return None
+        if loaded.canonical is None:
+            with loaded.lock:
+                if loaded.canonical is None:
+                    index: dict[str, str] = {}
+                    for key in loaded.bodies:
+                        ckey = canonical_from_upstream_key(key)
+                        if ckey is not None:
+                            index.setdefault(ckey, key)
+                    loaded.canonical = index
+        key = loaded.canonical.get(canonical)
+        return None if key is None else self._record(namespace, key, loaded.bodies[key])

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from stabletoolbench_mirror.config import Settings, load_settings
+from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.server import create_app
+
+from tests.helpers.live import UvicornThread
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO.parent / "shared" / "reference"
+
+
+@pytest.fixture(scope="session")
+def reference_dir() -> Path:
+    """``../shared/reference`` (read-only); tests using it skip cleanly when it is absent."""
+    if not (REFERENCE / "calls.jsonl").is_file():
+        pytest.skip(f"reference data not found at {REFERENCE}")
+    return REFERENCE
+
+
+@pytest.fixture(scope="session")
+def reference_calls(reference_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (reference_dir / "calls.jsonl").read_text().splitlines() if line.strip()]
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    """Settings with the store under ``tmp_path`` and no config file or STM_* env involved."""
+    data: dict[str, Any] = {"store": {"kind": "diskcache", "path": str(tmp_path / "store")}}
+    data.update(overrides)
+    settings = load_settings(None, overrides=data, environ={})
+    return settings
+
+
+@pytest.fixture
+def settings_factory(tmp_path: Path):
+    def factory(**overrides: Any) -> Settings:
+        return make_settings(tmp_path, **overrides)
+
+    return factory
+
+
+@pytest.fixture
+def serve():
+    """Start the mirror app for given settings (or layer) on a real 127.0.0.1 port."""
+    started: list[UvicornThread] = []
+
+    def start(settings: Settings, layer: MirrorLayer | None = None) -> UvicornThread:
+        server = UvicornThread(create_app(settings, layer)).__enter__()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.__exit__(None, None, None)

@@ -1,0 +1,44 @@
+"""Real servers on 127.0.0.1 for tests: the mirror app in a uvicorn thread, free ports."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import requests
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class UvicornThread:
+    """Runs an ASGI app with uvicorn on 127.0.0.1 in a background thread."""
+
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "UvicornThread":
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+    def post(self, payload: Any, **kwargs: Any) -> requests.Response:
+        return requests.post(self.url + "/virtual", json=payload, timeout=30, **kwargs)
