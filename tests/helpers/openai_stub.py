@@ -1,0 +1,191 @@
+"""A real OpenAI-compatible chat-completions server on 127.0.0.1, scripted by tests and benchmarks.
+
+It speaks the subset of the protocol vLLM's server offers that the simulator uses:
+``POST /v1/chat/completions`` and ``GET /v1/models``.  Every request body is
+recorded.  Behaviour is scripted per request by a *responder* function that gets
+the decoded request body and returns a :class:`Reply`:
+
+* ``Reply(content="...")``: a normal completion whose message content is the text;
+* ``Reply(status=500)`` / ``Reply(status=429)``: an error status with an OpenAI-style error body;
+* ``Reply(delay_s=2.0, ...)``: answer after a delay (slow answers, timeouts);
+* ``Reply(hang=True)``: accept the request and never answer (a hung socket);
+* ``Reply(close=True)``: drop the connection without an answer.
+
+Runs as a raw ASGI app under uvicorn, in a thread (tests) or its own process
+(``python -m tests.helpers.openai_stub --port P --latency-ms 50`` for benchmarks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import uvicorn
+
+from tests.helpers.live import free_port
+
+
+@dataclass
+class Reply:
+    content: str = '{"error": "", "response": "stub answer"}'
+    status: int = 200
+    delay_s: float = 0.0
+    hang: bool = False
+    close: bool = False
+    finish_reason: str = "stop"
+
+
+Responder = Callable[[dict[str, Any]], Reply]
+
+
+def echo_responder(body: dict[str, Any]) -> Reply:
+    """A valid MirrorAPI-style answer that quotes the last user message's length."""
+    messages = body.get("messages") or [{}]
+    text = str(messages[-1].get("content", ""))
+    return Reply(content=json.dumps({"error": "", "response": f"simulated answer ({len(text)} chars of prompt)"}))
+
+
+class OpenAIStub:
+    """The stub server; use as a context manager, ``.api_base`` is the ``/v1`` URL."""
+
+    def __init__(self, responder: Responder = echo_responder, *, port: int | None = None, model: str = "MirrorAPI") -> None:
+        self.responder = responder
+        self.model = model
+        self.port = port or free_port()
+        self.api_base = f"http://127.0.0.1:{self.port}/v1"
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._hung: list[asyncio.Event] = []
+
+    # -- ASGI ------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    for event in self._hung:
+                        event.set()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        path, method = scope["path"], scope["method"]
+        if method == "GET" and path == "/v1/models":
+            await _send_json(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "stub"}]})
+            return
+        if method != "POST" or path != "/v1/chat/completions":
+            await _send_json(send, 404, {"error": {"message": f"no route {method} {path}", "type": "NotFound"}})
+            return
+        try:
+            request = json.loads(body)
+        except ValueError:
+            await _send_json(send, 400, {"error": {"message": "body is not JSON", "type": "BadRequestError"}})
+            return
+        with self._lock:
+            self.requests.append(request)
+            self.headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
+        reply = self.responder(request)
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)
+        if reply.hang:
+            event = asyncio.Event()
+            self._hung.append(event)
+            await event.wait()
+            return
+        if reply.close:
+            # end the response without a body: the client sees a broken answer
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"1000")]})
+            await send({"type": "http.response.body", "body": b"{", "more_body": False})
+            return
+        if reply.status != 200:
+            await _send_json(send, reply.status, {"error": {"message": f"stub error {reply.status}", "type": "ServerError", "code": reply.status}})
+            return
+        await _send_json(
+            send,
+            200,
+            {
+                "id": f"chatcmpl-stub-{len(self.requests)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": request.get("model", self.model),
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": reply.content}, "finish_reason": reply.finish_reason}
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            },
+        )
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def __enter__(self) -> "OpenAIStub":
+        config = uvicorn.Config(self, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("stub server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._server.force_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+
+async def _send_json(send: Any, status: int, data: Any) -> None:
+    payload = json.dumps(data).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+def main() -> None:  # pragma: no cover - benchmark helper
+    parser = argparse.ArgumentParser(description="OpenAI-compatible stub server for benchmarks")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    args = parser.parse_args()
+    latency = args.latency_ms / 1000.0
+
+    def responder(body: dict[str, Any]) -> Reply:
+        reply = echo_responder(body)
+        reply.delay_s = latency
+        return reply
+
+    stub = OpenAIStub(responder, port=args.port)
+    uvicorn.run(stub, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
