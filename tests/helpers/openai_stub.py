@@ -63,21 +63,10 @@ class OpenAIStub:
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self._hung: list[asyncio.Event] = []
 
     # -- ASGI ------------------------------------------------------------------------------------
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    for event in self._hung:
-                        event.set()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
         if scope["type"] != "http":
             return
         body = b""
@@ -105,9 +94,8 @@ class OpenAIStub:
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         if reply.hang:
-            event = asyncio.Event()
-            self._hung.append(event)
-            await event.wait()
+            # never answer; the server's forced exit abandons the connection
+            await asyncio.sleep(3600)
             return
         if reply.close:
             # end the response without a body: the client sees a broken answer
@@ -135,7 +123,7 @@ class OpenAIStub:
     # -- running ---------------------------------------------------------------------------------
 
     def __enter__(self) -> "OpenAIStub":
-        config = uvicorn.Config(self, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
+        config = uvicorn.Config(self, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
@@ -184,7 +172,7 @@ def main() -> None:  # pragma: no cover - benchmark helper
         return reply
 
     stub = OpenAIStub(responder, port=args.port)
-    uvicorn.run(stub, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(stub, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, lifespan="off")
 
 
 if __name__ == "__main__":  # pragma: no cover
