@@ -95,7 +95,10 @@ class OpenAIStub:
             await asyncio.sleep(reply.delay_s)
         if reply.hang:
             # never answer; the server's forced exit abandons the connection
-            await asyncio.sleep(3600)
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
             return
         if reply.close:
             # end the response without a body: the client sees a broken answer
