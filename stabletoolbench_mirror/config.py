@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Union
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -44,7 +45,9 @@ class StoreConfig(_Section):
     prefix: str = "stm"
     """Key prefix in Redis, so that several caches can share one server."""
     lock_ttl_s: float = Field(default=120.0, gt=0)
-    """Expiry of the cross-host single-flight lock (Redis)."""
+    """Expiry of the single-flight lock shared by processes (diskcache) and hosts (Redis)."""
+    timeout_s: float = Field(default=2.0, gt=0)
+    """Redis connect and command timeout: how fast a Redis outage becomes an error answer."""
 
 
 class RealConfig(_Section):
@@ -146,7 +149,15 @@ class Settings(_Section):
     def secrets(self) -> list[str]:
         """Every secret value configured, for redaction."""
         values = [self.auth_token, self.real.toolbench_key, self.real.rapidapi_key, self.simulator.api_key]
-        return [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
+        found = [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
+        if self.store.url:
+            try:
+                password = urlsplit(self.store.url).password
+            except ValueError:
+                password = None
+            if password:
+                found.append(password)
+        return found
 
 
 # StableToolBench's own config.yml keys and where they go

@@ -10,7 +10,7 @@ from .stores import DiskcacheStore, Store
 def build_store(settings: Settings) -> Store:
     cfg = settings.store
     if cfg.kind == "diskcache":
-        return DiskcacheStore(settings.resolve(cfg.path))
+        return DiskcacheStore(settings.resolve(cfg.path), lock_ttl_s=cfg.lock_ttl_s)
     if cfg.kind == "redis":
         if not cfg.url:
             raise ConfigError("store.url: required when store.kind is 'redis'")
@@ -18,7 +18,7 @@ def build_store(settings: Settings) -> Store:
             from .stores.redis_store import RedisStore
         except ImportError as exc:  # the redis extra is missing
             raise ConfigError(f"store.kind: 'redis' needs the redis extra (pip install 'stabletoolbench-mirror[redis]'): {exc}") from exc
-        return RedisStore(cfg.url, prefix=cfg.prefix, lock_ttl_s=cfg.lock_ttl_s)
+        return RedisStore(cfg.url, prefix=cfg.prefix, lock_ttl_s=cfg.lock_ttl_s, timeout_s=cfg.timeout_s)
     raise ConfigError(f"store.kind: unknown store kind {cfg.kind!r}")
 
 

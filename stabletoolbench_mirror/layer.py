@@ -163,6 +163,14 @@ class MirrorLayer:
             return []
 
     def _fill(self, call: ToolCall) -> Outcome:
+        # single flight across processes and hosts: the store's lock (a no-op for stores without
+        # one); whoever waited on it then finds the answer by the re-lookup in _fill_locked
+        if not self.save:
+            return self._fill_locked(call)
+        with self.store.flight_lock(call.namespace, call.canonical):
+            return self._fill_locked(call)
+
+    def _fill_locked(self, call: ToolCall) -> Outcome:
         # another request (or process) may have recorded it while this one waited
         record = self.lookup(call)
         if record is not None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import abc
-from typing import Iterator
+import contextlib
+from typing import ContextManager, Iterator
 
 from ..records import Record
 
@@ -45,6 +46,16 @@ class Store(abc.ABC):
             if record.namespace == namespace:
                 count += 1
                 yield record
+
+    def flight_lock(self, namespace: str, canonical: str) -> ContextManager[None]:
+        """A lock held while one miss is filled, shared with other processes (and hosts) using the store.
+
+        While one holder asks the real API or the simulator, others wait, then find the
+        recorded answer.  It is an optimisation only: the add-if-absent write is what keeps
+        one answer per key.  Locks expire, so a holder that dies cannot block others for good.
+        The default is no lock (single flight within one process only).
+        """
+        return contextlib.nullcontext()
 
     @abc.abstractmethod
     def __iter__(self) -> Iterator[Record]:

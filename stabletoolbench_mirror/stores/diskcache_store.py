@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
 import os
 import sqlite3
+import threading
+import time
+import uuid
 from typing import Iterator
 
 import diskcache
@@ -11,8 +17,11 @@ import diskcache
 from ..records import Record
 from .base import Store, StoreError
 
+log = logging.getLogger(__name__)
+
 _ENTRY = "e"
 _CANONICAL = "c"
+_LOCK = "l"
 
 
 def _entry_key(namespace: str, key: str) -> str:
@@ -23,13 +32,27 @@ def _canonical_key(namespace: str, canonical: str) -> str:
     return f"{_CANONICAL}\x00{namespace}\x00{canonical}"
 
 
+def _lock_key(namespace: str, canonical: str) -> str:
+    digest = hashlib.sha256(f"{namespace}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{_LOCK}\x00{digest}"
+
+
 class DiskcacheStore(Store):
-    """Records as JSON text in a :class:`diskcache.Cache` (no pickles: the data stays inspectable)."""
+    """Records as JSON text in a :class:`diskcache.Cache` (no pickles: the data stays inspectable).
+
+    Several processes (``serve --workers N``, ``warm``) may use one folder at once: SQLite
+    serialises the writes, each write is one transaction (never torn), and ``add`` is
+    add-if-absent, so the first answer for a key wins in every process.  :meth:`flight_lock`
+    is a lock entry with an expiry in the same database, so workers on one host also share
+    single flight.
+    """
 
     kind = "diskcache"
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, lock_ttl_s: float = 120.0, lock_poll_s: float = 0.02) -> None:
         self.path = os.fspath(path)
+        self.lock_ttl_s = float(lock_ttl_s)
+        self.lock_poll_s = float(lock_poll_s)
         try:
             os.makedirs(self.path, exist_ok=True)
             # no eviction: a response cache that forgets is not reproducible
@@ -75,6 +98,35 @@ class DiskcacheStore(Store):
             raw = self._cache.get(key)
             if raw is not None:
                 yield Record.from_json(raw)
+
+    @contextlib.contextmanager
+    def flight_lock(self, namespace: str, canonical: str) -> Iterator[None]:
+        """An expiring lock entry (``add`` with ``expire``), polled every ``lock_poll_s``.
+
+        A waiter that does not get it within ``lock_ttl_s`` goes ahead without it.
+        """
+        name = _lock_key(namespace, canonical)
+        token = f"{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex}"
+        deadline = time.monotonic() + self.lock_ttl_s
+        acquired = False
+        try:
+            while not (acquired := self._cache.add(name, token, expire=self.lock_ttl_s)):
+                if time.monotonic() >= deadline:
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, self.lock_ttl_s)
+                    break
+                time.sleep(self.lock_poll_s)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache lock failed: {exc}") from exc
+        try:
+            yield
+        finally:
+            if acquired:
+                try:
+                    with self._cache.transact():
+                        if self._cache.get(name) == token:
+                            self._cache.delete(name)
+                except (OSError, sqlite3.Error) as exc:
+                    log.warning("single-flight lock for %s not released (it expires by itself): %s", namespace, exc)
 
     def __iter__(self) -> Iterator[Record]:
         for k in self._cache.iterkeys():

@@ -1,0 +1,230 @@
+"""A store in Redis, shared by several servers on several hosts.
+
+Layout under a key prefix ``P`` (so several caches can share one Redis database):
+
+* ``P:e:<namespace>``: a hash, upstream key -> record JSON (never pickles);
+* ``P:c:<namespace>``: a hash, canonical key -> upstream key;
+* ``P:namespaces``: a set of the namespaces that hold records;
+* ``P:lock:<sha256>``: the cross-host single-flight locks (strings with an expiry).
+
+A record is added by one Lua script (``HSETNX`` of the entry, of the canonical pointer
+and ``SADD`` of the namespace), which Redis runs atomically: the first writer of a key
+wins on every host, and nobody ever sees a pointer without its entry.
+
+Every Redis problem (refused or lost connection, timeout, ``OOM``/``READONLY``/``MISCONF``
+answers) becomes a :class:`StoreError` quickly: sockets have short timeouts and a failed
+command is retried once on a fresh connection, so a Redis restart costs at most the
+requests made while it is down, and service resumes without restarting the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from typing import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import LockError, RedisError
+from redis.retry import Retry
+
+from ..records import Record
+from .base import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+# KEYS: entries hash, canonical hash, namespaces set; ARGV: key, record JSON, namespace, canonical or ""
+_ADD_SCRIPT = """
+local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if ARGV[4] ~= '' then
+  redis.call('HSETNX', KEYS[2], ARGV[4], ARGV[1])
+end
+if added == 1 then
+  redis.call('SADD', KEYS[3], ARGV[3])
+end
+return added
+"""
+
+
+def display_url(url: str) -> str:
+    """``url`` without its user and password, for messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<redis url>"
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class RedisStore(Store):
+    """Records as JSON text in Redis hashes, one pair of hashes per API."""
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "stm",
+        lock_ttl_s: float = 120.0,
+        timeout_s: float = 2.0,
+        lock_poll_s: float = 0.02,
+    ) -> None:
+        if lock_ttl_s <= 0 or timeout_s <= 0:
+            raise ValueError("lock_ttl_s and timeout_s must be positive")
+        self.url = display_url(url)
+        self.prefix = prefix
+        self.lock_ttl_s = float(lock_ttl_s)
+        self.lock_poll_s = float(lock_poll_s)
+        try:
+            self._client = redis.Redis.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                # one retry on a fresh connection: a restarted Redis is picked up by the next command
+                retry=Retry(NoBackoff(), 1),
+                retry_on_timeout=False,
+                health_check_interval=0,
+            )
+        except (ValueError, RedisError) as exc:
+            raise StoreError(f"invalid redis store URL {self.url}: {exc}") from exc
+        self._add = self._client.register_script(_ADD_SCRIPT)
+        self._namespaces = f"{prefix}:namespaces"
+
+    # -- keys -------------------------------------------------------------------------------------
+
+    def _entries(self, namespace: str) -> str:
+        return f"{self.prefix}:e:{namespace}"
+
+    def _canonicals(self, namespace: str) -> str:
+        return f"{self.prefix}:c:{namespace}"
+
+    def _lock_name(self, namespace: str, canonical: str) -> str:
+        digest = hashlib.sha256(f"{namespace}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
+        return f"{self.prefix}:lock:{digest}"
+
+    def _failed(self, what: str, exc: Exception) -> StoreError:
+        return StoreError(f"redis store at {self.url}: {what} failed: {type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _decode(raw: str) -> Record:
+        try:
+            return Record.from_json(raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"redis store holds an unreadable record: {exc}") from exc
+
+    # -- Store ------------------------------------------------------------------------------------
+
+    def get(self, namespace: str, key: str) -> Record | None:
+        try:
+            raw = self._client.hget(self._entries(namespace), key)
+        except RedisError as exc:
+            raise self._failed("read", exc) from exc
+        return None if raw is None else self._decode(raw)
+
+    def get_canonical(self, namespace: str, canonical: str) -> Record | None:
+        try:
+            key = self._client.hget(self._canonicals(namespace), canonical)
+            raw = None if key is None else self._client.hget(self._entries(namespace), key)
+        except RedisError as exc:
+            raise self._failed("read", exc) from exc
+        return None if raw is None else self._decode(raw)
+
+    def add(self, record: Record, canonical: str | None) -> bool:
+        ns = record.namespace
+        try:
+            added = self._add(
+                keys=[self._entries(ns), self._canonicals(ns), self._namespaces],
+                args=[record.key, record.to_json(), ns, canonical or ""],
+            )
+        except RedisError as exc:
+            raise self._failed("write", exc) from exc
+        return int(added) == 1
+
+    def sample(self, namespace: str, limit: int) -> Iterator[Record]:
+        if limit <= 0:
+            return
+        try:
+            values = []
+            for _key, raw in self._client.hscan_iter(self._entries(namespace), count=max(int(limit), 10)):
+                values.append(raw)
+                if len(values) >= limit:
+                    break
+        except RedisError as exc:
+            raise self._failed("read", exc) from exc
+        for raw in values:
+            yield self._decode(raw)
+
+    def namespaces(self) -> list[str]:
+        try:
+            return sorted(self._client.smembers(self._namespaces))
+        except RedisError as exc:
+            raise self._failed("read", exc) from exc
+
+    def __iter__(self) -> Iterator[Record]:
+        for ns in self.namespaces():
+            try:
+                rows = list(self._client.hscan_iter(self._entries(ns), count=500))
+            except RedisError as exc:
+                raise self._failed("read", exc) from exc
+            for _key, raw in rows:
+                yield self._decode(raw)
+
+    def __len__(self) -> int:
+        names = self.namespaces()
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for ns in names:
+                pipe.hlen(self._entries(ns))
+            return sum(int(n) for n in pipe.execute()) if names else 0
+        except RedisError as exc:
+            raise self._failed("read", exc) from exc
+
+    @contextlib.contextmanager
+    def flight_lock(self, namespace: str, canonical: str) -> Iterator[None]:
+        """Hold a Redis lock (``SET NX PX``) while filling a miss, so other hosts wait for the answer.
+
+        The lock expires after ``lock_ttl_s`` even if its holder dies; a waiter that has not got
+        it by then goes ahead anyway (the add-if-absent write still keeps one answer).
+        """
+        lock = self._client.lock(
+            self._lock_name(namespace, canonical),
+            timeout=self.lock_ttl_s,
+            sleep=self.lock_poll_s,
+            blocking=True,
+            blocking_timeout=self.lock_ttl_s,
+        )
+        try:
+            acquired = bool(lock.acquire())
+        except RedisError as exc:
+            raise self._failed("lock", exc) from exc
+        if not acquired:
+            log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, self.lock_ttl_s)
+        try:
+            yield
+        finally:
+            if acquired:
+                try:
+                    lock.release()
+                except LockError:
+                    log.warning("single-flight lock for %s expired before it was released", namespace)
+                except RedisError as exc:
+                    log.warning("single-flight lock for %s not released (it expires by itself): %s", namespace, exc)
+
+    def ping(self) -> None:
+        """Raise :class:`StoreError` unless Redis answers."""
+        try:
+            self._client.ping()
+        except RedisError as exc:
+            raise self._failed("ping", exc) from exc
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except RedisError:  # pragma: no cover - closing never matters
+            pass
