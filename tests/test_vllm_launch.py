@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from stabletoolbench_mirror.simulator.vllm_launch import (
     structured_output_fields,
 )
 
-FAKE_SERVER = r'''
+FAKE_SERVER = r"""
 import json, os, signal, subprocess, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -74,7 +73,7 @@ class Handler(BaseHTTPRequestHandler):
 
 print("fake vllm: listening on", opt("--port"), flush=True)
 ThreadingHTTPServer((opt("--host"), int(opt("--port"))), Handler).serve_forever()
-'''
+"""
 
 
 def _write_exe(path: Path, text: str) -> str:
@@ -130,7 +129,9 @@ def test_child_that_exits_raises_with_log_tail(tmp_path: Path) -> None:
     assert time.monotonic() - start < 10
     assert "exited with code 3" in message
     assert "RuntimeError: fake engine failure" in message
-    assert "noise line 100" in message and "noise line 50" not in message  # only the tail
+    assert (
+        "noise line 100" in message and "noise line 50" not in message
+    )  # only the tail
     assert not server.is_running()
 
 
@@ -162,7 +163,10 @@ def test_ready_server_and_stop_kills_process_group(
         served_model_name="Mirror-Test",
         dtype="float32",
         enforce_eager=True,
-        structured_outputs_config={"backend": "guidance", "disable_any_whitespace": True},
+        structured_outputs_config={
+            "backend": "guidance",
+            "disable_any_whitespace": True,
+        },
         extra_args=["--seed", "0"],
         env={"STM_EXTRA": "yes"},
     )
@@ -171,8 +175,10 @@ def test_ready_server_and_stop_kills_process_group(
         assert server.api_base == f"http://127.0.0.1:{server.port}/v1"
         record = json.loads(state.read_text())
         assert record["pgid"] == record["pid"] == server.pid  # its own session/group
-        assert _alive(record["child"])
-        assert sorted(process_group_members(server.pid)) == sorted([record["pid"], record["child"]])
+        assert _alive(record["child"]) and server.pid is not None
+        assert sorted(process_group_members(server.pid)) == sorted(
+            [record["pid"], record["child"]]
+        )
         argv = record["argv"]
         assert argv[argv.index("--served-model-name") + 1] == "Mirror-Test"
         assert argv[argv.index("--port") + 1] == str(server.port)
@@ -207,9 +213,8 @@ def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
 
 def test_start_twice_is_an_error(tmp_path: Path) -> None:
     exe, _ = fake_python(tmp_path, "ok")
-    with _make(tmp_path, exe) as server:
-        with pytest.raises(VllmLaunchError):
-            server.start()
+    with _make(tmp_path, exe) as server, pytest.raises(VllmLaunchError):
+        server.start()
 
 
 def test_python_selection(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,7 +224,11 @@ def test_python_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     assert VllmServer("m", port=1).python == "/opt/x/bin/python"
     assert VllmServer("m", port=1, python="/usr/bin/py").python == "/usr/bin/py"
     command = VllmServer("m", port=1, host="0.0.0.0").command()
-    assert command[:3] == ["/opt/x/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert command[:3] == [
+        "/opt/x/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
     assert "--dtype" not in command and "--enforce-eager" not in command
     assert VllmServer("m", port=8, host="0.0.0.0").api_base == "http://127.0.0.1:8/v1"
 
@@ -244,7 +253,9 @@ def test_mirror_response_schema() -> None:
     cot = mirror_response_schema(max_length=64, with_mechanism=True)
     assert list(cot["properties"]) == ["mechanism_of_the_api", "error", "response"]
     assert cot["required"] == ["mechanism_of_the_api", "error", "response"]
-    assert all(p == {"type": "string", "maxLength": 64} for p in cot["properties"].values())
+    assert all(
+        p == {"type": "string", "maxLength": 64} for p in cot["properties"].values()
+    )
     assert all("maxLength" in p for p in MIRROR_RESPONSE_SCHEMA["properties"].values())
 
 

@@ -15,8 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import requests
 
@@ -162,7 +163,10 @@ class VllmServer:
         if self.enforce_eager:
             cmd.append("--enforce-eager")
         if self.structured_outputs_config is not None:
-            cmd += ["--structured-outputs-config", json.dumps(dict(self.structured_outputs_config))]
+            cmd += [
+                "--structured-outputs-config",
+                json.dumps(dict(self.structured_outputs_config)),
+            ]
         cmd += list(self.extra_args)
         return cmd
 
@@ -200,14 +204,16 @@ class VllmServer:
 
     def _probe(self, timeout: float) -> str | None:
         """Send one 1-token chat completion; None when it succeeded, else why not."""
-        body = {
+        body: dict[str, Any] = {
             "model": self.served_model_name,
             "messages": [{"role": "user", "content": "ping"}],
             "max_tokens": 1,
             "temperature": 0,
         }
         try:
-            resp = requests.post(f"{self.api_base}/chat/completions", json=body, timeout=timeout)
+            resp = requests.post(
+                f"{self.api_base}/chat/completions", json=body, timeout=timeout
+            )
         except requests.RequestException as exc:
             return f"{type(exc).__name__}: {exc}"
         if resp.status_code != 200:
@@ -226,7 +232,9 @@ class VllmServer:
         while True:
             code = self._proc.poll()
             if code is not None:
-                raise self._error(f"vLLM server exited with code {code} before it was ready")
+                raise self._error(
+                    f"vLLM server exited with code {code} before it was ready"
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._error(
@@ -278,7 +286,7 @@ class VllmServer:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def __enter__(self) -> VllmServer:
+    def __enter__(self) -> VllmServer:  # noqa: PYI034 (3.10 has no typing.Self)
         return self.start()
 
     def __exit__(
@@ -309,10 +317,14 @@ def mirror_response_schema(
     }
 
 
-MIRROR_RESPONSE_SCHEMA: dict[str, Any] = mirror_response_schema(MIRROR_RESPONSE_MAX_LENGTH)
+MIRROR_RESPONSE_SCHEMA: dict[str, Any] = mirror_response_schema(
+    MIRROR_RESPONSE_MAX_LENGTH
+)
 
 
-def structured_output_fields(schema: Mapping[str, Any], name: str = "api_response") -> dict[str, Any]:
+def structured_output_fields(
+    schema: Mapping[str, Any], name: str = "api_response"
+) -> dict[str, Any]:
     """Request-body fields that make vLLM's OpenAI server constrain output to ``schema``.
 
     Uses ``response_format`` (json_schema); vLLM ignores the legacy ``guided_json`` field."""
