@@ -1,0 +1,1 @@
+"""MirrorAPI simulator: client and vLLM server helpers."""
