@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -126,3 +127,19 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One ``redis-server`` for a test session (tests separate their data by key prefix)."""
+    require_redis_server()
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_prefix(request: pytest.FixtureRequest) -> str:
+    """A key prefix of this test's own."""
+    import uuid
+
+    return f"test-{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,41 @@
+"""A small real :class:`~stabletoolbench_mirror.responders.Responder` for store and layer tests.
+
+It answers every call with a deterministic answer derived from the call's key (so a
+test can check that each stored entry belongs to its key), optionally after a delay,
+and counts the calls it answered.  Tests of the simulator itself use the simulator
+with ``tests.helpers.openai_stub`` instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Sequence
+
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.responders import Attempt
+
+
+def expected_answer(namespace: str, key: str) -> dict[str, Any]:
+    return {"error": "", "response": f"answer for {namespace} {key}"}
+
+
+class KeyedResponder:
+    source = "simulated"
+
+    def __init__(self, delay_s: float = 0.0, origin: str = "keyed-test-responder") -> None:
+        self.delay_s = delay_s
+        self.origin = origin
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
+        with self._lock:
+            self.calls += 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return Attempt(expected_answer(call.namespace, call.key), self.origin)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,41 @@
+"""Functions run in child processes (``multiprocessing`` spawn) by the store tests."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.stores import DiskcacheStore, Store
+
+
+def open_store(spec: dict[str, Any]) -> Store:
+    if spec["kind"] == "diskcache":
+        return DiskcacheStore(spec["path"], lock_ttl_s=spec.get("lock_ttl_s", 120.0))
+    from stabletoolbench_mirror.stores.redis_store import RedisStore
+
+    return RedisStore(spec["url"], prefix=spec["prefix"], lock_ttl_s=spec.get("lock_ttl_s", 120.0))
+
+
+def add_many(spec: dict[str, Any], writer: int, keys: int, start_at: float) -> list[int]:
+    """Add ``keys`` records (the same keys in every writer, bodies naming the writer); return the won keys."""
+    store = open_store(spec)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    won = []
+    try:
+        for i in range(keys):
+            record = Record.from_answer(f"Cat/tool_for_Cat/api{i % 7}", f"{{'i': {i}}}", {"error": "", "response": f"writer {writer}"}, "simulated", f"w{writer}")
+            if store.add(record, f"canon-{i}"):
+                won.append(i)
+    finally:
+        store.close()
+    return won
+
+
+def hold_lock_forever(spec: dict[str, Any], namespace: str, canonical: str, ready: Any) -> None:
+    """Take the flight lock, say so, and never let go (the test kills this process)."""
+    store = open_store(spec)
+    with store.flight_lock(namespace, canonical):
+        ready.set()
+        time.sleep(3600)

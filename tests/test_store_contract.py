@@ -1,0 +1,204 @@
+"""Both writable stores keep the same contract: add-if-absent, canonical pointers, JSON, processes, locks."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.stores import DiskcacheStore, Store, StoreError
+
+from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server, require_redis_server  # noqa: F401
+from tests.helpers.responders import KeyedResponder, expected_answer
+from tests.helpers.store_workers import add_many, hold_lock_forever, open_store
+
+NS = "Cat/tool_for_Cat/api"
+
+
+@pytest.fixture(params=["diskcache", pytest.param("redis", marks=pytest.mark.redis)])
+def spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """How to open one fresh store (in this process or another)."""
+    if request.param == "diskcache":
+        return {"kind": "diskcache", "path": str(tmp_path / "store")}
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return {"kind": "redis", "url": server.url, "prefix": request.getfixturevalue("redis_prefix")}
+
+
+@pytest.fixture
+def store(spec: dict[str, Any]) -> Iterator[Store]:
+    s = open_store(spec)
+    yield s
+    s.close()
+
+
+def rec(key: str, text: str, ns: str = NS, source: str = "simulated") -> Record:
+    return Record.from_answer(ns, key, {"error": "", "response": text}, source, "test")  # type: ignore[arg-type]
+
+
+def test_add_if_absent_first_writer_wins(store: Store) -> None:
+    assert store.get(NS, "{'a': 1}") is None
+    assert store.add(rec("{'a': 1}", "first"), "c1") is True
+    assert store.add(rec("{'a': 1}", "second"), "c1") is False
+    got = store.get(NS, "{'a': 1}")
+    assert got is not None and got.answer == {"error": "", "response": "first"}
+    assert got.source == "simulated" and got.origin == "test"
+    assert store.get("Other/x_for_Other/y", "{'a': 1}") is None
+
+
+def test_canonical_pointer_names_the_first_key(store: Store) -> None:
+    store.add(rec("{'a': 1, 'b': 2}", "ab"), "canon")
+    store.add(rec("{'b': 2, 'a': 1}", "ba"), "canon")
+    assert store.get_canonical(NS, "canon").answer["response"] == "ab"  # type: ignore[union-attr]
+    assert store.get(NS, "{'b': 2, 'a': 1}").answer["response"] == "ba"  # type: ignore[union-attr]
+    assert store.get_canonical(NS, "other") is None
+    store.add(rec("{}", "no canonical"), None)
+    assert store.get(NS, "{}") is not None
+
+
+def test_sample_iter_len(store: Store) -> None:
+    for i in range(12):
+        store.add(rec(f"{{'i': {i}}}", f"r{i}"), f"c{i}")
+    store.add(rec("{'z': 0}", "elsewhere", ns="Other/t_for_Other/b"), "cz")
+    sample = list(store.sample(NS, 5))
+    assert len(sample) == 5 and all(r.namespace == NS for r in sample)
+    assert len({r.key for r in sample}) == 5
+    assert len(list(store.sample(NS, 100))) == 12
+    assert list(store.sample("No/such_for_No/api", 5)) == []
+    assert len(store) == 13
+    assert sorted(r.key for r in store if r.namespace == NS) == sorted(f"{{'i': {i}}}" for i in range(12))
+
+
+def test_values_are_json_not_pickles(store: Store, spec: dict[str, Any]) -> None:
+    store.add(rec("{'q': 'x'}", "café"), "cq")
+    if spec["kind"] == "redis":
+        import redis
+
+        client = redis.Redis.from_url(spec["url"])
+        raw = client.hget(f"{spec['prefix']}:e:{NS}", "{'q': 'x'}")
+        client.close()
+    else:
+        con = sqlite3.connect(os.path.join(spec["path"], "cache.db"))
+        (raw,) = con.execute("SELECT value FROM Cache WHERE key = ?", (f"e\x00{NS}\x00{{'q': 'x'}}",)).fetchone()
+        con.close()
+    data = json.loads(raw)
+    assert data["body"] == '{"error":"","response":"café"}' and data["source"] == "simulated"
+
+
+def test_concurrent_processes_agree_on_one_winner_per_key(spec: dict[str, Any]) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    keys, writers = 300, 4
+    start_at = time.time() + 2.0
+    with ctx.Pool(writers) as pool:
+        won = pool.starmap(add_many, [(spec, w, keys, start_at) for w in range(writers)])
+    owner: dict[int, int] = {}
+    for writer, keys_won in enumerate(won):
+        for i in keys_won:
+            assert i not in owner, f"key {i} added by writers {owner[i]} and {writer}"
+            owner[i] = writer
+    assert sorted(owner) == list(range(keys))
+    store = open_store(spec)
+    try:
+        assert len(store) == keys
+        for i, writer in owner.items():
+            ns = f"Cat/tool_for_Cat/api{i % 7}"
+            assert store.get(ns, f"{{'i': {i}}}").answer["response"] == f"writer {writer}"  # type: ignore[union-attr]
+            assert store.get_canonical(ns, f"canon-{i}").origin == f"w{writer}"  # type: ignore[union-attr]
+    finally:
+        store.close()
+
+
+def test_flight_lock_excludes_another_store_instance(spec: dict[str, Any]) -> None:
+    """Two instances (two connections: like two processes or hosts) never hold one key's lock together."""
+    a, b = open_store(spec), open_store(spec)
+    holding = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with a.flight_lock(NS, "k"):
+            holding.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert holding.wait(10)
+    got_it = threading.Event()
+
+    def wait_for_it() -> None:
+        with b.flight_lock(NS, "k"):
+            got_it.set()
+
+    w = threading.Thread(target=wait_for_it)
+    w.start()
+    assert not got_it.wait(0.4), "a second holder got the lock"
+    with b.flight_lock(NS, "another key"):
+        pass  # other keys are not blocked
+    release.set()
+    assert got_it.wait(5)
+    t.join(5)
+    w.join(5)
+    a.close()
+    b.close()
+
+
+def test_flight_lock_of_a_killed_holder_expires(spec: dict[str, Any]) -> None:
+    spec = dict(spec, lock_ttl_s=1.5)
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    holder = ctx.Process(target=hold_lock_forever, args=(spec, NS, "k", ready))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        os.kill(holder.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        holder.join(10)
+        store = open_store(spec)
+        start = time.monotonic()
+        with store.flight_lock(NS, "k"):
+            waited = time.monotonic() - start
+        store.close()
+        assert 0.2 < waited < 5.0, waited
+    finally:
+        if holder.is_alive():
+            holder.kill()
+
+
+def test_two_layers_on_one_store_simulate_a_call_once(spec: dict[str, Any]) -> None:
+    """Cross-process / cross-host single flight: two layers with their own store connections."""
+    responders = [KeyedResponder(delay_s=0.3), KeyedResponder(delay_s=0.3)]
+    layers = [MirrorLayer(open_store(spec), responders=[r]) for r in responders]
+    call = ToolCall.of("Cat", "tool", "api", {"city": "Paris"})
+    outcomes = []
+    lock = threading.Lock()
+
+    def ask(layer: MirrorLayer) -> None:
+        out = layer.handle_call(call)
+        with lock:
+            outcomes.append(out)
+
+    threads = [threading.Thread(target=ask, args=(layers[i % 2],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert sum(r.calls for r in responders) == 1
+    assert len(outcomes) == 8 and len({o.body for o in outcomes}) == 1
+    assert outcomes[0].answer == expected_answer(call.namespace, call.key)
+    for layer in layers:
+        layer.close()
+
+
+def test_diskcache_open_failure_is_a_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StoreError, match="cannot open diskcache store"):
+        DiskcacheStore(blocker / "store")
