@@ -44,8 +44,9 @@ class StoreConfig(_Section):
     """Redis URL, e.g. ``redis://127.0.0.1:6379/0`` (``kind: redis``)."""
     prefix: str = "stm"
     """Key prefix in Redis, so that several caches can share one server."""
-    lock_ttl_s: float = Field(default=120.0, gt=0)
-    """Expiry of the single-flight lock shared by processes (diskcache) and hosts (Redis)."""
+    lock_ttl_s: float = Field(default=15.0, gt=0)
+    """Lease of the single-flight lock shared by processes (diskcache) and hosts (Redis): renewed
+    while its holder works, so a holder that dies blocks the others for at most this long."""
     timeout_s: float = Field(default=2.0, gt=0)
     """Redis connect and command timeout: how fast a Redis outage becomes an error answer."""
 

@@ -172,6 +172,35 @@ def test_flight_lock_of_a_killed_holder_expires(spec: dict[str, Any]) -> None:
             holder.kill()
 
 
+def test_flight_lock_is_renewed_while_held(spec: dict[str, Any]) -> None:
+    """A holder working longer than the lease keeps its lock (the lease keeper renews it)."""
+    spec = dict(spec, lock_ttl_s=0.6)
+    a, b = open_store(spec), open_store(spec)
+    holding, release, got_it = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with a.flight_lock(NS, "k"):
+            holding.set()
+            release.wait(10)
+
+    def wait_for_it() -> None:
+        with b.flight_lock(NS, "k"):
+            got_it.set()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert holding.wait(10)
+    w = threading.Thread(target=wait_for_it)
+    w.start()
+    assert not got_it.wait(2.0), "the lease ran out while its holder was working"
+    release.set()
+    assert got_it.wait(5)
+    t.join(5)
+    w.join(5)
+    a.close()
+    b.close()
+
+
 def test_two_layers_on_one_store_simulate_a_call_once(spec: dict[str, Any]) -> None:
     """Cross-process / cross-host single flight: two layers with their own store connections."""
     responders = [KeyedResponder(delay_s=0.3), KeyedResponder(delay_s=0.3)]

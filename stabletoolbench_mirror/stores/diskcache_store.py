@@ -16,6 +16,7 @@ import diskcache
 
 from ..records import Record
 from .base import Store, StoreError
+from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,11 @@ class DiskcacheStore(Store):
 
     kind = "diskcache"
 
-    def __init__(self, path: str | os.PathLike[str], *, lock_ttl_s: float = 120.0, lock_poll_s: float = 0.02) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, lock_ttl_s: float = 15.0, lock_poll_s: float = 0.02) -> None:
         self.path = os.fspath(path)
         self.lock_ttl_s = float(lock_ttl_s)
         self.lock_poll_s = float(lock_poll_s)
+        self._leases = LeaseKeeper(self.lock_ttl_s)
         try:
             os.makedirs(self.path, exist_ok=True)
             # no eviction: a response cache that forgets is not reproducible
@@ -103,30 +105,47 @@ class DiskcacheStore(Store):
     def flight_lock(self, namespace: str, canonical: str) -> Iterator[None]:
         """An expiring lock entry (``add`` with ``expire``), polled every ``lock_poll_s``.
 
-        A waiter that does not get it within ``lock_ttl_s`` goes ahead without it.
+        The entry is a lease of ``lock_ttl_s``, renewed while held (see :mod:`.leases`): a
+        process killed while holding it blocks the others for at most ``lock_ttl_s``.  A waiter
+        goes ahead without it after :data:`~.leases.MAX_LOCK_WAIT_S`.
         """
         name = _lock_key(namespace, canonical)
         token = f"{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex}"
-        deadline = time.monotonic() + self.lock_ttl_s
+        deadline = time.monotonic() + MAX_LOCK_WAIT_S
         acquired = False
         try:
             while not (acquired := self._cache.add(name, token, expire=self.lock_ttl_s)):
                 if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, self.lock_ttl_s)
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, MAX_LOCK_WAIT_S)
                     break
                 time.sleep(self.lock_poll_s)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache lock failed: {exc}") from exc
+        if not acquired:
+            yield
+            return
+
+        def renew() -> bool:
+            with self._cache.transact():
+                return self._cache.get(name) == token and bool(self._cache.touch(name, expire=self.lock_ttl_s))
+
+        def release() -> bool:
+            try:
+                with self._cache.transact():
+                    if self._cache.get(name) == token:
+                        self._cache.delete(name)
+            except (OSError, sqlite3.Error):
+                return False
+            return True
+
+        lease = self._leases.hold(renew)
         try:
             yield
         finally:
-            if acquired:
-                try:
-                    with self._cache.transact():
-                        if self._cache.get(name) == token:
-                            self._cache.delete(name)
-                except (OSError, sqlite3.Error) as exc:
-                    log.warning("single-flight lock for %s not released (it expires by itself): %s", namespace, exc)
+            self._leases.drop(lease)
+            if not release():
+                log.warning("single-flight lock for %s not released now (store error); retrying in the background", namespace)
+                self._leases.release_later(release)
 
     def __iter__(self) -> Iterator[Record]:
         for k in self._cache.iterkeys():
@@ -139,4 +158,5 @@ class DiskcacheStore(Store):
         return sum(1 for k in self._cache.iterkeys() if isinstance(k, str) and k.startswith(_ENTRY + "\x00"))
 
     def close(self) -> None:
+        self._leases.close()
         self._cache.close()

@@ -22,16 +22,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import time
+import uuid
 from typing import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from ..records import Record
 from .base import Store, StoreError
+from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,20 @@ if added == 1 then
   redis.call('SADD', KEYS[3], ARGV[3])
 end
 return added
+"""
+
+# a lock is renewed or deleted only by the holder of its token
+_RENEW_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
 """
 
 
@@ -70,7 +87,7 @@ class RedisStore(Store):
         url: str,
         *,
         prefix: str = "stm",
-        lock_ttl_s: float = 120.0,
+        lock_ttl_s: float = 15.0,
         timeout_s: float = 2.0,
         lock_poll_s: float = 0.02,
     ) -> None:
@@ -94,7 +111,10 @@ class RedisStore(Store):
         except (ValueError, RedisError) as exc:
             raise StoreError(f"invalid redis store URL {self.url}: {exc}") from exc
         self._add = self._client.register_script(_ADD_SCRIPT)
+        self._renew = self._client.register_script(_RENEW_SCRIPT)
+        self._release = self._client.register_script(_RELEASE_SCRIPT)
         self._namespaces = f"{prefix}:namespaces"
+        self._leases = LeaseKeeper(self.lock_ttl_s)
 
     # -- keys -------------------------------------------------------------------------------------
 
@@ -187,34 +207,49 @@ class RedisStore(Store):
 
     @contextlib.contextmanager
     def flight_lock(self, namespace: str, canonical: str) -> Iterator[None]:
-        """Hold a Redis lock (``SET NX PX``) while filling a miss, so other hosts wait for the answer.
+        """Hold a Redis lock (``SET NX PX`` with a random token) while filling a miss.
 
-        The lock expires after ``lock_ttl_s`` even if its holder dies; a waiter that has not got
-        it by then goes ahead anyway (the add-if-absent write still keeps one answer).
+        Other hosts asking for the same call wait, then find the recorded answer.  The lock
+        is a lease of ``lock_ttl_s``, renewed while held (see :mod:`.leases`), so a holder
+        that dies blocks the others for at most ``lock_ttl_s``; renewal and release check
+        the token, so nobody extends or deletes a lock that another holder has taken since.
+        A waiter goes ahead without the lock after :data:`~.leases.MAX_LOCK_WAIT_S` (the
+        add-if-absent write still keeps one answer).
         """
-        lock = self._client.lock(
-            self._lock_name(namespace, canonical),
-            timeout=self.lock_ttl_s,
-            sleep=self.lock_poll_s,
-            blocking=True,
-            blocking_timeout=self.lock_ttl_s,
-        )
+        name = self._lock_name(namespace, canonical)
+        token = uuid.uuid4().hex
+        ttl_ms = max(1, int(self.lock_ttl_s * 1000))
+        deadline = time.monotonic() + MAX_LOCK_WAIT_S
         try:
-            acquired = bool(lock.acquire())
+            while not (acquired := bool(self._client.set(name, token, nx=True, px=ttl_ms))):
+                if time.monotonic() >= deadline:
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, MAX_LOCK_WAIT_S)
+                    break
+                time.sleep(self.lock_poll_s)
         except RedisError as exc:
             raise self._failed("lock", exc) from exc
         if not acquired:
-            log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, self.lock_ttl_s)
+            yield
+            return
+
+        def renew() -> bool:
+            return int(self._renew(keys=[name], args=[token, ttl_ms])) == 1
+
+        def release() -> bool:
+            try:
+                self._release(keys=[name], args=[token])
+            except RedisError:
+                return False
+            return True
+
+        lease = self._leases.hold(renew)
         try:
             yield
         finally:
-            if acquired:
-                try:
-                    lock.release()
-                except LockError:
-                    log.warning("single-flight lock for %s expired before it was released", namespace)
-                except RedisError as exc:
-                    log.warning("single-flight lock for %s not released (it expires by itself): %s", namespace, exc)
+            self._leases.drop(lease)
+            if not release():
+                log.warning("single-flight lock for %s not released now (Redis unavailable); retrying in the background", namespace)
+                self._leases.release_later(release)
 
     def ping(self) -> None:
         """Raise :class:`StoreError` unless Redis answers."""
@@ -224,6 +259,7 @@ class RedisStore(Store):
             raise self._failed("ping", exc) from exc
 
     def close(self) -> None:
+        self._leases.close()
         try:
             self._client.close()
         except RedisError:  # pragma: no cover - closing never matters

@@ -1,0 +1,158 @@
+"""Load benchmark: cache hits at concurrency 64 against `serve` with 1 and 2 workers and with Redis.
+
+Fills a store (diskcache, or Redis started here from the Debian `redis-server`) with
+--entries records spread over 20 APIs, starts `stabletoolbench-mirror serve --workers N`
+in its own process group (replay mode), warms it up, then drives POST /virtual over
+loopback with --concurrency keep-alive connections for --duration seconds of random
+hits and prints requests/s, p50, p99 and errors per configuration.
+
+Targets (issue 6): zero errors; p99 <= 20 ms at concurrency 64.
+
+    python benchmarks/load.py [--duration 30] [--concurrency 64] [--configs disk:1 disk:2 redis:1 redis:2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _loadgen import json_bodies, run_load  # noqa: E402
+
+from stabletoolbench_mirror.call import ToolCall  # noqa: E402
+from stabletoolbench_mirror.records import Record  # noqa: E402
+from stabletoolbench_mirror.stores import DiskcacheStore, Store  # noqa: E402
+
+APIS = 20
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fill(store: Store, entries: int) -> list[dict]:
+    """``entries`` recorded calls; returns their /virtual payloads."""
+    payloads = []
+    for i in range(entries):
+        api = f"Lookup {i % APIS}"
+        tool_input = {"item_id": str(i), "page": i % 7, "lang": "en"}
+        call = ToolCall.of("Data", "Bench Tool", api, tool_input)
+        body = {"error": "", "response": json.dumps({"item": i, "name": f"item number {i}", "tags": ["a", "b", "c"]})}
+        store.add(Record.from_answer(call.namespace, call.key, body, "simulated", "bench"), call.canonical)
+        payloads.append({"category": "Data", "tool_name": "Bench Tool", "api_name": api,
+                         "tool_input": json.dumps(tool_input), "strip": "", "toolbench_key": ""})
+    return payloads
+
+
+def start_server(workdir: Path, store_yaml: str, workers: int, port: int) -> subprocess.Popen:
+    cfg = workdir / f"server_config_{port}.yml"
+    cfg.write_text(f"mode: replay\nport: {port}\nlog_level: warning\nstore: {store_yaml}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
+    proc = subprocess.Popen([sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(cfg), "--workers", str(workers)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok:
+                return proc
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    stop(proc)
+    raise SystemExit("server did not start")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds of load per configuration (default 30)")
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--entries", type=int, default=5000)
+    ap.add_argument("--configs", nargs="+", default=["disk:1", "disk:2", "redis:1", "redis:2"],
+                    help="store:workers pairs, store in {disk, redis}")
+    ap.add_argument("--json", help="also write the figures to this JSON file")
+    args = ap.parse_args()
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="stm-load-") as tmp:
+        tmp_path = Path(tmp)
+        disk_path = tmp_path / "store"
+        redis_server = None
+        payloads: list[dict] = []
+        with DiskcacheStore(disk_path) as store:
+            payloads = fill(store, args.entries)
+        if any(c.startswith("redis") for c in args.configs):
+            if shutil.which("redis-server") is None:
+                raise SystemExit("redis-server is not installed (apt-get install redis-server)")
+            from tests.helpers.redis_server import RedisServer
+
+            from stabletoolbench_mirror.stores.redis_store import RedisStore
+
+            redis_server = RedisServer(tmp_path / "redis").start()
+            with RedisStore(redis_server.url, prefix="bench") as rstore:
+                fill(rstore, args.entries)
+        try:
+            rng = random.Random(6)
+            sample = [rng.choice(payloads) for _ in range(10_000)]
+            for config in args.configs:
+                kind, _, workers_text = config.partition(":")
+                workers = int(workers_text or 1)
+                if kind == "disk":
+                    store_yaml = json.dumps({"kind": "diskcache", "path": str(disk_path)})
+                elif kind == "redis" and redis_server is not None:
+                    store_yaml = json.dumps({"kind": "redis", "url": redis_server.url, "prefix": "bench"})
+                else:
+                    raise SystemExit(f"unknown config {config!r}")
+                port = free_port()
+                proc = start_server(tmp_path, store_yaml, workers, port)
+                try:
+                    url = f"http://127.0.0.1:{port}/virtual"
+                    run_load(url, json_bodies(sample), concurrency=args.concurrency, duration_s=2.0)  # warm-up
+                    res = run_load(url, json_bodies(sample), concurrency=args.concurrency, duration_s=args.duration)
+                finally:
+                    stop(proc)
+                row = {"store": kind, "workers": workers, "concurrency": args.concurrency, "duration_s": round(res.elapsed_s, 1),
+                       "requests": res.requests, "rps": round(res.rps), "p50_ms": round(res.p50_ms, 2),
+                       "p99_ms": round(res.p99_ms, 2), "errors": res.errors, "statuses": res.statuses}
+                rows.append(row)
+                print(f"store={kind:<5} workers={workers}  concurrency={args.concurrency}  {res.rps:7.0f} req/s  "
+                      f"p50={res.p50_ms:6.2f} ms  p99={res.p99_ms:6.2f} ms  errors={res.errors}", flush=True)
+        finally:
+            if redis_server is not None:
+                redis_server.close()
+    ok = all(r["errors"] == 0 and r["p99_ms"] <= 20 for r in rows)
+    print(f"\ntargets (zero errors, p99 <= 20 ms): {'met' if ok else 'NOT met'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
