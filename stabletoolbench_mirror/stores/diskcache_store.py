@@ -49,6 +49,7 @@ class DiskcacheStore(Store):
     """
 
     kind = "diskcache"
+    is_local = True
 
     def __init__(self, path: str | os.PathLike[str], *, lock_ttl_s: float = 15.0, lock_poll_s: float = 0.02) -> None:
         self.path = os.fspath(path)
