@@ -45,8 +45,9 @@ class StoreConfig(_Section):
     prefix: str = "stm"
     """Key prefix in Redis, so that several caches can share one server."""
     lock_ttl_s: float = Field(default=15.0, gt=0)
-    """Lease of the single-flight lock shared by processes (diskcache) and hosts (Redis): renewed
-    while its holder works, so a holder that dies blocks the others for at most this long."""
+    """Lease of the cross-host single-flight lock (Redis): renewed while its holder works, so a
+    holder that dies blocks the others for at most this long.  (diskcache's lock is a kernel
+    file lock, dropped when its holder exits.)"""
     timeout_s: float = Field(default=2.0, gt=0)
     """Redis connect and command timeout: how fast a Redis outage becomes an error answer."""
 

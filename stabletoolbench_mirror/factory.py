@@ -10,7 +10,7 @@ from .stores import DiskcacheStore, Store
 def build_store(settings: Settings) -> Store:
     cfg = settings.store
     if cfg.kind == "diskcache":
-        return DiskcacheStore(settings.resolve(cfg.path), lock_ttl_s=cfg.lock_ttl_s)
+        return DiskcacheStore(settings.resolve(cfg.path))
     if cfg.kind == "redis":
         if not cfg.url:
             raise ConfigError("store.url: required when store.kind is 'redis'")

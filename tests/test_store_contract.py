@@ -151,7 +151,8 @@ def test_flight_lock_excludes_another_store_instance(spec: dict[str, Any]) -> No
     b.close()
 
 
-def test_flight_lock_of_a_killed_holder_expires(spec: dict[str, Any]) -> None:
+def test_flight_lock_of_a_killed_holder_is_freed(spec: dict[str, Any]) -> None:
+    """kill -9 of a holder: diskcache's kernel lock goes at once; Redis's lease runs out (1.5 s here)."""
     spec = dict(spec, lock_ttl_s=1.5)
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
@@ -166,14 +167,17 @@ def test_flight_lock_of_a_killed_holder_expires(spec: dict[str, Any]) -> None:
         with store.flight_lock(NS, "k"):
             waited = time.monotonic() - start
         store.close()
-        assert 0.2 < waited < 5.0, waited
+        if spec["kind"] == "redis":
+            assert 0.2 < waited < 5.0, waited
+        else:
+            assert waited < 1.0, waited
     finally:
         if holder.is_alive():
             holder.kill()
 
 
 def test_flight_lock_is_renewed_while_held(spec: dict[str, Any]) -> None:
-    """A holder working longer than the lease keeps its lock (the lease keeper renews it)."""
+    """A holder working longer than the lease keeps its lock (Redis: the lease keeper renews it)."""
     spec = dict(spec, lock_ttl_s=0.6)
     a, b = open_store(spec), open_store(spec)
     holding, release, got_it = threading.Event(), threading.Event(), threading.Event()

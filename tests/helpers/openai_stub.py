@@ -50,6 +50,12 @@ def echo_responder(body: dict[str, Any]) -> Reply:
     return Reply(content=json.dumps({"error": "", "response": f"simulated answer ({len(text)} chars of prompt)"}))
 
 
+def echo_prompt_responder(body: dict[str, Any]) -> Reply:
+    """A valid answer whose ``response`` is the last user message itself (tests check each answer's call)."""
+    messages = body.get("messages") or [{}]
+    return Reply(content=json.dumps({"error": "", "response": str(messages[-1].get("content", ""))}))
+
+
 class OpenAIStub:
     """The stub server; use as a context manager, ``.api_base`` is the ``/v1`` URL."""
 
@@ -166,11 +172,13 @@ def main() -> None:  # pragma: no cover - benchmark helper
     parser = argparse.ArgumentParser(description="OpenAI-compatible stub server for benchmarks")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--echo-prompt", action="store_true", help="answer with the last user message (echo_prompt_responder)")
     args = parser.parse_args()
     latency = args.latency_ms / 1000.0
+    base = echo_prompt_responder if args.echo_prompt else echo_responder
 
     def responder(body: dict[str, Any]) -> Reply:
-        reply = echo_responder(body)
+        reply = base(body)
         reply.delay_s = latency
         return reply
 

@@ -11,7 +11,7 @@ from stabletoolbench_mirror.stores import DiskcacheStore, Store
 
 def open_store(spec: dict[str, Any]) -> Store:
     if spec["kind"] == "diskcache":
-        return DiskcacheStore(spec["path"], lock_ttl_s=spec.get("lock_ttl_s", 15.0))
+        return DiskcacheStore(spec["path"])
     from stabletoolbench_mirror.stores.redis_store import RedisStore
 
     return RedisStore(spec["url"], prefix=spec["prefix"], lock_ttl_s=spec.get("lock_ttl_s", 15.0))
