@@ -73,3 +73,13 @@ def test_base_url_override_keeps_path_and_host_header() -> None:
 def test_bad_docs_and_inputs_give_clear_errors(doc, args, message) -> None:
     with pytest.raises(RequestBuildError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build_request(doc, args)
+
+
+def test_origins_drop_credentials_query_and_fragment() -> None:
+    from stabletoolbench_mirror.real.transport import host_key, public_origin
+
+    url = "https://user:secret-pw@Relay.Example:8443/api/virtual?key=SECRET#frag"
+    assert public_origin(url) == "https://relay.example:8443/api/virtual"
+    assert public_origin(url, keep_path=False) == "https://relay.example:8443"
+    assert host_key(url) == "relay.example:8443"
+    assert "secret" not in build_request(GET_DOC, {"is_id": 1}, base_url="http://u:secret@127.0.0.1:9/").origin
