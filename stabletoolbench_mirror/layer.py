@@ -139,6 +139,14 @@ class MirrorLayer:
         self.stats.count("hits", call.namespace, record.source)
         return Outcome(record.body, "hit", source=record.source, origin=record.origin)
 
+    def recalled(self, call: ToolCall) -> Outcome | None:
+        """A counted hit the store can answer from process memory (no I/O; for remote stores), else ``None``."""
+        record = self.store.recall(call.namespace, call.key)
+        if record is None:
+            return None
+        self.stats.count("hits", call.namespace, record.source)
+        return Outcome(record.body, "hit", source=record.source, origin=record.origin)
+
     def handle_call(self, call: ToolCall) -> Outcome:
         """Answer ``call``: the cache, else the real API and the simulator (single flight), recorded."""
         try:

@@ -139,6 +139,11 @@ class _Front:
             hit = layer.cached(prepared)
             if hit is not None:
                 return hit
+        else:
+            # a remote store (Redis) may remember the record in process memory: no thread hop either
+            hit = layer.recalled(prepared)
+            if hit is not None:
+                return hit
         return await anyio.to_thread.run_sync(layer.handle_call, prepared)
 
 

@@ -235,3 +235,29 @@ def test_diskcache_open_failure_is_a_store_error(tmp_path: Path) -> None:
     blocker.write_text("not a folder")
     with pytest.raises(StoreError, match="cannot open diskcache store"):
         DiskcacheStore(blocker / "store")
+
+
+def test_redis_record_memory_is_bounded_and_never_remembers_absence() -> None:
+    from stabletoolbench_mirror.stores.redis_store import RecordMemory
+
+    memory = RecordMemory(max_bytes=20_000)
+    for i in range(200):
+        memory.put((NS, str(i)), rec(str(i), "x" * 100))
+    assert 0 < len(memory) < 200  # least recently used went first
+    assert memory.get((NS, "199")) is not None and memory.get((NS, "0")) is None
+    memory.put((NS, "big"), rec("big", "y" * 10_000))  # over a quarter of the budget: not kept
+    assert memory.get((NS, "big")) is None
+
+
+@pytest.mark.redis
+def test_redis_recall_only_what_was_read_or_written(redis_server: RedisServer, redis_prefix: str) -> None:
+    from stabletoolbench_mirror.stores.redis_store import RedisStore
+
+    writer, reader = RedisStore(redis_server.url, prefix=redis_prefix), RedisStore(redis_server.url, prefix=redis_prefix)
+    writer.add(rec("{'a': 1}", "one"), "ca")
+    assert reader.recall(NS, "{'a': 1}") is None  # another host's write is not in this one's memory
+    assert reader.get_canonical(NS, "ca").answer["response"] == "one"  # type: ignore[union-attr]
+    assert reader.recall(NS, "{'a': 1}").answer["response"] == "one"  # type: ignore[union-attr]
+    assert reader.get(NS, "{'zz': 0}") is None and reader.recall(NS, "{'zz': 0}") is None
+    writer.close()
+    reader.close()

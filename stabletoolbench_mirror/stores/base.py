@@ -49,6 +49,14 @@ class Store(abc.ABC):
                 count += 1
                 yield record
 
+    def recall(self, namespace: str, key: str) -> Record | None:
+        """The record of exactly this key if the store holds it in process memory (no I/O), else ``None``.
+
+        Remote stores (Redis) use it to answer repeated hits without a round trip; ``None``
+        means only "not in memory": the caller then does a full lookup.
+        """
+        return None
+
     def flight_lock(self, namespace: str, canonical: str) -> ContextManager[None]:
         """A lock held while one miss is filled, shared with other processes (and hosts) using the store.
 

@@ -22,9 +22,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import threading
 import time
 import uuid
-from typing import Iterator
+from collections import OrderedDict
+from typing import Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -77,8 +79,68 @@ def display_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+class RecordMemory:
+    """A bounded in-process copy of records already read (least recently used ones go first).
+
+    Sound because records never change once written (add-if-absent): a key, once found,
+    names the same record for good on every host.  Absent keys are never remembered.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max(0, int(max_bytes))
+        self._records: OrderedDict[tuple[str, str], tuple[Record, int]] = OrderedDict()
+        self._pointers: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, where: tuple[str, str]) -> Record | None:
+        with self._lock:
+            item = self._records.get(where)
+            if item is None:
+                return None
+            self._records.move_to_end(where)
+            return item[0]
+
+    def pointer(self, where: tuple[str, str]) -> str | None:
+        with self._lock:
+            item = self._pointers.get(where)
+            if item is None:
+                return None
+            self._pointers.move_to_end(where)
+            return item[0]
+
+    def put(self, where: tuple[str, str], record: Record) -> None:
+        self._insert(self._records, where, record, len(record.body) + len(record.key) + len(record.origin) + 200)
+
+    def point(self, where: tuple[str, str], key: str) -> None:
+        self._insert(self._pointers, where, key, len(key) + len(where[1]) + 100)
+
+    def _insert(self, table: "OrderedDict[tuple[str, str], Any]", where: tuple[str, str], value: Any, size: int) -> None:
+        if size > self.max_bytes // 4:
+            return
+        with self._lock:
+            if where in table:
+                return
+            table[where] = (value, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                victims = self._records if len(self._records) >= len(self._pointers) else self._pointers
+                if not victims:
+                    break
+                _where, (_value, freed) = victims.popitem(last=False)
+                self._bytes -= freed
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+
 class RedisStore(Store):
-    """Records as JSON text in Redis hashes, one pair of hashes per API."""
+    """Records as JSON text in Redis hashes, one pair of hashes per API.
+
+    Records already read are also kept in a bounded in-process memory (``memory_bytes``),
+    so a repeated hit costs no round trip.
+    """
 
     kind = "redis"
 
@@ -90,6 +152,7 @@ class RedisStore(Store):
         lock_ttl_s: float = 15.0,
         timeout_s: float = 2.0,
         lock_poll_s: float = 0.02,
+        memory_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         if lock_ttl_s <= 0 or timeout_s <= 0:
             raise ValueError("lock_ttl_s and timeout_s must be positive")
@@ -114,6 +177,7 @@ class RedisStore(Store):
         self._renew = self._client.register_script(_RENEW_SCRIPT)
         self._release = self._client.register_script(_RELEASE_SCRIPT)
         self._namespaces = f"{prefix}:namespaces"
+        self._memory = RecordMemory(memory_bytes)
         self._leases = LeaseKeeper(self.lock_ttl_s)
 
     # -- keys -------------------------------------------------------------------------------------
@@ -140,20 +204,34 @@ class RedisStore(Store):
 
     # -- Store ------------------------------------------------------------------------------------
 
+    def recall(self, namespace: str, key: str) -> Record | None:
+        return self._memory.get((namespace, key))
+
     def get(self, namespace: str, key: str) -> Record | None:
+        record = self._memory.get((namespace, key))
+        if record is not None:
+            return record
         try:
             raw = self._client.hget(self._entries(namespace), key)
         except RedisError as exc:
             raise self._failed("read", exc) from exc
-        return None if raw is None else self._decode(raw)
+        if raw is None:
+            return None
+        record = self._decode(raw)
+        self._memory.put((namespace, key), record)
+        return record
 
     def get_canonical(self, namespace: str, canonical: str) -> Record | None:
-        try:
-            key = self._client.hget(self._canonicals(namespace), canonical)
-            raw = None if key is None else self._client.hget(self._entries(namespace), key)
-        except RedisError as exc:
-            raise self._failed("read", exc) from exc
-        return None if raw is None else self._decode(raw)
+        key = self._memory.pointer((namespace, canonical))
+        if key is None:
+            try:
+                key = self._client.hget(self._canonicals(namespace), canonical)
+            except RedisError as exc:
+                raise self._failed("read", exc) from exc
+            if key is None:
+                return None
+            self._memory.point((namespace, canonical), key)
+        return self.get(namespace, key)
 
     def add(self, record: Record, canonical: str | None) -> bool:
         ns = record.namespace
