@@ -111,7 +111,18 @@ def _port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 def run_server(settings: Settings) -> int:
     import uvicorn
 
+    from .stores import StoreError
+
     if settings.workers > 1:
+        from .layer import MirrorLayer
+
+        # a store or simulator that cannot be built fails here, once, with a clear message,
+        # rather than in every worker process
+        try:
+            MirrorLayer.from_settings(settings).close()
+        except StoreError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         # each worker process rebuilds the same settings from the environment
         os.environ["STM_SERVE_SETTINGS_JSON"] = serialize_settings(settings)
         uvicorn.run(
@@ -125,7 +136,11 @@ def run_server(settings: Settings) -> int:
         return 0
     from .server import create_app
 
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0
 

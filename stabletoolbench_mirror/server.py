@@ -201,4 +201,11 @@ def app_from_environment() -> FastAPI:
 
     settings = deserialize_settings(os.environ["STM_SERVE_SETTINGS_JSON"])
     setup_logging(settings.log_level, settings.secrets())
-    return create_app(settings)
+    try:
+        return create_app(settings)
+    except Exception:
+        # uvicorn's supervisor restarts a dead worker forever, but stops on this exit code
+        from uvicorn.config import STARTUP_FAILURE
+
+        log.exception("worker %d cannot start", os.getpid())
+        raise SystemExit(STARTUP_FAILURE) from None

@@ -264,3 +264,30 @@ def test_simulator_down_answers_at_once_records_nothing_and_recovers(tmp_path: P
             assert_all_recorded(send_all(server.url + "/virtual", sent, concurrency=10), sent, expect)
     with DiskcacheStore(tmp_path / "store") as store:
         assert_store_holds(store, sent, expect)
+
+
+def test_workers_that_cannot_open_the_store_stop_with_a_clear_error(tmp_path: Path) -> None:
+    """Not an endless restart loop: the master checks first; a worker that still fails stops the supervisor."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.live import free_port
+    from tests.helpers.processes import REPO
+
+    (tmp_path / "a-file").write_text("")
+    bad_store = str(tmp_path / "a-file" / "store")
+    config = tmp_path / "bad.yml"
+    config.write_text(json.dumps({"port": free_port(), "store": {"path": bad_store}, "log_level": "warning"}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
+    done = subprocess.run([sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(config), "--workers", "2"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "cannot open diskcache store" in done.stderr and "Traceback" not in done.stderr
+
+    # the worker side alone (uvicorn's own supervisor, settings handed over as serve does)
+    env["STM_SERVE_SETTINGS_JSON"] = json.dumps({"store": {"kind": "diskcache", "path": bad_store}, "base_dir": str(tmp_path)})
+    done = subprocess.run([sys.executable, "-m", "uvicorn", "stabletoolbench_mirror.server:app_from_environment", "--factory",
+                           "--workers", "2", "--port", str(free_port()), "--host", "127.0.0.1"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert "failed to start, stopping the parent process" in done.stderr
