@@ -185,3 +185,24 @@ def test_redis_url_password_never_appears_in_errors(tmp_path: Path, serve, setti
     r = server.post(payload(1))
     assert_store_unavailable(r)
     assert "s3cret-pw" not in r.text
+
+
+def test_a_redis_that_never_answers_is_an_error_within_the_timeout() -> None:
+    """A host that accepts connections and then says nothing (a hung Redis, a black hole)."""
+    import socket
+
+    from stabletoolbench_mirror.stores import StoreError
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    try:
+        store = RedisStore(f"redis://127.0.0.1:{port}/0", timeout_s=0.3)
+        start = time.monotonic()
+        with pytest.raises(StoreError, match="TimeoutError|Timeout"):
+            store.get("Data/t_for_Data/a", "{}")
+        assert time.monotonic() - start < 1.5
+        store.close()
+    finally:
+        listener.close()
