@@ -19,7 +19,7 @@ from .config import Settings
 from .naming import resolve_names
 from .protocol import ToolInputParseError, VirtualRequest, parse_tool_input
 from .records import Record
-from .responders import Responder
+from .responders import Attempt, Responder
 from .singleflight import SingleFlight
 from .stats import Stats
 from .stores import FrozenCache, Store, StoreError
@@ -219,6 +219,9 @@ class MirrorLayer:
             if examples is None:
                 examples = self.examples(call) if responder.source == "simulated" else []
             attempt = responder.respond(call, examples)
+            if attempt.answer is not None and not protocol.is_encodable(attempt.answer):
+                # e.g. a "\ud800" escape in a model's JSON: it can be neither stored nor served as UTF-8
+                attempt = Attempt(None, attempt.origin, "answer contains a lone UTF-16 surrogate", attempt.fallback)
             if attempt.answer is None:
                 log.info("%s gave no usable answer for %s: %s", responder.source, call.namespace, attempt.detail)
                 self.stats.count_failure(f"{responder.source}: {attempt.detail}")

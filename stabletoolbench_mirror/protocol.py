@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 # error texts the StableToolBench client maps to a status code (exact comparison)
 API_NOT_WORKING = "API not working error..."  # -> status 6
@@ -69,6 +69,28 @@ class VirtualRequest(BaseModel):
     strip: str = ""
     toolbench_key: str = ""
 
+    @model_validator(mode="after")
+    def _encodable(self) -> "VirtualRequest":
+        # JSON escapes such as "\ud800" decode to lone surrogates, which no store can encode
+        for name in ("category", "tool_name", "api_name", "strip", "toolbench_key", "tool_input"):
+            if not is_encodable(getattr(self, name)):
+                raise ValueError(f"{name} contains a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape)")
+        return self
+
+
+def is_encodable(value: Any) -> bool:
+    """Whether every string in ``value`` (a JSON value) can be encoded as UTF-8."""
+    try:
+        if isinstance(value, str):
+            value.encode("utf-8")
+        else:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    except (TypeError, ValueError, RecursionError):
+        return True
+    return True
+
 
 class ToolInputParseError(ValueError):
     """The ``tool_input`` text is not JSON (upstream answers ``Tool input parse error...``)."""
@@ -84,6 +106,9 @@ def parse_tool_input(tool_input: Union[str, dict]) -> Any:
     if tool_input == "":
         return {}
     try:
-        return json.loads(tool_input)
+        parsed = json.loads(tool_input)
     except (ValueError, RecursionError) as exc:
         raise ToolInputParseError(str(exc)) from None
+    if "\\u" in tool_input and not is_encodable(parsed):
+        raise ToolInputParseError("a lone UTF-16 surrogate escape")
+    return parsed

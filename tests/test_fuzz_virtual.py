@@ -79,7 +79,9 @@ def check(r: requests.Response) -> None:
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40)
 json_values = st.recursive(json_scalars, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4), max_leaves=20)
 hostile_text = st.sampled_from(["", "..", "../../etc/passwd", "/", "\\..\\", "\x00", "a/b", "Tools", "t", "chat_with_user",
-                                "con", "é日本", "x" * 300, "{", "%2e%2e", "~root"]) | st.text(max_size=60)
+                                "con", "é日本", "x" * 300, "{", "%2e%2e", "~root", '{"a": "\\ud800"}']) | st.text(max_size=60)
+# lone surrogates (json.dumps writes them as "\udXXX" escapes)
+hostile_text = hostile_text | st.text(st.characters(categories=["Cs", "Ll", "Nd"]), min_size=1, max_size=6)
 tool_inputs = (
     st.builds(json.dumps, st.dictionaries(st.text(max_size=12), json_values, max_size=5))
     | st.builds(json.dumps, json_values)

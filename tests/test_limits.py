@@ -109,3 +109,19 @@ def test_simulator_hung_garbage_or_failing_then_healthy(tmp_path: Path, serve, s
         assert r.json() == {"error": "", "response": "fine now"} and r.headers["x-stm-outcome"] == "recorded"
         r = requests.post(server.url + "/virtual", json=payload(7), timeout=30)
         assert r.headers["x-stm-outcome"] == "hit"
+
+
+def test_lone_surrogates_in_requests_or_answers_never_crash(tmp_path: Path, serve, settings_factory) -> None:
+    """JSON escapes like "\\ud800" decode to text no UTF-8 store can hold: clear answers, nothing stored."""
+    with OpenAIStub(lambda body: Reply(content='{"error": "", "response": "broken \\ud800 text"}')) as sim:
+        server = serve(settings_factory(simulator={"enabled": True, "api_base": sim.api_base, "max_retries": 0}))
+        url = server.url + "/virtual"
+        r = requests.post(url, data=b'{"category": "A\\udfff", "tool_name": "T", "api_name": "a", "tool_input": "{}"}', timeout=10)
+        assert r.status_code == 422 and "lone UTF-16 surrogate" in r.json()["error"]
+        r = requests.post(url, json=dict(payload(1), tool_input='{"q": "\\ud800"}'), timeout=10)
+        assert r.status_code == 200 and r.json() == protocol.parse_error_answer()
+        r = requests.post(url, json=payload(2), timeout=10)  # the simulator answers with a lone surrogate
+        assert r.status_code == 200 and r.headers["x-stm-outcome"] == "failed", r.text
+        r = requests.post(url, json=dict(payload(3), tool_input='{"emoji": "\\ud83d\\ude00"}'), timeout=10)  # a proper pair is fine
+        assert r.status_code == 200 and r.headers["x-stm-outcome"] == "failed"  # (the stub still answers badly)
+        assert sim.count == 2
