@@ -1,0 +1,91 @@
+"""One config model: file < STM_* env < flags; bad keys fail naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stabletoolbench_mirror.config import ConfigError, load_settings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "server_config.yml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults() -> None:
+    s = load_settings(None, environ={})
+    assert (s.mode, s.host, s.port, s.store.kind) == ("record", "127.0.0.1", 8080, "diskcache")
+    assert s.auth_token is None and not s.real.enabled and not s.simulator.enabled
+    assert s.simulator.style == "mirrorapi-sft" and s.simulator.temperature == 0
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("mdoe: replay\n", "mdoe"),
+        ("simulator:\n  tempreature: 0.1\n", "simulator.tempreature"),
+        ("mode: playback\n", "mode"),
+        ("port: eighty\n", "port"),
+        ("store:\n  kind: mongodb\n", "store.kind"),
+        ("simulator:\n  style: gpt5\n", "simulator.style"),
+        ("real:\n  breaker_failures: 0\n", "real.breaker_failures"),
+    ],
+)
+def test_bad_keys_fail_naming_the_key(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, text), environ={})
+    assert f"'{key}'" in str(err.value)
+
+
+def test_not_a_mapping_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="mapping"):
+        load_settings(write(tmp_path, "- a\n- b\n"), environ={})
+    with pytest.raises(ConfigError, match="YAML"):
+        load_settings(write(tmp_path, "mode: [\n"), environ={})
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "mode: replay\nport: 9000\nsimulator:\n  model: FromFile\n")
+    s = load_settings(cfg, environ={"STM_PORT": "9100", "STM_SIMULATOR__MODEL": "FromEnv", "STM_SIMULATOR__TEMPERATURE": "0.5"})
+    assert (s.mode, s.port, s.simulator.model, s.simulator.temperature) == ("replay", 9100, "FromEnv", 0.5)
+    s = load_settings(cfg, overrides={"port": 9200, "mode": "record"}, environ={"STM_PORT": "9100"})
+    assert (s.mode, s.port) == ("record", 9200)
+    with pytest.raises(ConfigError, match="'nonsense'"):
+        load_settings(cfg, environ={"STM_NONSENSE": "1"})
+
+
+def test_relative_paths_resolve_against_the_config_folder(tmp_path: Path) -> None:
+    sub = tmp_path / "conf"
+    sub.mkdir()
+    s = load_settings(write(sub, "store:\n  path: data/store\nfrozen_caches: [frozen]\n"), environ={})
+    assert s.resolve(s.store.path) == str(sub / "data" / "store")
+    assert s.resolve(s.frozen_caches[0]) == str(sub / "frozen")
+
+
+def test_stabletoolbench_config_keys(tmp_path: Path) -> None:
+    cfg = write(
+        tmp_path,
+        "cache_folder: ./tool_response_cache\ntools_folder: ./tools\nport: 8081\nis_save: false\n"
+        "toolbench_url: http://127.0.0.1:9/rapidapi\napi_base: http://127.0.0.1:8000/v1\napi_key: sk-xyz\nmodel: gpt-4o\ntemperature: 0.2\n",
+    )
+    s = load_settings(cfg, environ={})
+    assert s.frozen_caches == ["./tool_response_cache"] and s.tools_folder == "./tools" and s.port == 8081
+    assert s.save is False
+    assert s.real.enabled and s.real.backend == "relay" and s.real.relay_url == "http://127.0.0.1:9/rapidapi"
+    assert s.simulator.enabled and s.simulator.api_base == "http://127.0.0.1:8000/v1" and s.simulator.model == "gpt-4o"
+    assert s.simulator.api_key.get_secret_value() == "sk-xyz" and s.simulator.temperature == 0.2
+    assert "sk-xyz" not in repr(s)
+
+
+def test_serve_fails_at_start_naming_the_key(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "simulator:\n  api_bsae: http://x\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "simulator.api_bsae" in result.stderr
