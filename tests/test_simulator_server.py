@@ -21,7 +21,7 @@ from stabletoolbench_mirror import protocol
 from stabletoolbench_mirror.layer import MirrorLayer
 from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.simulator.prompts import COT_SYSTEM_PROMPT, SFT_SYSTEM_PROMPT
-from stabletoolbench_mirror.stores import DiskcacheStore
+from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
 
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub, Reply
@@ -454,3 +454,37 @@ def test_gpt_fewshot_respects_the_character_budget(mirror) -> None:
         user = stub.requests[0]["messages"][1]["content"]
         shown = [i for i in range(5) if f"answer-{i}-" in user]
         assert 1 <= len(shown) <= 2
+
+
+def test_gpt_fewshot_draws_examples_from_frozen_caches(mirror, tmp_path: Path) -> None:
+    frozen = tmp_path / "frozen" / "Data" / "keyword_analysis_for_Data"
+    frozen.mkdir(parents=True)
+    (frozen / "popularsitesforquery.json").write_text(
+        json.dumps({str({"q": "birthday ideas"}): {"error": "", "response": "from-the-frozen-cache.com"}})
+    )
+    with OpenAIStub() as stub:
+        server, layer = mirror(stub.api_base, style="gpt-fewshot")
+        layer.frozen.append(FrozenCache(tmp_path / "frozen"))
+        server.post(payload(q="birthday party ideas"))
+        assert "from-the-frozen-cache.com" in stub.requests[0]["messages"][1]["content"]
+
+
+def test_mirrorapi_styles_send_no_examples(mirror) -> None:
+    with OpenAIStub() as stub:
+        server, layer = mirror(stub.api_base)
+        layer.store.add(Record.from_answer(NAMESPACE, str({"q": "other"}), {"error": "", "response": "cached-example"}, "real"), None)
+        server.post(payload())
+        assert "cached-example" not in json.dumps(stub.requests[0])
+
+
+def test_bad_api_base_is_a_config_error(settings_factory) -> None:
+    from stabletoolbench_mirror.config import ConfigError
+    from stabletoolbench_mirror.simulator import build_simulator
+
+    with pytest.raises(ConfigError, match="simulator.api_base"):
+        build_simulator(settings_factory(simulator={"enabled": True, "api_base": "ftp://127.0.0.1/v1"}))
+    with pytest.raises(ConfigError, match="system_prompt_file"):
+        build_simulator(settings_factory(simulator={"enabled": True, "system_prompt_file": "/nonexistent/prompt.txt"}))
+    sim = build_simulator(settings_factory(simulator={"enabled": True}), api_base="http://127.0.0.1:9/v1")
+    assert sim.client.endpoints == ["http://127.0.0.1:9/v1"] and sim.source == "simulated"
+    sim.close()

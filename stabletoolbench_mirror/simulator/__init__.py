@@ -28,6 +28,14 @@ def build_chat_client(settings: Settings, *, api_base: str | Sequence[str] | Non
     """The chat client of ``settings.simulator``; ``api_base`` replaces the configured endpoints."""
     cfg = settings.simulator
     endpoints = cfg.endpoints if api_base is None else ([api_base] if isinstance(api_base, str) else list(api_base))
+    try:
+        return _chat_client(settings, endpoints)
+    except ValueError as exc:
+        raise ConfigError(f"simulator.api_base: {exc}") from None
+
+
+def _chat_client(settings: Settings, endpoints: list[str]) -> ChatClient:
+    cfg = settings.simulator
     return ChatClient(
         endpoints,
         model=cfg.model,

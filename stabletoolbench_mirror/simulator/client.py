@@ -10,7 +10,6 @@ not retried: the server took the request and may still be working on it.
 
 from __future__ import annotations
 
-import http.cookiejar
 import json
 import logging
 import threading
@@ -18,9 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
-import requests
 import urllib3
-from requests.adapters import HTTPAdapter
 
 log = logging.getLogger(__name__)
 
@@ -60,35 +57,16 @@ class Completion:
     tries: int = 1
 
 
-class _RejectAll(http.cookiejar.CookiePolicy):
-    netscape = True
-    rfc2965 = hide_cookie2 = False
-
-    def set_ok(self, cookie: Any, request: Any) -> bool:
-        return False
-
-    def return_ok(self, cookie: Any, request: Any) -> bool:
-        return False
-
-    def domain_return_ok(self, domain: str, request: Any) -> bool:
-        return False
-
-    def path_return_ok(self, path: str, request: Any) -> bool:
-        return False
-
-
 class _Endpoint:
     def __init__(self, base: str, pool_size: int, headers: Mapping[str, str]) -> None:
         self.base = base.rstrip("/")
-        self.url = self.base + "/chat/completions"
+        parsed = urllib3.util.parse_url(self.base + "/chat/completions")
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"not an http(s) URL: {base!r}")
+        self.path = parsed.request_uri
         self.in_flight = 0
-        self.session = requests.Session()
-        self.session.cookies.set_policy(_RejectAll())
-        self.session.trust_env = False  # no proxies from the environment for a local model server
-        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
-        self.session.headers.update(headers)
+        # one pool per endpoint; urllib3's pools are thread-safe
+        self.pool = urllib3.connection_from_url(self.base, maxsize=pool_size, block=False, headers=dict(headers))
 
 
 class ChatClient:
@@ -122,6 +100,7 @@ class ChatClient:
         self.max_tokens = max_tokens
         self.seed = seed
         self.timeout = (connect_timeout_s, read_timeout_s)
+        self._timeout = urllib3.Timeout(connect=connect_timeout_s, read=read_timeout_s)
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.balance = balance
@@ -194,29 +173,33 @@ class ChatClient:
 
     def _once(self, endpoint: _Endpoint, data: bytes, tries: int) -> Completion:
         try:
-            response = endpoint.session.post(endpoint.url, data=data, timeout=self.timeout, stream=True)
-        except requests.exceptions.ReadTimeout:
+            response = endpoint.pool.urlopen(
+                "POST",
+                endpoint.path,
+                body=data,
+                timeout=self._timeout,
+                retries=False,
+                redirect=False,
+                preload_content=False,
+            )
+        except urllib3.exceptions.ReadTimeoutError:
             raise _error(f"no answer within {self.timeout[1]:g} s (read timeout)", endpoint, retryable=False) from None
-        except requests.exceptions.ConnectTimeout:
-            raise _error(f"connection timed out after {self.timeout[0]:g} s", endpoint, retryable=True) from None
-        except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+        except (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ProtocolError, OSError) as exc:
+            # (NewConnectionError first: urllib3 makes it a subclass of ConnectTimeoutError)
             raise _error(f"connection failed: {_short(exc)}", endpoint, retryable=True) from None
-        except requests.exceptions.RequestException as exc:
+        except urllib3.exceptions.ConnectTimeoutError:
+            raise _error(f"connection timed out after {self.timeout[0]:g} s", endpoint, retryable=True) from None
+        except urllib3.exceptions.HTTPError as exc:
             raise _error(f"request failed: {_short(exc)}", endpoint, retryable=False) from None
         try:
-            try:
-                raw = _read_capped(response)
-            except requests.exceptions.RequestException as exc:
-                if isinstance(exc, requests.exceptions.ReadTimeout) or (
-                    exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError)
-                ):
-                    raise _error(f"no answer within {self.timeout[1]:g} s (read timeout)", endpoint, retryable=False) from None
-                raise _error(f"broken answer: {_short(exc)}", endpoint, retryable=True) from None
-            except OSError as exc:
-                raise _error(f"broken answer: {_short(exc)}", endpoint, retryable=True) from None
+            raw = _read_capped(response)
+        except urllib3.exceptions.ReadTimeoutError:
+            raise _error(f"no answer within {self.timeout[1]:g} s (read timeout)", endpoint, retryable=False) from None
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            raise _error(f"broken answer: {_short(exc)}", endpoint, retryable=True) from None
         finally:
-            response.close()
-        status = response.status_code
+            response.release_conn()
+        status = response.status
         if status != 200:
             raise ChatError(
                 f"HTTP {status}: {_error_message(raw)}",
@@ -243,20 +226,23 @@ class ChatClient:
 
     def close(self) -> None:
         for endpoint in self._endpoints:
-            endpoint.session.close()
+            endpoint.pool.close()
 
 
 def _error(detail: str, endpoint: _Endpoint, *, retryable: bool, status: int | None = None) -> ChatError:
     return ChatError(detail, endpoint=endpoint.base, status=status, retryable=retryable)
 
 
-def _read_capped(response: requests.Response) -> bytes:
+def _read_capped(response: urllib3.BaseHTTPResponse) -> bytes:
     chunks: list[bytes] = []
     size = 0
-    for chunk in response.iter_content(chunk_size=65536):
+    while True:
+        chunk = response.read(65536)
+        if not chunk:
+            break
         size += len(chunk)
         if size > MAX_RESPONSE_BYTES:
-            raise requests.exceptions.ContentDecodingError(f"answer larger than {MAX_RESPONSE_BYTES} bytes")
+            raise ValueError(f"answer larger than {MAX_RESPONSE_BYTES} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
