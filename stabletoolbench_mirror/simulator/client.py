@@ -1,8 +1,9 @@
-"""A small OpenAI-compatible chat-completions client (``requests``) for vLLM and friends.
+"""A small OpenAI-compatible chat-completions client for vLLM and friends.
 
-One client serves every thread of the server: each endpoint has one pooled
-:class:`requests.Session` (urllib3's pool is thread-safe; cookies are never kept), a
-request goes to the next endpoint round robin or to the least busy one, and
+It speaks HTTP through urllib3, the transport under ``requests``, used directly: on the
+miss path ``requests.Session``'s per-call machinery (request preparation, hooks, cookie
+merging) cost about twice the CPU of the call itself.  One client serves every thread of
+the server: each endpoint has one thread-safe keep-alive connection pool, a request goes to the next endpoint round robin or to the least busy one, and
 connection errors, HTTP 5xx and 429 are retried a bounded number of times with
 exponential backoff (a 429's ``Retry-After`` is honoured, capped).  A read timeout is
 not retried: the server took the request and may still be working on it.
