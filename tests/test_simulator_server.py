@@ -488,3 +488,23 @@ def test_bad_api_base_is_a_config_error(settings_factory) -> None:
     sim = build_simulator(settings_factory(simulator={"enabled": True}), api_base="http://127.0.0.1:9/v1")
     assert sim.client.endpoints == ["http://127.0.0.1:9/v1"] and sim.source == "simulated"
     sim.close()
+
+
+def test_an_error_body_echoing_the_key_is_redacted(mirror, caplog: pytest.LogCaptureFixture) -> None:
+    echo = Reply(status=401, message=f"Incorrect API key provided: {API_KEY}.")
+    with OpenAIStub(script(echo)) as stub, caplog.at_level("DEBUG"):
+        server, layer = mirror(stub.api_base)
+        r = server.post(payload())
+        s = stats(server)
+        (failure,) = s["failures"]
+        assert "Incorrect API key provided: ***" in failure
+        assert_no_secrets(r.text, json.dumps(s), caplog.text)
+
+
+def test_credentials_in_the_api_base_are_refused(settings_factory) -> None:
+    from stabletoolbench_mirror.config import ConfigError
+    from stabletoolbench_mirror.simulator import build_simulator
+
+    with pytest.raises(ConfigError) as info:
+        build_simulator(settings_factory(simulator={"enabled": True, "api_base": "http://user:hunter22@127.0.0.1:9/v1?key=abc"}))
+    assert "hunter22" not in str(info.value) and "key=abc" not in str(info.value)

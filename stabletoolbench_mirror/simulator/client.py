@@ -63,8 +63,12 @@ class _Endpoint:
         self.base = base.rstrip("/")
         parsed = urllib3.util.parse_url(self.base + "/chat/completions")
         if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ValueError(f"not an http(s) URL: {base!r}")
+            raise ValueError(f"not an http(s) URL: {_display(base)!r}")
+        if parsed.auth:
+            raise ValueError(f"credentials in the URL are not supported (use simulator.api_key): {_display(base)!r}")
         self.path = parsed.request_uri
+        self.name = _display(self.base)
+        """The endpoint for logs, stats and errors: no query string."""
         self.in_flight = 0
         # one pool per endpoint; urllib3's pools are thread-safe
         self.pool = urllib3.connection_from_url(self.base, maxsize=pool_size, block=False, headers=dict(headers))
@@ -93,6 +97,7 @@ class ChatClient:
         if not bases:
             raise ValueError("at least one endpoint is needed")
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        self._api_key = api_key or ""
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self._endpoints = [_Endpoint(b, pool_size, headers) for b in bases]
@@ -110,7 +115,11 @@ class ChatClient:
 
     @property
     def endpoints(self) -> list[str]:
-        return [e.base for e in self._endpoints]
+        return [e.name for e in self._endpoints]
+
+    def _redact(self, text: str) -> str:
+        # an error body may echo the key back ("Incorrect API key provided: ...")
+        return text.replace(self._api_key, "***") if self._api_key else text
 
     # -- choosing an endpoint -----------------------------------------------------------------
 
@@ -164,7 +173,7 @@ class ChatClient:
                 return self._once(endpoint, data, attempt + 1)
             except ChatError as exc:
                 last = exc
-                log.info("simulator call to %s failed (try %d/%d): %s", endpoint.base, attempt + 1, self.max_retries + 1, exc.detail)
+                log.info("simulator call to %s failed (try %d/%d): %s", endpoint.name, attempt + 1, self.max_retries + 1, exc.detail)
                 if not exc.retryable:
                     break
             finally:
@@ -203,8 +212,8 @@ class ChatClient:
         status = response.status
         if status != 200:
             raise ChatError(
-                f"HTTP {status}: {_error_message(raw)}",
-                endpoint=endpoint.base,
+                self._redact(f"HTTP {status}: {_error_message(raw)}"),
+                endpoint=endpoint.name,
                 status=status,
                 retryable=status == 429 or status >= 500,
                 retry_after=_retry_after(response.headers.get("Retry-After")) if status == 429 else None,
@@ -220,7 +229,7 @@ class ChatClient:
         return Completion(
             content=content,
             finish_reason=str(choice.get("finish_reason") or ""),
-            endpoint=endpoint.base,
+            endpoint=endpoint.name,
             model=str(payload.get("model") or self.model),
             tries=tries,
         )
@@ -231,7 +240,17 @@ class ChatClient:
 
 
 def _error(detail: str, endpoint: _Endpoint, *, retryable: bool, status: int | None = None) -> ChatError:
-    return ChatError(detail, endpoint=endpoint.base, status=status, retryable=retryable)
+    return ChatError(detail, endpoint=endpoint.name, status=status, retryable=retryable)
+
+
+def _display(url: str) -> str:
+    """``url`` without user info, query or fragment (safe to log)."""
+    try:
+        parsed = urllib3.util.parse_url(url)
+    except (ValueError, urllib3.exceptions.LocationParseError):
+        return "<unparsable URL>"
+    port = f":{parsed.port}" if parsed.port else ""
+    return f"{parsed.scheme}://{parsed.host}{port}{parsed.path or ''}"
 
 
 def _read_capped(response: urllib3.BaseHTTPResponse) -> bytes:

@@ -40,6 +40,8 @@ class Reply:
     finish_reason: str = "stop"
     headers: tuple[tuple[str, str], ...] = ()
     """Extra response headers (e.g. ``(("Retry-After", "0.2"),)`` on a 429)."""
+    message: str | None = None
+    """The error message of a non-200 reply (default ``stub error <status>``)."""
 
 
 Responder = Callable[[dict[str, Any]], Reply]
@@ -111,7 +113,7 @@ class OpenAIStub:
             await _send_json(
                 send,
                 reply.status,
-                {"error": {"message": f"stub error {reply.status}", "type": "ServerError", "code": reply.status}},
+                {"error": {"message": reply.message or f"stub error {reply.status}", "type": "ServerError", "code": reply.status}},
                 reply.headers,
             )
             return
