@@ -5,6 +5,7 @@ from __future__ import annotations
 from .config import ConfigError, Settings
 from .responders import Responder
 from .stores import DiskcacheStore, Store
+from .tooldocs import tool_docs_for
 
 
 def build_store(settings: Settings) -> Store:
@@ -25,12 +26,13 @@ def build_store(settings: Settings) -> Store:
 def build_responders(settings: Settings) -> list[Responder]:
     """The miss chain in order: the real API (when enabled), then the simulator (when enabled)."""
     responders: list[Responder] = []
+    docs = tool_docs_for(settings)  # one registry, shared by the real API and the simulator
     if settings.real.enabled:
         from .real import build_real_responder
 
-        responders.append(build_real_responder(settings))
+        responders.append(build_real_responder(settings, docs=docs))
     if settings.simulator.enabled:
         from .simulator import build_simulator
 
-        responders.append(build_simulator(settings))
+        responders.append(build_simulator(settings, docs=docs))
     return responders

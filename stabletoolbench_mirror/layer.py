@@ -194,11 +194,16 @@ class MirrorLayer:
         return None
 
     def examples(self, call: ToolCall, limit: int = 20) -> list[Record]:
-        """Cached answers of the same API, for few-shot simulators."""
+        """Cached answers of the same API, for few-shot simulators: the store's, then the frozen caches'."""
         try:
-            return list(self.store.sample(call.namespace, limit))
+            found = list(self.store.sample(call.namespace, limit))
         except StoreError:
-            return []
+            found = []
+        for frozen in self.frozen:
+            if len(found) >= limit:
+                break
+            found += frozen.sample(call.namespace, limit - len(found))
+        return found
 
     def _fill(self, call: ToolCall) -> Outcome:
         # single flight across processes and hosts: the store's lock (a no-op for stores without
@@ -217,8 +222,10 @@ class MirrorLayer:
         examples: list[Record] | None = None
         for responder in self.responders:
             if examples is None:
-                examples = self.examples(call) if responder.source == "simulated" else []
-            attempt = responder.respond(call, examples)
+                # only a few-shot simulator reads examples (a store scan per miss otherwise)
+                wants = responder.source == "simulated" and getattr(responder, "wants_examples", True)
+                examples = self.examples(call) if wants else None
+            attempt = responder.respond(call, examples or [])
             if attempt.answer is not None and not protocol.is_encodable(attempt.answer):
                 # e.g. a "\ud800" escape in a model's JSON: it can be neither stored nor served as UTF-8
                 attempt = Attempt(None, attempt.origin, "answer contains a lone UTF-16 surrogate", attempt.fallback)

@@ -25,11 +25,14 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rapidfuzz import fuzz, process
 
 from .naming import CallNames, change_name, standardize, standardize_category
+
+if TYPE_CHECKING:
+    from .config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +58,23 @@ class ApiDoc:
     required_parameters: list[Any] = field(default_factory=list)
     optional_parameters: list[Any] = field(default_factory=list)
     template_response: Any = None
+    host: str = ""
+    """The RapidAPI host: the API entry's ``host``, else the tool's."""
     fuzzy: bool = False
     """Whether a fuzzy match (not the exact standardised names) found this doc."""
+
+    def as_api_entry(self) -> dict[str, Any]:
+        """The doc as a ToolBench ``api_list`` entry (what direct RapidAPI calls are built from)."""
+        entry: dict[str, Any] = {
+            "name": self.name,
+            "url": self.url,
+            "method": self.method,
+            "required_parameters": self.required_parameters,
+            "optional_parameters": self.optional_parameters,
+        }
+        if self.host:
+            entry["host"] = self.host
+        return entry
 
 
 @dataclass
@@ -65,6 +83,7 @@ class _Tool:
     tool_description: str
     apis: dict[str, dict[str, Any]]
     """``change_name(standardize(api name))`` -> the API's entry in ``api_list``."""
+    host: str = ""
 
 
 def _text(value: Any) -> str:
@@ -166,6 +185,7 @@ class ToolDocs:
             tool_name=_text(data.get("tool_name")) or path.stem,
             tool_description=_text(data.get("tool_description")),
             apis=apis,
+            host=_text(data.get("host")),
         )
 
     # -- lookup -------------------------------------------------------------------------------
@@ -252,5 +272,13 @@ class ToolDocs:
             required_parameters=_params(entry.get("required_parameters")),
             optional_parameters=_params(entry.get("optional_parameters")),
             template_response=entry.get("template_response"),
+            host=_text(entry.get("host")) or loaded.host,
             fuzzy=fuzzy,
         )
+
+
+def tool_docs_for(settings: "Settings") -> ToolDocs | None:
+    """The registry over ``settings.tools_folder`` (``None`` when none is configured)."""
+    if not settings.tools_folder:
+        return None
+    return ToolDocs(settings.resolve(settings.tools_folder), fuzzy_score=settings.simulator.fuzzy_match_score)

@@ -135,3 +135,13 @@ def test_rapidapi_needs_a_tools_folder(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tools_folder"):
         build_real_responder(Settings(real={"enabled": True, "backend": "rapidapi"}))
 
+
+
+def test_a_fuzzy_doc_match_never_spends_the_key(rapid, serve) -> None:
+    """'Get Ordr' resembles 'Get Order' (the simulator may use that doc) but no real call goes out."""
+    settings, layer, host = rapid
+    server = serve(settings, layer)
+    r = server.post(call("Get Ordr", {"is_id": "7"}))
+    assert r.json()["error"] == "API not working error..."
+    assert host.received == []
+

@@ -109,3 +109,32 @@ def test_reference_tools_folder(reference_dir: Path, reference_calls: list) -> N
             found += 1
             assert doc.fuzzy is False
     assert found == len(reference_calls)
+
+
+def test_16000_tools_are_indexed_once_and_read_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    root = tmp_path / "big"
+    body = json.dumps({"tool_name": "T", "tool_description": "", "api_list": [api("Get Item")]})
+    for c in range(40):
+        folder = root / f"Category {c}"
+        folder.mkdir(parents=True)
+        for i in range(400):
+            (folder / f"tool_{c}_{i}.json").write_text(body)
+    reads: list[Path] = []
+    original = Path.read_text
+
+    def counting(self: Path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        reads.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    docs = ToolDocs(root)
+    start = time.perf_counter()
+    assert len(docs) == 16_000
+    assert time.perf_counter() - start < 3.0  # a directory listing, no file is parsed
+    assert reads == []
+    for _ in range(3):
+        assert docs.find(resolve_names("Category 7", "tool_7_123", "Get Item")).name == "Get Item"
+        assert docs.find(resolve_names("Category 39", "tool_39_0", "get_item")).name == "Get Item"
+    assert sorted(p.name for p in reads) == ["tool_39_0.json", "tool_7_123.json"]

@@ -9,6 +9,7 @@ simulator.  Modules: :mod:`.validity` (which answers count), :mod:`.relay` and
 from __future__ import annotations
 
 from ..config import ConfigError, Settings
+from ..tooldocs import ToolDocs, tool_docs_for
 from .breaker import BreakerBoard
 from .policy import CallPolicy
 from .responder import RealResponder
@@ -18,8 +19,11 @@ from .validity import Verdict, classify
 __all__ = ["RealResponder", "Verdict", "build_real_responder", "classify"]
 
 
-def build_real_responder(settings: Settings) -> RealResponder:
-    """The real-API responder that ``settings.real`` describes (``ConfigError`` when it is incomplete)."""
+def build_real_responder(settings: Settings, *, docs: ToolDocs | None = None) -> RealResponder:
+    """The real-API responder that ``settings.real`` describes (``ConfigError`` when it is incomplete).
+
+    ``docs`` is a tool-doc registry shared with other parts (built from ``tools_folder`` when not given).
+    """
     cfg = settings.real
     transport = Transport(
         connect_timeout_s=cfg.connect_timeout_s,
@@ -37,16 +41,16 @@ def build_real_responder(settings: Settings) -> RealResponder:
         key = cfg.toolbench_key.get_secret_value() if cfg.toolbench_key else ""
         backend = RelayBackend(transport, cfg.relay_url, key)
     else:
-        from ._doc_lookup import ToolsFolderDocs  # TEMPORARY: switch to the shared tool-doc registry
-        from .rapidapi import RapidAPIBackend
+        from .rapidapi import RapidAPIBackend, exact_doc_finder
 
         if not settings.tools_folder:
             raise ConfigError("tools_folder: required when real.backend is 'rapidapi' (the tool docs give the URLs)")
         if cfg.rapidapi_base_url:
             _check_http_url("real.rapidapi_base_url", cfg.rapidapi_base_url)
         key = cfg.rapidapi_key.get_secret_value() if cfg.rapidapi_key else ""
-        find_doc = ToolsFolderDocs(settings.resolve(settings.tools_folder))
-        backend = RapidAPIBackend(transport, find_doc, key, cfg.rapidapi_base_url)
+        registry = docs if docs is not None else tool_docs_for(settings)
+        assert registry is not None
+        backend = RapidAPIBackend(transport, exact_doc_finder(registry), key, cfg.rapidapi_base_url)
     policy = CallPolicy.of(cfg.allow_categories, cfg.deny_categories, cfg.allow_tools, cfg.deny_tools)
     return RealResponder(
         backend,  # type: ignore[arg-type]

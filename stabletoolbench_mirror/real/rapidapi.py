@@ -20,6 +20,7 @@ returned (the parsed value), any other answer as text.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
@@ -27,6 +28,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from ..call import ToolCall
 from ..naming import parameter_name
+from ..tooldocs import ToolDocs
 from .responder import Fetched
 from .transport import Reply, Transport, public_origin
 
@@ -35,7 +37,27 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _PLACEHOLDER = re.compile(r"\{([^{}/]+)\}")
 
 #: finds the API doc entry of a call (``None`` when there is none)
+log = logging.getLogger(__name__)
 DocFinder = Callable[[ToolCall], Optional[Mapping[str, Any]]]
+
+
+def exact_doc_finder(docs: ToolDocs) -> DocFinder:
+    """Finds a call's API entry in the shared registry, refusing fuzzy matches.
+
+    A real call spends the user's key: a name that only resembles a documented API must not
+    send it to a different API.
+    """
+
+    def find(call: ToolCall) -> Optional[Mapping[str, Any]]:
+        doc = docs.find(call.names)
+        if doc is None:
+            return None
+        if doc.fuzzy:
+            log.info("rapidapi: %s only matches the doc of %s/%s fuzzily; no real call", call.namespace, doc.tool_name, doc.name)
+            return None
+        return doc.as_api_entry()
+
+    return find
 
 
 class RequestBuildError(ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..config import ConfigError, Settings
-from ..tooldocs import ToolDocs
+from ..tooldocs import ToolDocs, tool_docs_for
 from .client import ChatClient, ChatError, Completion
 from .parsing import Parsed, parse_output
 from .prompts import load_system_prompt
@@ -19,7 +19,6 @@ __all__ = [
     "Simulator",
     "build_chat_client",
     "build_simulator",
-    "build_tool_docs",
     "parse_output",
 ]
 
@@ -28,6 +27,14 @@ def build_chat_client(settings: Settings, *, api_base: str | Sequence[str] | Non
     """The chat client of ``settings.simulator``; ``api_base`` replaces the configured endpoints."""
     cfg = settings.simulator
     endpoints = cfg.endpoints if api_base is None else ([api_base] if isinstance(api_base, str) else list(api_base))
+    try:
+        return _chat_client(settings, endpoints)
+    except ValueError as exc:
+        raise ConfigError(f"simulator.api_base: {exc}") from None
+
+
+def _chat_client(settings: Settings, endpoints: list[str]) -> ChatClient:
+    cfg = settings.simulator
     return ChatClient(
         endpoints,
         model=cfg.model,
@@ -44,18 +51,13 @@ def build_chat_client(settings: Settings, *, api_base: str | Sequence[str] | Non
     )
 
 
-def build_tool_docs(settings: Settings) -> ToolDocs | None:
-    """The tools folder of ``settings`` (``None`` when none is configured)."""
-    if not settings.tools_folder:
-        return None
-    return ToolDocs(settings.resolve(settings.tools_folder), fuzzy_score=settings.simulator.fuzzy_match_score)
-
-
-def build_simulator(settings: Settings, *, api_base: str | Sequence[str] | None = None) -> Simulator:
+def build_simulator(
+    settings: Settings, *, api_base: str | Sequence[str] | None = None, docs: ToolDocs | None = None
+) -> Simulator:
     """The simulator responder ``settings.simulator`` describes.
 
     ``api_base`` overrides ``simulator.api_base`` (e.g. the port of a vLLM server this
-    process started itself).
+    process started itself); ``docs`` is a tool-doc registry shared with other parts.
     """
     cfg = settings.simulator
     system_prompt = None
@@ -69,7 +71,7 @@ def build_simulator(settings: Settings, *, api_base: str | Sequence[str] | None 
         build_chat_client(settings, api_base=api_base),
         style=cfg.style,
         system_prompt=system_prompt,
-        docs=build_tool_docs(settings),
+        docs=docs if docs is not None else tool_docs_for(settings),
         max_examples=cfg.max_examples,
         examples_budget_chars=cfg.examples_budget_chars,
         structured_output=cfg.structured_output,

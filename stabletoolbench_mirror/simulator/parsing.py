@@ -48,12 +48,17 @@ def parse_output(text: str) -> Parsed:
     text = text[:MAX_PARSE_CHARS]
     body = strip_fences(text)
     for candidate in (body, text) if body != text else (text,):
-        value = _strict(candidate)
+        value, rest = _strict(candidate)
         if value is not None and ("error" in value or "response" in value):
-            return _finish(value, "json")
+            parsed = _finish(value, "json")
+            # an empty object followed by more text may be a value cut short by a bare quote
+            if parsed.answer is not None or not rest.strip(" \t\r\n`"):
+                return parsed
     value = _literal(body)
     if value is not None and ("error" in value or "response" in value):
-        return _finish(value, "literal")
+        parsed = _finish(value, "literal")
+        if parsed.answer is not None:
+            return parsed
     fields = extract_fields(body)
     if fields:
         return _finish(fields, "tolerant")
@@ -75,24 +80,29 @@ def _finish(value: dict[str, Any], method: str) -> Parsed:
 
 
 def strip_fences(text: str) -> str:
-    """The text inside the first Markdown code fence (to the next fence or the end), else the text."""
+    """The text inside a Markdown code fence that opens before the object, else the text.
+
+    The fenced part runs to the last fence (a value may itself hold backticks).
+    """
     match = _FENCE.search(text)
-    if match is None:
+    brace = text.find("{")
+    if match is None or (0 <= brace < match.start()):
         return text.strip()
     rest = text[match.end() :]
-    end = rest.find("```")
+    end = rest.rfind("```")
     return (rest if end < 0 else rest[:end]).strip()
 
 
-def _strict(text: str) -> dict[str, Any] | None:
+def _strict(text: str) -> tuple[dict[str, Any] | None, str]:
+    """The first JSON object in ``text`` and the text after it."""
     start = text.find("{")
     if start < 0:
-        return None
+        return None, ""
     try:
-        value, _end = json.JSONDecoder(strict=False).raw_decode(text, start)
+        value, end = json.JSONDecoder(strict=False).raw_decode(text, start)
     except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
+        return None, ""
+    return (value, text[end:]) if isinstance(value, dict) else (None, "")
 
 
 def _literal(text: str) -> dict[str, Any] | None:
@@ -124,7 +134,7 @@ def extract_fields(text: str) -> dict[str, Any]:
                 break
             found[name] = value
         else:
-            value, pos = _other_value(text, start, remaining)
+            value, pos = _other_value(text, start)
             if value is None:
                 break
             found[name] = value
@@ -165,16 +175,12 @@ def _string_value(text: str, start: int, remaining: list[str]) -> tuple[str | No
     return decode_string(tail[:end]), len(text)
 
 
-def _other_value(text: str, start: int, remaining: list[str]) -> tuple[Any, int]:
-    """A non-string value (object, array, number, null) at ``start``."""
+def _other_value(text: str, start: int) -> tuple[Any, int]:
+    """A non-string JSON value (object, array, number, null) at ``start``; ``None`` if there is none."""
     try:
-        value, end = json.JSONDecoder(strict=False).raw_decode(text, start)
-        return value, end
+        return json.JSONDecoder(strict=False).raw_decode(text, start)
     except (ValueError, RecursionError):
-        pass
-    later = _boundary(remaining).search(text, start) if remaining else None
-    raw = text[start : later.start() + 1 if later else len(text)].strip().rstrip(",}").strip()
-    return (raw or None), (later.start() + 1 if later else len(text))
+        return None, len(text)
 
 
 def decode_string(raw: str) -> str:

@@ -18,7 +18,7 @@ them with a user's file, sent verbatim (e.g. MirrorAPI's exact training prompts)
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from rapidfuzz import fuzz
 
@@ -163,7 +163,8 @@ def choose_examples(call: ToolCall, records: Sequence[Record], max_examples: int
     """Up to ``max_examples`` ``(input key, answer)`` pairs, most similar input first, within the budget.
 
     Similarity is rapidfuzz's ratio between the upstream keys (``str()`` of the inputs).  An
-    example that would push the rendered examples past ``budget_chars`` is skipped.
+    example's size is its input key plus its answer's JSON text; one that would push the
+    examples past ``budget_chars`` is skipped.
     """
     if max_examples <= 0 or budget_chars <= 0 or not records:
         return []
@@ -182,7 +183,7 @@ def choose_examples(call: ToolCall, records: Sequence[Record], max_examples: int
             answer = record.answer
         except ValueError:
             continue
-        size = len(str((record.key, answer)))
+        size = example_chars(record.key, answer)
         if used + size > budget_chars:
             continue
         chosen.append((record.key, answer))
@@ -190,6 +191,11 @@ def choose_examples(call: ToolCall, records: Sequence[Record], max_examples: int
         if len(chosen) >= max_examples:
             break
     return chosen
+
+
+def example_chars(key: str, answer: Any) -> int:
+    """The characters an example takes in the budget: its input key and its answer as JSON."""
+    return len(key) + len(json.dumps(answer, ensure_ascii=False))
 
 
 def gpt_fewshot_user_turn(call: ToolCall, doc: ApiDoc | None, examples: Sequence[tuple[str, Any]]) -> str:
@@ -251,8 +257,3 @@ def structured_output_fields(cot: bool, max_chars: int | None = None) -> dict[st
             "json_schema": {"name": "simulated_api_answer", "schema": response_schema(cot, max_chars), "strict": True},
         }
     }
-
-
-def describe(messages: Sequence[Mapping[str, str]]) -> int:
-    """The total characters of a message list (logs)."""
-    return sum(len(m.get("content", "")) for m in messages)

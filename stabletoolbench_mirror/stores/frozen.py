@@ -87,3 +87,15 @@ class FrozenCache:
                     loaded.canonical = index
         key = loaded.canonical.get(canonical)
         return None if key is None else self._record(namespace, key, loaded.bodies[key])
+
+    def sample(self, namespace: str, limit: int) -> list[Record]:
+        """Up to ``limit`` entries of one API file, in file order (few-shot examples)."""
+        loaded = self._load(namespace)
+        if loaded is None or limit <= 0:
+            return []
+        out: list[Record] = []
+        for key, body in loaded.bodies.items():
+            if len(out) >= limit:
+                break
+            out.append(self._record(namespace, key, body))
+        return out

@@ -38,6 +38,10 @@ class Reply:
     hang: bool = False
     close: bool = False
     finish_reason: str = "stop"
+    headers: tuple[tuple[str, str], ...] = ()
+    """Extra response headers (e.g. ``(("Retry-After", "0.2"),)`` on a 429)."""
+    message: str | None = None
+    """The error message of a non-200 reply (default ``stub error <status>``)."""
 
 
 Responder = Callable[[dict[str, Any]], Reply]
@@ -112,7 +116,12 @@ class OpenAIStub:
             await send({"type": "http.response.body", "body": b"{", "more_body": False})
             return
         if reply.status != 200:
-            await _send_json(send, reply.status, {"error": {"message": f"stub error {reply.status}", "type": "ServerError", "code": reply.status}})
+            await _send_json(
+                send,
+                reply.status,
+                {"error": {"message": reply.message or f"stub error {reply.status}", "type": "ServerError", "code": reply.status}},
+                reply.headers,
+            )
             return
         await _send_json(
             send,
@@ -156,15 +165,11 @@ class OpenAIStub:
             return len(self.requests)
 
 
-async def _send_json(send: Any, status: int, data: Any) -> None:
+async def _send_json(send: Any, status: int, data: Any, extra_headers: tuple[tuple[str, str], ...] = ()) -> None:
     payload = json.dumps(data).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
-        }
-    )
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra_headers]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
 

@@ -1,0 +1,273 @@
+"""Benchmark: the cost of a simulated miss through the mirror server.
+
+Starts, each in its own process (so that none shares a GIL with the load generator):
+
+* OpenAI-compatible stub servers (``python -m tests.helpers.openai_stub``), one answering at
+  once and one after 50 ms;
+* a ``stabletoolbench-mirror serve`` process per stub, with a fresh diskcache store and the
+  simulator pointed at the stub.
+
+Then measures
+
+1. **added latency**: sequential simulated misses through the server (every call a new
+   input, so every call is a miss that reaches the model server) against direct calls to
+   the same stub endpoint with the same chat-completions body; median and p99 of both and
+   their differences (target: added median <= 2 ms);
+2. **throughput**: simulated misses per second at concurrency 32 against the 50 ms stub
+   (the ceiling is 32 / 0.05 s = 640/s; target >= 80 % of it).
+
+Run from the repository root::
+
+    python benchmarks/miss_path.py            # or --quick for a short run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from _loadgen import run_load  # noqa: E402
+
+from stabletoolbench_mirror.call import ToolCall  # noqa: E402
+from stabletoolbench_mirror.simulator.prompts import SFT_SYSTEM_PROMPT, mirrorapi_messages  # noqa: E402
+
+CONCURRENCY = 32
+STUB_LATENCY_MS = 50.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            if requests.get(url, timeout=1).status_code < 500:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@contextmanager
+def process(args: list[str], ready_url: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_http(ready_url, proc)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.returncode not in (0, -15) and proc.stderr is not None:
+            print(proc.stderr.read()[-2000:], file=sys.stderr)
+
+
+@contextmanager
+def stub(latency_ms: float) -> Iterator[str]:
+    port = free_port()
+    args = [sys.executable, "-m", "tests.helpers.openai_stub", "--port", str(port), "--latency-ms", str(latency_ms)]
+    with process(args, f"http://127.0.0.1:{port}/v1/models"):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (Linux ``/proc``), or ``None`` elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Mirror(str):
+    """The server's base URL, with its process id."""
+
+    pid: int
+
+
+@contextmanager
+def mirror(api_base: str, workdir: Path) -> Iterator[Mirror]:
+    port = free_port()
+    folder = Path(tempfile.mkdtemp(dir=workdir))
+    config = folder / "config.yml"
+    config.write_text(
+        json.dumps(
+            {
+                "mode": "record",
+                "host": "127.0.0.1",
+                "port": port,
+                "log_level": "warning",
+                "store": {"kind": "diskcache", "path": str(folder / "store")},
+                "tools_folder": str(REPO / "cache" / "tools"),
+                "simulator": {"enabled": True, "api_base": api_base, "model": "MirrorAPI", "max_retries": 0},
+            }
+        )
+    )
+    exe = shutil.which("stabletoolbench-mirror", path=str(Path(sys.executable).parent)) or "stabletoolbench-mirror"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
+    with process([exe, "serve", "--config", str(config)], f"http://127.0.0.1:{port}/health", env=env) as proc:
+        url = Mirror(f"http://127.0.0.1:{port}")
+        url.pid = proc.pid
+        yield url
+
+
+def virtual_body(i: int) -> dict:
+    return {
+        "category": "Weather",
+        "tool_name": "Demo Weather",
+        "api_name": "Current Weather",
+        "tool_input": json.dumps({"city": f"City {i}"}),
+        "strip": "",
+        "toolbench_key": "",
+    }
+
+
+def direct_body(i: int) -> dict:
+    """The chat-completions body the server sends for ``virtual_body(i)`` (same size and shape)."""
+    call = ToolCall.of("Weather", "Demo Weather", "Current Weather", {"city": f"City {i}"})
+    return {
+        "model": "MirrorAPI",
+        "messages": mirrorapi_messages(SFT_SYSTEM_PROMPT, call, None),
+        "temperature": 0.0,
+        "max_tokens": 2048,
+        "seed": 42,
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def latency(server: str, api_base: str, n: int) -> dict[str, float]:
+    direct_s, virtual_s = requests.Session(), requests.Session()
+    direct, through = [], []
+    url_direct, url_virtual = api_base + "/chat/completions", server + "/virtual"
+    for i in range(-50, n):  # 50 warm-up rounds
+        for which in ((0, 1) if i % 2 else (1, 0)):
+            if which == 0:
+                data = json.dumps(direct_body(i + 10_000_000))
+                t = time.perf_counter()
+                r = direct_s.post(url_direct, data=data, headers={"Content-Type": "application/json"})
+                dt = time.perf_counter() - t
+                assert r.status_code == 200, r.text
+                if i >= 0:
+                    direct.append(dt)
+            else:
+                data = json.dumps(virtual_body(i + 10_000_000))
+                t = time.perf_counter()
+                r = virtual_s.post(url_virtual, data=data, headers={"Content-Type": "application/json"})
+                dt = time.perf_counter() - t
+                assert r.status_code == 200 and r.headers.get("X-STM-Outcome") == "recorded", (r.status_code, r.text)
+                if i >= 0:
+                    through.append(dt)
+    ms = 1000.0
+    return {
+        "direct_median_ms": statistics.median(direct) * ms,
+        "direct_p99_ms": percentile(direct, 99) * ms,
+        "server_median_ms": statistics.median(through) * ms,
+        "server_p99_ms": percentile(through, 99) * ms,
+        "added_median_ms": (statistics.median(through) - statistics.median(direct)) * ms,
+        "added_p99_ms": (percentile(through, 99) - percentile(direct, 99)) * ms,
+    }
+
+
+def throughput(server: str, seconds: float, base: int, concurrency: int = CONCURRENCY) -> dict[str, float]:
+    """Simulated misses per second with ``concurrency`` keep-alive connections (the lean load generator)."""
+    before = requests.get(server + "/stats", timeout=10).json()
+    result = run_load(
+        server + "/virtual",
+        lambda i: json.dumps(virtual_body(base + i)).encode(),  # every call a new input: a miss
+        concurrency=concurrency,
+        duration_s=seconds,
+    )
+    after = requests.get(server + "/stats", timeout=10).json()
+    recorded = after["recorded"] - before["recorded"]
+    return {
+        "calls_per_s": recorded / result.elapsed_s,
+        "calls": result.requests,
+        "recorded": recorded,
+        "errors": result.errors + (result.requests - recorded),
+        "seconds": result.elapsed_s,
+        "p50_ms": result.p50_ms,
+        "p99_ms": result.p99_ms,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples, shorter load")
+    parser.add_argument("--samples", type=int, default=None, help="sequential misses for the latency part (default 1000)")
+    parser.add_argument("--seconds", type=float, default=None, help="length of the throughput run (default 15)")
+    args = parser.parse_args()
+    samples = args.samples or (200 if args.quick else 1000)
+    seconds = args.seconds or (5.0 if args.quick else 15.0)
+    ceiling = CONCURRENCY / (STUB_LATENCY_MS / 1000.0)
+
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        work = Path(tmp)
+        fast_stub = stack.enter_context(stub(0.0))
+        fast_server = stack.enter_context(mirror(fast_stub, work))
+        lat = latency(fast_server, fast_stub, samples)
+        print(f"added latency of a simulated miss ({samples} sequential misses, stub answering at once):")
+        print(f"  direct to stub   median {lat['direct_median_ms']:.2f} ms   p99 {lat['direct_p99_ms']:.2f} ms")
+        print(f"  through server   median {lat['server_median_ms']:.2f} ms   p99 {lat['server_p99_ms']:.2f} ms")
+        verdict = "ok" if lat["added_median_ms"] <= 2.0 else "MISSED"
+        print(f"  added            median {lat['added_median_ms']:.2f} ms   p99 {lat['added_p99_ms']:.2f} ms   (target median <= 2 ms: {verdict})")
+
+        slow_stub = stack.enter_context(stub(STUB_LATENCY_MS))
+        slow_server = stack.enter_context(mirror(slow_stub, work))
+        throughput(slow_server, 1.0, base=0)  # warm-up
+        cpu_before = cpu_seconds(slow_server.pid)
+        tp = throughput(slow_server, seconds, base=10**12)
+        cpu_after = cpu_seconds(slow_server.pid)
+        share = tp["calls_per_s"] / ceiling
+        verdict = "ok" if share >= 0.8 else "MISSED"
+        print(f"throughput at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms ({tp['seconds']:.1f} s):")
+        print(
+            f"  {tp['calls_per_s']:.0f} simulated misses/s = {share:.0%} of the {ceiling:.0f}/s ceiling "
+            f"({tp['recorded']} recorded, {tp['errors']} errors; p50 {tp['p50_ms']:.1f} ms, p99 {tp['p99_ms']:.1f} ms)   (target >= 80%: {verdict})"
+        )
+        if cpu_before is not None and cpu_after is not None and tp["calls"]:
+            used = cpu_after - cpu_before
+            per_call = used / tp["calls"]
+            print(
+                f"  server process: {used / tp['seconds']:.2f} cores busy, {per_call * 1000:.2f} ms CPU per miss "
+                f"(one core would sustain ~{1 / per_call:.0f} misses/s)"
+            )
+        if hasattr(os, "getloadavg"):
+            print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other processes compete for the same cores)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
