@@ -30,7 +30,7 @@ import requests
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _loadgen import json_bodies, run_load  # noqa: E402
+from _loadgen import run_load  # noqa: E402
 
 from stabletoolbench_mirror.call import ToolCall  # noqa: E402
 from stabletoolbench_mirror.records import Record  # noqa: E402
@@ -95,6 +95,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of load per configuration (default 30)")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--entries", type=int, default=5000)
+    ap.add_argument("--warmup", type=float, default=10.0, help="seconds of load before measuring (default 10)")
     ap.add_argument("--configs", nargs="+", default=["disk:1", "disk:2", "redis:1", "redis:2"],
                     help="store:workers pairs, store in {disk, redis}")
     ap.add_argument("--json", help="also write the figures to this JSON file")
@@ -119,8 +120,13 @@ def main() -> int:
             with RedisStore(redis_server.url, prefix="bench") as rstore:
                 fill(rstore, args.entries)
         try:
+            encoded = [json.dumps(p).encode() for p in payloads]
             rng = random.Random(6)
-            sample = [rng.choice(payloads) for _ in range(10_000)]
+            order = [rng.randrange(len(encoded)) for _ in range(1 << 16)]
+
+            def bodies(i: int) -> bytes:
+                # every connection walks its own random sequence over all entries
+                return encoded[order[(i * 40_503) % len(order)]]
             for config in args.configs:
                 kind, _, workers_text = config.partition(":")
                 workers = int(workers_text or 1)
@@ -134,8 +140,8 @@ def main() -> int:
                 proc = start_server(tmp_path, store_yaml, workers, port)
                 try:
                     url = f"http://127.0.0.1:{port}/virtual"
-                    run_load(url, json_bodies(sample), concurrency=args.concurrency, duration_s=2.0)  # warm-up
-                    res = run_load(url, json_bodies(sample), concurrency=args.concurrency, duration_s=args.duration)
+                    run_load(url, bodies, concurrency=args.concurrency, duration_s=args.warmup)  # warm-up
+                    res = run_load(url, bodies, concurrency=args.concurrency, duration_s=args.duration)
                 finally:
                     stop(proc)
                 row = {"store": kind, "workers": workers, "concurrency": args.concurrency, "duration_s": round(res.elapsed_s, 1),

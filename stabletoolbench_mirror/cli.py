@@ -134,13 +134,14 @@ def run_server(settings: Settings) -> int:
             log_level=settings.log_level,
         )
         return 0
-    from .server import create_app
+    from .server import create_app, freeze_startup_objects
 
     try:
         app = create_app(settings)
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    freeze_startup_objects()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0
 

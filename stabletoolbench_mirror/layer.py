@@ -139,9 +139,25 @@ class MirrorLayer:
         self.stats.count("hits", call.namespace, record.source)
         return Outcome(record.body, "hit", source=record.source, origin=record.origin)
 
-    def recalled(self, call: ToolCall) -> Outcome | None:
-        """A counted hit the store can answer from process memory (no I/O; for remote stores), else ``None``."""
-        record = self.store.recall(call.namespace, call.key)
+    async def cached_async(self, call: ToolCall) -> Outcome | None:
+        """:meth:`cached` for stores read over the network (Redis): the store is read on the event loop.
+
+        ``None`` (nothing counted) when the store has no async reads, the answer is not cached,
+        or the store fails (the full path then answers, with the store's error if it persists).
+        """
+        store = self.store
+        if not store.reads_async:
+            return None
+        try:
+            record = await store.aget(call.namespace, call.key)
+            if record is None:
+                record = next((r for f in self.frozen if (r := f.get(call.namespace, call.key)) is not None), None)
+            if record is None:
+                record = await store.aget_canonical(call.namespace, call.canonical)
+            if record is None:
+                record = next((r for f in self.frozen if (r := f.get_canonical(call.namespace, call.canonical)) is not None), None)
+        except StoreError:
+            return None
         if record is None:
             return None
         self.stats.count("hits", call.namespace, record.source)

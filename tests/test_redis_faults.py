@@ -206,3 +206,33 @@ def test_a_redis_that_never_answers_is_an_error_within_the_timeout() -> None:
         store.close()
     finally:
         listener.close()
+
+
+def test_async_reads_match_sync_reads_and_fail_as_store_errors(own_redis: RedisServer) -> None:
+    import asyncio
+
+    from stabletoolbench_mirror.records import Record
+    from stabletoolbench_mirror.stores import StoreError
+
+    ns = "Data/t_for_Data/a"
+    writer = RedisStore(own_redis.url, prefix="async")
+    writer.add(Record.from_answer(ns, "{'a': 1}", {"error": "", "response": "one"}, "simulated", "m"), "ca")
+
+    async def reads() -> tuple:
+        reader = RedisStore(own_redis.url, prefix="async")  # a fresh process's view: nothing in memory
+        try:
+            return (await reader.aget(ns, "{'a': 1}"), await reader.aget(ns, "{'b': 2}"),
+                    await RedisStore(own_redis.url, prefix="async").aget_canonical(ns, "ca"))
+        finally:
+            reader.close()
+
+    exact, absent, by_canonical = asyncio.run(reads())
+    assert exact == writer.get(ns, "{'a': 1}") == by_canonical and absent is None
+    own_redis.stop()
+
+    async def read_while_down() -> None:
+        await RedisStore(own_redis.url, prefix="async").aget(ns, "{'a': 1}")
+
+    with pytest.raises(StoreError, match="read failed"):
+        asyncio.run(read_while_down())
+    writer.close()

@@ -49,13 +49,16 @@ class Store(abc.ABC):
                 count += 1
                 yield record
 
-    def recall(self, namespace: str, key: str) -> Record | None:
-        """The record of exactly this key if the store holds it in process memory (no I/O), else ``None``.
+    #: the store offers :meth:`aget` / :meth:`aget_canonical`, for the server's event loop (remote stores)
+    reads_async: bool = False
 
-        Remote stores (Redis) use it to answer repeated hits without a round trip; ``None``
-        means only "not in memory": the caller then does a full lookup.
-        """
-        return None
+    async def aget(self, namespace: str, key: str) -> Record | None:
+        """:meth:`get` without blocking an event loop (only when :attr:`reads_async`)."""
+        raise NotImplementedError
+
+    async def aget_canonical(self, namespace: str, canonical: str) -> Record | None:
+        """:meth:`get_canonical` without blocking an event loop (only when :attr:`reads_async`)."""
+        raise NotImplementedError
 
     def flight_lock(self, namespace: str, canonical: str) -> ContextManager[None]:
         """A lock held while one miss is filled, shared with other processes (and hosts) using the store.

@@ -19,6 +19,7 @@ requests made while it is down, and service resumes without restarting the serve
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -30,8 +31,10 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
 from ..records import Record
@@ -88,7 +91,7 @@ class RecordMemory:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max(0, int(max_bytes))
-        self._records: OrderedDict[tuple[str, str], tuple[Record, int]] = OrderedDict()
+        self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, str, str, float], int]] = OrderedDict()
         self._pointers: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -99,7 +102,8 @@ class RecordMemory:
             if item is None:
                 return None
             self._records.move_to_end(where)
-            return item[0]
+        key, body, source, origin, created_at = item[0]
+        return Record(namespace=where[0], key=key, body=body, source=source, origin=origin, created_at=created_at)
 
     def pointer(self, where: tuple[str, str]) -> str | None:
         with self._lock:
@@ -110,7 +114,10 @@ class RecordMemory:
             return item[0]
 
     def put(self, where: tuple[str, str], record: Record) -> None:
-        self._insert(self._records, where, record, len(record.body) + len(record.key) + len(record.origin) + 200)
+        # kept as a tuple of strings and a float, which Python's garbage collector stops tracking:
+        # a memory of many records then costs the collector (and so the latency tail) nothing
+        fields = (record.key, record.body, record.source, record.origin, record.created_at)
+        self._insert(self._records, where, fields, len(record.body) + len(record.key) + len(record.origin) + 200)
 
     def point(self, where: tuple[str, str], key: str) -> None:
         self._insert(self._pointers, where, key, len(key) + len(where[1]) + 100)
@@ -143,6 +150,7 @@ class RedisStore(Store):
     """
 
     kind = "redis"
+    reads_async = True
 
     def __init__(
         self,
@@ -160,17 +168,13 @@ class RedisStore(Store):
         self.prefix = prefix
         self.lock_ttl_s = float(lock_ttl_s)
         self.lock_poll_s = float(lock_poll_s)
+        self._raw_url = url
+        self.timeout_s = float(timeout_s)
+        self._aclient: "redis.asyncio.Redis | None" = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
         try:
-            self._client = redis.Redis.from_url(
-                url,
-                decode_responses=True,
-                socket_timeout=timeout_s,
-                socket_connect_timeout=timeout_s,
-                # one retry on a fresh connection: a restarted Redis is picked up by the next command
-                retry=Retry(NoBackoff(), 1),
-                retry_on_timeout=False,
-                health_check_interval=0,
-            )
+            # the asyncio client (for the server's event loop) is made on first use, from the same URL
+            self._client = redis.Redis.from_url(url, **self._client_options(Retry))
         except (ValueError, RedisError) as exc:
             raise StoreError(f"invalid redis store URL {self.url}: {exc}") from exc
         self._add = self._client.register_script(_ADD_SCRIPT)
@@ -179,6 +183,16 @@ class RedisStore(Store):
         self._namespaces = f"{prefix}:namespaces"
         self._memory = RecordMemory(memory_bytes)
         self._leases = LeaseKeeper(self.lock_ttl_s)
+
+    def _client_options(self, retry_class: Any) -> dict[str, Any]:
+        return {
+            "decode_responses": True,
+            "socket_timeout": self.timeout_s,
+            "socket_connect_timeout": self.timeout_s,
+            # one retry on a fresh connection: a restarted Redis is picked up by the next command
+            "retry": retry_class(NoBackoff(), 1),
+            "health_check_interval": 0,
+        }
 
     # -- keys -------------------------------------------------------------------------------------
 
@@ -205,7 +219,41 @@ class RedisStore(Store):
     # -- Store ------------------------------------------------------------------------------------
 
     def recall(self, namespace: str, key: str) -> Record | None:
+        """The record of this key if this process has it in memory (no I/O), else ``None``."""
         return self._memory.get((namespace, key))
+
+    def _async_client(self) -> "redis.asyncio.Redis":
+        loop = asyncio.get_running_loop()
+        if self._aclient is None or self._aloop is not loop:
+            self._aclient = redis.asyncio.Redis.from_url(self._raw_url, **self._client_options(AsyncRetry))
+            self._aloop = loop
+        return self._aclient
+
+    async def aget(self, namespace: str, key: str) -> Record | None:
+        record = self._memory.get((namespace, key))
+        if record is not None:
+            return record
+        try:
+            raw = await self._async_client().hget(self._entries(namespace), key)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            raise self._failed("read", exc) from exc
+        if raw is None:
+            return None
+        record = self._decode(raw)
+        self._memory.put((namespace, key), record)
+        return record
+
+    async def aget_canonical(self, namespace: str, canonical: str) -> Record | None:
+        key = self._memory.pointer((namespace, canonical))
+        if key is None:
+            try:
+                key = await self._async_client().hget(self._canonicals(namespace), canonical)
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                raise self._failed("read", exc) from exc
+            if key is None:
+                return None
+            self._memory.point((namespace, canonical), key)
+        return await self.aget(namespace, key)
 
     def get(self, namespace: str, key: str) -> Record | None:
         record = self._memory.get((namespace, key))
@@ -338,6 +386,14 @@ class RedisStore(Store):
 
     def close(self) -> None:
         self._leases.close()
+        aclient, self._aclient = self._aclient, None
+        if aclient is not None:
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is not None and running is self._aloop:
+                running.create_task(aclient.aclose() if hasattr(aclient, "aclose") else aclient.close())
         try:
             self._client.close()
         except RedisError:  # pragma: no cover - closing never matters
