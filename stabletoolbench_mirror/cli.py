@@ -18,6 +18,9 @@ from .config import ConfigError, Settings, load_settings
 #: modules with a ``register(subparsers)`` function adding their commands
 COMMAND_MODULES: list[str] = [
     "stabletoolbench_mirror.cli",
+    "stabletoolbench_mirror.warm",
+    "stabletoolbench_mirror.snapshot",
+    "stabletoolbench_mirror.check",
 ]
 
 
