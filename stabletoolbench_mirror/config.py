@@ -93,6 +93,8 @@ class SimulatorConfig(_Section):
     """A file whose text is sent verbatim as the system prompt (e.g. MirrorAPI's training prompt)."""
     structured_output: bool = False
     """Ask a vLLM endpoint for schema-constrained JSON (off: keep MirrorAPI's trained behaviour)."""
+    structured_max_chars: Optional[int] = Field(default=None, ge=1)
+    """With ``structured_output``: a ``maxLength`` for each string of the schema (small models need one to stop)."""
     fuzzy_match_score: float = Field(default=85.0, ge=0, le=100)
     """Lowest rapidfuzz score at which a slightly-off API name is matched to a tool doc."""
     max_examples: int = Field(default=5, ge=0)

@@ -85,7 +85,21 @@ class MirrorLayer:
     # -- entry points -------------------------------------------------------------------------
 
     def handle_payload(self, payload: Any) -> Outcome:
-        """Answer a decoded JSON ``/virtual`` body (validation errors become HTTP 422 outcomes)."""
+        """Answer a decoded JSON ``/virtual`` body (the whole path, blocking)."""
+        prepared = self.prepare(payload)
+        return prepared if isinstance(prepared, Outcome) else self.handle_call(prepared)
+
+    def handle(self, request: VirtualRequest) -> Outcome:
+        """Answer one validated ``/virtual`` request (the whole path, blocking)."""
+        prepared = self._prepare_request(request)
+        return prepared if isinstance(prepared, Outcome) else self.handle_call(prepared)
+
+    def prepare(self, payload: Any) -> ToolCall | Outcome:
+        """Validate a decoded body into a :class:`ToolCall`, or the final answer when none is needed.
+
+        Final answers (counted here): HTTP 422 for an invalid body, upstream's
+        ``Tool input parse error...`` and ``chat_with_user`` answers.  Cheap: no I/O.
+        """
         try:
             request = VirtualRequest.model_validate(payload)
         except ValidationError as exc:
@@ -94,10 +108,9 @@ class MirrorLayer:
                 f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors(include_url=False)
             )
             return _rejected(422, f"invalid /virtual request: {problems}")
-        return self.handle(request)
+        return self._prepare_request(request)
 
-    def handle(self, request: VirtualRequest) -> Outcome:
-        """Answer one validated ``/virtual`` request, exactly as upstream would shape it."""
+    def _prepare_request(self, request: VirtualRequest) -> ToolCall | Outcome:
         names = resolve_names(request.category, request.tool_name, request.api_name)
         # upstream answers chat_with_user before it parses the input
         if names.api == protocol.CHAT_WITH_USER_API:
@@ -108,9 +121,26 @@ class MirrorLayer:
         except ToolInputParseError:
             self.stats.count("rejected")
             return Outcome(protocol.encode_answer(protocol.parse_error_answer()), "rejected")
-        return self.handle_call(ToolCall.build(request, tool_input, names))
+        return ToolCall.build(request, tool_input, names)
+
+    @property
+    def lookups_are_local(self) -> bool:
+        """Whether a cache lookup is cheap enough to run on the server's event loop (no network I/O)."""
+        return self.store.is_local
+
+    def cached(self, call: ToolCall) -> Outcome | None:
+        """The cached answer as a counted hit, or ``None`` (nothing counted) when it is not cached or the store fails."""
+        try:
+            record = self.lookup(call)
+        except StoreError:
+            return None
+        if record is None:
+            return None
+        self.stats.count("hits", call.namespace, record.source)
+        return Outcome(record.body, "hit", source=record.source, origin=record.origin)
 
     def handle_call(self, call: ToolCall) -> Outcome:
+        """Answer ``call``: the cache, else the real API and the simulator (single flight), recorded."""
         try:
             record = self.lookup(call)
         except StoreError as exc:

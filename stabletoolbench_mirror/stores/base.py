@@ -23,6 +23,8 @@ class Store(abc.ABC):
 
     #: a short name for logs and stats
     kind: str = "store"
+    #: lookups touch only local files (no network): the server may run them on its event loop
+    is_local: bool = False
 
     @abc.abstractmethod
     def get(self, namespace: str, key: str) -> Record | None:

