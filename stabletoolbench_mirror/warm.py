@@ -365,6 +365,8 @@ def cmd_warm(args: argparse.Namespace) -> int:
     if not (args.queries or args.answers or args.payloads):
         print("error: give at least one source: --queries, --answers or --payloads", file=sys.stderr)
         return 2
+    if args.concurrency is None:
+        args.concurrency = 256 if args.engine == "vllm-offline" else 8
     if args.concurrency < 1:
         print("error: --concurrency must be at least 1", file=sys.stderr)
         return 2
@@ -385,8 +387,10 @@ def cmd_warm(args: argparse.Namespace) -> int:
         from .warm_offline import OfflineEngineError, offline_layer
 
         try:
-            layer, handler = offline_layer(settings, model=args.model, concurrency=args.concurrency)
-        except OfflineEngineError as exc:
+            layer, handler = offline_layer(
+                settings, model=args.model, concurrency=args.concurrency, llm_options=_options(args.vllm_option or [])
+            )
+        except (OfflineEngineError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     else:
@@ -428,6 +432,22 @@ def cmd_warm(args: argparse.Namespace) -> int:
     return 1 if report.failures else 0
 
 
+def _options(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs (values read as YAML: numbers, booleans, strings) for ``vllm.LLM``."""
+    import yaml
+
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--vllm-option expects KEY=VALUE, got {item!r}")
+        try:
+            options[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            options[key.strip()] = value
+    return options
+
+
 def _nothing_to_do(layer: MirrorLayer, plan: WarmPlan) -> WarmPlan:
     """``--dry-run``: count what is cached; report the rest as to do without calling anything."""
     dry = WarmPlan(counts={s: SourceCounts(**vars(c)) for s, c in plan.counts.items()}, skipped=list(plan.skipped))
@@ -453,9 +473,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--index", action="append", metavar="PATH", help="query files used only to map answer-file function names")
     parser.add_argument("--tools-folder", help="ToolBench tools folder, to map answer-file function names (default: 'tools_folder')")
     parser.add_argument("--include-optional", action="store_true", help="default calls also fill the optional parameters")
-    parser.add_argument("--concurrency", "-j", type=int, default=8, help="calls in flight (default 8)")
+    parser.add_argument("--concurrency", "-j", type=int, help="calls in flight; the offline engine's batch size (default 8; 256 with vllm-offline)")
     parser.add_argument("--engine", choices=["http", "vllm-offline"], default="http", help="http: the configured chain (default); vllm-offline: in-process vLLM")
     parser.add_argument("--model", help="model path or name for --engine vllm-offline")
+    parser.add_argument("--vllm-option", action="append", metavar="KEY=VALUE", help="extra vllm.LLM() argument, e.g. max_model_len=8192 (repeatable)")
     parser.add_argument("--failures", metavar="FILE.jsonl", help="write the failed calls here (usable again as --payloads)")
     parser.add_argument("--show-failures", type=int, default=20, help="failures to print (default 20)")
     parser.add_argument("--dry-run", action="store_true", help="count the calls and what is cached; call nothing")
