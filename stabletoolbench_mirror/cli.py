@@ -11,9 +11,12 @@ import importlib
 import json
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .config import ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:
+    from .simulator.vllm_launch import VllmServer
 
 #: modules with a ``register(subparsers)`` function adding their commands
 COMMAND_MODULES: list[str] = [
@@ -42,12 +45,75 @@ def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from .logs import setup_logging
 
     settings = settings_from_args(args, host=args.host, port=args.port, workers=args.workers)
     setup_logging(settings.log_level, settings.secrets())
+    if not args.launch_vllm:
+        return run_server(settings)
+    import signal
+
+    # uvicorn re-raises the SIGTERM it handled once it has shut down; make that an exit
+    # that unwinds through the ``finally`` below, so the vLLM child is stopped too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    vllm = launch_vllm(settings, args)
+    try:
+        # the simulator talks to the vLLM server this process started
+        settings.simulator.enabled = True
+        settings.simulator.api_base = vllm.api_base
+        return run_server(settings)
+    finally:
+        vllm.stop()
+
+
+def launch_vllm(settings: Settings, args: argparse.Namespace) -> "VllmServer":
+    """Start vLLM's OpenAI-compatible server for ``serve --launch-vllm`` and wait until it completes a chat."""
+    from urllib.parse import urlsplit
+
+    from .simulator.vllm_launch import VllmLaunchError, VllmServer, find_free_port
+
+    port = args.vllm_port
+    if port is None:
+        endpoints = settings.simulator.endpoints
+        parts = urlsplit(endpoints[0]) if len(endpoints) == 1 else None
+        port = parts.port if parts is not None and parts.hostname in ("127.0.0.1", "localhost") else None
+    port = port or find_free_port()
+    if not _port_is_free(port):
+        raise SystemExit(f"cannot launch vLLM on port {port}: something already listens there (use --vllm-port)")
+    server = VllmServer(
+        args.launch_vllm,
+        port=port,
+        served_model_name=settings.simulator.model,
+        python=args.vllm_python,
+        max_model_len=args.vllm_max_model_len,
+        extra_args=list(args.vllm_arg or []),
+        startup_timeout=args.vllm_startup_timeout,
+        log_path=args.vllm_log,
+    )
+    print(f"starting vLLM for {args.launch_vllm} on {server.api_base} (log: {server.log_path}) ...", file=sys.stderr, flush=True)
+    try:
+        server.start()
+    except VllmLaunchError as exc:
+        server.stop()
+        raise SystemExit(f"vLLM did not start: {exc}") from None
+    print(f"vLLM is answering on {server.api_base} as '{settings.simulator.model}'", file=sys.stderr, flush=True)
+    return server
+
+
+def _port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def run_server(settings: Settings) -> int:
+    import uvicorn
+
     if settings.workers > 1:
         # each worker process rebuilds the same settings from the environment
         os.environ["STM_SERVE_SETTINGS_JSON"] = serialize_settings(settings)
@@ -145,6 +211,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", help="override 'host' (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="override 'port' (default 8080)")
     serve.add_argument("--workers", type=int, help="uvicorn worker processes (default 1)")
+    vllm = serve.add_argument_group("launching vLLM (the 'vllm' extra, or an interpreter with vLLM in --vllm-python)")
+    vllm.add_argument("--launch-vllm", metavar="MODEL_PATH", help="start vLLM's OpenAI-compatible server on this model and simulate with it")
+    vllm.add_argument("--vllm-port", type=int, help="its port (default: the port of simulator.api_base, else a free one)")
+    vllm.add_argument("--vllm-python", help="interpreter that has vLLM (default: $STM_VLLM_PYTHON, else this one)")
+    vllm.add_argument("--vllm-max-model-len", type=int, default=4096)
+    vllm.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vLLM's server (repeatable), e.g. --vllm-arg=--dtype=float32")
+    vllm.add_argument("--vllm-startup-timeout", type=float, default=900.0, help="seconds to wait for the first completion")
+    vllm.add_argument("--vllm-log", help="vLLM's log file (default: a temporary file)")
     serve.set_defaults(func=cmd_serve)
 
     cache = sub.add_parser("cache", help="import, export and inspect the response store")

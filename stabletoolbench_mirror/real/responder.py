@@ -1,0 +1,86 @@
+"""The real-API responder: policy, backend call, validity rules, secret scrubbing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol, Sequence
+
+from ..call import ToolCall
+from ..records import Record, Source
+from ..responders import Attempt
+from .policy import CallPolicy
+from .transport import Transport
+from .validity import classify
+
+_REDACTED = "***"
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What a backend got: a candidate answer for the validity rules, or why there is none."""
+
+    answer: Any | None
+    origin: str
+    """Where it came from (the relay URL or ``scheme://host``; never a key or query)."""
+    detail: str = ""
+
+
+class Backend(Protocol):
+    origin: str
+
+    def fetch(self, call: ToolCall) -> Fetched:
+        ...
+
+
+class RealResponder:
+    """Answers a miss from the real API; only answers that pass the validity rules are returned."""
+
+    source: Source = "real"
+
+    def __init__(
+        self,
+        backend: Backend,
+        transport: Transport,
+        *,
+        policy: CallPolicy = CallPolicy(),
+        strict_validity: bool = False,
+        secrets: Iterable[str] = (),
+    ) -> None:
+        self.backend = backend
+        self.transport = transport
+        self.policy = policy
+        self.strict_validity = strict_validity
+        self._secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+
+    def respond(self, call: ToolCall, examples: Sequence[Record] = ()) -> Attempt:
+        refusal = self.policy.refusal(call)
+        if refusal:
+            return Attempt(None, self.backend.origin, f"not called: {refusal}")
+        fetched = self.backend.fetch(call)
+        if fetched.answer is None:
+            return Attempt(None, fetched.origin, fetched.detail)
+        verdict = classify(fetched.answer, strict=self.strict_validity)
+        if not verdict.valid:
+            return Attempt(None, fetched.origin, f"invalid real answer: {verdict.reason}")
+        # an API may echo the key it was called with: never let one reach the store
+        secrets = self._secrets + ([call.toolbench_key] if len(call.toolbench_key) >= 4 else [])
+        return Attempt(scrub(fetched.answer, secrets), fetched.origin)
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def scrub(value: Any, secrets: Sequence[str]) -> Any:
+    """``value`` with every occurrence of each secret in its strings (and object keys) replaced."""
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, _REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {scrub(k, secrets) if isinstance(k, str) else k: scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v, secrets) for v in value]
+    return value

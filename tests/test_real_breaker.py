@@ -1,0 +1,77 @@
+"""The per-host circuit breaker's states, driven by an explicit clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from stabletoolbench_mirror.real.breaker import BreakerBoard, CircuitBreaker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_opens_after_k_consecutive_failures_and_half_opens_after_reset() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(3, 10.0, clock)
+    for _ in range(2):
+        assert breaker.allow()
+        breaker.failure()
+    assert breaker.state == "closed"
+    assert breaker.allow()
+    breaker.failure()
+    assert breaker.state == "open"
+    assert not breaker.allow()
+    clock.now += 9.9
+    assert not breaker.allow()
+    clock.now += 0.2
+    assert breaker.state == "half_open"
+    assert breaker.allow()  # the one trial call
+    assert not breaker.allow()  # others wait for its result
+    breaker.success()
+    assert breaker.state == "closed"
+    assert breaker.allow()
+
+
+def test_a_failed_trial_reopens_for_a_full_period() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(1, 5.0, clock)
+    breaker.allow()
+    breaker.failure()
+    clock.now += 5.0
+    assert breaker.allow()
+    breaker.failure()
+    assert breaker.state == "open"
+    clock.now += 4.0
+    assert not breaker.allow()
+    assert breaker.retry_in() == pytest.approx(1.0)
+
+
+def test_a_success_resets_the_count() -> None:
+    breaker = CircuitBreaker(2, 5.0, Clock())
+    for _ in range(5):
+        breaker.allow()
+        breaker.failure()
+        breaker.allow()
+        breaker.success()
+    assert breaker.state == "closed"
+
+
+def test_hosts_are_independent() -> None:
+    board = BreakerBoard(1, 60.0, Clock())
+    board.get("dead.example:443").allow()
+    board.get("dead.example:443").failure()
+    assert not board.get("dead.example:443").allow()
+    assert board.get("alive.example:443").allow()
+    assert board.states() == {"alive.example:443": "closed", "dead.example:443": "open"}
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        CircuitBreaker(0, 1.0)
+    with pytest.raises(ValueError):
+        BreakerBoard(1, 0.0)
