@@ -23,13 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import queue as queue_module
+import signal
 import sys
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
@@ -39,7 +41,7 @@ from .layer import MirrorLayer, Outcome
 from .naming import resolve_names
 from .protocol import CHAT_WITH_USER_API, ToolInputParseError, VirtualRequest, parse_tool_input
 from .queries import FunctionIndex, QueryFileError, default_calls
-from .stores import StoreError
+from .stores import Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -243,20 +245,61 @@ def _reason(outcome: Outcome) -> str:
 
 Handler = Callable[[ToolCall], Outcome]
 
+#: a shorter GIL switch interval while warming: dozens of threads wait on sockets, and a
+#: thread whose answer arrived should not wait the default 5 ms for its turn
+SWITCH_INTERVAL_S = 0.001
 
-def run_warm(
-    layer: MirrorLayer,
-    plan: WarmPlan,
-    *,
-    concurrency: int = 8,
-    progress: bool = True,
-    handler: Handler | None = None,
-    stop: threading.Event | None = None,
-) -> WarmReport:
-    """Make every call of ``plan`` that the layer cannot answer yet, ``concurrency`` at a time."""
-    handle = handler or layer.handle_call
+
+class WarmLayer(MirrorLayer):
+    """The layer used for warming: it skips the few-shot example scan when no simulator uses examples."""
+
+    def examples(self, call: ToolCall, limit: int = 20) -> list[Any]:
+        if not any(getattr(r, "wants_examples", True) for r in self.responders if r.source == "simulated"):
+            return []
+        return super().examples(call, limit)
+
+
+class _SerializedWrites(Store):
+    """Store adds one at a time within this process: threads do not contend inside SQLite's locks."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.kind = inner.kind
+        self._lock = threading.Lock()
+
+    def get(self, namespace: str, key: str) -> Any:
+        return self.inner.get(namespace, key)
+
+    def get_canonical(self, namespace: str, canonical: str) -> Any:
+        return self.inner.get_canonical(namespace, canonical)
+
+    def add(self, record: Any, canonical: str | None) -> bool:
+        with self._lock:
+            return self.inner.add(record, canonical)
+
+    def sample(self, namespace: str, limit: int) -> Any:
+        return self.inner.sample(namespace, limit)
+
+    def __iter__(self) -> Any:
+        return iter(self.inner)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def warm_layer(settings: Any) -> WarmLayer:
+    """The layer ``warm`` uses: the server's chain from ``settings`` (see :func:`warm_settings`)."""
+    from .factory import build_store
+
+    return WarmLayer.from_settings(settings, store=_SerializedWrites(build_store(settings)))
+
+
+def _split(layer: MirrorLayer, plan: WarmPlan) -> tuple[dict[str, SourceCounts], list[WarmItem]]:
+    """Per-source counts with the already cached calls counted, and the calls still to make."""
     counts = {s: SourceCounts(**vars(c)) for s, c in plan.counts.items()}
-    failures: list[Failure] = []
     todo: list[WarmItem] = []
     for item in plan.items:
         try:
@@ -267,60 +310,229 @@ def run_warm(
             counts[item.source].cached += 1
         else:
             todo.append(item)
+    return counts, todo
+
+
+class _Tracker:
+    """Counts outcomes and drives the progress bar (thread-safe)."""
+
+    def __init__(self, counts: dict[str, SourceCounts], total: int, progress: bool) -> None:
+        self.counts = counts
+        self.failures: list[Failure] = []
+        self.attempted = 0
+        self._lock = threading.Lock()
+        self._bar = tqdm(total=total, desc="warm", unit="call", disable=not progress, dynamic_ncols=True, smoothing=0.1)
+
+    def done(self, item: WarmItem, kind: str | None, reason: str) -> None:
+        with self._lock:
+            self.attempted += 1
+            c = self.counts[item.source]
+            if kind == "recorded":
+                c.new += 1
+            elif kind == "hit":
+                c.cached += 1
+            else:
+                c.failed += 1
+                self.failures.append(Failure(item.source, item.origin, reason, payload_of(item.call)))
+            self._bar.update(1)
+            if self.failures:
+                self._bar.set_postfix(failed=len(self.failures), refresh=False)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _handle(handle: Handler, call: ToolCall) -> tuple[str | None, str]:
+    try:
+        outcome = handle(call)
+    except Exception as exc:  # noqa: BLE001 - one bad call must not end the run
+        log.exception("warming %s failed", call.namespace)
+        return None, f"error: {type(exc).__name__}: {exc}"
+    return outcome.kind, "" if outcome.kind in ("recorded", "hit") else _reason(outcome)
+
+
+def run_warm(
+    layer: MirrorLayer,
+    plan: WarmPlan,
+    *,
+    concurrency: int = 8,
+    progress: bool = True,
+    handler: Handler | None = None,
+    stop: threading.Event | None = None,
+    switch_interval: float | None = SWITCH_INTERVAL_S,
+) -> WarmReport:
+    """Make every call of ``plan`` that the layer cannot answer yet, ``concurrency`` at a time, in this process."""
+    handle = handler or layer.handle_call
+    counts, todo = _split(layer, plan)
     stop = stop or threading.Event()
-    lock = threading.Lock()
+    queue_lock = threading.Lock()
     queue = iter(todo)
-    bar = tqdm(total=len(todo), desc="warm", unit="call", disable=not progress, dynamic_ncols=True, smoothing=0.1)
-    attempted = 0
+    tracker = _Tracker(counts, len(todo), progress)
     started = time.monotonic()
 
     def work() -> None:
-        nonlocal attempted
         while not stop.is_set():
-            with lock:
+            with queue_lock:
                 item = next(queue, None)
             if item is None:
                 return
-            try:
-                outcome = handle(item.call)
-            except Exception as exc:  # noqa: BLE001 - one bad call must not end the run
-                log.exception("warming %s failed", item.call.namespace)
-                outcome = None
-                reason = f"error: {type(exc).__name__}: {exc}"
-            with lock:
-                attempted += 1
-                c = counts[item.source]
-                if outcome is not None and outcome.kind == "recorded":
-                    c.new += 1
-                elif outcome is not None and outcome.kind == "hit":
-                    c.cached += 1
-                else:
-                    c.failed += 1
-                    failures.append(Failure(item.source, item.origin, reason if outcome is None else _reason(outcome), payload_of(item.call)))
-                bar.update(1)
-                bar.set_postfix(failed=len(failures), refresh=False)
+            kind, reason = _handle(handle, item.call)
+            tracker.done(item, kind, reason)
 
+    previous_interval = sys.getswitchinterval()
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
     threads = [threading.Thread(target=work, name=f"warm-{i}", daemon=True) for i in range(max(1, min(concurrency, len(todo) or 1)))]
-    for t in threads:
-        t.start()
     interrupted = False
     try:
         for t in threads:
-            while t.is_alive():
-                t.join(timeout=0.2)
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=0.2)
+        except KeyboardInterrupt:
+            interrupted = True
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+    finally:
+        sys.setswitchinterval(previous_interval)
+        tracker.close()
+    return WarmReport(
+        counts=tracker.counts,
+        failures=tracker.failures,
+        skipped=list(plan.skipped),
+        elapsed_s=time.monotonic() - started,
+        attempted=tracker.attempted,
+        interrupted=interrupted or (stop.is_set() and tracker.attempted < len(todo)),
+    )
+
+
+# -- several processes -------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this worker when the warm process dies (even by SIGKILL)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_main(settings_json: str, threads: int, tasks: Any, results: Any, stop: Any, parent_pid: int) -> None:
+    """One warming process: ``threads`` threads take calls from ``tasks`` and report to ``results``."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
+    if os.getppid() != parent_pid:
+        return
+    from .cli import deserialize_settings
+
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    layer = warm_layer(deserialize_settings(settings_json))
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                task = tasks.get(timeout=1.0)
+            except queue_module.Empty:
+                if os.getppid() != parent_pid:
+                    return
+                continue
+            if task is None:
+                return
+            index, call = task
+            kind, reason = _handle(layer.handle_call, call)
+            results.put((index, kind, reason))
+
+    pool = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    layer.close()
+
+
+def run_warm_processes(
+    settings: Any,
+    plan: WarmPlan,
+    *,
+    concurrency: int,
+    processes: int,
+    progress: bool = True,
+) -> WarmReport:
+    """Like :func:`run_warm` with the calls spread over ``processes`` worker processes.
+
+    One Python process tops out at several hundred calls per second (the GIL); the
+    workers share the store (diskcache and Redis are safe across processes) and each
+    runs its share of the ``concurrency`` threads.
+    """
+    import multiprocessing
+
+    from .cli import serialize_settings
+
+    lookup_layer = warm_layer(settings.model_copy(update={"real": settings.real.model_copy(update={"enabled": False}), "simulator": settings.simulator.model_copy(update={"enabled": False})}))
+    try:
+        counts, todo = _split(lookup_layer, plan)
+    finally:
+        lookup_layer.close()
+    tracker = _Tracker(counts, len(todo), progress)
+    started = time.monotonic()
+    processes = max(1, min(processes, len(todo) or 1))
+    shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
+    ctx = multiprocessing.get_context("spawn")
+    tasks, results, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+    for index, item in enumerate(todo):
+        tasks.put((index, item.call))
+    for share in shares:
+        for _ in range(max(1, share)):
+            tasks.put(None)
+    settings_json = serialize_settings(settings)
+    workers = [
+        ctx.Process(target=_worker_main, args=(settings_json, max(1, share), tasks, results, stop, os.getpid()), daemon=True)
+        for share in shares
+    ]
+    interrupted = False
+    received = 0
+    try:
+        for w in workers:
+            w.start()
+        while received < len(todo):
+            try:
+                index, kind, reason = results.get(timeout=0.5)
+            except queue_module.Empty:
+                if not any(w.is_alive() for w in workers):
+                    break
+                continue
+            received += 1
+            tracker.done(todo[index], kind, reason)
     except KeyboardInterrupt:
         interrupted = True
         stop.set()
-        for t in threads:
-            t.join(timeout=30)
-    bar.close()
+    finally:
+        deadline = time.monotonic() + 30
+        for w in workers:
+            w.join(timeout=max(0.1, deadline - time.monotonic()))
+            if w.is_alive():
+                w.terminate()
+        # answers that arrived while the workers wound down
+        while True:
+            try:
+                index, kind, reason = results.get_nowait()
+            except (queue_module.Empty, OSError, ValueError):
+                break
+            tracker.done(todo[index], kind, reason)
+        tracker.close()
     return WarmReport(
-        counts=counts,
-        failures=failures,
+        counts=tracker.counts,
+        failures=tracker.failures,
         skipped=list(plan.skipped),
         elapsed_s=time.monotonic() - started,
-        attempted=attempted,
-        interrupted=interrupted or stop.is_set() and attempted < len(todo),
+        attempted=tracker.attempted,
+        interrupted=interrupted or tracker.attempted < len(todo),
     )
 
 
@@ -331,6 +543,11 @@ def warm_settings(settings: Any, concurrency: int) -> Any:
     updated = settings.model_copy(update={"mode": "record", "limits": limits, "simulator": simulator})
     updated.base_dir = settings.base_dir
     return updated
+
+
+def default_processes(concurrency: int) -> int:
+    """Worker processes for a concurrency: one per 32 calls in flight, at most one per CPU."""
+    return max(1, min(os.cpu_count() or 1, concurrency // 32))
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -383,9 +600,13 @@ def cmd_warm(args: argparse.Namespace) -> int:
     except WarmInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    processes = 1
     if args.engine == "vllm-offline":
         from .warm_offline import OfflineEngineError, offline_layer
 
+        if args.processes not in (None, 1):
+            print("error: --engine vllm-offline runs in one process (vLLM batches the calls)", file=sys.stderr)
+            return 2
         try:
             layer, handler = offline_layer(
                 settings, model=args.model, concurrency=args.concurrency, llm_options=_options(args.vllm_option or [])
@@ -397,7 +618,11 @@ def cmd_warm(args: argparse.Namespace) -> int:
         if args.model:
             print("error: --model is for --engine vllm-offline", file=sys.stderr)
             return 2
-        layer, handler = MirrorLayer.from_settings(settings), None
+        processes = default_processes(args.concurrency) if args.processes is None else args.processes
+        if processes < 1:
+            print("error: --processes must be at least 1", file=sys.stderr)
+            return 2
+        layer, handler = warm_layer(settings), None
         if not layer.responders and not args.dry_run:
             layer.close()
             print("error: neither the real API nor the simulator is enabled: nothing can answer a miss", file=sys.stderr)
@@ -405,6 +630,8 @@ def cmd_warm(args: argparse.Namespace) -> int:
     try:
         if args.dry_run:
             report = run_warm(layer, _nothing_to_do(layer, plan), concurrency=1, progress=False)
+        elif processes > 1:
+            report = run_warm_processes(settings, plan, concurrency=args.concurrency, processes=processes, progress=not args.quiet)
         else:
             report = run_warm(layer, plan, concurrency=args.concurrency, progress=not args.quiet, handler=handler)
     except WarmInputError as exc:
@@ -474,6 +701,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--tools-folder", help="ToolBench tools folder, to map answer-file function names (default: 'tools_folder')")
     parser.add_argument("--include-optional", action="store_true", help="default calls also fill the optional parameters")
     parser.add_argument("--concurrency", "-j", type=int, help="calls in flight; the offline engine's batch size (default 8; 256 with vllm-offline)")
+    parser.add_argument(
+        "--processes", type=int, help="worker processes sharing the concurrency (default: one per 32 in flight, at most one per CPU)"
+    )
     parser.add_argument("--engine", choices=["http", "vllm-offline"], default="http", help="http: the configured chain (default); vllm-offline: in-process vLLM")
     parser.add_argument("--model", help="model path or name for --engine vllm-offline")
     parser.add_argument("--vllm-option", action="append", metavar="KEY=VALUE", help="extra vllm.LLM() argument, e.g. max_model_len=8192 (repeatable)")

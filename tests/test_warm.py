@@ -76,7 +76,7 @@ def test_warm_from_reference_queries_records_each_default_call_once(reference_di
     expected = distinct_calls(folder)
     with OpenAIStub() as stub:
         cfg = config(tmp_path, stub)
-        first = cli("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "4", cwd=tmp_path)
+        first = cli("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "4", "--processes", "2", cwd=tmp_path)
         assert first.returncode == 0, first.stdout + first.stderr
         assert stub.count == len(expected)
         # a progress bar with a rate and an ETA, a summary table by source
@@ -121,7 +121,8 @@ def test_agents_default_call_hits_after_warming(tmp_path: Path, serve, settings_
     assert as_text.headers["X-STM-Outcome"] == "unanswered"
 
 
-def test_interrupted_warm_resumes_without_duplicates(reference_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", [1, 2])
+def test_interrupted_warm_resumes_without_duplicates(processes: int, reference_dir: Path, tmp_path: Path) -> None:
     folder = subset(reference_dir, tmp_path, 4)
     expected = distinct_calls(folder)
     slow = threading.Event()
@@ -136,7 +137,7 @@ def test_interrupted_warm_resumes_without_duplicates(reference_dir: Path, tmp_pa
     with OpenAIStub(responder) as stub:
         cfg = config(tmp_path, stub)
         proc = subprocess.Popen(
-            command("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "3", "-q"),
+            command("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "4", "--processes", str(processes), "-q"),
             cwd=tmp_path,
             env=clean_env(),
             stdout=subprocess.DEVNULL,
@@ -155,12 +156,13 @@ def test_interrupted_warm_resumes_without_duplicates(reference_dir: Path, tmp_pa
             if proc.poll() is None:
                 proc.kill()
         assert proc.returncode == -signal.SIGKILL
+        time.sleep(0.5)  # worker processes die with the warm process; nothing lands after the kill
         after_kill = records(store_path)
         assert 10 <= len(after_kill) < len(expected)
         calls_before = stub.count
 
         slow.clear()
-        resumed = cli("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "3", "-q", cwd=tmp_path)
+        resumed = cli("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "4", "--processes", str(processes), "-q", cwd=tmp_path)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         # only the calls that were not recorded are made again
         assert stub.count - calls_before == len(expected) - len(after_kill)
