@@ -479,27 +479,31 @@ def run_warm_processes(
         counts, todo = _split(lookup_layer, plan)
     finally:
         lookup_layer.close()
-    tracker = _Tracker(counts, len(todo), progress)
     started = time.monotonic()
     processes = max(1, min(processes, len(todo) or 1))
-    shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
-    ctx = multiprocessing.get_context("spawn")
+    shares = [max(1, concurrency // processes + (1 if i < concurrency % processes else 0)) for i in range(processes)]
+    # fork where there is one: the workers start in milliseconds with everything imported
+    # (no thread runs in this process yet, and each worker opens its own store connection)
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     tasks, results, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
-    for index, item in enumerate(todo):
-        tasks.put((index, item.call))
-    for share in shares:
-        for _ in range(max(1, share)):
-            tasks.put(None)
     settings_json = serialize_settings(settings)
     workers = [
-        ctx.Process(target=_worker_main, args=(settings_json, max(1, share), tasks, results, stop, os.getpid()), daemon=True)
+        ctx.Process(target=_worker_main, args=(settings_json, share, tasks, results, stop, os.getpid()), daemon=True)
         for share in shares
     ]
     interrupted = False
     received = 0
+    tracker: _Tracker | None = None
     try:
         for w in workers:
             w.start()
+        for index, item in enumerate(todo):
+            tasks.put((index, item.call))
+        for share in shares:
+            for _ in range(share):
+                tasks.put(None)
+        tracker = _Tracker(counts, len(todo), progress)
         while received < len(todo):
             try:
                 index, kind, reason = results.get(timeout=0.5)
@@ -518,6 +522,8 @@ def run_warm_processes(
             w.join(timeout=max(0.1, deadline - time.monotonic()))
             if w.is_alive():
                 w.terminate()
+        if tracker is None:
+            tracker = _Tracker(counts, len(todo), False)
         # answers that arrived while the workers wound down
         while True:
             try:
@@ -631,6 +637,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
         if args.dry_run:
             report = run_warm(layer, _nothing_to_do(layer, plan), concurrency=1, progress=False)
         elif processes > 1:
+            layer.close()  # the workers open their own store connections; none is carried across fork
             report = run_warm_processes(settings, plan, concurrency=args.concurrency, processes=processes, progress=not args.quiet)
         else:
             report = run_warm(layer, plan, concurrency=args.concurrency, progress=not args.quiet, handler=handler)

@@ -275,3 +275,35 @@ def test_warm_server_and_cli_share_the_stub_endpoint(tmp_path: Path, serve, sett
     server = serve(settings_factory(mode="replay", store={"path": str(tmp_path / "store")}))
     reply = requests.post(server.url + "/virtual", json={"category": "Data", "tool_name": "T", "api_name": "A", "tool_input": '{"q": "x"}'}, timeout=10)
     assert reply.text == record.body
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_ctrl_c_stops_cleanly_with_a_summary_and_resumes(processes: int, reference_dir: Path, tmp_path: Path) -> None:
+    folder = subset(reference_dir, tmp_path, 2)
+    expected = distinct_calls(folder)
+
+    def responder(body: dict[str, Any]) -> Reply:
+        reply = echo_responder(body)
+        reply.delay_s = 0.1
+        return reply
+
+    store_path = tmp_path / "store"
+    with OpenAIStub(responder) as stub:
+        cfg = config(tmp_path, stub)
+        proc = subprocess.Popen(
+            command("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "2", "--processes", str(processes), "-q"),
+            cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while stub.count < 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, out + err
+        assert "interrupted: run the same command again to resume" in out
+        saved = len(records(store_path))
+        assert 0 < saved < len(expected)
+        resumed = cli("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "4", "-q", cwd=tmp_path)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert f"queries    {len(expected):>8} {len(expected) - saved:>8} {saved:>8}" in resumed.stdout
+    assert len(records(store_path)) == len(expected)
