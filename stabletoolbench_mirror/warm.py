@@ -323,9 +323,9 @@ class _Tracker:
         self._lock = threading.Lock()
         self._bar = tqdm(total=total, desc="warm", unit="call", disable=not progress, dynamic_ncols=True, smoothing=0.1)
 
-    def done(self, item: WarmItem, kind: str | None, reason: str) -> None:
+    def done(self, item: WarmItem, kind: str | None, reason: str, *, made: bool = True) -> None:
         with self._lock:
-            self.attempted += 1
+            self.attempted += 1 if made else 0
             c = self.counts[item.source]
             if kind == "recorded":
                 c.new += 1
@@ -494,6 +494,7 @@ def run_warm_processes(
     ]
     interrupted = False
     received = 0
+    answered: set[int] = set()
     tracker: _Tracker | None = None
     try:
         for w in workers:
@@ -512,6 +513,7 @@ def run_warm_processes(
                     break
                 continue
             received += 1
+            answered.add(index)
             tracker.done(todo[index], kind, reason)
     except KeyboardInterrupt:
         interrupted = True
@@ -530,7 +532,13 @@ def run_warm_processes(
                 index, kind, reason = results.get_nowait()
             except (queue_module.Empty, OSError, ValueError):
                 break
+            answered.add(index)
             tracker.done(todo[index], kind, reason)
+        if not interrupted:
+            # a worker that died (it could not open the store, it was killed) leaves calls unmade
+            for index, item in enumerate(todo):
+                if index not in answered:
+                    tracker.done(item, None, "a worker process exited before making this call", made=False)
         tracker.close()
     return WarmReport(
         counts=tracker.counts,
@@ -538,7 +546,7 @@ def run_warm_processes(
         skipped=list(plan.skipped),
         elapsed_s=time.monotonic() - started,
         attempted=tracker.attempted,
-        interrupted=interrupted or tracker.attempted < len(todo),
+        interrupted=interrupted,
     )
 
 
