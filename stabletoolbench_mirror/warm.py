@@ -560,8 +560,12 @@ def warm_settings(settings: Any, concurrency: int) -> Any:
 
 
 def default_processes(concurrency: int) -> int:
-    """Worker processes for a concurrency: one per 32 calls in flight, at most one per CPU."""
-    return max(1, min(os.cpu_count() or 1, concurrency // 32))
+    """Worker processes for a concurrency: one per 64 calls in flight, at most one per two CPUs.
+
+    One process keeps about 64 calls in flight before the GIL limits it; on a small machine
+    the simulator (or the stub standing in for it) needs the other cores.
+    """
+    return max(1, min((os.cpu_count() or 1) // 2, concurrency // 64))
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -717,7 +721,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--include-optional", action="store_true", help="default calls also fill the optional parameters")
     parser.add_argument("--concurrency", "-j", type=int, help="calls in flight; the offline engine's batch size (default 8; 256 with vllm-offline)")
     parser.add_argument(
-        "--processes", type=int, help="worker processes sharing the concurrency (default: one per 32 in flight, at most one per CPU)"
+        "--processes", type=int, help="worker processes sharing the concurrency (default: one per 64 in flight, at most one per two CPUs)"
     )
     parser.add_argument("--engine", choices=["http", "vllm-offline"], default="http", help="http: the configured chain (default); vllm-offline: in-process vLLM")
     parser.add_argument("--model", help="model path or name for --engine vllm-offline")
