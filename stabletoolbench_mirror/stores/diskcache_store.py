@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from typing import Iterator
 
 import diskcache
@@ -31,6 +32,7 @@ class DiskcacheStore(Store):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        self._write_lock = threading.Lock()
         try:
             os.makedirs(self.path, exist_ok=True)
             # no eviction: a response cache that forgets is not reproducible
@@ -53,6 +55,11 @@ class DiskcacheStore(Store):
         return None if key is None else self.get(namespace, key)
 
     def add(self, record: Record, canonical: str | None) -> bool:
+        # one writer at a time per process: threads queue on a lock instead of on SQLite's busy loop
+        with self._write_lock:
+            return self._add(record, canonical)
+
+    def _add(self, record: Record, canonical: str | None) -> bool:
         try:
             # the entry goes first: a canonical pointer never points at nothing
             added = self._cache.add(_entry_key(record.namespace, record.key), record.to_json())
