@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 #: modules with a ``register(subparsers)`` function adding their commands
 COMMAND_MODULES: list[str] = [
     "stabletoolbench_mirror.cli",
+    "stabletoolbench_mirror.warm",
+    "stabletoolbench_mirror.snapshot",
+    "stabletoolbench_mirror.check",
 ]
 
 

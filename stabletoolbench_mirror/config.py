@@ -24,8 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 ENV_PREFIX = "STM_"
 DEFAULT_CONFIG_FILE = "server_config.yml"
-#: ``STM_*`` variables that are not settings keys
-NOT_SETTINGS_ENV = frozenset({"STM_CONFIG", "STM_VLLM_PYTHON", "STM_SERVE_SETTINGS_JSON", "STM_REDIS_URL"})
+#: ``STM_*`` variables that are not settings keys: the config file's path, the serve master's
+#: hand-over to its workers, and the tooling's own (``STM_VLLM_*`` for the vLLM tier, ``STM_CI_*``)
+NOT_SETTINGS_ENV = frozenset({"STM_CONFIG", "STM_SERVE_SETTINGS_JSON", "STM_REDIS_URL"})
+NOT_SETTINGS_ENV_PREFIXES = ("STM_VLLM_", "STM_CI_")
 
 
 class ConfigError(ValueError):
@@ -214,7 +216,7 @@ def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, raw in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS_ENV:
+        if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS_ENV or name.startswith(NOT_SETTINGS_ENV_PREFIXES):
             continue
         path = name[len(ENV_PREFIX) :].lower().split("__")
         try:

@@ -1,16 +1,23 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from stabletoolbench_mirror.config import Settings, load_settings
 from stabletoolbench_mirror.layer import MirrorLayer
 from stabletoolbench_mirror.server import create_app
 
 from tests.helpers.live import UvicornThread
+
+# CI runs property tests derandomized (reproducible); local runs keep exploring new examples
+hypothesis_settings.register_profile("ci", derandomize=True, deadline=None)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO.parent / "shared" / "reference"

@@ -28,7 +28,7 @@ def test_import_is_idempotent_and_export_reproduces_the_tree(reference_dir: Path
     entries = sum(len(v) for v in _tree_content(reference_dir / "cache").values())
     assert f"added:            {entries}" in first.stdout
     second = cli("cache", "import", str(reference_dir / "cache"), "--store-path", str(store), cwd=tmp_path)
-    assert f"added:            0" in second.stdout and f"already present:  {entries}" in second.stdout
+    assert "added:            0" in second.stdout and f"already present:  {entries}" in second.stdout
 
     with DiskcacheStore(store) as s:
         records = list(s)

@@ -57,6 +57,9 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     assert (s.mode, s.port) == ("record", 9200)
     with pytest.raises(ConfigError, match="'nonsense'"):
         load_settings(cfg, environ={"STM_NONSENSE": "1"})
+    # the tooling's own variables are not settings
+    tooling = {"STM_CONFIG": str(cfg), "STM_VLLM_PYTHON": "/x/python", "STM_VLLM_REQUIRED": "1", "STM_CI_VENV": "/tmp/v"}
+    assert load_settings(cfg, environ=tooling).port == 9000
 
 
 def test_relative_paths_resolve_against_the_config_folder(tmp_path: Path) -> None:

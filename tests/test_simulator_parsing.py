@@ -65,7 +65,8 @@ def test_mirrorapi_like_outputs_parse_back(
     if not escaped:
         # pasted-in values can make an object that is valid JSON with another meaning: ambiguous
         try:
-            assume(json.JSONDecoder().raw_decode(text)[0] == fields)
+            # (the parser accepts raw control characters in strings, as vLLM's output may hold them)
+            assume(json.JSONDecoder(strict=False).raw_decode(text)[0] == fields)
         except ValueError:
             pass
     if ending == "missing_brace":

@@ -12,13 +12,10 @@ from typing import Any
 import pytest
 
 from stabletoolbench_mirror.simulator.vllm_launch import (
-    MIRROR_RESPONSE_SCHEMA,
     VllmLaunchError,
     VllmServer,
     find_free_port,
-    mirror_response_schema,
     process_group_members,
-    structured_output_fields,
 )
 
 FAKE_SERVER = r"""
@@ -241,32 +238,3 @@ def test_default_log_file_is_created(tmp_path: Path) -> None:
     assert server.log_path is not None and os.path.isfile(server.log_path)
     os.unlink(server.log_path)
 
-
-def test_mirror_response_schema() -> None:
-    schema = mirror_response_schema()
-    assert schema == {
-        "type": "object",
-        "properties": {"error": {"type": "string"}, "response": {"type": "string"}},
-        "required": ["error", "response"],
-        "additionalProperties": False,
-    }
-    cot = mirror_response_schema(max_length=64, with_mechanism=True)
-    assert list(cot["properties"]) == ["mechanism_of_the_api", "error", "response"]
-    assert cot["required"] == ["mechanism_of_the_api", "error", "response"]
-    assert all(
-        p == {"type": "string", "maxLength": 64} for p in cot["properties"].values()
-    )
-    assert all("maxLength" in p for p in MIRROR_RESPONSE_SCHEMA["properties"].values())
-
-
-def test_structured_output_fields() -> None:
-    schema = mirror_response_schema(32)
-    fields = structured_output_fields(schema)
-    assert fields == {
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": "api_response", "schema": schema},
-        }
-    }
-    assert json.loads(json.dumps(fields)) == fields
-    assert "guided_json" not in fields  # ignored by current vLLM

@@ -1,4 +1,6 @@
-"""Launch a real vLLM OpenAI-compatible server in a subprocess, and build structured-output requests.
+"""Launch a real vLLM OpenAI-compatible server in a subprocess (``serve --launch-vllm``).
+
+The structured-output request fields live with the prompts (:mod:`.prompts`).
 
 vLLM is never imported here: the server runs under another interpreter (``python=`` or the
 ``STM_VLLM_PYTHON`` environment variable), so this module works in environments without vLLM.
@@ -22,14 +24,10 @@ from typing import Any
 import requests
 
 __all__ = [
-    "MIRROR_RESPONSE_MAX_LENGTH",
-    "MIRROR_RESPONSE_SCHEMA",
     "VllmLaunchError",
     "VllmServer",
     "find_free_port",
-    "mirror_response_schema",
     "process_group_members",
-    "structured_output_fields",
 ]
 
 PYTHON_ENV_VAR = "STM_VLLM_PYTHON"
@@ -44,7 +42,6 @@ DEFAULT_ENV: Mapping[str, str] = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
 }
 
-MIRROR_RESPONSE_MAX_LENGTH = 2048
 
 
 class VllmLaunchError(RuntimeError):
@@ -296,41 +293,3 @@ class VllmServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-# -- structured output ------------------------------------------------------------------------------
-def mirror_response_schema(
-    max_length: int | None = None, with_mechanism: bool = False
-) -> dict[str, Any]:
-    """JSON schema of a MirrorAPI answer: ``{error, response}`` strings, optionally preceded by the
-    chain-of-thought field ``mechanism_of_the_api``. ``max_length`` sets ``maxLength`` on every field
-    (with a random or weak model, guidance only yields parseable JSON when strings are bounded)."""
-    field: dict[str, Any] = {"type": "string"}
-    if max_length is not None:
-        field["maxLength"] = max_length
-    names = (["mechanism_of_the_api"] if with_mechanism else []) + ["error", "response"]
-    return {
-        "type": "object",
-        "properties": {name: dict(field) for name in names},
-        "required": names,
-        "additionalProperties": False,
-    }
-
-
-MIRROR_RESPONSE_SCHEMA: dict[str, Any] = mirror_response_schema(
-    MIRROR_RESPONSE_MAX_LENGTH
-)
-
-
-def structured_output_fields(
-    schema: Mapping[str, Any], name: str = "api_response"
-) -> dict[str, Any]:
-    """Request-body fields that make vLLM's OpenAI server constrain output to ``schema``.
-
-    Uses ``response_format`` (json_schema); vLLM ignores the legacy ``guided_json`` field."""
-    return {
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": name, "schema": dict(schema)},
-        }
-    }

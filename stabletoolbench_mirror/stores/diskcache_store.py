@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import threading
 import time
 from typing import Iterator
 
@@ -49,6 +50,7 @@ class DiskcacheStore(Store):
     def __init__(self, path: str | os.PathLike[str], *, lock_poll_s: float = 0.02) -> None:
         self.path = os.fspath(path)
         self.lock_poll_s = float(lock_poll_s)
+        self._write_lock = threading.Lock()
         try:
             os.makedirs(self.path, exist_ok=True)
             # no eviction: a response cache that forgets is not reproducible
@@ -72,6 +74,11 @@ class DiskcacheStore(Store):
         return None if key is None else self.get(namespace, key)
 
     def add(self, record: Record, canonical: str | None) -> bool:
+        # one writer at a time per process: threads queue on a lock instead of on SQLite's busy loop
+        with self._write_lock:
+            return self._add(record, canonical)
+
+    def _add(self, record: Record, canonical: str | None) -> bool:
         try:
             # the entry goes first: a canonical pointer never points at nothing
             added = self._cache.add(_entry_key(record.namespace, record.key), record.to_json())

@@ -9,22 +9,18 @@ determinism, not content.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
 
+from stabletoolbench_mirror.simulator.prompts import structured_output_fields
 from stabletoolbench_mirror.simulator.vllm_launch import (
     VllmServer,
     find_free_port,
-    mirror_response_schema,
     process_group_members,
-    structured_output_fields,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -64,9 +60,7 @@ def server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPath
     print(f"vLLM server log: {srv.log_path}", file=sys.stderr)
 
 
-def _chat(
-    server: VllmServer, schema: dict[str, Any], content: str, seed: int = 1234
-) -> str:
+def _chat(server: VllmServer, cot: bool, content: str, seed: int = 1234) -> str:
     body = {
         "model": SERVED_NAME,
         "messages": [
@@ -76,7 +70,7 @@ def _chat(
         "temperature": 0,
         "seed": seed,
         "max_tokens": 512,
-        **structured_output_fields(schema),
+        **structured_output_fields(cot, MAX_LENGTH),
     }
     resp = requests.post(f"{server.api_base}/chat/completions", json=body, timeout=120)
     assert resp.status_code == 200, resp.text
@@ -94,23 +88,19 @@ def test_models_endpoint_lists_served_name(server: VllmServer) -> None:
 
 
 def test_structured_output_is_strict_json(server: VllmServer) -> None:
-    schema = mirror_response_schema(MAX_LENGTH)
     for query in ("GET /weather?city=Paris", 'POST /users {"name": "a"}'):
-        text = _chat(server, schema, query)
+        text = _chat(server, False, query)
         obj = json.loads(text)  # strict: no raw control characters allowed
         assert set(obj) == {"error", "response"}
         assert all(isinstance(v, str) and len(v) <= MAX_LENGTH for v in obj.values())
 
 
 def test_same_request_gives_identical_output(server: VllmServer) -> None:
-    schema = mirror_response_schema(MAX_LENGTH)
-    first = _chat(server, schema, "GET /stocks/ACME")
-    second = _chat(server, schema, "GET /stocks/ACME")
+    first = _chat(server, False, "GET /stocks/ACME")
+    second = _chat(server, False, "GET /stocks/ACME")
     assert first == second
 
 
 def test_chain_of_thought_schema_keeps_field_order(server: VllmServer) -> None:
-    text = _chat(
-        server, mirror_response_schema(MAX_LENGTH, with_mechanism=True), "GET /time"
-    )
+    text = _chat(server, True, "GET /time")
     assert list(json.loads(text)) == ["mechanism_of_the_api", "error", "response"]

@@ -1,0 +1,186 @@
+"""The tool calls recorded in StableToolBench / ToolBench answer files.
+
+An answer file (``<answer_dir>/<query_id>_<method>.json``, written by the inference
+pipeline) holds the agent's calls in up to three places, all read here:
+
+* ``tree.tree``: the DFS search tree; a node with ``node_type: "Action"`` names the function
+  (``description``) and its ``"Action Input"`` children hold the arguments text
+  (``description``) and the ``observation`` the agent saw;
+* ``trys[].chain``: CoT chains, a flat list of the same nodes (``Action`` then ``Action Input``);
+* ``answer_generation.train_messages``: lists of chat messages; an assistant message's
+  ``function_call`` (``name``, ``arguments``) or ``tool_calls[].function`` is answered by the
+  next ``function`` message (or the ``tool`` message with its ``tool_call_id``).
+
+Calls of ``Finish`` are the agent's final answer, not tool calls, and are left out.
+The observation is the text the agent saw: ``json.dumps(answer)`` cut to
+``max_observation_length`` characters plus ``"..."``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .queries import ApiRef, QueryFileError, iter_json_files
+
+FINISH = "Finish"
+DEFAULT_MAX_OBSERVATION_LENGTH = 1024
+
+
+@dataclass(frozen=True)
+class AnswerCall:
+    """One call found in an answer file."""
+
+    function: str
+    arguments: str
+    """The arguments text exactly as the agent produced it (sent as ``tool_input``)."""
+    observation: str | None
+    """What the agent saw, when the file records it."""
+    query_id: str | None
+    origin: str
+
+
+def observation_text(answer: Any, max_length: int = DEFAULT_MAX_OBSERVATION_LENGTH) -> str:
+    """The observation the client shows the agent for a 200 JSON answer."""
+    text = json.dumps(answer)
+    return text[:max_length] + "..." if len(text) > max_length else text
+
+
+def query_id_of(path: str | os.PathLike[str]) -> str:
+    """The query id in an answer file name (``588_DFS_woFilter_w2.json`` -> ``588``), as upstream's converter reads it."""
+    return Path(path).name.split("_")[0].removesuffix(".json")
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return None
+
+
+def _tree_calls(node: Any, where: str, out: list[tuple[str, str, str | None, str]]) -> None:
+    stack = [(node, where)]
+    while stack:
+        current, path = stack.pop()
+        if not isinstance(current, dict):
+            continue
+        children = current.get("children") or []
+        if not isinstance(children, list):
+            continue
+        if current.get("node_type") == "Action" and isinstance(current.get("description"), str):
+            for child in children:
+                if isinstance(child, dict) and child.get("node_type") == "Action Input":
+                    args = _text(child.get("description"))
+                    if args is not None:
+                        out.append((current["description"], args, _text(child.get("observation")), path))
+        for i, child in reversed(list(enumerate(children))):
+            stack.append((child, f"{path}/{i}"))
+
+
+def _chain_calls(chain: Any, where: str, out: list[tuple[str, str, str | None, str]]) -> None:
+    if not isinstance(chain, list):
+        return
+    for i, node in enumerate(chain):
+        if not (isinstance(node, dict) and node.get("node_type") == "Action" and isinstance(node.get("description"), str)):
+            continue
+        nxt = chain[i + 1] if i + 1 < len(chain) else None
+        if isinstance(nxt, dict) and nxt.get("node_type") == "Action Input":
+            args = _text(nxt.get("description"))
+            if args is not None:
+                out.append((node["description"], args, _text(nxt.get("observation")), f"{where}[{i}]"))
+
+
+def _message_calls(messages: Any, where: str, out: list[tuple[str, str, str | None, str]]) -> None:
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        call = message.get("function_call")
+        if isinstance(call, dict) and isinstance(call.get("name"), str):
+            args = _text(call.get("arguments"))
+            nxt = messages[i + 1] if i + 1 < len(messages) else None
+            observation = None
+            if isinstance(nxt, dict) and nxt.get("role") == "function":
+                observation = _text(nxt.get("content"))
+            if args is not None:
+                out.append((call["name"], args, observation, f"{where}[{i}]"))
+        for tool_call in message.get("tool_calls") or []:
+            if not isinstance(tool_call, dict) or not isinstance(tool_call.get("function"), dict):
+                continue
+            fn = tool_call["function"]
+            args = _text(fn.get("arguments"))
+            if not isinstance(fn.get("name"), str) or args is None:
+                continue
+            observation = None
+            for later in messages[i + 1 :]:
+                if isinstance(later, dict) and later.get("role") == "tool" and later.get("tool_call_id") == tool_call.get("id"):
+                    observation = _text(later.get("content"))
+                    break
+            out.append((fn["name"], args, observation, f"{where}[{i}]"))
+
+
+def calls_in_answer(data: Any, *, query_id: str | None = None, origin: str = "") -> list[AnswerCall]:
+    """Every distinct tool call recorded in one decoded answer file (``Finish`` excluded), in file order."""
+    if not isinstance(data, dict):
+        raise ValueError("not an answer file (expected a JSON object)")
+    found: list[tuple[str, str, str | None, str]] = []
+    tree = data.get("tree")
+    if isinstance(tree, dict):
+        _tree_calls(tree.get("tree"), "tree", found)
+    for t, attempt in enumerate(data.get("trys") or []):
+        if isinstance(attempt, dict):
+            _chain_calls(attempt.get("chain"), f"trys[{t}].chain", found)
+    generation = data.get("answer_generation")
+    if isinstance(generation, dict):
+        for m, conversation in enumerate(generation.get("train_messages") or []):
+            _message_calls(conversation, f"train_messages[{m}]", found)
+    calls: list[AnswerCall] = []
+    seen: set[tuple[str, str, str | None]] = set()
+    for function, arguments, observation, where in found:
+        if function == FINISH:
+            continue
+        ident = (function, arguments, observation)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        calls.append(AnswerCall(function, arguments, observation, query_id, f"{origin}:{where}" if origin else where))
+    return calls
+
+
+def read_answer_file(path: str | os.PathLike[str]) -> list[AnswerCall]:
+    """The calls of one answer file; ``ValueError`` when it is not one."""
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{path}: not JSON: {exc}") from None
+    try:
+        return calls_in_answer(data, query_id=query_id_of(path), origin=str(path))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def answer_payload(ref: ApiRef, arguments: str) -> dict[str, Any]:
+    """The ``/virtual`` body the client sends for an agent's call (no key: warming and checks carry none)."""
+    return {
+        "category": ref.category,
+        "tool_name": ref.tool_name,
+        "api_name": ref.api_name,
+        "tool_input": arguments,
+        "strip": "",
+        "toolbench_key": "",
+    }
+
+
+def iter_answer_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
+    try:
+        yield from iter_json_files(paths)
+    except QueryFileError as exc:
+        raise ValueError(str(exc)) from None

@@ -1,0 +1,129 @@
+"""`warm --engine vllm-offline`: prompts batched through one generation function, the simulator's prompts and parser.
+
+vLLM itself is exercised in the vLLM tier (tests/vllm/test_warm_offline_vllm.py); here the
+batching responder runs with a plain generation function in its place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+from stabletoolbench_mirror.simulator import build_simulator
+from stabletoolbench_mirror.stores import DiskcacheStore
+from stabletoolbench_mirror.warm import WarmPlan, add_query_sources, run_warm, warm_settings
+from stabletoolbench_mirror.warm_offline import BatchingSimulator, offline_layer
+from tests.helpers.answer_files import api, param, query
+
+
+def query_file(tmp_path: Path, apis: int) -> Path:
+    path = tmp_path / "queries.json"
+    docs = [api("Data", f"Tool {i % 3}", f"Api {i}", required=[param("q", "STRING", f"v{i}")]) for i in range(apis)]
+    path.write_text(json.dumps([query(1, docs)]))
+    return path
+
+
+class Generator:
+    """A generation function: one output per conversation, recording every batch."""
+
+    def __init__(self, output=lambda messages: json.dumps({"error": "", "response": "offline " + messages[-1]["content"][-20:]})) -> None:
+        self.batches: list[list[list[dict]]] = []
+        self.output = output
+        self.lock = threading.Lock()
+
+    def __call__(self, conversations: Sequence[list[dict]]) -> list[tuple[str, str]]:
+        with self.lock:
+            self.batches.append([list(c) for c in conversations])
+        return [(self.output(c), "stop") for c in conversations]
+
+
+def test_offline_engine_batches_prompts_and_records(settings_factory, tmp_path: Path) -> None:
+    settings = warm_settings(settings_factory(), 8)
+    generate = Generator()
+    layer, _ = offline_layer(settings, model="/models/MirrorAPI", concurrency=8, generate=generate)
+    plan = WarmPlan()
+    add_query_sources(plan, [str(query_file(tmp_path, 40))], include_optional=False)
+    try:
+        report = run_warm(layer, plan, concurrency=8, progress=False)
+    finally:
+        layer.close()
+    assert report.total.new == 40 and not report.failures
+    sizes = [len(b) for b in generate.batches]
+    assert sum(sizes) == 40 and max(sizes) <= 8 and max(sizes) > 1
+    # the prompts are the simulator's own
+    renderer = build_simulator(settings)
+    sent = [c for b in generate.batches for c in b]
+    assert sorted(json.dumps(m) for m in sent) == sorted(json.dumps(renderer.messages(i.call, [])) for i in plan.items)
+    with DiskcacheStore(tmp_path / "store") as store:
+        saved = list(store)
+    assert len(saved) == 40 and {r.origin for r in saved} == {"/models/MirrorAPI"} and {r.source for r in saved} == {"simulated"}
+
+
+def test_offline_unparsable_output_and_engine_errors_are_not_recorded(settings_factory, tmp_path: Path) -> None:
+    settings = warm_settings(settings_factory(), 4)
+
+    def output(messages: list[dict]) -> str:
+        text = messages[-1]["content"]
+        if "'v1'" in text:
+            return "no json here"
+        if "'v2'" in text:
+            raise RuntimeError("CUDA out of memory")
+        # MirrorAPI's loose output still parses
+        return '```json\n{"error": "", "response": "He said "hi" to me"}\n```'
+
+    layer, _ = offline_layer(settings, model="m", concurrency=1, generate=Generator(output))
+    plan = WarmPlan()
+    add_query_sources(plan, [str(query_file(tmp_path, 4))], include_optional=False)
+    try:
+        report = run_warm(layer, plan, concurrency=1, progress=False)
+    finally:
+        layer.close()
+    assert report.total.new == 2 and report.total.failed == 2
+    reasons = " ".join(f.reason for f in report.failures)
+    assert "Failed to generate fake response" in reasons and "gave no usable answer" in reasons
+    with DiskcacheStore(tmp_path / "store") as store:
+        saved = list(store)
+    assert len(saved) == 2 and all("'v1'" not in r.key and "'v2'" not in r.key for r in saved)
+
+
+def test_batcher_flushes_a_partial_batch_and_closes_cleanly() -> None:
+    generate = Generator()
+    batcher = BatchingSimulator(lambda call, examples: [{"role": "user", "content": str(call)}], generate, origin="m", batch_size=100, linger_s=0.02)
+    from stabletoolbench_mirror.call import ToolCall
+
+    results = []
+    threads = [threading.Thread(target=lambda i=i: results.append(batcher.respond(ToolCall.of("C", "t", "a", {"i": i}), []))) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert len(results) == 3 and all(r.answer is not None for r in results)
+    assert sum(len(b) for b in generate.batches) == 3
+    batcher.close()
+    closed = batcher.respond(ToolCall.of("C", "t", "a", {}), [])
+    assert closed.answer is None and "closed" in closed.detail
+
+
+def test_cli_without_vllm_is_a_clear_error(tmp_path: Path) -> None:
+    probe = subprocess.run([sys.executable, "-c", "import vllm; vllm.LLM"], cwd=tmp_path, capture_output=True, timeout=120)
+    if probe.returncode == 0:
+        pytest.skip("vLLM is installed here")
+    queries = query_file(tmp_path, 1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
+    run = subprocess.run(
+        [sys.executable, "-m", "stabletoolbench_mirror", "warm", "--queries", str(queries), "--engine", "vllm-offline", "--model", "x", "--store-path", str(tmp_path / "s")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2 and "needs vLLM" in run.stderr and "Traceback" not in run.stderr
+    no_model = subprocess.run(
+        [sys.executable, "-m", "stabletoolbench_mirror", "warm", "--queries", str(queries), "--engine", "vllm-offline", "--store-path", str(tmp_path / "s")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert no_model.returncode == 2 and "--model" in no_model.stderr
