@@ -404,7 +404,8 @@ def _worker_main(settings_json: str, threads: int, tasks: Any, results: Any, sto
                 return
             index, call = task
             kind, reason = _handle(layer.handle_call, call)
-            results.put((index, kind, reason))
+            # short messages: one atomic pipe write each, so a kill cannot leave half a message
+            results.put((index, kind, reason[:1000]))
 
     pool = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
     for t in pool:
@@ -444,35 +445,67 @@ def run_warm_processes(
     # (no thread runs in this process yet, and each worker opens its own store connection)
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    tasks, results, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+    # each worker has queues of its own: a worker killed while it holds a queue's lock (kill -9,
+    # the OOM killer) then blocks no other worker, and the calls it had not answered are handed
+    # to the others (a call it made without telling us is found cached, not made twice)
+    stop = ctx.Event()
+    tasks = [ctx.Queue() for _ in shares]
+    results = [ctx.Queue() for _ in shares]
+    for own in tasks:
+        # calls still queued for a dead worker must not keep this process from exiting
+        own.cancel_join_thread()
     settings_json = serialize_settings(settings)
     workers = [
-        ctx.Process(target=_worker_main, args=(settings_json, share, tasks, results, stop, os.getpid()), daemon=True)
-        for share in shares
+        ctx.Process(target=_worker_main, args=(settings_json, share, tasks[i], results[i], stop, os.getpid()), daemon=True)
+        for i, share in enumerate(shares)
     ]
     interrupted = False
-    received = 0
     answered: set[int] = set()
+    assigned: list[set[int]] = [set() for _ in workers]
+    dead: set[int] = set()
     tracker: _Tracker | None = None
+
+    def drain(i: int) -> int:
+        got = 0
+        while True:
+            try:
+                index, kind, reason = results[i].get_nowait()
+            except (queue_module.Empty, OSError, ValueError):
+                return got
+            if index not in answered and tracker is not None:
+                answered.add(index)
+                tracker.done(todo[index], kind, reason)
+                got += 1
+
     try:
         for w in workers:
             w.start()
         for index, item in enumerate(todo):
-            tasks.put((index, item.call))
-        for share in shares:
-            for _ in range(share):
-                tasks.put(None)
+            assigned[index % len(workers)].add(index)
+            tasks[index % len(workers)].put((index, item.call))
         tracker = _Tracker(counts, len(todo), progress)
-        while received < len(todo):
-            try:
-                index, kind, reason = results.get(timeout=0.5)
-            except queue_module.Empty:
-                if not any(w.is_alive() for w in workers):
-                    break
+        while len(answered) < len(todo):
+            if sum(drain(i) for i in range(len(workers))):
                 continue
-            received += 1
-            answered.add(index)
-            tracker.done(todo[index], kind, reason)
+            alive = [i for i, w in enumerate(workers) if w.is_alive()]
+            if not alive:
+                break
+            for i, w in enumerate(workers):
+                if i in alive or i in dead:
+                    continue
+                dead.add(i)
+                drain(i)
+                orphans = sorted(assigned[i] - answered)
+                log.warning("a warm worker process exited (code %s); its %d unanswered calls go to the others", w.exitcode, len(orphans))
+                for k, index in enumerate(orphans):
+                    j = alive[k % len(alive)]
+                    assigned[j].add(index)
+                    tasks[j].put((index, todo[index].call))
+            time.sleep(0.005)
+        for i, w in enumerate(workers):
+            if w.is_alive():
+                for _ in range(shares[i]):
+                    tasks[i].put(None)
     except KeyboardInterrupt:
         interrupted = True
         stop.set()
@@ -485,15 +518,10 @@ def run_warm_processes(
         if tracker is None:
             tracker = _Tracker(counts, len(todo), False)
         # answers that arrived while the workers wound down
-        while True:
-            try:
-                index, kind, reason = results.get_nowait()
-            except (queue_module.Empty, OSError, ValueError):
-                break
-            answered.add(index)
-            tracker.done(todo[index], kind, reason)
+        for i in range(len(workers)):
+            drain(i)
         if not interrupted:
-            # a worker that died (it could not open the store, it was killed) leaves calls unmade
+            # calls no worker could make (every worker died: it could not open the store, ...)
             for index, item in enumerate(todo):
                 if index not in answered:
                     tracker.done(item, None, "a worker process exited before making this call", made=False)

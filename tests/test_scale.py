@@ -291,3 +291,78 @@ def test_workers_that_cannot_open_the_store_stop_with_a_clear_error(tmp_path: Pa
                            "--workers", "2", "--port", str(free_port()), "--host", "127.0.0.1"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert "failed to start, stopping the parent process" in done.stderr
+
+
+def _children(pid: int) -> dict[int, bytes]:
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for child in (task / "children").read_text().split():
+                found[int(child)] = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+    return found
+
+
+def test_kill_9_of_a_warm_worker_loses_no_acknowledged_answer(tmp_path: Path, expect: Expectations) -> None:
+    """``warm --processes 2``: one worker process killed mid-run; the other finishes its calls, and every
+    call warm reports done is in a store that opens cleanly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.helpers.processes import REPO
+
+    sent = payloads(3000, start=5_000_000)
+    jsonl = tmp_path / "payloads.jsonl"
+    jsonl.write_text("".join(json.dumps(p) + "\n" for p in sent))
+    with StubProcess(tmp_path, latency_ms=30) as slow_stub:  # about 1,000 calls/s at concurrency 32: a 3 s run
+        config = tmp_path / "warm.yml"
+        config.write_text(json.dumps({**record_config({"kind": "diskcache", "path": str(tmp_path / "store")}, slow_stub.api_base),
+                                      "log_level": "warning"}))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
+        failures = tmp_path / "failures.jsonl"
+        args = [sys.executable, "-m", "stabletoolbench_mirror", "warm", "--config", str(config), "--payloads", str(jsonl),
+                "--processes", "2", "--concurrency", "32", "--failures", str(failures), "--quiet"]
+        warm = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            victim = None
+            seen: dict[int, bytes] = {}
+            first_seen = None
+            deadline = time.monotonic() + 30
+            while victim is None and time.monotonic() < deadline and warm.poll() is None:
+                time.sleep(0.1)
+                seen = _children(warm.pid)
+                workers = [pid for pid, cmd in seen.items() if b"resource_tracker" not in cmd]
+                if len(workers) == 2:
+                    first_seen = first_seen or time.monotonic()
+                    if time.monotonic() - first_seen >= 1.0:  # well into the run
+                        victim = workers[0]
+            if victim is None:
+                warm.kill()
+                pytest.fail(f"no warm worker to kill (warm exited {warm.poll()}, children {seen}): "
+                            f"{warm.communicate()[0].decode(errors='replace')[-2000:]}")
+            os.kill(victim, signal.SIGKILL)
+            output, _ = warm.communicate(timeout=120)
+        finally:
+            if warm.poll() is None:
+                os.killpg(warm.pid, signal.SIGKILL)
+                warm.wait()
+    text = output.decode(errors="replace")
+    # the survivor took over the dead worker's unanswered calls; whatever failed is reported
+    assert "a warm worker process exited (code -9)" in text, text
+    failed_lines = {int(json.loads(line)["origin"].rsplit(":", 1)[1]) for line in failures.read_text().splitlines() if line.strip()}
+    assert warm.returncode == (1 if failed_lines else 0), text
+    acknowledged = [p for number, p in enumerate(sent, 1) if number not in failed_lines]
+    assert len(acknowledged) > 100, text
+    print(f"kill -9 during warm: {len(acknowledged)} acknowledged, {len(failed_lines)} reported failed")
+    assert_diskcache_sound(tmp_path / "store")
+    with DiskcacheStore(tmp_path / "store") as store:
+        for payload in acknowledged:
+            call = expect.call(payload)
+            record = store.get(call.namespace, call.key)
+            assert record is not None, f"acknowledged by warm but lost: {call.key}"
+            assert record.body == expect.body(payload)
+        for record in store:
+            assert record.source == "simulated" and json.loads(record.body)["error"] == ""
