@@ -95,7 +95,12 @@ class _Front:
             elif scope["method"] != "POST":
                 await _send(send, _error(405, "use POST /virtual"), ((b"allow", b"POST"),))
             else:
-                await _send(send, await self._virtual(scope, receive))
+                try:
+                    outcome = await self._virtual(scope, receive)
+                except Exception:  # a bug, never bad input: still a JSON answer, and logged with its trace
+                    log.exception("internal error while answering /virtual")
+                    outcome = _error(500, "stabletoolbench-mirror: internal error (see the server log)")
+                await _send(send, outcome)
         finally:
             self.limiter.leave(client)
 
