@@ -149,13 +149,7 @@ class MirrorLayer:
         if not store.reads_async:
             return None
         try:
-            record = await store.aget(call.namespace, call.key)
-            if record is None:
-                record = next((r for f in self.frozen if (r := f.get(call.namespace, call.key)) is not None), None)
-            if record is None:
-                record = await store.aget_canonical(call.namespace, call.canonical)
-            if record is None:
-                record = next((r for f in self.frozen if (r := f.get_canonical(call.namespace, call.canonical)) is not None), None)
+            record = await self._lookup_async(call)
         except StoreError:
             return None
         if record is None:
@@ -192,22 +186,31 @@ class MirrorLayer:
     # -- the parts ----------------------------------------------------------------------------
 
     def lookup(self, call: ToolCall) -> Record | None:
-        """The cached record of ``call``: exact upstream key first, then the canonical key."""
-        record = self.store.get(call.namespace, call.key)
-        if record is not None:
-            return record
-        for frozen in self.frozen:
-            record = frozen.get(call.namespace, call.key)
-            if record is not None:
-                return record
-        record = self.store.get_canonical(call.namespace, call.canonical)
-        if record is not None:
-            return record
-        for frozen in self.frozen:
-            record = frozen.get_canonical(call.namespace, call.canonical)
-            if record is not None:
-                return record
-        return None
+        """The cached record of ``call``: exact upstream key first, then the canonical key.
+
+        In each step the store comes before the frozen caches (in their listed order).
+        """
+        return (
+            self.store.get(call.namespace, call.key)
+            or self._frozen_exact(call)
+            or self.store.get_canonical(call.namespace, call.canonical)
+            or self._frozen_canonical(call)
+        )
+
+    async def _lookup_async(self, call: ToolCall) -> Record | None:
+        """:meth:`lookup` with the store read through its async client (same order)."""
+        return (
+            await self.store.aget(call.namespace, call.key)
+            or self._frozen_exact(call)
+            or await self.store.aget_canonical(call.namespace, call.canonical)
+            or self._frozen_canonical(call)
+        )
+
+    def _frozen_exact(self, call: ToolCall) -> Record | None:
+        return next((r for f in self.frozen if (r := f.get(call.namespace, call.key)) is not None), None)
+
+    def _frozen_canonical(self, call: ToolCall) -> Record | None:
+        return next((r for f in self.frozen if (r := f.get_canonical(call.namespace, call.canonical)) is not None), None)
 
     def examples(self, call: ToolCall, limit: int = 20) -> list[Record]:
         """Cached answers of the same API, for few-shot simulators: the store's, then the frozen caches'."""
