@@ -19,14 +19,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import parse_qs
 
-import uvicorn
 
-from tests.helpers.live import free_port
+from tests.helpers.live import UvicornThread, free_port
 
 
 @dataclass
@@ -80,8 +78,7 @@ class ApiHost:
         self.url = f"http://127.0.0.1:{self.port}"
         self.received: list[Received] = []
         self._lock = threading.Lock()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._runner: UvicornThread | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -129,23 +126,12 @@ class ApiHost:
         await send({"type": "http.response.body", "body": payload})
 
     def __enter__(self) -> "ApiHost":
-        config = uvicorn.Config(self, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("api host did not start")
-            time.sleep(0.02)
+        self._runner = UvicornThread(self, self.port, lifespan="off", force_exit=True).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-            self._server.force_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._runner is not None:
+            self._runner.__exit__(*exc)
 
     @property
     def count(self) -> int:

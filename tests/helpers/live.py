@@ -20,10 +20,14 @@ def free_port() -> int:
 class UvicornThread:
     """Runs an ASGI app with uvicorn on 127.0.0.1 in a background thread."""
 
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    def __init__(self, app: Any, port: int | None = None, *, lifespan: str = "on", force_exit: bool = False) -> None:
+        """``force_exit`` abandons open connections on exit (scripted servers that hang on purpose)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.force_exit = force_exit
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=1
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -38,6 +42,7 @@ class UvicornThread:
 
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
+        self.server.force_exit = self.force_exit
         self.thread.join(timeout=20)
 
     def post(self, payload: Any, **kwargs: Any) -> requests.Response:
