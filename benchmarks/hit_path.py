@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _loadgen import json_bodies, run_load  # noqa: E402
+from _procs import free_port, process, serve_args  # noqa: E402
 
 CATEGORY, TOOL, API = "Data", "Bench Tool", "Lookup Item"
 
@@ -41,29 +38,10 @@ def make_tree(root: Path, entries: int) -> list[dict]:
     return inputs
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(workdir: Path, frozen: Path, port: int) -> subprocess.Popen:
+def server_config(workdir: Path, frozen: Path, port: int) -> Path:
     cfg = workdir / "server_config.yml"
     cfg.write_text(f"mode: replay\nport: {port}\nlog_level: warning\nstore: {{path: store}}\nfrozen_caches: [{frozen}]\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
-    proc = subprocess.Popen([sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(cfg)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok:
-                return proc
-        except requests.ConnectionError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("server did not start")
+    return cfg
 
 
 def main() -> None:
@@ -79,8 +57,8 @@ def main() -> None:
             tmp_path = Path(tmp)
             inputs = make_tree(tmp_path / "frozen", size)
             port = free_port()
-            proc = start_server(tmp_path, tmp_path / "frozen", port)
-            try:
+            cfg = server_config(tmp_path, tmp_path / "frozen", port)
+            with process(serve_args(cfg), f"http://127.0.0.1:{port}/health"):
                 rng = random.Random(size)
                 payloads = [
                     {"category": CATEGORY, "tool_name": TOOL, "api_name": API, "tool_input": json.dumps(rng.choice(inputs)),
@@ -94,9 +72,6 @@ def main() -> None:
                     rows.append((size, conc, res))
                     print(f"entries={size:>6} concurrency={conc:>2}  {res.rps:8.0f} req/s  p50={res.p50_ms:6.2f} ms  "
                           f"p99={res.p99_ms:6.2f} ms  errors={res.errors}", flush=True)
-            finally:
-                proc.terminate()
-                proc.wait(timeout=20)
 
     print()
     by = {(s, c): r for s, c, r in rows}

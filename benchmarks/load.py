@@ -15,36 +15,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import requests
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _loadgen import run_load  # noqa: E402
+from _procs import free_port, process, serve_args  # noqa: E402
 
 from stabletoolbench_mirror.call import ToolCall  # noqa: E402
 from stabletoolbench_mirror.records import Record  # noqa: E402
 from stabletoolbench_mirror.stores import DiskcacheStore, Store  # noqa: E402
 
 APIS = 20
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fill(store: Store, entries: int) -> list[dict]:
@@ -61,33 +49,10 @@ def fill(store: Store, entries: int) -> list[dict]:
     return payloads
 
 
-def start_server(workdir: Path, store_yaml: str, workers: int, port: int) -> subprocess.Popen:
+def server_config(workdir: Path, store_yaml: str, port: int) -> Path:
     cfg = workdir / f"server_config_{port}.yml"
     cfg.write_text(f"mode: replay\nport: {port}\nlog_level: warning\nstore: {store_yaml}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
-    proc = subprocess.Popen([sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(cfg), "--workers", str(workers)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok:
-                return proc
-        except requests.ConnectionError:
-            time.sleep(0.1)
-    stop(proc)
-    raise SystemExit("server did not start")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+    return cfg
 
 
 def main() -> int:
@@ -137,13 +102,11 @@ def main() -> int:
                 else:
                     raise SystemExit(f"unknown config {config!r}")
                 port = free_port()
-                proc = start_server(tmp_path, store_yaml, workers, port)
-                try:
+                cfg = server_config(tmp_path, store_yaml, port)
+                with process(serve_args(cfg, "--workers", str(workers)), f"http://127.0.0.1:{port}/health"):
                     url = f"http://127.0.0.1:{port}/virtual"
                     run_load(url, bodies, concurrency=args.concurrency, duration_s=args.warmup)  # warm-up
                     res = run_load(url, bodies, concurrency=args.concurrency, duration_s=args.duration)
-                finally:
-                    stop(proc)
                 row = {"store": kind, "workers": workers, "concurrency": args.concurrency, "duration_s": round(res.elapsed_s, 1),
                        "requests": res.requests, "rps": round(res.rps), "p50_ms": round(res.p50_ms, 2),
                        "p99_ms": round(res.p99_ms, 2), "errors": res.errors, "statuses": res.statuses}

@@ -26,10 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +42,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _loadgen import run_load  # noqa: E402
+from _procs import free_port, process, serve_args, stub_args  # noqa: E402
 
 from stabletoolbench_mirror.call import ToolCall  # noqa: E402
 from stabletoolbench_mirror.simulator.prompts import SFT_SYSTEM_PROMPT, mirrorapi_messages  # noqa: E402
@@ -53,48 +51,10 @@ CONCURRENCY = 32
 STUB_LATENCY_MS = 50.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
-        try:
-            if requests.get(url, timeout=1).status_code < 500:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up")
-
-
-@contextmanager
-def process(args: list[str], ready_url: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_http(ready_url, proc)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.returncode not in (0, -15) and proc.stderr is not None:
-            print(proc.stderr.read()[-2000:], file=sys.stderr)
-
-
 @contextmanager
 def stub(latency_ms: float) -> Iterator[str]:
     port = free_port()
-    args = [sys.executable, "-m", "tests.helpers.openai_stub", "--port", str(port), "--latency-ms", str(latency_ms)]
-    with process(args, f"http://127.0.0.1:{port}/v1/models"):
+    with process(stub_args(port, latency_ms), f"http://127.0.0.1:{port}/v1/models"):
         yield f"http://127.0.0.1:{port}/v1"
 
 
@@ -132,9 +92,7 @@ def mirror(api_base: str, workdir: Path) -> Iterator[Mirror]:
             }
         )
     )
-    exe = shutil.which("stabletoolbench-mirror", path=str(Path(sys.executable).parent)) or "stabletoolbench-mirror"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
-    with process([exe, "serve", "--config", str(config)], f"http://127.0.0.1:{port}/health", env=env) as proc:
+    with process(serve_args(config), f"http://127.0.0.1:{port}/health") as proc:
         url = Mirror(f"http://127.0.0.1:{port}")
         url.pid = proc.pid
         yield url

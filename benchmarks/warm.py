@@ -14,18 +14,16 @@ Target (issue 5): ratio >= 80% at concurrency 32 and 64.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import requests
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from _procs import free_port, process, stub_args  # noqa: E402
 
 from stabletoolbench_mirror.config import load_settings  # noqa: E402
 from stabletoolbench_mirror.warm import (  # noqa: E402
@@ -37,35 +35,6 @@ from stabletoolbench_mirror.warm import (  # noqa: E402
     warm_layer,
     warm_settings,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_stub(port: int, latency_ms: float) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.openai_stub", "--port", str(port), "--latency-ms", str(latency_ms)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
-                return proc
-        except requests.RequestException:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError("the stub server exited")
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the stub server did not start")
 
 
 def run_point(queries: Path, api_base: str, concurrency: int, processes: int | None) -> tuple[dict, int]:
@@ -117,8 +86,7 @@ def main() -> int:
         print(f"query folder not found: {queries}", file=sys.stderr)
         return 2
     port = free_port()
-    stub = start_stub(port, args.latency_ms)
-    try:
+    with process(stub_args(port, args.latency_ms), f"http://127.0.0.1:{port}/v1/models"):
         print(f"stub: 127.0.0.1:{port}, {args.latency_ms:g} ms per completion; queries: {queries}")
         print(f"{'conc':>5} {'procs':>5} {'calls':>6} {'new':>6} {'failed':>6} {'seconds':>8} {'calls/s':>8} {'limit':>7} {'ratio':>6}")
         worst = 1.0
@@ -132,12 +100,6 @@ def main() -> int:
                 f"{r['rate']:>8.1f} {limit:>7.0f} {100 * ratio:>5.1f}%"
             )
         print(f"target: ratio >= 80% -> {'met' if worst >= 0.8 else 'NOT met'}")
-    finally:
-        stub.terminate()
-        try:
-            stub.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            stub.kill()
     return 0
 
 
