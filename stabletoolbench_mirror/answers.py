@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .queries import ApiRef, QueryFileError, iter_json_files
+from .queries import ApiRef, QueryFileError, iter_json_files, read_json_file
 
 FINISH = "Finish"
 DEFAULT_MAX_OBSERVATION_LENGTH = 1024
@@ -154,13 +154,7 @@ def calls_in_answer(data: Any, *, query_id: str | None = None, origin: str = "")
 
 def read_answer_file(path: str | os.PathLike[str]) -> list[AnswerCall]:
     """The calls of one answer file; ``ValueError`` when it is not one."""
-    try:
-        with open(path, "r", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read: {exc}") from None
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"{path}: not JSON: {exc}") from None
+    data = read_json_file(path)
     try:
         return calls_in_answer(data, query_id=query_id_of(path), origin=str(path))
     except ValueError as exc:

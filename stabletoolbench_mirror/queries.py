@@ -176,15 +176,20 @@ def iter_json_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
             raise QueryFileError(f"{path}: no such file or folder")
 
 
-def load_queries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The queries of one query file; :class:`QueryFileError` when it is not a list of query objects."""
+def read_json_file(path: str | os.PathLike[str]) -> Any:
+    """The value of a JSON file; :class:`QueryFileError` (a ``ValueError``) naming the file when it cannot be read."""
     try:
         with open(path, "r", encoding="utf-8") as fh:
-            data = json.load(fh)
+            return json.load(fh)
     except OSError as exc:
         raise QueryFileError(f"{path}: cannot read: {exc}") from None
     except (ValueError, RecursionError) as exc:
         raise QueryFileError(f"{path}: not JSON: {exc}") from None
+
+
+def load_queries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The queries of one query file; :class:`QueryFileError` when it is not a list of query objects."""
+    data = read_json_file(path)
     if not isinstance(data, list) or not all(isinstance(q, dict) for q in data):
         raise QueryFileError(f"{path}: not a StableToolBench query file (expected a JSON list of queries)")
     return data
