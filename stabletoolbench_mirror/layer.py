@@ -136,8 +136,7 @@ class MirrorLayer:
             return None
         if record is None:
             return None
-        self.stats.count("hits", call.namespace, record.source)
-        return Outcome(record.body, "hit", source=record.source, origin=record.origin)
+        return self._hit(call, record)
 
     async def cached_async(self, call: ToolCall) -> Outcome | None:
         """:meth:`cached` for stores read over the network (Redis): the store is read on the event loop.
@@ -154,8 +153,7 @@ class MirrorLayer:
             return None
         if record is None:
             return None
-        self.stats.count("hits", call.namespace, record.source)
-        return Outcome(record.body, "hit", source=record.source, origin=record.origin)
+        return self._hit(call, record)
 
     def handle_call(self, call: ToolCall) -> Outcome:
         """Answer ``call``: the cache, else the real API and the simulator (single flight), recorded."""
@@ -164,8 +162,7 @@ class MirrorLayer:
         except StoreError as exc:
             return self._store_error(call, exc)
         if record is not None:
-            self.stats.count("hits", call.namespace, record.source)
-            return Outcome(record.body, "hit", source=record.source, origin=record.origin)
+            return self._hit(call, record)
         self.stats.count("misses", call.namespace)
         if self.mode == "replay" or not self.responders:
             reason = "replay mode" if self.mode == "replay" else "no real API or simulator configured"
@@ -236,7 +233,7 @@ class MirrorLayer:
         # another request (or process) may have recorded it while this one waited
         record = self.lookup(call)
         if record is not None:
-            return Outcome(record.body, "hit", source=record.source, origin=record.origin)
+            return _served(record, "hit")
         fallback: Any = None
         examples: list[Record] | None = None
         for responder in self.responders:
@@ -260,11 +257,16 @@ class MirrorLayer:
                     # someone else recorded first: everyone serves that one
                     record = self.store.get(call.namespace, call.key) or record
             self.stats.count("recorded", call.namespace, record.source)
-            return Outcome(record.body, "recorded", source=record.source, origin=record.origin)
+            return _served(record, "recorded")
         self.stats.count("failed", call.namespace)
         if fallback is None:
             fallback = protocol.miss_answer(call.namespace, "the real API and the simulator gave no usable answer")
         return Outcome(protocol.encode_answer(fallback), "failed")
+
+    def _hit(self, call: ToolCall, record: Record) -> Outcome:
+        """A counted cache hit."""
+        self.stats.count("hits", call.namespace, record.source)
+        return _served(record, "hit")
 
     def _store_error(self, call: ToolCall, exc: StoreError) -> Outcome:
         log.error("store error for %s: %s", call.namespace, exc)
@@ -275,6 +277,10 @@ class MirrorLayer:
         for responder in self.responders:
             responder.close()
         self.store.close()
+
+
+def _served(record: Record, kind: str) -> Outcome:
+    return Outcome(record.body, kind, source=record.source, origin=record.origin)
 
 
 def _rejected(status: int, message: str, kind: str = "rejected") -> Outcome:
