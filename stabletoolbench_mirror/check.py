@@ -290,14 +290,12 @@ def run_check(
 
 def _layer(settings: Any) -> Any:
     """The in-process layer; in replay mode without responders (nothing may fill a miss anyway)."""
-    from .factory import build_store
+    from .factory import build_frozen, build_store
     from .layer import MirrorLayer
-    from .stores import FrozenCache
 
     if settings.mode != "replay":
         return MirrorLayer.from_settings(settings)
-    frozen = [FrozenCache(settings.resolve(p)) for p in settings.frozen_caches]
-    return MirrorLayer(build_store(settings), mode="replay", frozen=frozen)
+    return MirrorLayer(build_store(settings), mode="replay", frozen=build_frozen(settings))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
