@@ -32,7 +32,6 @@ from urllib.parse import urlsplit, urlunsplit
 from tqdm import tqdm
 
 from . import __version__
-from .cache_tools import group_by_namespace
 from .config import Settings
 from .protocol import encode_answer
 from .records import Record
@@ -73,6 +72,24 @@ def content_hash(entries: Iterable[tuple[str, str, Any]]) -> str:
     for namespace, key, answer in sorted(entries, key=lambda e: (e[0], e[1])):
         digest.update(entry_line(namespace, key, answer))
     return "sha256:" + digest.hexdigest()
+
+
+class StreamingHash:
+    """:func:`content_hash` fed one API at a time, APIs in namespace order (flat memory)."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self._last: str | None = None
+
+    def add_group(self, namespace: str, entries: Iterable[tuple[str, Any]]) -> None:
+        if self._last is not None and namespace <= self._last:
+            raise ValueError(f"APIs out of order: {namespace!r} after {self._last!r}")
+        self._last = namespace
+        for key, answer in sorted(entries, key=lambda e: e[0]):
+            self._digest.update(entry_line(namespace, key, answer))
+
+    def hexdigest(self) -> str:
+        return "sha256:" + self._digest.hexdigest()
 
 
 # -- settings without secrets ---------------------------------------------------------------------
@@ -141,25 +158,28 @@ def write_snapshot(
     root = Path(out)
     _check_target(root)
     root.mkdir(parents=True, exist_ok=True)
-    records = list(tqdm(store, desc="read store", unit="entry", disable=not progress))
-    groups = group_by_namespace(records)
+    digest = StreamingHash()
+    entry_count = 0
+    counts = store.counts()
+    bar = tqdm(total=counts.entries if counts else None, desc="snapshot", unit="entry", disable=not progress)
     by_source: Counter[str] = Counter()
     by_category: Counter[str] = Counter()
     models: Counter[str] = Counter()
     origins: Counter[str] = Counter()
     skipped: list[str] = []
-    entries: list[tuple[str, str, Any]] = []
     files = 0
-    for namespace, group in tqdm(groups.items(), desc="snapshot", unit="file", disable=not progress):
+    for namespace, group in store.iter_groups():
+        bar.update(len(group))
         path = namespace_path(root, namespace)
         if path is None:
             skipped.append(namespace)
             continue
         answers = {r.key: r.answer for r in group}
         write_cache_file(path, answers)
+        digest.add_group(namespace, answers.items())
         files += 1
+        entry_count += len(answers)
         for record in group:
-            entries.append((namespace, record.key, answers[record.key]))
             by_source[record.source] += 1
             by_category[namespace.split("/", 1)[0]] += 1
             origins[f"{record.source}:{_origin_group(record)}"] += 1
@@ -170,9 +190,9 @@ def write_snapshot(
         "format_version": FORMAT_VERSION,
         "created_by": f"stabletoolbench-mirror {__version__}",
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "content_hash": content_hash(entries),
+        "content_hash": digest.hexdigest(),
         "hash_method": HASH_METHOD,
-        "entries": len(entries),
+        "entries": entry_count,
         "files": files,
         "by_source": dict(sorted(by_source.items())),
         "by_category": dict(sorted(by_category.items())),
@@ -185,6 +205,7 @@ def write_snapshot(
     tmp = root / (MANIFEST_NAME + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, root / MANIFEST_NAME)
+    bar.close()
     return manifest
 
 
@@ -211,18 +232,25 @@ class Verification:
         return out
 
 
-def tree_entries(root: str | os.PathLike[str], problems: list[str]) -> Iterator[tuple[str, str, Any]]:
-    for namespace, path in iter_cache_files(root):
+def tree_groups(root: str | os.PathLike[str], problems: list[str], *, progress: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(namespace, entries)`` of every readable API file of a tree, in namespace order, one file at a time."""
+    files = sorted(iter_cache_files(root))
+    for namespace, path in tqdm(files, desc="verify", unit="file", disable=not progress):
         try:
             data = read_cache_file(path)
         except (OSError, ValueError) as exc:
             problems.append(f"unreadable file {path}: {exc}")
             continue
+        yield namespace, data
+
+
+def tree_entries(root: str | os.PathLike[str], problems: list[str]) -> Iterator[tuple[str, str, Any]]:
+    for namespace, data in tree_groups(root, problems):
         for key, answer in data.items():
             yield namespace, key, answer
 
 
-def verify_snapshot(out: str | os.PathLike[str]) -> Verification:
+def verify_snapshot(out: str | os.PathLike[str], *, progress: bool = False) -> Verification:
     """Recompute the content hash and counts of a snapshot folder and compare them with its manifest."""
     root = Path(out)
     problems: list[str] = []
@@ -236,18 +264,23 @@ def verify_snapshot(out: str | os.PathLike[str]) -> Verification:
         return Verification(False, None, None, problems=[f"{MANIFEST_NAME} is not a {FORMAT} manifest"])
     if manifest.get("format_version") != FORMAT_VERSION:
         problems.append(f"unsupported format_version {manifest.get('format_version')!r}")
-    entries = list(tree_entries(root, problems))
-    files = len({e[0] for e in entries})
-    actual = content_hash(entries)
+    digest = StreamingHash()
+    entries = files = 0
+    by_category: Counter[str] = Counter()
+    for namespace, data in tree_groups(root, problems, progress=progress):
+        digest.add_group(namespace, data.items())
+        files += 1
+        entries += len(data)
+        by_category[namespace.split("/", 1)[0]] += len(data)
+    actual = digest.hexdigest()
     expected = manifest.get("content_hash")
     if actual != expected:
         problems.append("content hash differs: an entry was added, removed or changed")
-    if manifest.get("entries") != len(entries):
-        problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {len(entries)}")
-    by_category: Counter[str] = Counter(e[0].split("/", 1)[0] for e in entries)
+    if manifest.get("entries") != entries:
+        problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {entries}")
     if isinstance(manifest.get("by_category"), dict) and manifest["by_category"] != dict(sorted(by_category.items())):
         problems.append("entry counts by category differ from the manifest")
-    return Verification(not problems, expected, actual, len(entries), files, problems)
+    return Verification(not problems, expected, actual, entries, files, problems)
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -255,13 +288,17 @@ def verify_snapshot(out: str | os.PathLike[str]) -> Verification:
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.verify:
-        result = verify_snapshot(args.out)
+        started = time.perf_counter()
+        result = verify_snapshot(args.out, progress=not args.quiet)
         print("\n".join(result.lines()))
+        seconds = time.perf_counter() - started
+        print(f"time: {seconds:.1f} s ({result.entries / seconds if seconds else 0:,.0f} entries/s)")
         return 0 if result.ok else 1
     from .cli import settings_from_args
     from .factory import build_store
 
     settings = settings_from_args(args)
+    started = time.perf_counter()
     try:
         with build_store(settings) as store:
             manifest = write_snapshot(store, args.out, settings=settings, progress=not args.quiet)
@@ -272,6 +309,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     print(f"entries:       {manifest['entries']} in {manifest['files']} files")
     print("by source:     " + ", ".join(f"{k} {v}" for k, v in manifest["by_source"].items()))
     print(f"content hash:  {manifest['content_hash']}")
+    seconds = time.perf_counter() - started
+    print(f"time:          {seconds:.1f} s ({manifest['entries'] / seconds if seconds else 0:,.0f} entries/s)")
     if manifest["skipped_namespaces"]:
         print(f"skipped (names unsafe as paths): {len(manifest['skipped_namespaces'])}")
     return 0

@@ -147,7 +147,7 @@ class FrozenCache:
                 if isinstance(exc, OutsideTree):
                     log.warning("frozen cache: refused %s", exc)
                 else:
-                    log.warning("frozen cache file %s skipped: %s", path, exc)
+                    log.warning("frozen cache file skipped: %s", exc if str(path) in str(exc) else f"{path}: {exc}")
                 return None
             self._refused.pop(namespace, None)
             self._insert(namespace, index)
