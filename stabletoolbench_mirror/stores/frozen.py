@@ -5,10 +5,12 @@ A tree of any size is served with bounded memory:
 * nothing is read at start: an API file is parsed the first time one of its calls is looked up
   (a stat per lookup notices a file changed on disk, which is then parsed again);
 * parsing keeps an **index** of the file in memory, not its answers: each upstream key and the
-  byte span of its answer in the file.  A hit reads that span back (one ``pread``), so memory
-  grows with the number of keys, not with the size of the answers;
-* the indexes of all files together stay under a **memory budget** (``frozen_memory_mb``): the
-  least recently used ones are dropped and re-read when needed again (answers byte-identical);
+  byte span of its answer in the file.  A hit reads that span back (one ``pread`` on the file
+  kept open), so memory grows with the number of keys, not with the size of the answers;
+  answers served recently are also kept, in a bounded memory of their own;
+* indexes and kept answers together stay under a **memory budget** (``frozen_memory_mb``, a
+  quarter of it for answers): the least recently used are dropped and re-read when needed again
+  (answers byte-identical);
 * parsing runs off the event loop (:meth:`FrozenCache.aget`), one entry at a time, so a large
   file loading never holds up answers from files already indexed;
 * a file that cannot be served (not a JSON object, nested too deeply, a lone surrogate, a
@@ -32,7 +34,8 @@ from pathlib import Path
 from ..keys import canonical_from_upstream_key
 from ..protocol import encode_answer
 from ..records import Record
-from ..upstream_layout import OutsideTree, check_inside, count_cache_files, iter_cache_spans, namespace_path
+from ..naming import is_safe_path_component
+from ..upstream_layout import OutsideTree, check_inside, count_cache_files, iter_cache_spans
 
 log = logging.getLogger(__name__)
 
@@ -40,21 +43,54 @@ DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 #: estimated bytes of one indexed entry beyond its key's characters (dict slot, str header, span)
 _ENTRY_OVERHEAD = 170
 _CANONICAL_OVERHEAD = 150
+_BODY_OVERHEAD = 120
 _LOAD_STRIPES = 64
+#: files kept open at once (for ``pread``); beyond it a hit opens its file for the read
+MAX_OPEN_FILES = 2048
 
 
-@dataclass
+@dataclass(eq=False)
 class _Index:
     """One parsed API file: upstream key -> entry number, and each entry's answer span in the file."""
 
-    path: Path
+    path: str
     ident: tuple[int, int, int]
     """``(st_ino, st_size, st_mtime_ns)`` of the file the spans point into."""
     entries: dict[str, int]
     spans: array
     """``2 * n`` unsigned integers: byte offset and byte length of entry ``n``'s answer."""
     cost: int
+    fd: int | None = None
+    """The file, kept open while this index lives (closed when the last user drops it)."""
     canonical: dict[str, str] | None = None
+
+    def __del__(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            _OPEN_FILES.release()
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class _OpenFiles:
+    """How many index files are open, so a huge tree does not run the process out of descriptors."""
+
+    def __init__(self, limit: int) -> None:
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def take(self) -> bool:
+        return self._slots.acquire(blocking=False)
+
+    def release(self) -> None:
+        try:
+            self._slots.release()
+        except ValueError:  # pragma: no cover - more releases than takes cannot happen
+            pass
+
+
+_OPEN_FILES = _OpenFiles(MAX_OPEN_FILES)
 
 
 class _NeedsLoad:
@@ -81,10 +117,14 @@ class FrozenCache:
         allow_symlinks: bool = False,
     ) -> None:
         self.root = Path(root)
+        self._root = str(self.root)
         self.origin = f"frozen:{self.root}"
         self.memory_budget = max(0, int(memory_budget))
         self.allow_symlinks = allow_symlinks
         self._files: OrderedDict[str, _Index] = OrderedDict()
+        self._bodies: OrderedDict[tuple[str, str], tuple[tuple[int, int, int], str]] = OrderedDict()
+        self.bodies_budget = self.memory_budget // 4
+        self.bodies_used = 0
         self._refused: dict[str, tuple[int, int, int]] = {}
         self._lock = threading.Lock()
         self._load_locks = [threading.Lock() for _ in range(_LOAD_STRIPES)]
@@ -100,14 +140,20 @@ class FrozenCache:
 
     def memory(self) -> dict[str, int]:
         """Indexed files, estimated bytes used, the budget, loads and evictions so far."""
-        return {"files": len(self._files), "bytes": self.memory_used, "budget": self.memory_budget,
-                "loads": self.loads, "evictions": self.evictions}
+        return {"files": len(self._files), "bytes": self.memory_used + self.bodies_used, "budget": self.memory_budget,
+                "answers_kept": len(self._bodies), "loads": self.loads, "evictions": self.evictions}
+
+    def _path(self, namespace: str) -> str | None:
+        parts = namespace.split("/")
+        if len(parts) != 3 or not all(is_safe_path_component(p) for p in parts):
+            return None
+        return f"{self._root}/{namespace}.json"
 
     # -- loading -------------------------------------------------------------------------------
 
     def _state(self, namespace: str) -> _Index | None | _NeedsLoad:
         """The fresh index of ``namespace``, ``None`` (nothing to serve) or :data:`NEEDS_LOAD`; only stats the file."""
-        path = namespace_path(self.root, namespace)
+        path = self._path(namespace)
         if path is None:
             return None
         try:
@@ -135,7 +181,7 @@ class FrozenCache:
             state = self._state(namespace)  # another thread may have loaded it meanwhile
             if not isinstance(state, _NeedsLoad):
                 return state
-            path = namespace_path(self.root, namespace)
+            path = self._path(namespace)
             assert path is not None
             try:
                 index = self._parse(path)
@@ -153,12 +199,25 @@ class FrozenCache:
             self._insert(namespace, index)
             return index
 
-    def _parse(self, path: Path) -> _Index:
+    def _parse(self, path: str) -> _Index:
         if not self.allow_symlinks:
             check_inside(path, self.root)
-        with open(path, "rb") as fh:
-            ident = _ident(os.fstat(fh.fileno()))
-            data = fh.read()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            ident = _ident(os.fstat(fd))
+            with open(fd, "rb", closefd=False) as fh:
+                data = fh.read()
+            index = self._index_text(path, ident, data)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _OPEN_FILES.take():
+            index.fd = fd  # kept for the hits' reads; closed with the index
+        else:
+            os.close(fd)
+        return index
+
+    def _index_text(self, path: str, ident: tuple[int, int, int], data: bytes) -> _Index:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -195,7 +254,7 @@ class FrozenCache:
 
     def _evict(self, keep: str) -> None:
         # least recently used first; the file just needed stays even when it alone exceeds the budget
-        while self.memory_used > self.memory_budget and len(self._files) > 1:
+        while self.memory_used > self.memory_budget - self.bodies_budget and len(self._files) > 1:
             namespace, index = next(iter(self._files.items()))
             if namespace == keep:
                 self._files.move_to_end(namespace)
@@ -234,23 +293,55 @@ class FrozenCache:
         number = index.entries.get(key)
         if number is None:
             return None
-        start, length = index.spans[2 * number], index.spans[2 * number + 1]
-        try:
-            fd = os.open(index.path, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            if _ident(os.fstat(fd)) != index.ident:
-                raw = None  # replaced since it was indexed: re-index
-            else:
-                raw = os.pread(fd, length, start)
-        finally:
-            os.close(fd)
-        if raw is None or len(raw) != length:
+        where = (namespace, key)
+        kept = self._bodies.get(where)
+        if kept is not None and kept[0] == index.ident:
+            with self._lock:
+                if where in self._bodies:
+                    self._bodies.move_to_end(where)
+            return kept[1]
+        raw = self._read(index, number)
+        if raw is None:
+            # changed since it was indexed (the stat that chose this index raced with a rewrite)
             self._drop(namespace)
             fresh = self._index(namespace)
             return None if fresh is None or fresh is index else self._body(namespace, fresh, key)
-        return encode_answer(json.loads(raw.decode("utf-8")))
+        body = encode_answer(json.loads(raw.decode("utf-8")))
+        self._keep(where, index.ident, body)
+        return body
+
+    @staticmethod
+    def _read(index: _Index, number: int) -> bytes | None:
+        start, length = index.spans[2 * number], index.spans[2 * number + 1]
+        fd = index.fd
+        try:
+            if fd is not None:
+                raw = os.pread(fd, length, start)
+            else:
+                fd = os.open(index.path, os.O_RDONLY)
+                try:
+                    if _ident(os.fstat(fd)) != index.ident:
+                        return None
+                    raw = os.pread(fd, length, start)
+                finally:
+                    os.close(fd)
+        except OSError:
+            return None
+        return raw if len(raw) == length else None
+
+    def _keep(self, where: tuple[str, str], ident: tuple[int, int, int], body: str) -> None:
+        size = len(body) + len(where[1]) + _BODY_OVERHEAD
+        if size > self.bodies_budget // 8:
+            return
+        with self._lock:
+            old = self._bodies.pop(where, None)
+            if old is not None:
+                self.bodies_used -= len(old[1]) + len(where[1]) + _BODY_OVERHEAD
+            self._bodies[where] = (ident, body)
+            self.bodies_used += size
+            while self.bodies_used > self.bodies_budget and self._bodies:
+                (_ns, key), (_ident, dropped) = self._bodies.popitem(last=False)
+                self.bodies_used -= len(dropped) + len(key) + _BODY_OVERHEAD
 
     def _record(self, namespace: str, key: str, body: str) -> Record:
         return Record(namespace=namespace, key=key, body=body, source="imported", origin=self.origin, created_at=0.0)
