@@ -7,7 +7,9 @@ log-normal around 1 KB), then measures, each in its own process on 127.0.0.1:
 * ``serve`` ready: seconds from start to ``/health`` 200, the tree as a frozen cache;
 * the first pass: one call per API file (every file cold), concurrency 8: p99 and errors;
 * hits at random over all APIs (concurrency 8, after the first pass): rps, and its ratio to a
-  frozen cache of 10 entries; the server's RSS after touching every API once and after the hits;
+  frozen cache of 10 entries served beside it (short rounds alternated, the best of each side, so
+  a busy machine's swings do not land on one side); the server's RSS after touching every API
+  once and after the hits;
 * ``check`` of the tree's calls sample against the server (100k calls at 165k): seconds, verdict;
 * ``cache import`` of the tree, ``cache stats``, ``cache export``, ``snapshot`` and ``snapshot --verify``
   of the store: seconds and peak RSS (flat memory: the same at every size);
@@ -91,60 +93,72 @@ def bodies(path: Path) -> list[bytes]:
     return [line.strip().encode() for line in path.read_text().splitlines() if line.strip()]
 
 
-def hit_rps(url: str, hits: list[bytes], duration: float) -> Any:
+def compare_hits(url: str, hits: list[bytes], base_url: str, base_hits: list[bytes], duration: float, rounds: int = 5) -> tuple[Any, Any]:
+    """Hits on ``url`` and on the baseline ``base_url``, alternated in short rounds; the best round of each.
+
+    Alternating (rather than one long run each) keeps a busy machine's swings from landing on one side.
+    """
     rng = random.Random(7)
-    order = hits[:]
+    order, base_order = hits[:], base_hits[:]
     rng.shuffle(order)
-    return run_load(url, lambda i: order[i % len(order)], concurrency=CONCURRENCY, duration_s=duration)
+    best: list[Any] = [None, None]
+    for _ in range(rounds):
+        for side, (target, bodies_) in enumerate(((url, order), (base_url, base_order))):
+            result = run_load(target, lambda i, b=bodies_: b[i % len(b)], concurrency=CONCURRENCY, duration_s=duration / rounds)
+            if best[side] is None or result.rps > best[side].rps:
+                best[side] = result
+    return best[0], best[1]
 
 
-def serve_and_measure(workdir: Path, tree: Path, store: Path, duration: float, *, frozen: bool, first_pass: bool,
-                      check_calls: Path | None = None) -> dict[str, Any]:
-    port = free_port()
+def serve_and_measure(workdir: Path, tree: Path, store: Path, duration: float, *, frozen: bool, baseline: Path,
+                      base_store: Path, check_calls: Path | None = None) -> dict[str, Any]:
+    """Serve ``tree`` (frozen) or ``store`` and, beside it, the baseline; measure the figures of one size."""
+    port, base_port = free_port(), free_port()
     cfg = config(workdir, port, store, tree if frozen else None)
-    url = f"http://127.0.0.1:{port}"
-    started = time.perf_counter()
+    base_cfg = config(workdir, base_port, base_store, baseline if frozen else None)
+    url, base_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{base_port}"
     out: dict[str, Any] = {}
-    with process(serve_args(cfg), url + "/health") as proc:
-        out["ready_s"] = time.perf_counter() - started
-        if first_pass:
-            first = run_list(url + "/virtual", bodies(tree / "payloads" / "first_pass.jsonl"), concurrency=CONCURRENCY)
-            out["first_p99_ms"], out["first_errors"], out["first_n"] = first.p99_ms, first.errors, first.requests
-            out["rss_after_pass_mb"] = rss_mb(proc.pid)
-        hits = bodies(tree / "payloads" / "hits.jsonl")
-        run_load(url + "/virtual", lambda i: hits[i % len(hits)], concurrency=CONCURRENCY, duration_s=1.0)  # warm-up
-        result = hit_rps(url + "/virtual", hits, duration)
-        out["hit_rps"], out["hit_errors"] = result.rps, result.errors
-        out["rss_after_hits_mb"] = rss_mb(proc.pid)
-        if check_calls is not None:
-            seconds, _peak, text = timed_rss(cli("check", "--calls", str(check_calls), "--url", url, "--concurrency", str(CONCURRENCY),
-                                                 "-q", "--mode", "replay"), cwd=workdir, ok_codes=(0, 1))
-            out["check_s"] = seconds
-            out["check_line"] = next((ln for ln in text.splitlines() if " calls: " in ln), text[-200:])
+    with process(serve_args(base_cfg), base_url + "/health"):
+        started = time.perf_counter()
+        with process(serve_args(cfg), url + "/health") as proc:
+            out["ready_s"] = time.perf_counter() - started
+            if frozen:
+                first = run_list(url + "/virtual", bodies(tree / "payloads" / "first_pass.jsonl"), concurrency=CONCURRENCY)
+                out["first_p99_ms"], out["first_errors"], out["first_n"] = first.p99_ms, first.errors, first.requests
+                out["rss_after_pass_mb"] = rss_mb(proc.pid)
+            hits, base_hits = bodies(tree / "payloads" / "hits.jsonl"), bodies(baseline / "payloads" / "hits.jsonl")
+            for target, b in ((url, hits), (base_url, base_hits)):  # warm-up: every hit payload once
+                run_list(target + "/virtual", b, concurrency=CONCURRENCY)
+            result, base = compare_hits(url + "/virtual", hits, base_url + "/virtual", base_hits, duration)
+            out["hit_rps"], out["hit_errors"], out["base_rps"] = result.rps, result.errors, base.rps
+            out["hit_ratio"] = result.rps / base.rps
+            out["rss_after_hits_mb"] = rss_mb(proc.pid)
+            if check_calls is not None:
+                seconds, _peak, text = timed_rss(cli("check", "--calls", str(check_calls), "--url", url, "--concurrency", str(CONCURRENCY),
+                                                     "-q", "--mode", "replay"), cwd=workdir, ok_codes=(0, 1))
+                out["check_s"] = seconds
+                out["check_line"] = next((ln for ln in text.splitlines() if " calls: " in ln), text[-200:])
     return out
 
 
-def baseline(workdir: Path, duration: float) -> dict[str, float]:
-    """Hits from a 10-entry frozen cache and from a 1,000-entry store, the same way."""
+def baselines(workdir: Path) -> tuple[Path, Path, Path]:
+    """A 10-entry tree (the frozen baseline), a 1,000-entry tree and its imported store (the store baseline)."""
     small = make_tree(workdir, "10", 10, 1, 10)
-    frozen = serve_and_measure(workdir, small, workdir / "store-empty", duration, frozen=True, first_pass=False)
     thousand = make_tree(workdir, "1000", 1000, 20, 10)
     store = workdir / "store-1000"
     if not store.exists():
         timed_rss(cli("cache", "import", str(thousand / "tool_response_cache"), "--store-path", str(store), "-q"), cwd=workdir)
-    stored = serve_and_measure(workdir, thousand, store, duration, frozen=False, first_pass=False)
-    print(f"[baseline] frozen 10 entries: {frozen['hit_rps']:,.0f} rps; store 1,000 entries: {stored['hit_rps']:,.0f} rps", flush=True)
-    return {"frozen_rps": frozen["hit_rps"], "store_rps": stored["hit_rps"]}
+    return small, thousand, store
 
 
-def measure(workdir: Path, name: str, duration: float, base: dict[str, float]) -> dict[str, Any]:
+def measure(workdir: Path, name: str, duration: float) -> dict[str, Any]:
     entries, files, check_samples = SIZES[name]
+    small, thousand, thousand_store = baselines(workdir)
     tree = make_tree(workdir, name, entries, files, check_samples)
     row: dict[str, Any] = {}
-    served = serve_and_measure(workdir, tree, workdir / f"store-{name}-unused", duration, frozen=True, first_pass=True,
-                               check_calls=tree / "payloads" / "calls.jsonl")
+    served = serve_and_measure(workdir, tree, workdir / f"store-{name}-unused", duration, frozen=True, baseline=small,
+                               base_store=workdir / "store-10-unused", check_calls=tree / "payloads" / "calls.jsonl")
     row.update(served)
-    row["hit_ratio"] = served["hit_rps"] / base["frozen_rps"]
     print(f"[{name}] served: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in served.items()})}", flush=True)
 
     store = workdir / f"store-{name}"
@@ -159,13 +173,13 @@ def measure(workdir: Path, name: str, duration: float, base: dict[str, float]) -
         ("snapshot", ["snapshot", str(workdir / f"snapshot-{name}"), "--store-path", str(store), "-q"]),
         ("verify", ["snapshot", "--verify", str(workdir / f"snapshot-{name}"), "-q"]),
     ):
-        shutil.rmtree(workdir / f"{what}-{name}", ignore_errors=True) if what != "verify" else None
+        if what != "verify":
+            shutil.rmtree(workdir / f"{what}-{name}", ignore_errors=True)
         row[f"{what}_s"], row[f"{what}_rss"], _ = timed_rss(cli(*args), cwd=workdir)
     for folder in (f"export-{name}", f"snapshot-{name}"):
         shutil.rmtree(workdir / folder, ignore_errors=True)
-    stored = serve_and_measure(workdir, tree, store, duration, frozen=False, first_pass=False)
-    row["store_rps"] = stored["hit_rps"]
-    row["store_ratio"] = stored["hit_rps"] / base["store_rps"]
+    stored = serve_and_measure(workdir, tree, store, duration, frozen=False, baseline=thousand, base_store=thousand_store)
+    row["store_rps"], row["store_ratio"] = stored["hit_rps"], stored["hit_ratio"]
     print(f"[{name}] bulk: {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items() if k not in served})}", flush=True)
     shutil.rmtree(store, ignore_errors=True)
     return row
@@ -217,8 +231,7 @@ def main() -> int:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="stm-scale-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        base = baseline(workdir, args.duration)
-        results = {name: measure(workdir, name, args.duration, base) for name in sizes}
+        results = {name: measure(workdir, name, args.duration) for name in sizes}
         print()
         print(table(results))
     finally:
