@@ -42,6 +42,7 @@ class Simulator:
         structured_output: bool = False,
         structured_max_chars: int | None = None,
         max_concurrency: int = 64,
+        origin_suffix: str = "",
     ) -> None:
         if style not in prompts.STYLES:
             raise ValueError(f"unknown simulator style {style!r}")
@@ -55,11 +56,13 @@ class Simulator:
             prompts.structured_output_fields(style == "mirrorapi-cot", structured_max_chars) if structured_output else {}
         )
         self._slots = threading.BoundedSemaphore(max_concurrency)
+        self.origin_suffix = origin_suffix
+        """Marks the records' origin, e.g. `` [no tool docs]`` when simulating without any doc."""
 
     @property
     def origin(self) -> str:
         """What the records name as their origin: the model (never the endpoint's key)."""
-        return self.client.model
+        return self.client.model + self.origin_suffix
 
     @property
     def wants_examples(self) -> bool:
