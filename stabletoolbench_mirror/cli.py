@@ -47,7 +47,6 @@ def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .logs import setup_logging
-
     from .startup import start_checks
 
     settings = settings_from_args(args, host=args.host, port=args.port, workers=args.workers)
