@@ -2,7 +2,7 @@
 
 Both directions stream: an import reads one API file at a time and writes it in batches, an
 export holds one API's records at a time (:meth:`Store.iter_groups`), so memory stays flat
-however large the store or the tree.  Each prints a progress bar and its throughput.
+however large the store or the tree.  Each shows a progress bar and prints its throughput.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tqdm import tqdm
 
 from .keys import canonical_from_upstream_key
 from .records import Record
 from .stores import Store
-from .upstream_layout import iter_cache_entries, iter_cache_files, namespace_path, write_cache_file
+from .upstream_layout import ENCODED_PREFIX, iter_cache_entries, iter_cache_files, namespace_path, write_cache_file
 
 log = logging.getLogger(__name__)
 
@@ -107,66 +107,138 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
 class ExportSummary:
     files: int = 0
     entries: int = 0
-    skipped_namespaces: list[str] = field(default_factory=list)
+    encoded_names: int = 0
+    """Files written under an encoded name (see :mod:`~stabletoolbench_mirror.upstream_layout`)."""
+    left_out: dict[str, int] = field(default_factory=dict)
+    """Entries per API whose name is too long for a file name even encoded: not written."""
     seconds: float = 0.0
 
-    def lines(self) -> list[str]:
-        out = [
-            f"files written:    {self.files}",
-            f"entries written:  {self.entries}",
-            f"time:             {self.seconds:.1f} s ({_rate(self.entries, self.seconds, 'entries')})",
-        ]
-        if self.skipped_namespaces:
-            out.append(f"skipped (unsafe names): {len(self.skipped_namespaces)}")
+    @property
+    def left_out_entries(self) -> int:
+        return sum(self.left_out.values())
+
+    def lines(self, *, limit: int = 20) -> list[str]:
+        out = [f"files written:    {self.files}", f"entries written:  {self.entries}"]
+        if self.seconds:
+            out.append(f"time:             {self.seconds:.1f} s ({_rate(self.entries, self.seconds, 'entries')})")
+        if self.encoded_names:
+            out.append(f"encoded names:    {self.encoded_names} files (names unsafe as paths, written as %%...)")
+        if self.left_out:
+            out.append(f"LEFT OUT:         {self.left_out_entries} entries of {len(self.left_out)} APIs whose names are too long for a file name:")
+            out.extend(f"  {namespace[:300]} ({n} entries)" for namespace, n in list(self.left_out.items())[:limit])
+            if len(self.left_out) > limit:
+                out.append(f"  ... and {len(self.left_out) - limit} more")
         return out
 
 
+@dataclass(frozen=True)
+class ExportedFile:
+    """One API of the store as written by :func:`iter_export`: its file, or ``None`` when it was left out."""
+
+    namespace: str
+    records: list[Record]
+    path: Path | None
+
+    @property
+    def encoded(self) -> bool:
+        """Whether a part of its name was encoded (a literal name never starts with the marker)."""
+        return self.path is not None and any(p.startswith(ENCODED_PREFIX) for p in self.path.parts[-3:])
+
+
+def iter_export(store: Store, root: str | os.PathLike[str], *, progress: bool = True, desc: str = "export") -> Iterator[ExportedFile]:
+    """Write the store as an upstream tree, one API file at a time (the only one in memory), yielding each as it is written."""
+    counts = store.counts()
+    with tqdm(total=counts.entries if counts else None, desc=desc, unit="entry", disable=not progress) as bar:
+        for namespace, group in store.iter_groups():
+            path = namespace_path(root, namespace)
+            if path is not None:
+                write_cache_file(path, {r.key: r.answer for r in group})
+            bar.update(len(group))
+            yield ExportedFile(namespace, group, path)
+
+
 def export_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = True) -> ExportSummary:
-    """Write the store as an upstream tree (one JSON object per API file), one API in memory at a time."""
+    """Write the store as an upstream tree (one JSON object per API file)."""
     summary = ExportSummary()
     started = time.perf_counter()
-    counts = store.counts()
-    with tqdm(total=counts.entries if counts else None, desc="export", unit="entry", disable=not progress) as bar:
-        for namespace, records in store.iter_groups():
-            bar.update(len(records))
-            path = namespace_path(root, namespace)
-            if path is None:
-                summary.skipped_namespaces.append(namespace)
-                continue
-            write_cache_file(path, {r.key: r.answer for r in records})
-            summary.files += 1
-            summary.entries += len(records)
+    for exported in iter_export(store, root, progress=progress):
+        count(summary, exported)
     summary.seconds = time.perf_counter() - started
     return summary
 
 
+def count(summary: ExportSummary, exported: ExportedFile) -> None:
+    if exported.path is None:
+        summary.left_out[exported.namespace] = len(exported.records)
+        return
+    summary.files += 1
+    summary.entries += len(exported.records)
+    summary.encoded_names += exported.encoded
+
+
+@dataclass
+class Tally:
+    """Entry counts of a store or snapshot: by source, category, API, model and origin (``cache stats``, manifests)."""
+
+    entries: int = 0
+    by_source: Counter[str] = field(default_factory=Counter)
+    by_category: Counter[str] = field(default_factory=Counter)
+    models: Counter[str] = field(default_factory=Counter)
+    """Simulated entries per model."""
+    origins: Counter[str] = field(default_factory=Counter)
+    """``<source>:<origin>``; an import's origin is cut to the imported folder."""
+    apis: set[str] = field(default_factory=set)
+
+    def add(self, record: Record) -> None:
+        self.entries += 1
+        self.by_source[record.source] += 1
+        self.by_category[record.namespace.split("/", 1)[0]] += 1
+        self.apis.add(record.namespace)
+        self.origins[f"{record.source}:{_origin_group(record)}"] += 1
+        if record.source == "simulated":
+            self.models[record.origin] += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "entries": self.entries,
+            "apis": len(self.apis),
+            "by_source": dict(sorted(self.by_source.items())),
+            "by_category": dict(sorted(self.by_category.items())),
+            "models": dict(sorted(self.models.items())),
+            "origins": dict(sorted(self.origins.items())),
+        }
+
+
+def _origin_group(record: Record) -> str:
+    # an import's origin names each file ("import:<root>/<namespace>.json"): keep the root
+    if record.source == "imported":
+        return record.origin.split("/", 1)[0]
+    return record.origin
+
+
 def store_stats(store: Store) -> dict[str, Any]:
-    """Entries by source and category, APIs, origins and size per entry: from the store's counters
-    when it keeps them (no scan, fast at any size), else from one pass over the records."""
+    """Entries by source, category, model and origin, APIs, and size per entry.
+
+    From the store's counters when it keeps them (no scan: fast at any size), else one pass over the records.
+    """
     counts = store.counts()
-    if counts is not None:
-        by_source, by_category, origins = counts.by_source, counts.by_category, Counter(counts.by_origin)
-        entries, apis, scanned = counts.entries, counts.apis, False
-        disk, memory = counts.disk_bytes, counts.memory_bytes
-    else:
-        by_source, by_category, origins = Counter(), Counter(), Counter()
-        namespaces: set[str] = set()
+    if counts is None:
+        tally = Tally()
         for record in store:
-            by_source[record.source] += 1
-            by_category[record.namespace.split("/", 1)[0]] += 1
-            namespaces.add(record.namespace)
-            if record.source != "imported":
-                origins[record.origin] += 1
-        entries, apis, scanned = sum(by_source.values()), len(namespaces), True
-        disk = memory = None
+            tally.add(record)
+        out = tally.to_json()
+        out.update(counted_by="full scan", disk_bytes=None, memory_bytes=None, bytes_per_entry=None)
+        return out
+    size = counts.disk_bytes if counts.disk_bytes is not None else counts.memory_bytes
     return {
-        "entries": entries,
-        "apis": apis,
-        "by_source": dict(sorted(by_source.items())),
-        "by_category": dict(sorted(by_category.items())),
-        "origins": dict(origins.most_common()),
-        "counted_by": "full scan" if scanned else "counters",
-        "disk_bytes": disk,
-        "memory_bytes": memory,
-        "bytes_per_entry": (round((disk or memory) / entries) if entries and (disk or memory) else None),
+        "entries": counts.entries,
+        "apis": counts.apis,
+        "by_source": dict(sorted(counts.by_source.items())),
+        "by_category": dict(sorted(counts.by_category.items())),
+        "models": dict(sorted((k.split(":", 1)[1], v) for k, v in counts.by_origin.items() if k.startswith("simulated:"))),
+        "origins": dict(sorted(counts.by_origin.items())),
+        "counted_by": "counters",
+        "disk_bytes": counts.disk_bytes,
+        "memory_bytes": counts.memory_bytes,
+        "bytes_per_entry": round(size / counts.entries) if size and counts.entries else None,
     }

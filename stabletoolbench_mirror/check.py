@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol
 
-from .answers import DEFAULT_MAX_OBSERVATION_LENGTH, answer_payload, iter_answer_files, observation_text, read_answer_file
+from .answers import DEFAULT_MAX_OBSERVATION_LENGTH, function_index, iter_answer_calls, observation_text
 from .naming import resolve_names
 from .protocol import answer as make_answer
 from .protocol import encode_answer
+from .queries import QueryFileError, iter_jsonl
 
 IDENTICAL, DIFFERENT, MISS = "identical", "different", "miss"
 VERDICTS = (IDENTICAL, DIFFERENT, MISS)
@@ -49,7 +50,8 @@ class Expectation:
     payload: dict[str, Any]
     observed: Any
     """An answer object, or (``text=True``) the observation text the agent saw."""
-    origin: str
+    location: str
+    """``file:line`` of a calls file, or where in an answer file the call is recorded."""
     text: bool = False
 
     @property
@@ -88,24 +90,15 @@ def load_calls_jsonl(path: str | Path) -> list[Expectation]:
 def iter_calls_jsonl(path: str | Path) -> Iterator[Expectation]:
     """:func:`load_calls_jsonl` one line at a time (flat memory for any number of calls)."""
     try:
-        fh = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise CheckInputError(f"{path}: cannot read: {exc}") from None
-    with fh:
-        try:
-            for number, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                except ValueError as exc:
-                    raise CheckInputError(f"{path}:{number}: not JSON: {exc}") from None
-                if not isinstance(item, dict) or not isinstance(item.get("payload"), dict) or "observed" not in item:
-                    raise CheckInputError(f'{path}:{number}: expected an object with "payload" (object) and "observed"')
-                observed = item["observed"]
-                yield Expectation(item["payload"], observed, f"{path}:{number}", text=isinstance(observed, str))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CheckInputError(f"{path}: cannot read: {exc}") from None
+        for location, item in iter_jsonl(path):
+            if isinstance(item, ValueError):
+                raise CheckInputError(f"{location}: {item}")
+            if not isinstance(item, dict) or not isinstance(item.get("payload"), dict) or "observed" not in item:
+                raise CheckInputError(f'{location}: expected an object with "payload" (object) and "observed"')
+            observed = item["observed"]
+            yield Expectation(item["payload"], observed, location, text=isinstance(observed, str))
+    except QueryFileError as exc:
+        raise CheckInputError(str(exc)) from None
 
 
 def load_answer_expectations(paths: Iterable[str | Path], index: Any) -> tuple[list[Expectation], list[str]]:
@@ -113,23 +106,17 @@ def load_answer_expectations(paths: Iterable[str | Path], index: Any) -> tuple[l
     out: list[Expectation] = []
     problems: list[str] = []
     try:
-        files = list(iter_answer_files(paths))
+        for found in iter_answer_calls(paths, index):
+            if found.file_error:
+                problems.append(found.problem)
+            elif found.observation is None:
+                continue
+            elif found.payload is None:
+                problems.append(f"{found.location}: {found.problem}")
+            else:
+                out.append(Expectation(found.payload, found.observation, found.location, text=True))
     except ValueError as exc:
         raise CheckInputError(str(exc)) from None
-    for path in files:
-        try:
-            calls = read_answer_file(path)
-        except ValueError as exc:
-            problems.append(str(exc))
-            continue
-        for call in calls:
-            if call.observation is None:
-                continue
-            ref, reason = index.resolve(call.function, call.query_id)
-            if ref is None:
-                problems.append(f"{call.origin}: {reason}")
-                continue
-            out.append(Expectation(answer_payload(ref, call.arguments), call.observation, call.origin, text=True))
     return out, problems
 
 
@@ -219,7 +206,7 @@ def verdict(expectation: Expectation, reply: Reply, max_observation_length: int 
 
 @dataclass
 class Mismatch:
-    origin: str
+    location: str
     namespace: str
     tool_input: str
     verdict: str
@@ -280,7 +267,7 @@ class CheckReport:
         if self.seconds:
             out.append(f"time: {self.seconds:.1f} s ({n / self.seconds:,.0f} calls/s)")
         for m in self.mismatches[:max_details]:
-            out.append(f"{m.verdict.upper()} {m.namespace} input={m.tool_input[:200]} ({m.origin})")
+            out.append(f"{m.verdict.upper()} {m.namespace} input={m.tool_input[:200]} ({m.location})")
             if m.verdict == DIFFERENT:
                 out.append(f"    expected: {m.expected[:300]}")
                 out.append(f"    got:      {m.got[:300]}")
@@ -337,20 +324,22 @@ def _judge(report: CheckReport, expectation: Expectation, reply: Reply, max_obse
     result = verdict(expectation, reply, max_observation_length)
     namespace = expectation.namespace
     report.per_api[namespace][result] += 1
-    if result != IDENTICAL and len(report.mismatches) >= MAX_MISMATCHES:
+    if result == IDENTICAL:
+        return
+    if len(report.mismatches) >= MAX_MISMATCHES:
         report.mismatches_left_out += 1
-    elif result != IDENTICAL:
-        got = client_answer(reply)
-        report.mismatches.append(
-            Mismatch(
-                origin=expectation.origin,
-                namespace=namespace,
-                tool_input=str(expectation.payload.get("tool_input", "")),
-                verdict=result,
-                expected=expectation.observed if expectation.text else json.dumps(expectation.observed, ensure_ascii=False),
-                got=observation_text(got, max_observation_length) if expectation.text else json.dumps(got, ensure_ascii=False),
-            )
+        return
+    got = client_answer(reply)
+    report.mismatches.append(
+        Mismatch(
+            location=expectation.location,
+            namespace=namespace,
+            tool_input=str(expectation.payload.get("tool_input", "")),
+            verdict=result,
+            expected=expectation.observed if expectation.text else json.dumps(expectation.observed, ensure_ascii=False),
+            got=observation_text(got, max_observation_length) if expectation.text else json.dumps(got, ensure_ascii=False),
         )
+    )
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -363,12 +352,12 @@ def _layer(settings: Any) -> Any:
 
     if settings.mode != "replay":
         return MirrorLayer.from_settings(settings)
-    return MirrorLayer(build_store(settings), mode="replay", frozen=build_frozen(settings))
+    frozen = build_frozen(settings)
+    return MirrorLayer(build_store(settings), mode="replay", frozen=frozen)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .cli import settings_from_args
-    from .queries import FunctionIndex, QueryFileError
 
     if not args.calls and not args.answers:
         print("error: give --calls FILE.jsonl and/or --answers PATH", file=sys.stderr)
@@ -383,20 +372,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             total += _count_lines(path)
             expectations.append(iter_calls_jsonl(path))
         if args.answers:
-            index = FunctionIndex()
-            if args.queries:
-                index.add_query_files(args.queries)
             tools = args.tools_folder or (settings.resolve(settings.tools_folder) if settings.tools_folder else None)
-            if tools:
-                index.add_tools_folder(tools)
-            if not len(index):
-                print("error: answer files need --queries (query files) or --tools-folder to map function names to APIs", file=sys.stderr)
-                return 2
-            found, problems = load_answer_expectations(args.answers, index)
+            found, problems = load_answer_expectations(args.answers, function_index(args.queries or [], tools))
             expectations.append(found)
             total += len(found)
             report.problems.extend(problems)
-    except (CheckInputError, QueryFileError) as exc:
+    except ValueError as exc:  # CheckInputError, and the answer files' function index
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.url:

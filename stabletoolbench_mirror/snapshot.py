@@ -25,18 +25,19 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 from typing import Any, Iterable, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 from tqdm import tqdm
 
 from . import __version__
+from .cache_tools import ExportSummary, Tally, count, iter_export
 from .config import Settings
 from .protocol import encode_answer
-from .records import Record
+from .secrets import public_settings
 from .stores import Store
-from .upstream_layout import iter_cache_files, namespace_path, read_cache_file, write_cache_file
+from .upstream_layout import iter_cache_files, read_cache_file
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "stabletoolbench-mirror-snapshot"
@@ -45,8 +46,6 @@ HASH_METHOD = (
     "sha256 over UTF-8 lines json.dumps([namespace, key, answer_json], ensure_ascii=False, "
     "separators=(',', ':')) + '\\n', sorted by (namespace, key); answer_json is the served compact encoding"
 )
-_SECRET_FIELDS = frozenset({"auth_token", "toolbench_key", "rapidapi_key", "api_key"})
-_REDACTED = "<redacted>"
 
 
 class SnapshotError(RuntimeError):
@@ -56,34 +55,22 @@ class SnapshotError(RuntimeError):
 # -- the content hash ------------------------------------------------------------------------------
 
 
-def _served(answer: Any) -> str:
-    return encode_answer(answer)
-
-
 def entry_line(namespace: str, key: str, answer: Any) -> bytes:
     """The canonical line of one entry (see the module docstring)."""
-    text = json.dumps([namespace, key, _served(answer)], ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps([namespace, key, encode_answer(answer)], ensure_ascii=False, separators=(",", ":"))
     return (text + "\n").encode("utf-8", "surrogatepass")
 
 
-def content_hash(entries: Iterable[tuple[str, str, Any]]) -> str:
-    """``sha256:<hex>`` over ``(namespace, key, answer)`` entries, in any order."""
-    digest = hashlib.sha256()
-    for namespace, key, answer in sorted(entries, key=lambda e: (e[0], e[1])):
-        digest.update(entry_line(namespace, key, answer))
-    return "sha256:" + digest.hexdigest()
-
-
-class StreamingHash:
-    """:func:`content_hash` fed one API at a time, APIs in namespace order (flat memory)."""
+class ContentHash:
+    """The content hash, fed one API at a time in namespace order (memory: one API's entries)."""
 
     def __init__(self) -> None:
         self._digest = hashlib.sha256()
         self._last: str | None = None
 
-    def add_group(self, namespace: str, entries: Iterable[tuple[str, Any]]) -> None:
+    def add_api(self, namespace: str, entries: Iterable[tuple[str, Any]]) -> None:
         if self._last is not None and namespace <= self._last:
-            raise ValueError(f"APIs out of order: {namespace!r} after {self._last!r}")
+            raise ValueError(f"APIs must come in namespace order: {namespace!r} after {self._last!r}")
         self._last = namespace
         for key, answer in sorted(entries, key=lambda e: e[0]):
             self._digest.update(entry_line(namespace, key, answer))
@@ -92,51 +79,15 @@ class StreamingHash:
         return "sha256:" + self._digest.hexdigest()
 
 
-# -- settings without secrets ---------------------------------------------------------------------
-
-
-def _strip_userinfo(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if not parts.netloc or "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, f"{_REDACTED}@{host}", parts.path, parts.query, parts.fragment))
-
-
-def public_settings(settings: Settings) -> dict[str, Any]:
-    """The settings as JSON data with every secret removed (keys, tokens, URL passwords)."""
-    secrets = [s for s in settings.secrets() if s]
-    data = settings.model_dump(mode="json")
-
-    def clean(value: Any, key: str = "") -> Any:
-        if key in _SECRET_FIELDS:
-            return _REDACTED if value else None
-        if isinstance(value, dict):
-            return {k: clean(v, k) for k, v in value.items()}
-        if isinstance(value, list):
-            return [clean(v, key) for v in value]
-        if isinstance(value, str):
-            if "://" in value:
-                value = _strip_userinfo(value)
-            for secret in secrets:
-                if secret in value:
-                    value = value.replace(secret, _REDACTED)
-        return value
-
-    return clean(data)
+def content_hash(entries: Iterable[tuple[str, str, Any]]) -> str:
+    """``sha256:<hex>`` over ``(namespace, key, answer)`` entries, in any order."""
+    digest = ContentHash()
+    for namespace, group in groupby(sorted(entries, key=lambda e: (e[0], e[1])), key=lambda e: e[0]):
+        digest.add_api(namespace, ((key, answer) for _, key, answer in group))
+    return digest.hexdigest()
 
 
 # -- writing --------------------------------------------------------------------------------------
-
-
-def _origin_group(record: Record) -> str:
-    # an import's origin names each file ("import:<root>/<namespace>.json"): keep the root
-    if record.source == "imported":
-        return record.origin.split("/", 1)[0]
-    return record.origin
 
 
 def _check_target(out: Path) -> None:
@@ -154,37 +105,26 @@ def write_snapshot(
     settings: Settings | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Write the store's entries and ``manifest.json`` into ``out`` (new or empty); return the manifest."""
+    """Export the store into ``out`` (new or empty) and write ``manifest.json`` beside it; return the manifest.
+
+    Entries that cannot be written (API names too long for a file name even encoded) are
+    counted in the manifest's ``left_out``; :func:`verify_snapshot` then reports the
+    snapshot as incomplete.
+    """
     root = Path(out)
     _check_target(root)
     root.mkdir(parents=True, exist_ok=True)
-    digest = StreamingHash()
-    entry_count = 0
-    counts = store.counts()
-    bar = tqdm(total=counts.entries if counts else None, desc="snapshot", unit="entry", disable=not progress)
-    by_source: Counter[str] = Counter()
-    by_category: Counter[str] = Counter()
-    models: Counter[str] = Counter()
-    origins: Counter[str] = Counter()
-    skipped: list[str] = []
-    files = 0
-    for namespace, group in store.iter_groups():
-        bar.update(len(group))
-        path = namespace_path(root, namespace)
-        if path is None:
-            skipped.append(namespace)
+    summary = ExportSummary()
+    written = Tally()
+    digest = ContentHash()
+    for exported in iter_export(store, root, progress=progress, desc="snapshot"):
+        count(summary, exported)
+        if exported.path is None:
             continue
-        answers = {r.key: r.answer for r in group}
-        write_cache_file(path, answers)
-        digest.add_group(namespace, answers.items())
-        files += 1
-        entry_count += len(answers)
-        for record in group:
-            by_source[record.source] += 1
-            by_category[namespace.split("/", 1)[0]] += 1
-            origins[f"{record.source}:{_origin_group(record)}"] += 1
-            if record.source == "simulated":
-                models[record.origin] += 1
+        for record in exported.records:
+            written.add(record)
+        digest.add_api(exported.namespace, ((r.key, r.answer) for r in exported.records))
+    tally = written.to_json()
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -192,20 +132,21 @@ def write_snapshot(
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "content_hash": digest.hexdigest(),
         "hash_method": HASH_METHOD,
-        "entries": entry_count,
-        "files": files,
-        "by_source": dict(sorted(by_source.items())),
-        "by_category": dict(sorted(by_category.items())),
-        "models": dict(sorted(models.items())),
-        "origins": dict(sorted(origins.items())),
+        "entries": summary.entries,
+        "files": summary.files,
+        "encoded_names": summary.encoded_names,
+        "store_entries": summary.entries + summary.left_out_entries,
+        "left_out": dict(sorted(summary.left_out.items())),
+        "by_source": tally["by_source"],
+        "by_category": tally["by_category"],
+        "models": tally["models"],
+        "origins": tally["origins"],
         "store": store.kind,
         "settings": public_settings(settings) if settings is not None else None,
-        "skipped_namespaces": skipped,
     }
     tmp = root / (MANIFEST_NAME + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, root / MANIFEST_NAME)
-    bar.close()
     return manifest
 
 
@@ -232,26 +173,27 @@ class Verification:
         return out
 
 
-def tree_groups(root: str | os.PathLike[str], problems: list[str], *, progress: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(namespace, entries)`` of every readable API file of a tree, in namespace order, one file at a time."""
-    files = sorted(iter_cache_files(root))
-    for namespace, path in tqdm(files, desc="verify", unit="file", disable=not progress):
+def tree_entries(root: str | os.PathLike[str], problems: list[str], *, progress: bool = False) -> Iterator[tuple[str, str, Any]]:
+    """``(namespace, key, answer)`` of every entry of an upstream tree, one API file at a time, in namespace order.
+
+    Files that cannot be read are reported in ``problems`` and skipped.
+    """
+    for namespace, path in tqdm(sorted(iter_cache_files(root)), desc="verify", unit="file", disable=not progress):
         try:
             data = read_cache_file(path)
         except (OSError, ValueError) as exc:
             problems.append(f"unreadable file {path}: {exc}")
             continue
-        yield namespace, data
-
-
-def tree_entries(root: str | os.PathLike[str], problems: list[str]) -> Iterator[tuple[str, str, Any]]:
-    for namespace, data in tree_groups(root, problems):
         for key, answer in data.items():
             yield namespace, key, answer
 
 
-def verify_snapshot(out: str | os.PathLike[str], *, progress: bool = False) -> Verification:
-    """Recompute the content hash and counts of a snapshot folder and compare them with its manifest."""
+def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False, progress: bool = False) -> Verification:
+    """Recompute the content hash and counts of a snapshot folder and compare them with its manifest.
+
+    A snapshot whose manifest says store entries were left out fails too (unless
+    ``allow_left_out``): it does not hold everything the store served.
+    """
     root = Path(out)
     problems: list[str] = []
     try:
@@ -264,14 +206,15 @@ def verify_snapshot(out: str | os.PathLike[str], *, progress: bool = False) -> V
         return Verification(False, None, None, problems=[f"{MANIFEST_NAME} is not a {FORMAT} manifest"])
     if manifest.get("format_version") != FORMAT_VERSION:
         problems.append(f"unsupported format_version {manifest.get('format_version')!r}")
-    digest = StreamingHash()
+    digest = ContentHash()
     entries = files = 0
     by_category: Counter[str] = Counter()
-    for namespace, data in tree_groups(root, problems, progress=progress):
-        digest.add_group(namespace, data.items())
+    for namespace, group in groupby(tree_entries(root, problems, progress=progress), key=lambda e: e[0]):
+        items = [(key, answer) for _, key, answer in group]
+        digest.add_api(namespace, items)
         files += 1
-        entries += len(data)
-        by_category[namespace.split("/", 1)[0]] += len(data)
+        entries += len(items)
+        by_category[namespace.split("/", 1)[0]] += len(items)
     actual = digest.hexdigest()
     expected = manifest.get("content_hash")
     if actual != expected:
@@ -280,6 +223,13 @@ def verify_snapshot(out: str | os.PathLike[str], *, progress: bool = False) -> V
         problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {entries}")
     if isinstance(manifest.get("by_category"), dict) and manifest["by_category"] != dict(sorted(by_category.items())):
         problems.append("entry counts by category differ from the manifest")
+    left_out = manifest.get("left_out") or {}
+    if left_out and not allow_left_out:
+        n = sum(left_out.values()) if isinstance(left_out, dict) else len(left_out)
+        problems.append(
+            f"incomplete: the store held {n} more entries ({len(left_out)} APIs with names too long for a file name) "
+            "that the snapshot left out (--skip-unsafe accepts that)"
+        )
     return Verification(not problems, expected, actual, entries, files, problems)
 
 
@@ -287,18 +237,16 @@ def verify_snapshot(out: str | os.PathLike[str], *, progress: bool = False) -> V
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     if args.verify:
-        started = time.perf_counter()
-        result = verify_snapshot(args.out, progress=not args.quiet)
+        result = verify_snapshot(args.out, allow_left_out=args.skip_unsafe, progress=not args.quiet)
         print("\n".join(result.lines()))
-        seconds = time.perf_counter() - started
-        print(f"time: {seconds:.1f} s ({result.entries / seconds if seconds else 0:,.0f} entries/s)")
+        print(f"time: {_throughput(result.entries, time.perf_counter() - started)}")
         return 0 if result.ok else 1
     from .cli import settings_from_args
     from .factory import build_store
 
     settings = settings_from_args(args)
-    started = time.perf_counter()
     try:
         with build_store(settings) as store:
             manifest = write_snapshot(store, args.out, settings=settings, progress=not args.quiet)
@@ -309,11 +257,22 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     print(f"entries:       {manifest['entries']} in {manifest['files']} files")
     print("by source:     " + ", ".join(f"{k} {v}" for k, v in manifest["by_source"].items()))
     print(f"content hash:  {manifest['content_hash']}")
-    seconds = time.perf_counter() - started
-    print(f"time:          {seconds:.1f} s ({manifest['entries'] / seconds if seconds else 0:,.0f} entries/s)")
-    if manifest["skipped_namespaces"]:
-        print(f"skipped (names unsafe as paths): {len(manifest['skipped_namespaces'])}")
+    print(f"time:          {_throughput(manifest['entries'], time.perf_counter() - started)}")
+    if manifest["encoded_names"]:
+        print(f"encoded names: {manifest['encoded_names']} files (names unsafe as paths, written as %%...)")
+    left_out = manifest["left_out"]
+    if left_out:
+        print(f"LEFT OUT:      {sum(left_out.values())} entries of {len(left_out)} APIs whose names are too long for a file name")
+        for namespace in list(left_out)[:20]:
+            print(f"  {namespace[:300]}")
+        if not args.skip_unsafe:
+            print("the snapshot is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
+            return 1
     return 0
+
+
+def _throughput(entries: int, seconds: float) -> str:
+    return f"{seconds:.1f} s ({entries / seconds if seconds > 0 else 0:,.0f} entries/s)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -327,6 +286,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("out", help="the snapshot folder (new or empty; with --verify: an existing snapshot)")
     parser.add_argument("--verify", action="store_true", help="recompute the content hash of OUT and compare with its manifest")
+    parser.add_argument(
+        "--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)"
+    )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_config_arguments(parser)
     parser.set_defaults(func=cmd_snapshot)

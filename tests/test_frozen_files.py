@@ -16,7 +16,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
 import requests
 
 from stabletoolbench_mirror.protocol import encode_answer

@@ -15,6 +15,7 @@ import pytest
 from stabletoolbench_mirror.cache_tools import export_tree, store_stats
 from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore, Store
+from stabletoolbench_mirror.stores.base import origin_key
 
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server  # noqa: F401
 from tests.helpers.store_workers import open_store
@@ -58,8 +59,7 @@ def scanned(store: Store) -> dict[str, Any]:
         by_source[r.source] += 1
         by_category[r.namespace.split("/", 1)[0]] += 1
         namespaces.add(r.namespace)
-        if r.source != "imported":
-            origins[r.origin] += 1
+        origins[origin_key(r)] += 1
     return {"entries": sum(by_source.values()), "apis": len(namespaces), "by_source": dict(by_source),
             "by_category": dict(by_category), "origins": dict(origins)}
 

@@ -24,9 +24,15 @@ class StoreCounts:
     by_source: dict[str, int] = field(default_factory=dict)
     by_category: dict[str, int] = field(default_factory=dict)
     by_origin: dict[str, int] = field(default_factory=dict)
-    """Records by origin, except ``imported`` ones (whose origin names each imported file)."""
+    """Records by :func:`origin_key` (``<source>:<origin>``)."""
     disk_bytes: int | None = None
     memory_bytes: int | None = None
+
+
+def origin_key(record: "Record") -> str:
+    """The origin a record is counted under: ``<source>:<origin>``, an import's cut to its folder."""
+    group = record.origin.split("/", 1)[0] if record.source == "imported" else record.origin
+    return f"{record.source}:{group}"
 
 
 def _recording_order(records: list["Record"]) -> list["Record"]:

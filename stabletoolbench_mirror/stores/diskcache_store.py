@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 import diskcache
 
 from ..records import Record
-from .base import Store, StoreCounts, StoreError, _recording_order
+from .base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from .filelock import ByteRangeLocks
 from .leases import MAX_LOCK_WAIT_S
 
@@ -113,8 +113,7 @@ class DiskcacheStore(Store):
             cache.incr(_count_key("entries"))
             cache.incr(_count_key("source", record.source))
             cache.incr(_count_key("category", record.namespace.split("/", 1)[0]))
-            if record.source != "imported":
-                cache.incr(_count_key("origin", record.origin))
+            cache.incr(_count_key("origin", origin_key(record)))
             if cache.add(f"{_NAMESPACE}\x00{record.namespace}", 1):
                 cache.incr(_count_key("apis"))
         return bool(added)

@@ -34,8 +34,7 @@ from pathlib import Path
 from ..keys import canonical_from_upstream_key
 from ..protocol import encode_answer
 from ..records import Record
-from ..naming import is_safe_path_component
-from ..upstream_layout import OutsideTree, check_inside, count_cache_files, iter_cache_spans
+from ..upstream_layout import OutsideTree, check_inside, count_cache_files, encode_name, iter_cache_spans, split_namespace
 
 log = logging.getLogger(__name__)
 
@@ -144,10 +143,13 @@ class FrozenCache:
                 "answers_kept": len(self._bodies), "loads": self.loads, "evictions": self.evictions}
 
     def _path(self, namespace: str) -> str | None:
-        parts = namespace.split("/")
-        if len(parts) != 3 or not all(is_safe_path_component(p) for p in parts):
+        parts = split_namespace(namespace)
+        if parts is None:
             return None
-        return f"{self._root}/{namespace}.json"
+        category, tool, api = (encode_name(p) for p in parts)
+        if category is None or tool is None or api is None:
+            return None
+        return f"{self._root}/{category}/{tool}/{api}.json"
 
     # -- loading -------------------------------------------------------------------------------
 

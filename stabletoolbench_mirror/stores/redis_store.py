@@ -41,7 +41,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
 from ..records import Record
-from .base import Store, StoreCounts, StoreError, _recording_order
+from .base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
 
 log = logging.getLogger(__name__)
@@ -297,7 +297,7 @@ class RedisStore(Store):
 
     def _add_call(self, record: Record, canonical: str | None) -> dict[str, Any]:
         ns = record.namespace
-        origin = record.origin if record.source != "imported" else ""
+        origin = origin_key(record)
         return {
             "keys": [self._entries(ns), self._canonicals(ns), self._namespaces, self._counts],
             "args": [record.key, record.to_json(), ns, canonical or "", record.source, ns.split("/", 1)[0], origin],
