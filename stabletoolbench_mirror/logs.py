@@ -1,4 +1,10 @@
-"""Logging set-up with secret redaction: configured keys never reach a log line."""
+"""Logging set-up: configured keys never reach a log line, and client text is quoted only in part.
+
+Text a client controls (names, keys, paths) is quoted through :func:`clip`: at most
+:data:`MAX_QUOTED_CHARS` characters of it.  As a backstop, a log message longer than
+:data:`MAX_MESSAGE_CHARS` is cut (after secrets are redacted, so no key is cut in half and left
+partly readable), and uvicorn's access log quotes at most :data:`MAX_QUOTED_CHARS` of a path.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,22 @@ from typing import Iterable
 
 _REDACTED = "***"
 
+#: The most characters of a client-supplied text (a name, a key, a path) a log line quotes.
+MAX_QUOTED_CHARS = 200
+#: The most characters of one log message (tracebacks not counted): a backstop for :func:`clip`.
+MAX_MESSAGE_CHARS = 8000
+
+
+def clip(text: object, limit: int = MAX_QUOTED_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were left out."""
+    text = text if isinstance(text, str) else str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[{len(text) - limit} more chars]"
+
 
 class RedactSecrets(logging.Filter):
-    """Replaces every known secret value in a record's message with ``***``."""
+    """Replaces every known secret value in a record's message with ``***``; cuts overlong messages."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -22,19 +41,33 @@ class RedactSecrets(logging.Filter):
             self._secrets.update(s for s in secrets if s and len(s) >= 4)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self._secrets:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed call; the handler reports it as logging does
             return True
-        message = record.getMessage()
         redacted = message
         for secret in self._secrets:
             if secret in redacted:
                 redacted = redacted.replace(secret, _REDACTED)
+        redacted = clip(redacted, MAX_MESSAGE_CHARS)
         if redacted != message:
             record.msg, record.args = redacted, None
         return True
 
 
+class ClipAccessPath(logging.Filter):
+    """Cuts the request path in uvicorn's access log lines to :data:`MAX_QUOTED_CHARS`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        # uvicorn.access: (client address, method, path with query, HTTP version, status)
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str) and len(args[2]) > MAX_QUOTED_CHARS:
+            record.args = (args[0], args[1], clip(args[2]), *args[3:])
+        return True
+
+
 REDACTOR = RedactSecrets()
+_ACCESS_CLIP = ClipAccessPath()
 
 
 def setup_logging(level: str = "info", secrets: Iterable[str] = ()) -> None:
@@ -47,3 +80,6 @@ def setup_logging(level: str = "info", secrets: Iterable[str] = ()) -> None:
         handler.addFilter(REDACTOR)
         root.addHandler(handler)
     root.setLevel(level.upper())
+    access = logging.getLogger("uvicorn.access")
+    if _ACCESS_CLIP not in access.filters:
+        access.addFilter(_ACCESS_CLIP)
