@@ -1,7 +1,9 @@
 """Counters behind ``GET /stats`` and ``cache stats``.
 
-Per request exactly one of ``hits``, ``misses``, ``rejected`` (bad input) or
-``local`` (answered without the cache: ``chat_with_user``) counts.  Each miss then
+Per request exactly one of ``hits``, ``misses``, ``rejected`` (bad input),
+``local`` (answered without the cache: ``chat_with_user``) or ``refused`` (turned away
+by a server limit: a full wait queue, a wait past ``limits.queue_timeout_s``, a body
+slower than ``limits.body_timeout_s``; by setting in ``refusals``) counts.  Each miss then
 ends as ``recorded`` (a real or simulated answer, stored), ``failed`` (the real
 API and simulator gave nothing usable; an unrecorded error answer) or
 ``unanswered`` (nothing may fill it: ``replay`` mode or nothing configured).
@@ -19,7 +21,7 @@ MAX_TRACKED_API_BYTES = 4 * 1024 * 1024
 MAX_TRACKED_FAILURES = 200
 MAX_FAILURE_CHARS = 200
 _OTHER = "(other)"
-OUTCOMES = ("hits", "misses", "rejected", "local", "recorded", "failed", "unanswered", "store_errors")
+OUTCOMES = ("hits", "misses", "rejected", "local", "refused", "recorded", "failed", "unanswered", "store_errors")
 
 
 class Stats:
@@ -31,6 +33,7 @@ class Stats:
         self.by_source: Counter[str] = Counter()
         self.by_api: dict[str, Counter[str]] = {}
         self.failures: Counter[str] = Counter()
+        self.refusals: Counter[str] = Counter()
         self._api_bytes = 0
 
     def count(self, outcome: str, namespace: str | None = None, source: str | None = None) -> None:
@@ -50,6 +53,12 @@ class Stats:
                     api = self.by_api.setdefault(key, Counter())
                 api[outcome] += 1
 
+    def count_refusal(self, setting: str) -> None:
+        """A request turned away by a server limit (``setting`` names it) before the layer saw it."""
+        with self._lock:
+            self.counters["refused"] += 1
+            self.refusals[setting] += 1
+
     def count_failure(self, detail: str) -> None:
         with self._lock:
             detail = detail[:MAX_FAILURE_CHARS]
@@ -61,10 +70,11 @@ class Stats:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = {
-                "requests": sum(self.counters[k] for k in ("hits", "misses", "rejected", "local")),
+                "requests": sum(self.counters[k] for k in ("hits", "misses", "rejected", "local", "refused")),
             }
             out.update({k: self.counters[k] for k in OUTCOMES})
             out["by_source"] = dict(sorted(self.by_source.items()))
+            out["refusals"] = dict(sorted(self.refusals.items()))
             out["failures"] = dict(self.failures.most_common())
             out["by_api"] = {ns: dict(c) for ns, c in sorted(self.by_api.items())}
             return out
