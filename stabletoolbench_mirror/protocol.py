@@ -11,7 +11,7 @@ import json
 import re
 from typing import Annotated, Any, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 
 # error texts the StableToolBench client maps to a status code (exact comparison)
 API_NOT_WORKING = "API not working error..."  # -> status 6
@@ -67,7 +67,9 @@ MAX_NAME_CHARS = 1024
 _CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
-def _no_control_chars(name: str) -> str:
+def _valid_name(name: str) -> str:
+    if len(name) > MAX_NAME_CHARS:
+        raise ValueError(f"is {len(name)} characters long; at most {MAX_NAME_CHARS} characters are accepted")
     found = _CONTROL_CHARS.search(name)
     if found is not None:
         raise ValueError(f"contains the control character U+{ord(found.group()):04X} at position {found.start()}")
@@ -75,7 +77,7 @@ def _no_control_chars(name: str) -> str:
 
 
 #: A name of a ``/virtual`` call: at most :data:`MAX_NAME_CHARS` characters, no control characters
-Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS), AfterValidator(_no_control_chars)]
+Name = Annotated[str, AfterValidator(_valid_name)]
 
 
 class VirtualRequest(BaseModel):

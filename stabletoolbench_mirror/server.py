@@ -301,15 +301,15 @@ def _answer_unknown_routes(app: FastAPI) -> None:
     The first such request of a process is also logged once, as a WARNING (a misconfigured
     ``SERVICE_URL`` sends every call there).
     """
-    logged = threading.Event()
+    logged = [False]  # the handler runs on the event loop: no lock needed
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         where = f"{request.method} {clip(request.url.path)}"
         if exc.status_code == 404:
             message = f"no route {where}: {NO_ROUTE_HINT}"
-            if not logged.is_set():
-                logged.set()
+            if not logged[0]:
+                logged[0] = True
                 log.warning("a request to %s found no route (later ones are not logged): %s", where, NO_ROUTE_HINT)
         elif exc.status_code == 405:
             message = f"method not allowed: {where}; {NO_ROUTE_HINT}"
