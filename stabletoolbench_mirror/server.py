@@ -293,7 +293,7 @@ def app_from_environment() -> FastAPI:
 
     try:
         settings = read_settings_file(os.environ[ENV])
-        setup_logging(settings.log_level, settings.secrets())
+        setup_logging(settings.log_level, settings.secrets(), settings.resolve(settings.log_file) if settings.log_file else None)
         app = create_app(settings)
     except Exception:
         # uvicorn's supervisor restarts a dead worker forever, but stops on this exit code
