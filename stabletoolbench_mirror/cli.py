@@ -116,6 +116,8 @@ def run_server(settings: Settings) -> int:
 
     from .stores import StoreError
 
+    _warn_about_prompt(settings)
+
     if settings.workers > 1:
         from .layer import MirrorLayer
 
@@ -147,6 +149,17 @@ def run_server(settings: Settings) -> int:
     freeze_startup_objects()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0
+
+
+def _warn_about_prompt(settings: Settings) -> None:
+    """One WARNING when a MirrorAPI style runs on the built-in prompt (the model was trained on another)."""
+    import logging
+
+    from .simulator import prompt_warning
+
+    warning = prompt_warning(settings)
+    if warning:
+        logging.getLogger("stabletoolbench_mirror.simulator").warning(warning)
 
 
 def serialize_settings(settings: Settings) -> str:

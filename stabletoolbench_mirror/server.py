@@ -189,6 +189,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
                 "store": layer.store.kind,
                 "frozen_caches": len(layer.frozen),
                 "responders": [r.source for r in layer.responders],
+                "simulator_prompt": _simulator_prompt(layer),
             }
         )
 
@@ -197,6 +198,15 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
         return JSONResponse(layer.stats.snapshot())
 
     return app
+
+
+def _simulator_prompt(layer: MirrorLayer) -> dict[str, str] | None:
+    """The simulator's style and system prompt source and sha256 (``None`` without a simulator)."""
+    for responder in layer.responders:
+        prompt = getattr(responder, "prompt", None)
+        if prompt is not None:
+            return {"style": getattr(responder, "style", ""), **prompt.describe()}
+    return None
 
 
 def app_from_environment() -> FastAPI:
