@@ -131,6 +131,8 @@ def run_server(settings: Settings) -> int:
             return 2
         # each worker process rebuilds the same settings from the environment
         os.environ["STM_SERVE_SETTINGS_JSON"] = serialize_settings(settings)
+        from .server import uvicorn_options
+
         uvicorn.run(
             "stabletoolbench_mirror.server:app_from_environment",
             factory=True,
@@ -138,9 +140,10 @@ def run_server(settings: Settings) -> int:
             port=settings.port,
             workers=settings.workers,
             log_level=settings.log_level,
+            **uvicorn_options(settings),
         )
         return 0
-    from .server import create_app, freeze_startup_objects
+    from .server import create_app, freeze_startup_objects, uvicorn_options
 
     try:
         app = create_app(settings)
@@ -148,7 +151,7 @@ def run_server(settings: Settings) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     freeze_startup_objects()
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, **uvicorn_options(settings))
     return 0
 
 
@@ -219,6 +222,9 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
     with _open_store(args) as store:
         summary = export_tree(store, args.directory, progress=not args.quiet)
     print("\n".join(summary.lines()))
+    if summary.left_out and not args.skip_unsafe:
+        print("error: the export is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -287,6 +293,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     exp.add_argument("--style", choices=["mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache"], help="chat-jsonl: the prompt style")
     exp.add_argument("--source", choices=["real", "simulated", "imported"], help="chat-jsonl: only records of this source")
     exp.add_argument("--category", action="append", help="chat-jsonl: only this category (standardised name; repeatable)")
+    exp.add_argument("--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)")
     stats = cache_sub.add_parser("stats", help="count the store's entries")
     stats.add_argument("--json", action="store_true", help="print JSON")
     for p, fn in ((imp, cmd_cache_import), (exp, cmd_cache_export), (stats, cmd_cache_stats)):

@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Union
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from .secrets import secret_values
 
 ENV_PREFIX = "STM_"
 DEFAULT_CONFIG_FILE = "server_config.yml"
@@ -134,9 +135,22 @@ class LimitsConfig(_Section):
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     """Largest accepted ``/virtual`` body; larger ones get HTTP 413."""
     max_in_flight_per_client: int = Field(default=64, ge=1)
-    """Requests one client address may have in flight; more get HTTP 429 at once."""
+    """Requests one client address has answered at once; more wait for a slot (in order, per client)."""
     max_pending_misses: int = Field(default=256, ge=1)
-    """Misses waiting for the real API or simulator in one process; more get an error at once."""
+    """Misses being filled by the real API or simulator at once in one process; more wait for a turn."""
+    queue_timeout_s: float = Field(default=600.0, gt=0)
+    """Longest wait for a slot or a miss turn; a request still waiting then gets HTTP 503."""
+    max_queued_requests: int = Field(default=100_000, ge=1)
+    """Requests waiting for a slot across all clients; one more gets HTTP 503 at once."""
+    max_queued_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
+    """Bytes of request bodies waiting for a slot across all clients; more get HTTP 503 at once."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A connection whose request headers are not complete this long after it opened (or after its
+    previous answer) is closed."""
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    """A request whose body has not fully arrived this long after its headers gets HTTP 408 and is closed."""
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0)
+    """An idle kept-alive connection is closed after this long."""
 
 
 class Settings(_Section):
@@ -161,17 +175,8 @@ class Settings(_Section):
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
 
     def secrets(self) -> list[str]:
-        """Every secret value configured, for redaction."""
-        values = [self.auth_token, self.real.toolbench_key, self.real.rapidapi_key, self.simulator.api_key]
-        found = [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
-        if self.store.url:
-            try:
-                password = urlsplit(self.store.url).password
-            except ValueError:
-                password = None
-            if password:
-                found.append(password)
-        return found
+        """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.secrets`)."""
+        return secret_values(self)
 
 
 # StableToolBench's own config.yml keys and where they go

@@ -11,6 +11,7 @@ from .. import protocol
 from ..call import ToolCall
 from ..records import Record, Source
 from ..responders import Attempt
+from ..secrets import Redactor
 from ..tooldocs import ToolDocs
 from . import prompts
 from .client import ChatClient, ChatError, Completion
@@ -48,6 +49,7 @@ class Simulator:
         structured_max_chars: int | None = None,
         max_concurrency: int = 64,
         parse_retries: int = 0,
+        redactor: Redactor | None = None,
     ) -> None:
         if style not in prompts.STYLES:
             raise ValueError(f"unknown simulator style {style!r}")
@@ -70,6 +72,8 @@ class Simulator:
         self._slots = threading.BoundedSemaphore(max_concurrency)
         self._counter_lock = threading.Lock()
         self._counters = {"parse_retries": 0, "parse_retry_successes": 0}
+        self.redactor = redactor or Redactor()
+        """Configured keys: an endpoint may echo its key (its ``Authorization`` header) into an answer."""
 
     @property
     def origin(self) -> str:
@@ -96,6 +100,7 @@ class Simulator:
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
         messages = self.messages(call, examples)
+        redactor = self.redactor.plus(call.toolbench_key)
         retries = 0
         while True:
             extra = self.extra
@@ -124,7 +129,7 @@ class Simulator:
                 call.namespace,
                 completion.finish_reason or "?",
                 len(completion.content),
-                completion.content[:300],
+                redactor.text(completion.content[:300]),
             )
             return Attempt(
                 None,
@@ -136,7 +141,9 @@ class Simulator:
             log.info("simulator output for %s parsed by the %s extractor", call.namespace, parsed.method)
         if retries:
             self._count_retry(success=True)
-        return Attempt(parsed.answer, self.origin, meta=self.generation_meta(completion, parsed, seed, latency, retries))
+        # no key reaches the store, even when the endpoint echoes one (in the answer or its rationale)
+        meta = self.generation_meta(completion, parsed, seed, latency, retries)
+        return Attempt(redactor.data(parsed.answer), self.origin, meta=redactor.data(meta))
 
     def generation_meta(self, completion: Completion, parsed: Parsed, seed: int | None, latency_s: float, retries: int) -> dict[str, Any]:
         """What the generation knew, kept on the record beside the served answer (never served)."""
