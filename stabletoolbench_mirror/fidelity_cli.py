@@ -48,15 +48,15 @@ def pairs_from_expectations(expectations: Any, problems: list[str]) -> list[Pair
             call = ToolCall.from_request(VirtualRequest.model_validate(exp.payload))
             reference = _answer_of(exp.observed, exp.text)
         except ValidationError as exc:
-            problems.append(f"{exp.origin}: not a /virtual payload: {exc.errors(include_url=False)[0]['msg']}")
+            problems.append(f"{exp.location}: not a /virtual payload: {exc.errors(include_url=False)[0]['msg']}")
             continue
         except ToolInputParseError:
-            problems.append(f"{exp.origin}: tool_input is not JSON")
+            problems.append(f"{exp.location}: tool_input is not JSON")
             continue
         except FidelityInputError as exc:
-            problems.append(f"{exp.origin}: {exc}")
+            problems.append(f"{exp.location}: {exc}")
             continue
-        pairs.append(Pair(call.namespace, call.key, reference, origin=exp.origin, call=call))
+        pairs.append(Pair(call.namespace, call.key, reference, origin=exp.location, call=call))
     return pairs
 
 
@@ -149,9 +149,9 @@ class SimulatorCandidate:
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
-    from .check import CheckInputError, load_answer_expectations, load_calls_jsonl
+    from .answers import function_index
+    from .check import load_answer_expectations, load_calls_jsonl
     from .cli import settings_from_args
-    from .queries import FunctionIndex, QueryFileError
 
     if not (args.calls or args.answers or args.from_store):
         print("error: give the reference answers: --calls FILE.jsonl, --answers PATH or --from-store", file=sys.stderr)
@@ -183,16 +183,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
             for path in args.calls or []:
                 pairs += pairs_from_expectations(load_calls_jsonl(path), problems)
             if args.answers:
-                index = FunctionIndex()
-                if args.queries:
-                    index.add_query_files(args.queries)
                 tools = args.tools_folder or (settings.resolve(settings.tools_folder) if settings.tools_folder else None)
-                if tools:
-                    index.add_tools_folder(tools)
-                if not len(index):
-                    print("error: answer files need --queries or --tools-folder to map function names to APIs", file=sys.stderr)
-                    return 2
-                found, bad = load_answer_expectations(args.answers, index)
+                found, bad = load_answer_expectations(args.answers, function_index(args.queries or [], tools))
                 problems.extend(bad)
                 pairs += pairs_from_expectations(found, problems)
             needs_store = args.from_store or not (args.candidate_calls or args.shadow)
@@ -225,7 +217,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
                 closers.append(simulator)
                 frozen = [FrozenCache(settings.resolve(p)) for p in settings.frozen_caches]
                 candidate = SimulatorCandidate(simulator, store, frozen, record=args.record)
-        except (CheckInputError, QueryFileError, FidelityInputError) as exc:
+        except ValueError as exc:  # CheckInputError, QueryFileError, the answer files' function index
             print(f"error: {exc}", file=sys.stderr)
             return 2
         key = os.environ.get(args.api_key_env) if args.api_key_env else None
