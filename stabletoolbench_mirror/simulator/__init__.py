@@ -65,6 +65,10 @@ def build_simulator(
     process started itself); ``docs`` is a tool-doc registry shared with other parts.
     """
     cfg = settings.simulator
+    from ..startup import NO_DOCS_MARK, simulates_without_docs
+
+    # allowed only with simulator.allow_without_docs (the start-up checks refuse it otherwise)
+    origin_suffix = NO_DOCS_MARK if cfg.allow_without_docs and simulates_without_docs(settings) else ""
     return Simulator(
         build_chat_client(settings, api_base=api_base),
         style=cfg.style,
@@ -77,6 +81,7 @@ def build_simulator(
         max_concurrency=cfg.max_concurrency,
         parse_retries=parse_retries_for(settings),
         redactor=redactor_for(settings),
+        origin_suffix=origin_suffix,
     )
 
 

@@ -50,6 +50,7 @@ class Simulator:
         max_concurrency: int = 64,
         parse_retries: int = 0,
         redactor: Redactor | None = None,
+        origin_suffix: str = "",
     ) -> None:
         if style not in prompts.STYLES:
             raise ValueError(f"unknown simulator style {style!r}")
@@ -74,11 +75,13 @@ class Simulator:
         self._counters = {"parse_retries": 0, "parse_retry_successes": 0}
         self.redactor = redactor or Redactor()
         """Configured keys: an endpoint may echo its key (its ``Authorization`` header) into an answer."""
+        self.origin_suffix = origin_suffix
+        """Marks the records' origin, e.g. `` [no tool docs]`` when simulating without any doc."""
 
     @property
     def origin(self) -> str:
         """What the records name as their origin: the model (never the endpoint's key)."""
-        return self.client.model
+        return self.client.model + self.origin_suffix
 
     @property
     def wants_examples(self) -> bool:
