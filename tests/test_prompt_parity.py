@@ -182,11 +182,15 @@ def test_builtin_prompt_warns_once_at_start(tmp_path, layout, caplog) -> None:
     assert system_prompt_for(make_settings(tmp_path)).text == SFT_SYSTEM_PROMPT
 
 
-def test_serve_logs_the_warning_once(tmp_path) -> None:
+def test_serve_logs_the_warning_once(tmp_path, reference_dir) -> None:
     from tests.helpers.processes import ServeProcess
 
     with OpenAIStub() as stub:
-        config = {"store": {"path": str(tmp_path / "store")}, "simulator": {"enabled": True, "api_base": stub.api_base}}
+        config = {
+            "store": {"path": str(tmp_path / "store")},
+            "tools_folder": str(reference_dir / "toolenv" / "tools"),
+            "simulator": {"enabled": True, "api_base": stub.api_base},
+        }
         with ServeProcess(tmp_path, config) as server:
             health = requests.get(server.url + "/health", timeout=10).json()
         log = server.log.read_text()
