@@ -282,9 +282,19 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 
     @app.get("/stats")
     async def stats() -> JSONResponse:
-        return JSONResponse(layer.stats.snapshot())
+        return JSONResponse({**layer.stats.snapshot(), **_responder_stats(layer)})
 
     return app
+
+
+def _responder_stats(layer: MirrorLayer) -> dict[str, Any]:
+    """The responders' own counters (``simulator``: parse retries; ``shadow``: shadow answers)."""
+    out: dict[str, Any] = {}
+    for responder in layer.responders:
+        stats = getattr(type(responder), "stats", None)
+        if callable(stats):
+            out.update(responder.stats())
+    return out
 
 
 def _simulator_prompt(layer: MirrorLayer) -> dict[str, str] | None:

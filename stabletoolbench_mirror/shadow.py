@@ -102,6 +102,11 @@ class ShadowedResponder:
         with self._lock:
             self.counters[name] += 1
 
+    def stats(self) -> dict[str, dict[str, int]]:
+        """For ``/stats``: shadow answers recorded, failed and skipped (too many waiting)."""
+        with self._lock:
+            return {"shadow": dict(self.counters)}
+
     def close(self) -> None:
         """Finish the shadow work already accepted, then close everything."""
         self._pool.shutdown(wait=True)

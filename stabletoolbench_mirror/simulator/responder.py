@@ -164,11 +164,12 @@ class Simulator:
         if retries:
             meta["parse_retries"] = retries
         if parsed.mechanism:
-            meta["mechanism_of_the_api"] = _clean(parsed.mechanism)
+            meta["mechanism_of_the_api"] = parsed.mechanism
         before = text_before_answer(completion.content)
         if before:
-            meta["text_before_answer"] = _clean(before)
-        return meta
+            meta["text_before_answer"] = before
+        # a lone surrogate (a "\ud800" escape in the server's JSON) cannot be stored as UTF-8
+        return {k: _clean(v) if isinstance(v, str) else v for k, v in meta.items()}
 
     # -- counters (read by /stats) ------------------------------------------------------------
 
@@ -176,10 +177,10 @@ class Simulator:
         with self._counter_lock:
             self._counters["parse_retry_successes" if success else "parse_retries"] += 1
 
-    def counters(self) -> dict[str, int]:
-        """``parse_retries`` (completions asked for again) and ``parse_retry_successes`` (answers a retry gave)."""
+    def stats(self) -> dict[str, dict[str, int]]:
+        """For ``/stats``: ``parse_retries`` (completions asked for again) and ``parse_retry_successes`` (answers a retry gave)."""
         with self._counter_lock:
-            return dict(self._counters)
+            return {"simulator": dict(self._counters)}
 
     def close(self) -> None:
         self.client.close()
