@@ -48,6 +48,19 @@ def build_shadow_store(settings: Settings) -> Store:
     return build_store(shadow_settings(settings))
 
 
+def shadowed(real: Responder, settings: Settings, docs: Any = None) -> "ShadowedResponder":
+    """``real`` with shadow simulations (``real.shadow_simulate``), built from ``settings``."""
+    from .simulator import build_simulator
+
+    simulator = build_simulator(settings, docs=docs)
+    try:
+        store = build_shadow_store(settings)
+    except BaseException:
+        simulator.close()
+        raise
+    return ShadowedResponder(real, simulator, store)
+
+
 class ShadowedResponder:
     """The real API, plus a background simulation of every call it answers, kept in the shadow store."""
 
@@ -64,6 +77,15 @@ class ShadowedResponder:
     def __getattr__(self, name: str) -> Any:
         # everything else (breaker state, origin, ...) is the real responder's
         return getattr(self.real, name)
+
+    @property
+    def prompt(self) -> Any:
+        """The shadow simulator's system prompt (for ``/health``)."""
+        return self.simulator.prompt
+
+    @property
+    def style(self) -> str:
+        return self.simulator.style
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
         attempt = self.real.respond(call, examples)
