@@ -194,8 +194,11 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    with _open_store(args) as store:
-        summary = import_tree(store, args.directory, progress=not args.quiet)
+    settings = settings_from_args(args)
+    from .factory import build_store
+
+    with build_store(settings) as store:
+        summary = import_tree(store, args.directory, progress=not args.quiet, allow_symlinks=settings.allow_symlinks)
     print("\n".join(summary.lines()))
     return 1 if summary.bad_files else 0
 
@@ -244,7 +247,11 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats, indent=2, ensure_ascii=False))
         return 0
-    print(f"entries: {stats['entries']}  apis: {stats['apis']}")
+    print(f"entries: {stats['entries']}  apis: {stats['apis']}  (from {stats['counted_by']})")
+    if stats["bytes_per_entry"] is not None:
+        size = stats["disk_bytes"] if stats["disk_bytes"] is not None else stats["memory_bytes"]
+        where = "on disk" if stats["disk_bytes"] is not None else "in memory"
+        print(f"size: {size / 1e6:,.1f} MB {where}, {stats['bytes_per_entry']:,} bytes per entry")
     print("by source:")
     for source, n in stats["by_source"].items():
         print(f"  {source:<10} {n}")

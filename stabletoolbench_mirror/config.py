@@ -162,6 +162,11 @@ class Settings(_Section):
     auth_token: Optional[SecretStr] = None
     store: StoreConfig = Field(default_factory=StoreConfig)
     frozen_caches: list[str] = Field(default_factory=list)
+    frozen_memory_mb: float = Field(default=256, gt=0)
+    """Memory for the indexes of frozen cache files (keys and answer offsets); the least recently used
+    files are dropped beyond it and re-read when needed."""
+    allow_symlinks: bool = False
+    """Follow symbolic links that lead out of a frozen cache tree or the tools folder (refused otherwise)."""
     tools_folder: Optional[str] = None
     save: bool = True
     """Record new answers (upstream ``is_save``); when false, ``record`` answers but stores nothing."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .config import ConfigError, Settings
 from .responders import Responder
-from .stores import DiskcacheStore, Store
+from .stores import DiskcacheStore, FrozenCache, Store
 from .tooldocs import tool_docs_for
 
 
@@ -21,6 +21,13 @@ def build_store(settings: Settings) -> Store:
             raise ConfigError(f"store.kind: 'redis' needs the redis extra (pip install 'stabletoolbench-mirror[redis]'): {exc}") from exc
         return RedisStore(cfg.url, prefix=cfg.prefix, lock_ttl_s=cfg.lock_ttl_s, timeout_s=cfg.timeout_s)
     raise ConfigError(f"store.kind: unknown store kind {cfg.kind!r}")
+
+
+def build_frozen(settings: Settings) -> list[FrozenCache]:
+    """The frozen caches, in their listed order, sharing ``frozen_memory_mb`` between them."""
+    paths = settings.frozen_caches
+    budget = int(settings.frozen_memory_mb * 1024 * 1024 / max(1, len(paths)))
+    return [FrozenCache(settings.resolve(p), memory_budget=budget, allow_symlinks=settings.allow_symlinks) for p in paths]
 
 
 def build_responders(settings: Settings) -> list[Responder]:

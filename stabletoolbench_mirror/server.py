@@ -170,16 +170,11 @@ class _Front:
         prepared = layer.prepare(payload)
         if isinstance(prepared, Outcome):
             return prepared
-        if layer.lookups_are_local:
-            # a hit on a local store costs microseconds: answer it without a thread hop
-            hit = layer.cached(prepared)
-            if hit is not None:
-                return hit
-        else:
-            # a remote store (Redis) is read on the event loop too: no thread hop for a hit
-            hit = await layer.cached_async(prepared)
-            if hit is not None:
-                return hit
+        # hits are answered on the event loop (a local store at once, Redis through its async
+        # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
+        hit = await layer.cached_async(prepared)
+        if hit is not None:
+            return hit
         return await anyio.to_thread.run_sync(layer.handle_call, prepared)
 
 
