@@ -37,7 +37,12 @@ def build_responders(settings: Settings) -> list[Responder]:
     if settings.real.enabled:
         from .real import build_real_responder
 
-        responders.append(build_real_responder(settings, docs=docs))
+        real = build_real_responder(settings, docs=docs)
+        if settings.real.shadow_simulate:
+            from .shadow import shadowed
+
+            real = shadowed(real, settings, docs)
+        responders.append(real)
     if settings.simulator.enabled:
         from .simulator import build_simulator
 

@@ -269,7 +269,7 @@ class MirrorLayer:
                 if attempt.fallback is not None:
                     fallback = attempt.fallback
                 continue
-            record = Record.from_answer(call.namespace, call.key, attempt.answer, responder.source, attempt.origin)
+            record = Record.from_answer(call.namespace, call.key, attempt.answer, responder.source, attempt.origin, attempt.meta)
             if self.save:
                 if not self.store.add(record, call.canonical):
                     # someone else recorded first: everyone serves that one

@@ -273,15 +273,35 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
                 "store": layer.store.kind,
                 "frozen_caches": len(layer.frozen),
                 "responders": [r.source for r in layer.responders],
+                "simulator_prompt": _simulator_prompt(layer),
             }
         )
 
     @app.get("/stats")
     async def stats() -> JSONResponse:
-        return JSONResponse(layer.stats.snapshot())
+        return JSONResponse({**layer.stats.snapshot(), **_responder_stats(layer)})
 
     _answer_unknown_routes(app)
     return app
+
+
+def _responder_stats(layer: MirrorLayer) -> dict[str, Any]:
+    """The responders' own counters (``simulator``: parse retries; ``shadow``: shadow answers)."""
+    out: dict[str, Any] = {}
+    for responder in layer.responders:
+        stats = getattr(type(responder), "stats", None)
+        if callable(stats):
+            out.update(responder.stats())
+    return out
+
+
+def _simulator_prompt(layer: MirrorLayer) -> dict[str, str] | None:
+    """The simulator's style and system prompt source and sha256 (``None`` without a simulator)."""
+    for responder in layer.responders:
+        prompt = getattr(responder, "prompt", None)
+        if prompt is not None:
+            return {"style": getattr(responder, "style", ""), **prompt.describe()}
+    return None
 
 
 # -- unknown routes ------------------------------------------------------------------------------
