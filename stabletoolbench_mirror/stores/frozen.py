@@ -229,7 +229,7 @@ class FrozenCache:
         spans = array("Q")
         cost = 0
         char_pos = byte_pos = 0
-        for key, _value, _body, start, end in iter_cache_spans(text, path):
+        for key, _value, _body, start, end in iter_cache_spans(text, path, bodies=False):
             if ascii_text:
                 byte_start, byte_len = start, end - start
             else:
