@@ -76,7 +76,7 @@ class DiskcacheStore(Store):
         try:
             os.makedirs(self.path, exist_ok=True)
             # no eviction: a response cache that forgets is not reproducible
-            self._cache = diskcache.Cache(self.path, eviction_policy="none", size_limit=2**62, timeout=60)
+            self._cache = diskcache.Cache(self.path, eviction_policy="none", size_limit=2**62, cull_limit=0, timeout=60)
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
             if _COUNTED not in self._cache and self._first_key(_ENTRY) is None:
                 # an empty store: the counters kept from now on count every record
