@@ -14,7 +14,7 @@ from tqdm import tqdm
 from .keys import canonical_from_upstream_key
 from .records import Record
 from .stores import Store
-from .upstream_layout import iter_cache_files, namespace_path, read_cache_file, write_cache_file
+from .upstream_layout import iter_cache_files, api_path, read_cache_file, write_cache_file
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
     summary = ImportSummary()
     files = list(iter_cache_files(root))
     origin_root = Path(root).name or str(root)
-    for namespace, path in tqdm(files, desc="import", unit="file", disable=not progress):
+    for api, path in tqdm(files, desc="import", unit="file", disable=not progress):
         try:
             entries = read_cache_file(path)
         except (OSError, ValueError) as exc:
@@ -55,7 +55,7 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
         summary.files += 1
         for key, answer in entries.items():
             summary.entries += 1
-            record = Record.from_answer(namespace, key, answer, "imported", f"import:{origin_root}/{namespace}.json")
+            record = Record.from_answer(api, key, answer, "imported", f"import:{origin_root}/{api}.json")
             if store.add(record, canonical_from_upstream_key(key)):
                 summary.added += 1
             else:
@@ -67,20 +67,20 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
 class ExportSummary:
     files: int = 0
     entries: int = 0
-    skipped_namespaces: list[str] = field(default_factory=list)
+    skipped_apis: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"files written:    {self.files}", f"entries written:  {self.entries}"]
-        if self.skipped_namespaces:
-            out.append(f"skipped (unsafe names): {len(self.skipped_namespaces)}")
+        if self.skipped_apis:
+            out.append(f"skipped (unsafe names): {len(self.skipped_apis)}")
         return out
 
 
-def group_by_namespace(records: Any) -> dict[str, list[Record]]:
+def group_by_api(records: Any) -> dict[str, list[Record]]:
     """Records grouped per API file, each group in recording order."""
     groups: dict[str, list[Record]] = defaultdict(list)
     for record in records:
-        groups[record.namespace].append(record)
+        groups[record.api].append(record)
     for group in groups.values():
         group.sort(key=lambda r: (r.created_at, r.key))
     return dict(sorted(groups.items()))
@@ -89,11 +89,11 @@ def group_by_namespace(records: Any) -> dict[str, list[Record]]:
 def export_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = True) -> ExportSummary:
     """Write the store as an upstream tree (one JSON object per API file)."""
     summary = ExportSummary()
-    groups = group_by_namespace(tqdm(store, desc="read store", unit="entry", disable=not progress))
-    for namespace, records in tqdm(groups.items(), desc="export", unit="file", disable=not progress):
-        path = namespace_path(root, namespace)
+    groups = group_by_api(tqdm(store, desc="read store", unit="entry", disable=not progress))
+    for api, records in tqdm(groups.items(), desc="export", unit="file", disable=not progress):
+        path = api_path(root, api)
         if path is None:
-            summary.skipped_namespaces.append(namespace)
+            summary.skipped_apis.append(api)
             continue
         write_cache_file(path, {r.key: r.answer for r in records})
         summary.files += 1
@@ -104,17 +104,17 @@ def export_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
 def store_stats(store: Store) -> dict[str, Any]:
     by_source: Counter[str] = Counter()
     by_category: Counter[str] = Counter()
-    namespaces: set[str] = set()
+    apis: set[str] = set()
     origins: Counter[str] = Counter()
     for record in store:
         by_source[record.source] += 1
-        by_category[record.namespace.split("/", 1)[0]] += 1
-        namespaces.add(record.namespace)
+        by_category[record.api.split("/", 1)[0]] += 1
+        apis.add(record.api)
         if record.source != "imported":
             origins[record.origin] += 1
     return {
         "entries": sum(by_source.values()),
-        "apis": len(namespaces),
+        "apis": len(apis),
         "by_source": dict(sorted(by_source.items())),
         "by_category": dict(sorted(by_category.items())),
         "origins": dict(origins.most_common()),

@@ -13,7 +13,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .config import ConfigError, Settings, load_settings
+from .cli_common import add_config_arguments, settings_from_args
+from .config import ConfigError, Settings, serialize_settings
 
 if TYPE_CHECKING:
     from .simulator.vllm_launch import VllmServer
@@ -25,20 +26,6 @@ COMMAND_MODULES: list[str] = [
     "stabletoolbench_mirror.snapshot",
     "stabletoolbench_mirror.check",
 ]
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", help="config file (default: $STM_CONFIG or ./server_config.yml)")
-    parser.add_argument("--mode", choices=["replay", "record"], help="override 'mode'")
-    parser.add_argument("--store-path", help="override 'store.path' (diskcache folder)")
-
-
-def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
-    overrides: dict[str, Any] = {"mode": getattr(args, "mode", None)}
-    if getattr(args, "store_path", None):
-        overrides["store"] = {"path": os.path.abspath(args.store_path)}
-    overrides.update({k: v for k, v in extra.items() if v is not None})
-    return load_settings(args.config, overrides=overrides)
 
 
 # -- serve ---------------------------------------------------------------------------------------
@@ -117,12 +104,12 @@ def run_server(settings: Settings) -> int:
     from .stores import StoreError
 
     if settings.workers > 1:
-        from .layer import MirrorLayer
+        from .factory import build_layer
 
         # a store or simulator that cannot be built fails here, once, with a clear message,
         # rather than in every worker process
         try:
-            MirrorLayer.from_settings(settings).close()
+            build_layer(settings).close()
         except StoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -147,30 +134,6 @@ def run_server(settings: Settings) -> int:
     freeze_startup_objects()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0
-
-
-def serialize_settings(settings: Settings) -> str:
-    data = settings.model_dump(mode="python")
-    data["base_dir"] = settings.base_dir
-
-    def reveal(value: Any) -> Any:
-        if hasattr(value, "get_secret_value"):
-            return value.get_secret_value()
-        if isinstance(value, dict):
-            return {k: reveal(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [reveal(v) for v in value]
-        return value
-
-    return json.dumps(reveal(data))
-
-
-def deserialize_settings(text: str) -> Settings:
-    data = json.loads(text)
-    base_dir = data.pop("base_dir", ".")
-    settings = Settings(**data)
-    settings.base_dir = base_dir
-    return settings
 
 
 # -- cache ---------------------------------------------------------------------------------------

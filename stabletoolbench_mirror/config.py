@@ -14,6 +14,8 @@ folder when there is no file).
 
 from __future__ import annotations
 
+import enum
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Union
@@ -32,6 +34,15 @@ NOT_SETTINGS_ENV_PREFIXES = ("STM_VLLM_", "STM_CI_")
 
 class ConfigError(ValueError):
     """A configuration problem, with the offending key in the message."""
+
+
+class Mode(enum.StrEnum):
+    """What a miss may do (see the README's mode table)."""
+
+    REPLAY = "replay"
+    """Answer only from the caches; a miss gets upstream's "API not working" answer."""
+    RECORD = "record"
+    """A miss goes to the real API, then the simulator; the answer is recorded."""
 
 
 class _Section(BaseModel):
@@ -132,7 +143,7 @@ class LimitsConfig(_Section):
 
 
 class Settings(_Section):
-    mode: Literal["replay", "record"] = "record"
+    mode: Mode = Mode.RECORD
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     auth_token: Optional[SecretStr] = None
@@ -297,4 +308,33 @@ def load_settings(
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
     settings.base_dir = str(base_dir)
+    return settings
+
+
+# -- handing settings to another process (``serve --workers N``, ``warm --processes N``) ------------
+
+
+def serialize_settings(settings: Settings) -> str:
+    """``settings`` as JSON, secrets included, for :func:`deserialize_settings` in a child process."""
+    data = settings.model_dump(mode="python")
+    data["base_dir"] = settings.base_dir
+
+    def reveal(value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            return value.get_secret_value()
+        if isinstance(value, dict):
+            return {k: reveal(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [reveal(v) for v in value]
+        return value
+
+    return json.dumps(reveal(data))
+
+
+def deserialize_settings(text: str) -> Settings:
+    """The settings :func:`serialize_settings` wrote."""
+    data = json.loads(text)
+    base_dir = data.pop("base_dir", ".")
+    settings = Settings(**data)
+    settings.base_dir = base_dir
     return settings

@@ -9,9 +9,12 @@ from typing import Any, Literal
 
 from .protocol import encode_answer
 
-Source = Literal["real", "simulated", "imported"]
-SOURCES: tuple[str, ...] = ("real", "simulated", "imported")
-RECORD_VERSION = 1
+Source = Literal["real", "simulated", "imported", "frozen"]
+"""``real`` and ``simulated`` answers were recorded here, ``imported`` ones copied into the store
+by ``cache import``; ``frozen`` marks an answer read from a frozen cache tree (never stored)."""
+SOURCES: tuple[str, ...] = ("real", "simulated", "imported", "frozen")
+RECORD_VERSION = 2
+"""Version 2 names the API ``api``; version 1 (still read) named it ``namespace``."""
 
 
 @dataclass(frozen=True)
@@ -23,8 +26,8 @@ class Record:
     (``source``, ``origin``, ``created_at``) is kept beside it and never served.
     """
 
-    namespace: str
-    """``<category>/<tool>_for_<category>/<api>``: the upstream cache file without ``.json``."""
+    api: str
+    """``<category>/<tool>_for_<category>/<api_name>``: the upstream cache file without ``.json``."""
     key: str
     """The upstream key, ``str(parsed_input)``."""
     body: str
@@ -34,8 +37,8 @@ class Record:
     created_at: float = field(default_factory=time.time)
 
     @classmethod
-    def from_answer(cls, namespace: str, key: str, answer: Any, source: Source, origin: str = "") -> "Record":
-        return cls(namespace=namespace, key=key, body=encode_answer(answer), source=source, origin=origin)
+    def from_answer(cls, api: str, key: str, answer: Any, source: Source, origin: str = "") -> "Record":
+        return cls(api=api, key=key, body=encode_answer(answer), source=source, origin=origin)
 
     @property
     def answer(self) -> Any:
@@ -45,7 +48,7 @@ class Record:
         return json.dumps(
             {
                 "v": RECORD_VERSION,
-                "namespace": self.namespace,
+                "api": self.api,
                 "key": self.key,
                 "body": self.body,
                 "source": self.source,
@@ -59,10 +62,11 @@ class Record:
     @classmethod
     def from_json(cls, text: str | bytes) -> "Record":
         data = json.loads(text)
-        if data.get("v") != RECORD_VERSION:
-            raise ValueError(f"unsupported record version {data.get('v')!r}")
+        version = data.get("v")
+        if version not in (1, RECORD_VERSION):
+            raise ValueError(f"unsupported record version {version!r}")
         return cls(
-            namespace=data["namespace"],
+            api=data["api" if version == RECORD_VERSION else "namespace"],
             key=data["key"],
             body=data["body"],
             source=data["source"],

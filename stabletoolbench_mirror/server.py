@@ -22,8 +22,11 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from . import __version__, protocol
-from .config import Settings
-from .layer import MirrorLayer, Outcome
+from .config import Settings, deserialize_settings
+from .factory import build_layer
+from .layer import MirrorLayer
+from .logs import setup_logging
+from .outcomes import Outcome, OutcomeKind
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +53,8 @@ class _ClientLimiter:
                 del self._in_flight[client]
 
 
-def _error(status: int, message: str) -> Outcome:
-    return Outcome(protocol.encode_answer(protocol.answer(message, "")), "rejected", status=status)
+def _error(status: int, message: str, kind: OutcomeKind = OutcomeKind.REJECTED) -> Outcome:
+    return Outcome(protocol.encode_answer(protocol.answer(message, "")), kind, status=status)
 
 
 async def _send(send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
@@ -87,22 +90,31 @@ class _Front:
             return
         client = scope["client"][0] if scope.get("client") else "?"
         if not self.limiter.enter(client):
-            await _send(send, _error(429, "too many requests in flight from this client"))
+            outcome = _error(429, "too many requests in flight from this client", OutcomeKind.OVERLOADED)
+            await (self._finish(send, outcome) if scope["path"] == "/virtual" else _send(send, outcome))
             return
         try:
             if scope["path"] != "/virtual":
                 await self.app(scope, receive, send)
             elif scope["method"] != "POST":
-                await _send(send, _error(405, "use POST /virtual"), ((b"allow", b"POST"),))
+                await self._finish(send, _error(405, "use POST /virtual"), ((b"allow", b"POST"),))
             else:
                 try:
                     outcome = await self._virtual(scope, receive)
                 except Exception:  # a bug, never bad input: still a JSON answer, and logged with its trace
                     log.exception("internal error while answering /virtual")
-                    outcome = _error(500, "stabletoolbench-mirror: internal error (see the server log)")
-                await _send(send, outcome)
+                    outcome = _error(500, "stabletoolbench-mirror: internal error (see the server log)", OutcomeKind.ERROR)
+                await self._finish(send, outcome)
         finally:
             self.limiter.leave(client)
+
+    async def _finish(self, send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        """Send the final answer of a ``/virtual`` request, counted here: once, by its outcome.
+
+        (A request without the right bearer token is refused before it counts.)
+        """
+        self.layer.stats.count(outcome)
+        await _send(send, outcome, extra_headers)
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         assert self.token is not None
@@ -155,7 +167,7 @@ class _Front:
 def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     """The app serving ``layer`` (built from ``settings`` when not given; then closed with the app)."""
     owned = layer is None
-    layer = layer if layer is not None else MirrorLayer.from_settings(settings)
+    layer = layer if layer is not None else build_layer(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -201,9 +213,6 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 
 def app_from_environment() -> FastAPI:
     """The app of a ``serve --workers N`` worker process (settings passed through the environment)."""
-    from .cli import deserialize_settings
-    from .logs import setup_logging
-
     settings = deserialize_settings(os.environ["STM_SERVE_SETTINGS_JSON"])
     setup_logging(settings.log_level, settings.secrets())
     try:

@@ -8,8 +8,8 @@ that produced the answers, the settings that produced it (secrets removed) and a
 compares.
 
 The content hash is SHA-256 over the *canonical entries*, one line per entry,
-``[namespace, upstream key, answer]`` as compact JSON (the answer in its served encoding,
-``{"error", "response"}`` in their order), lines sorted by ``(namespace, key)``.  It depends
+``[api, upstream key, answer]`` as compact JSON (the answer in its served encoding,
+``{"error", "response"}`` in their order), lines sorted by ``(api, key)``.  It depends
 on nothing but what is served: not on file order, entry order inside a file, indentation,
 recording times, provenance or the machine, so the same store snapshotted twice (or the same
 answers recorded in another order elsewhere) gives the same hash.
@@ -32,19 +32,21 @@ from urllib.parse import urlsplit, urlunsplit
 from tqdm import tqdm
 
 from . import __version__
-from .cache_tools import group_by_namespace
+from .cache_tools import group_by_api
+from .cli_common import add_config_arguments, settings_from_args
 from .config import Settings
+from .factory import build_store
 from .protocol import encode_answer
 from .records import Record
 from .stores import Store
-from .upstream_layout import iter_cache_files, namespace_path, read_cache_file, write_cache_file
+from .upstream_layout import iter_cache_files, api_path, read_cache_file, write_cache_file
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "stabletoolbench-mirror-snapshot"
 FORMAT_VERSION = 1
 HASH_METHOD = (
-    "sha256 over UTF-8 lines json.dumps([namespace, key, answer_json], ensure_ascii=False, "
-    "separators=(',', ':')) + '\\n', sorted by (namespace, key); answer_json is the served compact encoding"
+    "sha256 over UTF-8 lines json.dumps([api, key, answer_json], ensure_ascii=False, "
+    "separators=(',', ':')) + '\\n', sorted by (api, key); answer_json is the served compact encoding"
 )
 _SECRET_FIELDS = frozenset({"auth_token", "toolbench_key", "rapidapi_key", "api_key"})
 _REDACTED = "<redacted>"
@@ -61,17 +63,17 @@ def _served(answer: Any) -> str:
     return encode_answer(answer)
 
 
-def entry_line(namespace: str, key: str, answer: Any) -> bytes:
+def entry_line(api: str, key: str, answer: Any) -> bytes:
     """The canonical line of one entry (see the module docstring)."""
-    text = json.dumps([namespace, key, _served(answer)], ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps([api, key, _served(answer)], ensure_ascii=False, separators=(",", ":"))
     return (text + "\n").encode("utf-8", "surrogatepass")
 
 
 def content_hash(entries: Iterable[tuple[str, str, Any]]) -> str:
-    """``sha256:<hex>`` over ``(namespace, key, answer)`` entries, in any order."""
+    """``sha256:<hex>`` over ``(api, key, answer)`` entries, in any order."""
     digest = hashlib.sha256()
-    for namespace, key, answer in sorted(entries, key=lambda e: (e[0], e[1])):
-        digest.update(entry_line(namespace, key, answer))
+    for api, key, answer in sorted(entries, key=lambda e: (e[0], e[1])):
+        digest.update(entry_line(api, key, answer))
     return "sha256:" + digest.hexdigest()
 
 
@@ -116,7 +118,7 @@ def public_settings(settings: Settings) -> dict[str, Any]:
 
 
 def _origin_group(record: Record) -> str:
-    # an import's origin names each file ("import:<root>/<namespace>.json"): keep the root
+    # an import's origin names each file ("import:<root>/<api>.json"): keep the root
     if record.source == "imported":
         return record.origin.split("/", 1)[0]
     return record.origin
@@ -142,7 +144,7 @@ def write_snapshot(
     _check_target(root)
     root.mkdir(parents=True, exist_ok=True)
     records = list(tqdm(store, desc="read store", unit="entry", disable=not progress))
-    groups = group_by_namespace(records)
+    groups = group_by_api(records)
     by_source: Counter[str] = Counter()
     by_category: Counter[str] = Counter()
     models: Counter[str] = Counter()
@@ -150,18 +152,18 @@ def write_snapshot(
     skipped: list[str] = []
     entries: list[tuple[str, str, Any]] = []
     files = 0
-    for namespace, group in tqdm(groups.items(), desc="snapshot", unit="file", disable=not progress):
-        path = namespace_path(root, namespace)
+    for api, group in tqdm(groups.items(), desc="snapshot", unit="file", disable=not progress):
+        path = api_path(root, api)
         if path is None:
-            skipped.append(namespace)
+            skipped.append(api)
             continue
         answers = {r.key: r.answer for r in group}
         write_cache_file(path, answers)
         files += 1
         for record in group:
-            entries.append((namespace, record.key, answers[record.key]))
+            entries.append((api, record.key, answers[record.key]))
             by_source[record.source] += 1
-            by_category[namespace.split("/", 1)[0]] += 1
+            by_category[api.split("/", 1)[0]] += 1
             origins[f"{record.source}:{_origin_group(record)}"] += 1
             if record.source == "simulated":
                 models[record.origin] += 1
@@ -180,7 +182,7 @@ def write_snapshot(
         "origins": dict(sorted(origins.items())),
         "store": store.kind,
         "settings": public_settings(settings) if settings is not None else None,
-        "skipped_namespaces": skipped,
+        "skipped_apis": skipped,
     }
     tmp = root / (MANIFEST_NAME + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -212,14 +214,14 @@ class Verification:
 
 
 def tree_entries(root: str | os.PathLike[str], problems: list[str]) -> Iterator[tuple[str, str, Any]]:
-    for namespace, path in iter_cache_files(root):
+    for api, path in iter_cache_files(root):
         try:
             data = read_cache_file(path)
         except (OSError, ValueError) as exc:
             problems.append(f"unreadable file {path}: {exc}")
             continue
         for key, answer in data.items():
-            yield namespace, key, answer
+            yield api, key, answer
 
 
 def verify_snapshot(out: str | os.PathLike[str]) -> Verification:
@@ -258,9 +260,6 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         result = verify_snapshot(args.out)
         print("\n".join(result.lines()))
         return 0 if result.ok else 1
-    from .cli import settings_from_args
-    from .factory import build_store
-
     settings = settings_from_args(args)
     try:
         with build_store(settings) as store:
@@ -272,14 +271,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     print(f"entries:       {manifest['entries']} in {manifest['files']} files")
     print("by source:     " + ", ".join(f"{k} {v}" for k, v in manifest["by_source"].items()))
     print(f"content hash:  {manifest['content_hash']}")
-    if manifest["skipped_namespaces"]:
-        print(f"skipped (names unsafe as paths): {len(manifest['skipped_namespaces'])}")
+    if manifest["skipped_apis"]:
+        print(f"skipped (names unsafe as paths): {len(manifest['skipped_apis'])}")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_config_arguments
-
     parser = sub.add_parser(
         "snapshot",
         help="freeze the store into an upstream tool_response_cache tree with a manifest.json",

@@ -15,16 +15,16 @@ from typing import Any, Iterator
 from .naming import is_safe_path_component
 
 
-def namespace_path(root: str | os.PathLike[str], namespace: str) -> Path | None:
-    """The cache file of ``namespace`` under ``root``, or ``None`` if a part of it could escape ``root``."""
-    parts = namespace.split("/")
+def api_path(root: str | os.PathLike[str], api: str) -> Path | None:
+    """The cache file of ``api`` under ``root``, or ``None`` if a part of it could escape ``root``."""
+    parts = api.split("/")
     if len(parts) != 3 or not all(is_safe_path_component(p) for p in parts):
         return None
     return Path(root, parts[0], parts[1], parts[2] + ".json")
 
 
 def iter_cache_files(root: str | os.PathLike[str]) -> Iterator[tuple[str, Path]]:
-    """``(namespace, path)`` of every API file of an upstream tree, sorted."""
+    """``(api, path)`` of every API file of an upstream tree, sorted."""
     base = Path(root)
     if not base.is_dir():
         return

@@ -37,8 +37,13 @@ from tqdm import tqdm
 
 from .answers import answer_payload, iter_answer_files, read_answer_file
 from .call import ToolCall
-from .layer import MirrorLayer, Outcome
+from .cli_common import add_config_arguments, settings_from_args
+from .config import Mode, Settings, deserialize_settings, serialize_settings
+from .factory import build_layer
+from .layer import MirrorLayer
+from .logs import setup_logging
 from .naming import resolve_names
+from .outcomes import Outcome, OutcomeKind
 from .protocol import CHAT_WITH_USER_API, ToolInputParseError, VirtualRequest, parse_tool_input
 from .queries import FunctionIndex, QueryFileError, default_calls
 from .stores import StoreError
@@ -94,7 +99,7 @@ class WarmPlan:
     _seen: set[tuple[str, str]] = field(default_factory=set, repr=False)
 
     def add(self, source: str, origin: str, call: ToolCall) -> bool:
-        ident = (call.namespace, call.canonical)
+        ident = (call.api, call.canonical)
         if ident in self._seen:
             return False
         self._seen.add(ident)
@@ -150,7 +155,7 @@ def call_of_payload(payload: Any) -> tuple[ToolCall | None, str]:
     except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError and friends
         return None, f"invalid /virtual body: {exc}".splitlines()[0]
     names = resolve_names(request.category, request.tool_name, request.api_name)
-    if names.api == CHAT_WITH_USER_API:
+    if names.api_name == CHAT_WITH_USER_API:
         return None, "chat_with_user is answered locally"
     try:
         tool_input = parse_tool_input(request.tool_input)
@@ -250,9 +255,9 @@ Handler = Callable[[ToolCall], Outcome]
 SWITCH_INTERVAL_S = 0.001
 
 
-def warm_layer(settings: Any) -> MirrorLayer:
+def warm_layer(settings: Settings, *, responders: Sequence[Any] | None = None) -> MirrorLayer:
     """The layer ``warm`` uses: the server's chain from ``settings`` (see :func:`warm_settings`)."""
-    return MirrorLayer.from_settings(settings)
+    return build_layer(settings, responders=responders)
 
 
 def _split(layer: MirrorLayer, plan: WarmPlan) -> tuple[dict[str, SourceCounts], list[WarmItem]]:
@@ -281,13 +286,14 @@ class _Tracker:
         self._lock = threading.Lock()
         self._bar = tqdm(total=total, desc="warm", unit="call", disable=not progress, dynamic_ncols=True, smoothing=0.1)
 
-    def done(self, item: WarmItem, kind: str | None, reason: str, *, made: bool = True) -> None:
+    def done(self, item: WarmItem, kind: OutcomeKind | None, reason: str, *, made: bool = True) -> None:
         with self._lock:
             self.attempted += 1 if made else 0
             c = self.counts[item.source]
-            if kind == "recorded":
+            if kind is OutcomeKind.RECORDED:
                 c.new += 1
-            elif kind == "hit":
+            elif kind in (OutcomeKind.HIT, OutcomeKind.SHARED):
+                # found cached, or recorded meanwhile by another process
                 c.cached += 1
             else:
                 c.failed += 1
@@ -300,13 +306,16 @@ class _Tracker:
         self._bar.close()
 
 
-def _handle(handle: Handler, call: ToolCall) -> tuple[str | None, str]:
+_ANSWERED = (OutcomeKind.RECORDED, OutcomeKind.HIT, OutcomeKind.SHARED)
+
+
+def _handle(handle: Handler, call: ToolCall) -> tuple[OutcomeKind | None, str]:
     try:
         outcome = handle(call)
     except Exception as exc:  # noqa: BLE001 - one bad call must not end the run
-        log.exception("warming %s failed", call.namespace)
+        log.exception("warming %s failed", call.api)
         return None, f"error: {type(exc).__name__}: {exc}"
-    return outcome.kind, "" if outcome.kind in ("recorded", "hit") else _reason(outcome)
+    return outcome.kind, "" if outcome.kind in _ANSWERED else _reason(outcome)
 
 
 def run_warm(
@@ -387,8 +396,6 @@ def _worker_main(settings_json: str, threads: int, tasks: Any, results: Any, sto
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
     if os.getppid() != parent_pid:
         return
-    from .cli import deserialize_settings
-
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     layer = warm_layer(deserialize_settings(settings_json))
 
@@ -431,9 +438,7 @@ def run_warm_processes(
     """
     import multiprocessing
 
-    from .cli import serialize_settings
-
-    lookup_layer = warm_layer(settings.model_copy(update={"real": settings.real.model_copy(update={"enabled": False}), "simulator": settings.simulator.model_copy(update={"enabled": False})}))
+    lookup_layer = warm_layer(settings, responders=[])
     try:
         counts, todo = _split(lookup_layer, plan)
     finally:
@@ -540,7 +545,7 @@ def warm_settings(settings: Any, concurrency: int) -> Any:
     """The settings for a warming layer: record mode, room for ``concurrency`` misses in flight."""
     limits = settings.limits.model_copy(update={"max_pending_misses": max(settings.limits.max_pending_misses, concurrency)})
     simulator = settings.simulator.model_copy(update={"max_concurrency": max(settings.simulator.max_concurrency, concurrency)})
-    updated = settings.model_copy(update={"mode": "record", "limits": limits, "simulator": simulator})
+    updated = settings.model_copy(update={"mode": Mode.RECORD, "limits": limits, "simulator": simulator})
     updated.base_dir = settings.base_dir
     return updated
 
@@ -580,9 +585,6 @@ def build_plan(args: argparse.Namespace, settings: Any) -> WarmPlan:
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
-    from .cli import settings_from_args
-    from .logs import setup_logging
-
     if not (args.queries or args.answers or args.payloads):
         print("error: give at least one source: --queries, --answers or --payloads", file=sys.stderr)
         return 2
@@ -591,7 +593,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
     if args.concurrency < 1:
         print("error: --concurrency must be at least 1", file=sys.stderr)
         return 2
-    if args.mode == "replay":
+    if args.mode == Mode.REPLAY:
         print("error: warm records answers; it cannot run in replay mode", file=sys.stderr)
         return 2
     settings = warm_settings(settings_from_args(args), args.concurrency)
@@ -690,8 +692,6 @@ def _nothing_to_do(layer: MirrorLayer, plan: WarmPlan) -> WarmPlan:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_config_arguments
-
     parser = sub.add_parser(
         "warm",
         help="fill the store from query files, answer files or payloads before a run",

@@ -25,7 +25,7 @@ def payload(i: int) -> dict[str, Any]:
             "strip": "", "toolbench_key": ""}
 
 
-def namespace(i: int) -> str:
+def api(i: int) -> str:
     return f"Data/fault_tool_for_Data/api_{i % 5}"
 
 
@@ -58,7 +58,7 @@ def test_redis_restart_mid_run_errors_while_down_then_serves(own_redis: RedisSer
     session = requests.Session()
     for i in range(20):
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
-        assert r.status_code == 200 and r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
+        assert r.status_code == 200 and r.json() == expected_answer(api(i), f"{{'n': {i}}}")
 
     # steady load from other clients while Redis goes away and comes back
     statuses: list[int] = []
@@ -72,7 +72,7 @@ def test_redis_restart_mid_run_errors_while_down_then_serves(own_redis: RedisSer
             r = s.post(server.url + "/virtual", json=payload(i), timeout=10)
             statuses.append(r.status_code)
             if r.status_code == 200:
-                assert r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
+                assert r.json() == expected_answer(api(i), f"{{'n': {i}}}")
             else:
                 assert_store_unavailable(r)
             n += 1
@@ -90,7 +90,7 @@ def test_redis_restart_mid_run_errors_while_down_then_serves(own_redis: RedisSer
             assert_store_unavailable(r)
         # answers this server has already read stay available from its memory of them
         r = session.post(server.url + "/virtual", json=payload(5), timeout=10)
-        assert r.status_code == 200 and r.json() == expected_answer(namespace(5), "{'n': 5}")
+        assert r.status_code == 200 and r.json() == expected_answer(api(5), "{'n': 5}")
         time.sleep(0.3)
     finally:
         own_redis.start()
@@ -104,7 +104,7 @@ def test_redis_restart_mid_run_errors_while_down_then_serves(own_redis: RedisSer
     for i in list(range(20)) + [99_999, 123_456]:
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
         assert r.status_code == 200, r.text
-        assert r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
+        assert r.json() == expected_answer(api(i), f"{{'n': {i}}}")
     assert layer.stats.snapshot()["store_errors"] >= 3
     # nothing half-written: every canonical pointer names an entry
     check_pointers(own_redis.url, "faults")
@@ -129,7 +129,7 @@ def test_lock_left_by_a_redis_outage_is_released_when_redis_returns(own_redis: R
 def check_pointers(url: str, prefix: str) -> None:
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
-        for ns in client.smembers(f"{prefix}:namespaces"):
+        for ns in client.smembers(f"{prefix}:apis"):
             entries = client.hgetall(f"{prefix}:e:{ns}")
             for _canonical, key in client.hgetall(f"{prefix}:c:{ns}").items():
                 assert key in entries
@@ -152,7 +152,7 @@ def test_redis_memory_full_refuses_writes_serves_hits_and_recovers(own_redis: Re
     finally:
         admin.config_set("maxmemory", 0)
     r = server.post(payload(50))
-    assert r.status_code == 200 and r.json() == expected_answer(namespace(50), "{'n': 50}")
+    assert r.status_code == 200 and r.json() == expected_answer(api(50), "{'n': 50}")
     admin.close()
 
 
@@ -171,7 +171,7 @@ def test_redis_read_only_replica_refuses_writes_and_recovers(own_redis: RedisSer
     finally:
         admin.execute_command("REPLICAOF", "NO", "ONE")
     r = server.post(payload(60))
-    assert r.status_code == 200 and r.json() == expected_answer(namespace(60), "{'n': 60}")
+    assert r.status_code == 200 and r.json() == expected_answer(api(60), "{'n': 60}")
     admin.close()
 
 

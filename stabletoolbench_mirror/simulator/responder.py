@@ -85,13 +85,13 @@ class Simulator:
             try:
                 completion = self.client.complete(messages, self.extra)
             except ChatError as exc:
-                log.warning("simulator gave no answer for %s: %s", call.namespace, exc.detail)
+                log.warning("simulator gave no answer for %s: %s", call.api, exc.detail)
                 return Attempt(None, self.origin, detail=f"simulator unavailable: {exc.detail}")
         parsed = parse_output(completion.content)
         if parsed.answer is None:
             log.warning(
                 "simulator output for %s cannot be parsed (finish_reason %s, %d chars): %r",
-                call.namespace,
+                call.api,
                 completion.finish_reason or "?",
                 len(completion.content),
                 completion.content[:300],
@@ -103,7 +103,7 @@ class Simulator:
                 fallback=protocol.simulation_failed_answer(),
             )
         if parsed.method != "json":
-            log.info("simulator output for %s parsed by the %s extractor", call.namespace, parsed.method)
+            log.info("simulator output for %s parsed by the %s extractor", call.api, parsed.method)
         return Attempt(parsed.answer, self.origin)
 
     def close(self) -> None:

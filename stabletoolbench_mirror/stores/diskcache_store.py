@@ -23,12 +23,12 @@ _ENTRY = "e"
 _CANONICAL = "c"
 
 
-def _entry_key(namespace: str, key: str) -> str:
-    return f"{_ENTRY}\x00{namespace}\x00{key}"
+def _entry_key(api: str, key: str) -> str:
+    return f"{_ENTRY}\x00{api}\x00{key}"
 
 
-def _canonical_key(namespace: str, canonical: str) -> str:
-    return f"{_CANONICAL}\x00{namespace}\x00{canonical}"
+def _canonical_key(api: str, canonical: str) -> str:
+    return f"{_CANONICAL}\x00{api}\x00{canonical}"
 
 
 class DiskcacheStore(Store):
@@ -59,19 +59,19 @@ class DiskcacheStore(Store):
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open diskcache store at {self.path}: {exc}") from exc
 
-    def get(self, namespace: str, key: str) -> Record | None:
+    def get(self, api: str, key: str) -> Record | None:
         try:
-            raw = self._cache.get(_entry_key(namespace, key))
+            raw = self._cache.get(_entry_key(api, key))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
         return None if raw is None else Record.from_json(raw)
 
-    def get_canonical(self, namespace: str, canonical: str) -> Record | None:
+    def get_canonical(self, api: str, canonical: str) -> Record | None:
         try:
-            key = self._cache.get(_canonical_key(namespace, canonical))
+            key = self._cache.get(_canonical_key(api, canonical))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
-        return None if key is None else self.get(namespace, key)
+        return None if key is None else self.get(api, key)
 
     def add(self, record: Record, canonical: str | None) -> bool:
         # one writer at a time per process: threads queue on a lock instead of on SQLite's busy loop
@@ -81,15 +81,15 @@ class DiskcacheStore(Store):
     def _add(self, record: Record, canonical: str | None) -> bool:
         try:
             # the entry goes first: a canonical pointer never points at nothing
-            added = self._cache.add(_entry_key(record.namespace, record.key), record.to_json())
+            added = self._cache.add(_entry_key(record.api, record.key), record.to_json())
             if canonical is not None:
-                self._cache.add(_canonical_key(record.namespace, canonical), record.key)
+                self._cache.add(_canonical_key(record.api, canonical), record.key)
             return bool(added)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache write failed: {exc}") from exc
 
-    def sample(self, namespace: str, limit: int) -> Iterator[Record]:
-        prefix = _entry_key(namespace, "")
+    def sample(self, api: str, limit: int) -> Iterator[Record]:
+        prefix = _entry_key(api, "")
         try:
             # a key-range scan over diskcache's SQLite table (string keys are stored raw)
             rows = self._cache._sql(  # noqa: SLF001 - diskcache exposes no prefix query
@@ -104,19 +104,19 @@ class DiskcacheStore(Store):
                 yield Record.from_json(raw)
 
     @contextlib.contextmanager
-    def flight_lock(self, namespace: str, canonical: str) -> Iterator[None]:
+    def flight_lock(self, api: str, canonical: str) -> Iterator[None]:
         """A byte-range lock on ``cache.db-flightlock`` in the store folder (see :mod:`.filelock`).
 
         Shared by every process that opens this folder on this host; the kernel drops it when
         its holder exits, even on ``kill -9``.  A waiter polls every ``lock_poll_s`` and goes
         ahead without it after :data:`~.leases.MAX_LOCK_WAIT_S`.
         """
-        name = f"{namespace}\x00{canonical}"
+        name = f"{api}\x00{canonical}"
         deadline = time.monotonic() + MAX_LOCK_WAIT_S
         try:
             while (offset := self._locks.try_acquire(name)) is None:
                 if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, MAX_LOCK_WAIT_S)
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", api, MAX_LOCK_WAIT_S)
                     break
                 time.sleep(self.lock_poll_s)
         except OSError as exc:
@@ -128,7 +128,7 @@ class DiskcacheStore(Store):
                 try:
                     self._locks.release(offset)
                 except OSError as exc:  # pragma: no cover - unlocking an open file does not fail
-                    log.warning("single-flight lock for %s not released: %s", namespace, exc)
+                    log.warning("single-flight lock for %s not released: %s", api, exc)
 
     def __iter__(self) -> Iterator[Record]:
         for k in self._cache.iterkeys():

@@ -16,7 +16,8 @@ from pathlib import Path
 from ..keys import canonical_from_upstream_key
 from ..protocol import encode_answer
 from ..records import Record
-from ..upstream_layout import namespace_path, read_cache_file
+from ..upstream_layout import api_path, read_cache_file
+from .base import CacheTier
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,11 @@ class _LoadedFile:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class FrozenCache:
-    """One upstream tree, read-only."""
+class FrozenCache(CacheTier):
+    """One upstream tree, read-only: a cache tier whose answers are served with ``source: frozen``."""
+
+    kind = "frozen"
+    is_local = True
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -38,19 +42,19 @@ class FrozenCache:
         self._files: dict[str, _LoadedFile | None] = {}
         self._lock = threading.Lock()
 
-    def _load(self, namespace: str) -> _LoadedFile | None:
-        path = namespace_path(self.root, namespace)
+    def _load(self, api: str) -> _LoadedFile | None:
+        path = api_path(self.root, api)
         if path is None:
             return None
         try:
             mtime_ns = os.stat(path).st_mtime_ns
         except OSError:
             return None
-        loaded = self._files.get(namespace)
+        loaded = self._files.get(api)
         if loaded is not None and loaded.mtime_ns == mtime_ns:
             return loaded
         with self._lock:
-            loaded = self._files.get(namespace)
+            loaded = self._files.get(api)
             if loaded is not None and loaded.mtime_ns == mtime_ns:
                 return loaded
             try:
@@ -59,21 +63,21 @@ class FrozenCache:
                 log.warning("frozen cache file %s cannot be read: %s", path, exc)
                 return None
             loaded = _LoadedFile(mtime_ns, {k: encode_answer(v) for k, v in entries.items()})
-            self._files[namespace] = loaded
+            self._files[api] = loaded
             return loaded
 
-    def _record(self, namespace: str, key: str, body: str) -> Record:
-        return Record(namespace=namespace, key=key, body=body, source="imported", origin=self.origin, created_at=0.0)
+    def _record(self, api: str, key: str, body: str) -> Record:
+        return Record(api=api, key=key, body=body, source="frozen", origin=self.origin, created_at=0.0)
 
-    def get(self, namespace: str, key: str) -> Record | None:
-        loaded = self._load(namespace)
+    def get(self, api: str, key: str) -> Record | None:
+        loaded = self._load(api)
         if loaded is None:
             return None
         body = loaded.bodies.get(key)
-        return None if body is None else self._record(namespace, key, body)
+        return None if body is None else self._record(api, key, body)
 
-    def get_canonical(self, namespace: str, canonical: str) -> Record | None:
-        loaded = self._load(namespace)
+    def get_canonical(self, api: str, canonical: str) -> Record | None:
+        loaded = self._load(api)
         if loaded is None:
             return None
         if loaded.canonical is None:
@@ -86,16 +90,16 @@ class FrozenCache:
                             index.setdefault(ckey, key)
                     loaded.canonical = index
         key = loaded.canonical.get(canonical)
-        return None if key is None else self._record(namespace, key, loaded.bodies[key])
+        return None if key is None else self._record(api, key, loaded.bodies[key])
 
-    def sample(self, namespace: str, limit: int) -> list[Record]:
+    def sample(self, api: str, limit: int) -> list[Record]:
         """Up to ``limit`` entries of one API file, in file order (few-shot examples)."""
-        loaded = self._load(namespace)
+        loaded = self._load(api)
         if loaded is None or limit <= 0:
             return []
         out: list[Record] = []
         for key, body in loaded.bodies.items():
             if len(out) >= limit:
                 break
-            out.append(self._record(namespace, key, body))
+            out.append(self._record(api, key, body))
         return out
