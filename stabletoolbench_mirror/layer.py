@@ -59,6 +59,7 @@ class MirrorLayer:
         self.stats = stats or Stats()
         """The server's counters (the server counts each request's final outcome here)."""
         self._flight: SingleFlight[Outcome] = SingleFlight()
+        self._max_pending = max_pending_misses
         self._pending = threading.BoundedSemaphore(max_pending_misses)
         self._probes = tuple(_lookup_order(self.tiers))
 
@@ -99,6 +100,11 @@ class MirrorLayer:
         except ToolInputParseError:
             return Outcome(protocol.encode_answer(protocol.parse_error_answer()), OutcomeKind.REJECTED, api=names.api)
         return ToolCall.build(request, tool_input, names)
+
+    @property
+    def pending_misses(self) -> int:
+        """Misses of this process waiting for the real API or the simulator now (filling or sharing)."""
+        return self._max_pending - self._pending._value  # noqa: SLF001 - the semaphore's own count
 
     @property
     def lookups_are_local(self) -> bool:
