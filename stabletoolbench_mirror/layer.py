@@ -51,7 +51,7 @@ class MirrorLayer:
         except ValueError:
             raise ValueError(f"unknown mode {mode!r}") from None
         self.store = store
-        self.frozen = list(frozen)
+        self.frozen = tuple(frozen)
         self.tiers: tuple[CacheTier, ...] = (store, *self.frozen)
         """The cache tiers in lookup order: the store, then the frozen caches as listed."""
         self.responders = list(responders)

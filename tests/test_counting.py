@@ -41,15 +41,14 @@ class GatedResponder:
     def __init__(self, waiting: int, *, usable: bool = True) -> None:
         self.waiting = waiting
         self.usable = usable
-        self.layer: MirrorLayer | None = None
+        self.layers: list[MirrorLayer] = []
         self.calls = 0
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
         self.calls += 1
-        assert self.layer is not None
         deadline = time.monotonic() + 60
         # only the first call waits (a later one, if any, must not wait for requests that are gone)
-        while self.calls == 1 and self.layer.pending_misses < self.waiting and time.monotonic() < deadline:
+        while self.calls == 1 and sum(x.pending_misses for x in self.layers) < self.waiting and time.monotonic() < deadline:
             time.sleep(0.005)
         if not self.usable:
             return Attempt(None, "gated", "not usable on purpose")
@@ -62,7 +61,7 @@ class GatedResponder:
 def start(serve, settings_factory, responder: GatedResponder):
     settings = settings_factory()
     layer = MirrorLayer(build_store(settings), responders=[responder])
-    responder.layer = layer
+    responder.layers.append(layer)
     return serve(settings, layer)
 
 
@@ -104,6 +103,23 @@ def test_concurrent_identical_misses_one_recorded_the_rest_shared(serve, setting
     assert again.headers["x-stm-outcome"] == "hit"
     s = stats(server)
     assert (s["requests"], s["hits"], outcome_sum(s)) == (n + 1, 1, n + 1)
+
+
+def test_misses_waiting_on_another_process_are_shared(serve, settings_factory) -> None:
+    """Two servers on one diskcache folder (as ``serve --workers 2``): the store's lock makes one fill, the other share."""
+    n = 4
+    responder = GatedResponder(waiting=2 * n)
+    one = start(serve, settings_factory, responder)
+    two = start(serve, settings_factory, responder)  # its own store object: the lock excludes it like another process
+    bodies = [payload({"q": "same"})] * n
+    with ThreadPoolExecutor(2) as pool:
+        replies = [r for batch in pool.map(lambda server: concurrent_posts(server, bodies), [one, two]) for r in batch]
+    assert len({r.content for r in replies}) == 1 and responder.calls == 1
+    assert sorted(r.headers["x-stm-outcome"] for r in replies) == ["recorded"] + ["shared"] * (2 * n - 1)
+    s1, s2 = stats(one), stats(two)
+    assert s1["requests"] == s2["requests"] == n
+    assert (s1["recorded"] + s2["recorded"], s1["shared"] + s2["shared"]) == (1, 2 * n - 1)
+    assert outcome_sum(s1) == outcome_sum(s2) == n
 
 
 def test_waiters_on_a_failed_miss_are_failed_and_the_reason_counted_once(serve, settings_factory) -> None:

@@ -12,7 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 import requests
@@ -22,7 +22,7 @@ from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.layer import MirrorLayer
 from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.simulator.prompts import COT_SYSTEM_PROMPT, SFT_SYSTEM_PROMPT
-from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
+from stabletoolbench_mirror.stores import DiskcacheStore
 
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub, Reply
@@ -87,7 +87,7 @@ def mirror(serve, settings_factory, tools_folder: Path, tmp_path: Path) -> Itera
     """Start a mirror server whose simulator talks to ``api_base``; returns (server, layer)."""
     layers: list[MirrorLayer] = []
 
-    def start(api_base: str | list[str], **simulator: Any):
+    def start(api_base: str | list[str], frozen_caches: Sequence[str] = (), **simulator: Any):
         cfg = {
             "enabled": True,
             "api_base": api_base,
@@ -99,7 +99,7 @@ def mirror(serve, settings_factory, tools_folder: Path, tmp_path: Path) -> Itera
             "connect_timeout_s": 1.0,
         }
         cfg.update(simulator)
-        settings = settings_factory(simulator=cfg, tools_folder=str(tools_folder))
+        settings = settings_factory(simulator=cfg, tools_folder=str(tools_folder), frozen_caches=list(frozen_caches))
         layer = build_layer(settings)
         layers.append(layer)
         return serve(settings, layer), layer
@@ -464,8 +464,7 @@ def test_gpt_fewshot_draws_examples_from_frozen_caches(mirror, tmp_path: Path) -
         json.dumps({str({"q": "birthday ideas"}): {"error": "", "response": "from-the-frozen-cache.com"}})
     )
     with OpenAIStub() as stub:
-        server, layer = mirror(stub.api_base, style="gpt-fewshot")
-        layer.frozen.append(FrozenCache(tmp_path / "frozen"))
+        server, layer = mirror(stub.api_base, style="gpt-fewshot", frozen_caches=[str(tmp_path / "frozen")])
         server.post(payload(q="birthday party ideas"))
         assert "from-the-frozen-cache.com" in stub.requests[0]["messages"][1]["content"]
 
