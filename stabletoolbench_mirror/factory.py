@@ -74,6 +74,7 @@ def build_layer(
             responders=build_responders(settings) if responders is None else responders,
             save=settings.save,
             max_pending_misses=max_pending_misses or settings.limits.max_pending_misses,
+            pending_timeout_s=settings.limits.queue_timeout_s,
         )
     except BaseException:
         if owned:

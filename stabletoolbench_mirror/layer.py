@@ -44,6 +44,7 @@ class MirrorLayer:
         responders: Sequence[Responder] = (),
         save: bool = True,
         max_pending_misses: int = 256,
+        pending_timeout_s: float = 600.0,
         stats: Stats | None = None,
     ) -> None:
         try:
@@ -61,6 +62,7 @@ class MirrorLayer:
         self._flight: SingleFlight[Outcome] = SingleFlight()
         self._max_pending = max_pending_misses
         self._pending = threading.BoundedSemaphore(max_pending_misses)
+        self.pending_timeout_s = pending_timeout_s
         self._probes = tuple(_lookup_order(self.tiers))
 
     # -- entry points -------------------------------------------------------------------------
@@ -144,11 +146,14 @@ class MirrorLayer:
             log.info("miss %s key=%s (%s)", call.api, call.key[:500], reason)
             answer = protocol.encode_answer(protocol.miss_answer(call.api, reason))
             return Outcome(answer, OutcomeKind.UNANSWERED, api=call.api)
-        if not self._pending.acquire(blocking=False):
+        # more misses than limits.max_pending_misses wait for a turn (a refusal would become a tool error)
+        if not self._pending.acquire(timeout=self.pending_timeout_s):
+            log.warning("a miss waited %g s for a turn; raise limits.max_pending_misses or limits.queue_timeout_s", self.pending_timeout_s)
+            message = f"stabletoolbench-mirror is overloaded: a miss waited {self.pending_timeout_s:g} s for a turn (limits.max_pending_misses)"
             return replace(
-                _rejected(503, "stabletoolbench-mirror is overloaded: too many misses pending; retry later", OutcomeKind.OVERLOADED),
+                _rejected(503, message, OutcomeKind.REFUSED),
                 api=call.api,
-                problems=("overloaded: too many pending misses",),
+                limit="limits.max_pending_misses",
             )
         try:
             outcome, shared = self._flight.do((call.api, call.canonical), lambda: self._fill(call))

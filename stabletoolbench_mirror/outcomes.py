@@ -30,8 +30,9 @@ class OutcomeKind(enum.StrEnum):
     """Answered without the cache (``chat_with_user``)."""
     REJECTED = "rejected"
     """Bad input: HTTP 4xx, or upstream's ``Tool input parse error...`` answer."""
-    OVERLOADED = "overloaded"
-    """Refused at once because too much is pending (HTTP 429 or 503)."""
+    REFUSED = "refused"
+    """Turned away by a server limit (HTTP 503 or 408): a full wait queue, a wait past
+    ``limits.queue_timeout_s``, a body slower than ``limits.body_timeout_s``; ``limit`` names it."""
     STORE_ERROR = "store_error"
     """The store could not be read or written (HTTP 503)."""
     ERROR = "error"
@@ -60,6 +61,8 @@ class Outcome:
     """The ``Category/tool/api`` path of the call, once known (for per-API counts)."""
     problems: tuple[str, ...] = ()
     """Why each responder tried gave no usable answer (for ``/stats`` ``failures``)."""
+    limit: str | None = None
+    """For ``refused``: the setting whose limit turned the request away (for ``/stats`` ``refusals``)."""
 
     @property
     def answer(self) -> Any:

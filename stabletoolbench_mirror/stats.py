@@ -4,7 +4,9 @@ Every ``/virtual`` request ends in exactly one :class:`~.outcomes.OutcomeKind`, 
 :meth:`Stats.count` is called once per request, by the server, with that final outcome.
 So the outcome counters add up to ``requests``.  ``misses`` is not a counter of its own:
 it is the sum of the outcomes of requests that missed the cache (``recorded``,
-``shared``, ``failed``, ``unanswered``).
+``shared``, ``failed``, ``unanswered``).  ``refusals`` counts the ``refused`` requests by
+the setting whose limit turned them away; ``failures`` the reasons responders gave no
+usable answer (once per responder call, not per request that shared it).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ COUNTER_NAMES: dict[OutcomeKind, str] = {
     OutcomeKind.UNANSWERED: "unanswered",
     OutcomeKind.LOCAL: "local",
     OutcomeKind.REJECTED: "rejected",
-    OutcomeKind.OVERLOADED: "overloaded",
+    OutcomeKind.REFUSED: "refused",
     OutcomeKind.STORE_ERROR: "store_errors",
     OutcomeKind.ERROR: "errors",
 }
@@ -44,6 +46,7 @@ class Stats:
         self.by_source: Counter[str] = Counter()
         self.by_api: dict[str, Counter[str]] = {}
         self.failures: Counter[str] = Counter()
+        self.refusals: Counter[str] = Counter()
 
     def count(self, outcome: Outcome) -> None:
         """Count one finished request by its final outcome (call it exactly once per request)."""
@@ -52,6 +55,8 @@ class Stats:
             self.counters[name] += 1
             if outcome.source is not None:
                 self.by_source[outcome.source] += 1
+            if outcome.limit is not None:
+                self.refusals[outcome.limit] += 1
             if outcome.api is not None:
                 per_api = self.by_api.get(outcome.api)
                 if per_api is None:
@@ -74,6 +79,7 @@ class Stats:
             out.update(counters)
             out[MISSES] = sum(counters[COUNTER_NAMES[kind]] for kind in OutcomeKind if kind.is_miss)
             out["by_source"] = dict(sorted(self.by_source.items()))
+            out["refusals"] = dict(sorted(self.refusals.items()))
             out["failures"] = dict(self.failures.most_common())
             out["by_api"] = {api: dict(c) for api, c in sorted(self.by_api.items())}
             return out
