@@ -295,7 +295,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 def app_from_environment() -> FastAPI:
     """The app of a ``serve --workers N`` worker process (settings passed through the environment)."""
     settings = deserialize_settings(os.environ["STM_SERVE_SETTINGS_JSON"])
-    setup_logging(settings.log_level, settings.secrets())
+    setup_logging(settings.log_level, settings.secrets(), settings.resolve(settings.log_file) if settings.log_file else None)
     try:
         app = create_app(settings)
     except Exception:

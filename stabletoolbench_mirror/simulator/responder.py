@@ -10,6 +10,7 @@ from .. import protocol
 from ..call import ToolCall
 from ..records import Record, Source
 from ..responders import Attempt
+from ..secrets import Redactor
 from ..tooldocs import ToolDocs
 from . import prompts
 from .client import ChatClient, ChatError
@@ -42,6 +43,8 @@ class Simulator:
         structured_output: bool = False,
         structured_max_chars: int | None = None,
         max_concurrency: int = 64,
+        redactor: Redactor | None = None,
+        origin_suffix: str = "",
     ) -> None:
         if style not in prompts.STYLES:
             raise ValueError(f"unknown simulator style {style!r}")
@@ -55,11 +58,15 @@ class Simulator:
             prompts.structured_output_fields(style == "mirrorapi-cot", structured_max_chars) if structured_output else {}
         )
         self._slots = threading.BoundedSemaphore(max_concurrency)
+        self.redactor = redactor or Redactor()
+        """Configured keys: an endpoint may echo its key (its ``Authorization`` header) into an answer."""
+        self.origin_suffix = origin_suffix
+        """Marks the records' origin, e.g. `` [no tool docs]`` when simulating without any doc."""
 
     @property
     def origin(self) -> str:
         """What the records name as their origin: the model (never the endpoint's key)."""
-        return self.client.model
+        return self.client.model + self.origin_suffix
 
     @property
     def wants_examples(self) -> bool:
@@ -81,6 +88,7 @@ class Simulator:
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
         messages = self.messages(call, examples)
+        redactor = self.redactor.plus(call.toolbench_key)
         with self._slots:
             try:
                 completion = self.client.complete(messages, self.extra)
@@ -94,7 +102,7 @@ class Simulator:
                 call.api,
                 completion.finish_reason or "?",
                 len(completion.content),
-                completion.content[:300],
+                redactor.text(completion.content[:300]),
             )
             return Attempt(
                 None,
@@ -104,7 +112,8 @@ class Simulator:
             )
         if parsed.method != "json":
             log.info("simulator output for %s parsed by the %s extractor", call.api, parsed.method)
-        return Attempt(parsed.answer, self.origin)
+        # no key reaches the store, even when the endpoint echoes one
+        return Attempt(redactor.data(parsed.answer), self.origin)
 
     def close(self) -> None:
         self.client.close()
