@@ -202,7 +202,9 @@ def test_kill_9_of_a_worker_under_load_loses_no_acknowledged_answer(tmp_path: Pa
             assert all(a.status == 200 for a in after)
     acknowledged = [a for a in results if a.status == 200]
     print(f"kill -9 under load: {len(acknowledged)} acknowledged, {sum(a.status == 0 for a in results)} broken by the kill")
-    assert len(acknowledged) > 100 and time.monotonic() > killed_at
+    # the load ran across the kill: answers were acknowledged both before it and after it
+    before = sum(a.finished_at < killed_at for a in acknowledged)
+    assert before > 50 and len(acknowledged) - before > 50, (before, len(acknowledged) - before)
     assert {a.status for a in results} <= {200, 0}, {a.status for a in results}
     assert_diskcache_sound(tmp_path / "store")
     with DiskcacheStore(tmp_path / "store") as store:
