@@ -31,8 +31,10 @@ def build_store(settings: Settings) -> Store:
 
 
 def build_frozen(settings: Settings) -> list[FrozenCache]:
-    """The ``frozen_caches`` trees, in their listed order."""
-    return [FrozenCache(settings.resolve(p)) for p in settings.frozen_caches]
+    """The frozen caches, in their listed order, sharing ``frozen_memory_mb`` between them."""
+    paths = settings.frozen_caches
+    budget = int(settings.frozen_memory_mb * 1024 * 1024 / max(1, len(paths)))
+    return [FrozenCache(settings.resolve(p), memory_budget=budget, allow_symlinks=settings.allow_symlinks) for p in paths]
 
 
 def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> list[Responder]:
@@ -44,7 +46,12 @@ def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> lis
     if settings.real.enabled:
         from .real import build_real_responder
 
-        responders.append(build_real_responder(settings, docs=docs))
+        real = build_real_responder(settings, docs=docs)
+        if settings.real.shadow_simulate:
+            from .shadow import shadowed
+
+            real = shadowed(real, settings, docs)
+        responders.append(real)
     if settings.simulator.enabled:
         from .simulator import build_simulator
 
@@ -62,7 +69,8 @@ def build_layer(
 ) -> MirrorLayer:
     """The layer ``settings`` describe; each keyword, when given, replaces what ``settings`` would build.
 
-    ``responders=[]`` gives a layer that answers from the caches only (``check`` in replay mode).
+    ``responders=[]`` gives a layer that answers from the caches only (``check`` in replay mode,
+    ``warm``'s look at what is cached already).
     """
     owned = store is None
     store = build_store(settings) if store is None else store

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from . import protocol
 from .call import ToolCall
 from .config import Mode
+from .logs import clip
 from .naming import resolve_names
 from .outcomes import Outcome, OutcomeKind
 from .protocol import ToolInputParseError, VirtualRequest, parse_tool_input
@@ -108,11 +109,6 @@ class MirrorLayer:
         """Misses of this process waiting for the real API or the simulator now (filling or sharing)."""
         return self._max_pending - self._pending._value  # noqa: SLF001 - the semaphore's own count
 
-    @property
-    def lookups_are_local(self) -> bool:
-        """Whether a cache lookup is cheap enough to run on the server's event loop (no network I/O)."""
-        return all(tier.is_local for tier in self.tiers)
-
     def cached(self, call: ToolCall) -> Outcome | None:
         """The cached answer as a hit, or ``None`` when it is not cached or the store fails."""
         try:
@@ -122,7 +118,8 @@ class MirrorLayer:
         return None if record is None else _served(call, record, OutcomeKind.HIT)
 
     async def cached_async(self, call: ToolCall) -> Outcome | None:
-        """:meth:`cached` on the event loop: tiers read over the network (Redis) use their async reads.
+        """:meth:`cached` for the server's event loop, through the tiers' async reads: a local store
+        is read at once, Redis through its async client, a frozen file not parsed yet in a thread.
 
         ``None`` when the answer is not cached or the store fails (the full path then
         answers, with the store's error if it persists).
@@ -143,7 +140,7 @@ class MirrorLayer:
             return _served(call, record, OutcomeKind.HIT)
         if self.mode is Mode.REPLAY or not self.responders:
             reason = "replay mode" if self.mode is Mode.REPLAY else "no real API or simulator configured"
-            log.info("miss %s key=%s (%s)", call.api, call.key[:500], reason)
+            log.info("miss %s key=%s (%s)", clip(call.api), clip(call.key), reason)
             answer = protocol.encode_answer(protocol.miss_answer(call.api, reason))
             return Outcome(answer, OutcomeKind.UNANSWERED, api=call.api)
         # more misses than limits.max_pending_misses wait for a turn (a refusal would become a tool error)
@@ -219,12 +216,12 @@ class MirrorLayer:
                 # e.g. a "\ud800" escape in a model's JSON: it can be neither stored nor served as UTF-8
                 attempt = Attempt(None, attempt.origin, "answer contains a lone UTF-16 surrogate", attempt.fallback)
             if attempt.answer is None:
-                log.info("%s gave no usable answer for %s: %s", responder.source, call.api, attempt.detail)
+                log.info("%s gave no usable answer for %s: %s", responder.source, clip(call.api), clip(attempt.detail, 500))
                 problems.append(f"{responder.source}: {attempt.detail}")
                 if attempt.fallback is not None:
                     fallback = attempt.fallback
                 continue
-            record = Record.from_answer(call.api, call.key, attempt.answer, responder.source, attempt.origin)
+            record = Record.from_answer(call.api, call.key, attempt.answer, responder.source, attempt.origin, attempt.meta)
             kind = OutcomeKind.RECORDED
             if self.save and not self.store.add(record, call.canonical):
                 # another process recorded first: everyone serves that one
@@ -236,7 +233,7 @@ class MirrorLayer:
         return Outcome(protocol.encode_answer(fallback), OutcomeKind.FAILED, api=call.api, problems=tuple(problems))
 
     def _store_error(self, call: ToolCall, exc: StoreError) -> Outcome:
-        log.error("store error for %s: %s", call.api, exc)
+        log.error("store error for %s: %s", clip(call.api), clip(exc, 500))
         outcome = _rejected(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}", OutcomeKind.STORE_ERROR)
         return replace(outcome, api=call.api)
 

@@ -18,7 +18,10 @@ from typing import Any
 from .outcomes import Outcome, OutcomeKind
 
 MAX_TRACKED_APIS = 10_000
+#: API names are client text: the per-API table is also bounded by their total size
+MAX_TRACKED_API_BYTES = 4 * 1024 * 1024
 MAX_TRACKED_FAILURES = 200
+MAX_FAILURE_CHARS = 200
 _OTHER = "(other)"
 
 #: the ``/stats`` name of each outcome's counter
@@ -38,7 +41,7 @@ MISSES = "misses"
 
 
 class Stats:
-    """Thread-safe counters; per-API and per-failure tables are capped so random input cannot grow them."""
+    """Thread-safe counters; per-API and per-failure tables are capped (count and size) so random input cannot grow them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -47,6 +50,7 @@ class Stats:
         self.by_api: dict[str, Counter[str]] = {}
         self.failures: Counter[str] = Counter()
         self.refusals: Counter[str] = Counter()
+        self._api_bytes = 0
 
     def count(self, outcome: Outcome) -> None:
         """Count one finished request by its final outcome (call it exactly once per request)."""
@@ -60,13 +64,17 @@ class Stats:
             if outcome.api is not None:
                 per_api = self.by_api.get(outcome.api)
                 if per_api is None:
-                    key = outcome.api if len(self.by_api) < MAX_TRACKED_APIS else _OTHER
+                    size = len(outcome.api.encode("utf-8", "surrogatepass"))
+                    if len(self.by_api) < MAX_TRACKED_APIS and self._api_bytes + size <= MAX_TRACKED_API_BYTES:
+                        key, self._api_bytes = outcome.api, self._api_bytes + size
+                    else:
+                        key = _OTHER
                     per_api = self.by_api.setdefault(key, Counter())
                 per_api[name] += 1
                 if outcome.kind.is_miss:
                     per_api[MISSES] += 1
             for problem in outcome.problems:
-                detail = problem[:200]
+                detail = problem[:MAX_FAILURE_CHARS]
                 if detail in self.failures or len(self.failures) < MAX_TRACKED_FAILURES:
                     self.failures[detail] += 1
                 else:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import ContextManager, Iterable, Iterator
 
 from ..records import Record
@@ -11,6 +13,32 @@ from ..records import Record
 
 class StoreError(RuntimeError):
     """The store cannot be read or written right now (disk full, read-only, server down)."""
+
+
+@dataclass
+class StoreCounts:
+    """What ``cache stats`` reports, from counters kept on every write (no scan of the records)."""
+
+    entries: int
+    apis: int
+    by_source: dict[str, int] = field(default_factory=dict)
+    by_category: dict[str, int] = field(default_factory=dict)
+    by_origin: dict[str, int] = field(default_factory=dict)
+    """Records by :func:`origin_key` (``<source>:<origin>``)."""
+    disk_bytes: int | None = None
+    memory_bytes: int | None = None
+
+
+def origin_key(record: "Record") -> str:
+    """The origin a record is counted under: ``<source>:<origin>``, an import's cut to its folder."""
+    group = record.origin.split("/", 1)[0] if record.source == "imported" else record.origin
+    return f"{record.source}:{group}"
+
+
+def _recording_order(records: list["Record"]) -> list["Record"]:
+    """One API's records in recording order (the order an export writes them in)."""
+    records.sort(key=lambda r: (r.created_at, r.key))
+    return records
 
 
 class CacheTier(abc.ABC):
@@ -24,7 +52,7 @@ class CacheTier(abc.ABC):
 
     #: a short name for logs, ``/health`` and stats
     kind: str = "tier"
-    #: lookups touch only local files (no network): the server may run them on its event loop
+    #: lookups touch only local files (no network)
     is_local: bool = False
 
     @abc.abstractmethod
@@ -40,11 +68,12 @@ class CacheTier(abc.ABC):
         """Up to ``limit`` records of one API (few-shot examples)."""
 
     async def aget(self, api: str, key: str) -> Record | None:
-        """:meth:`get` for the server's event loop; tiers read over the network override it."""
+        """:meth:`get` for the server's event loop.  The default reads at once (right for local
+        reads that take microseconds); tiers that read over the network or parse files override it."""
         return self.get(api, key)
 
     async def aget_canonical(self, api: str, canonical: str) -> Record | None:
-        """:meth:`get_canonical` for the server's event loop; tiers read over the network override it."""
+        """:meth:`get_canonical` for the server's event loop (see :meth:`aget`)."""
         return self.get_canonical(api, canonical)
 
     def close(self) -> None:  # noqa: B027 - most tiers hold nothing to release
@@ -74,6 +103,26 @@ class Store(CacheTier):
             if record.api == api:
                 count += 1
                 yield record
+
+    def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
+        """:meth:`add` for a batch of ``(record, canonical)`` (bulk import); backends may batch the writes."""
+        return [self.add(record, canonical) for record, canonical in items]
+
+    def counts(self) -> StoreCounts | None:
+        """Counts kept on every write, or ``None`` when the backend keeps none (``cache stats`` then scans)."""
+        return None
+
+    def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
+        """``(api, records)`` in api order, each group in recording order.
+
+        Backends that can read one API at a time override this, so that an export or a
+        snapshot holds one API in memory, not the whole store.  The default groups in memory.
+        """
+        groups: dict[str, list[Record]] = defaultdict(list)
+        for record in self:
+            groups[record.api].append(record)
+        for api in sorted(groups):
+            yield api, _recording_order(groups[api])
 
     def flight_lock(self, api: str, canonical: str) -> ContextManager[None]:
         """A lock held while one miss is filled, shared with other processes (and hosts) using the store.
