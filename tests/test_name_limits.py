@@ -18,6 +18,7 @@ import requests
 from stabletoolbench_mirror import logs, stats as stats_module, tooldocs as tooldocs_module
 from stabletoolbench_mirror.layer import MirrorLayer
 from stabletoolbench_mirror.naming import resolve_names
+from stabletoolbench_mirror.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.protocol import MAX_NAME_CHARS
 from stabletoolbench_mirror.stats import Stats
 from stabletoolbench_mirror.stores import DiskcacheStore
@@ -148,7 +149,7 @@ def test_per_api_counters_are_bounded_by_size(monkeypatch: pytest.MonkeyPatch) -
     stats = Stats()
     for i in range(1000):
         names = resolve_names("C" * 1000, f"{i:04d}" + "T" * 1000, "A" * 1000)
-        stats.count("misses", names.api)
+        stats.count(Outcome("{}", OutcomeKind.UNANSWERED, api=names.api))
     tracked = [ns for ns in stats.by_api if ns != "(other)"]
     assert sum(len(ns.encode()) for ns in tracked) <= 100_000
     assert 0 < len(tracked) < 1000
