@@ -38,6 +38,8 @@ class Outcome:
     source: str | None = None
     """For ``hit`` and ``recorded``: ``real``, ``simulated`` or ``imported``."""
     origin: str = ""
+    problems: tuple[str, ...] = ()
+    """Why each responder tried gave no usable answer."""
 
     @property
     def answer(self) -> Any:
@@ -242,6 +244,7 @@ class MirrorLayer:
         if record is not None:
             return _served(record, "hit")
         fallback: Any = None
+        problems: list[str] = []
         examples: list[Record] | None = None
         for responder in self.responders:
             if examples is None:
@@ -255,6 +258,7 @@ class MirrorLayer:
             if attempt.answer is None:
                 log.info("%s gave no usable answer for %s: %s", responder.source, call.namespace, attempt.detail)
                 self.stats.count_failure(f"{responder.source}: {attempt.detail}")
+                problems.append(f"{responder.source}: {attempt.detail}")
                 if attempt.fallback is not None:
                     fallback = attempt.fallback
                 continue
@@ -268,7 +272,7 @@ class MirrorLayer:
         self.stats.count("failed", call.namespace)
         if fallback is None:
             fallback = protocol.miss_answer(call.namespace, "the real API and the simulator gave no usable answer")
-        return Outcome(protocol.encode_answer(fallback), "failed")
+        return Outcome(protocol.encode_answer(fallback), "failed", problems=tuple(problems))
 
     def _hit(self, call: ToolCall, record: Record) -> Outcome:
         """A counted cache hit."""

@@ -392,3 +392,72 @@ def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
     warning = next(line for line in out.splitlines() if line.startswith("warning: config: "))
     assert warning in readme
     assert "config: config.yml (StableToolBench's config.yml: no server_config.yml in this folder)" in readme
+
+
+# -- item 14: warm stops early on a dead dependency, and says why each call failed ------------------
+
+
+def warm_config(tmp_path: Path, api_base: str) -> Path:
+    server = make_server_folder(tmp_path)
+    return write_config(tmp_path / "warm.yml", {
+        "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
+        "simulator": {"enabled": True, "api_base": api_base, "max_retries": 0, "connect_timeout_s": 1},
+    })
+
+
+def payload_file(tmp_path: Path, n: int) -> Path:
+    path = tmp_path / "payloads.jsonl"
+    path.write_text("".join(json.dumps({**CALL, "tool_input": json.dumps({"q": f"x{i}"})}) + "\n" for i in range(n)))
+    return path
+
+
+def test_warm_stops_early_when_its_first_calls_all_fail_for_one_cause(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    result = cli("warm", "--config", str(warm_config(tmp_path, dead)), "--payloads", str(payload_file(tmp_path, 40)),
+                 "--concurrency", "1", "--quiet", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    out = result.stdout
+    assert "5 calls made in" in out  # not 40
+    assert "stopped early: the first 5 calls all failed with the same cause: failed: simulated: simulator unavailable: connection failed" in out
+    assert "fix it and run the same command again" in out
+    # the cause is in every FAILED line, and the start already warned about the endpoint
+    failed = [line for line in out.splitlines() if line.startswith("FAILED ")]
+    assert len(failed) == 5 and all("simulated: simulator unavailable: connection failed" in line and "refused" in line for line in failed)
+    assert f"warning: simulator.api_base: {dead} does not answer (connection refused)" in result.stderr
+
+
+def test_warm_stops_early_across_worker_processes(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    result = cli("warm", "--config", str(warm_config(tmp_path, dead)), "--payloads", str(payload_file(tmp_path, 400)),
+                 "--processes", "2", "--concurrency", "4", "--quiet", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    made = int(re.search(r"(\d+) calls made in", result.stdout).group(1))
+    assert 5 <= made < 400 and "stopped early: the first 5 calls all failed with the same cause" in result.stdout
+
+
+def test_warm_goes_on_when_a_first_call_succeeds_and_failed_lines_carry_the_cause(tmp_path: Path) -> None:
+    from tests.helpers.openai_stub import Reply
+
+    def responder(body: dict[str, Any]) -> Reply:
+        # the first call of the run answers; the others get HTTP 500
+        return Reply() if "'x0'" in str(body["messages"][-1]["content"]) else Reply(status=500, message="model crashed")
+
+    with OpenAIStub(responder) as stub:
+        result = cli("warm", "--config", str(warm_config(tmp_path, stub.api_base)), "--payloads", str(payload_file(tmp_path, 12)),
+                     "--concurrency", "1", "--quiet", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "12 calls made in" in result.stdout and "stopped early" not in result.stdout
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED ")]
+    assert len(failed) == 11 and all(": failed: simulated: simulator unavailable: HTTP 500: model crashed (answered: API not working error..." in line for line in failed)
+
+
+def test_first_calls_stop_only_when_all_failed_alike() -> None:
+    from stabletoolbench_mirror.warm.runner import FirstCalls
+
+    watch = FirstCalls(3)
+    assert [watch.see(False, f"refused <conn object at 0x{i:x}>") for i in range(3)] == [None, None, "refused <conn object at 0x2>"]
+    watch = FirstCalls(3)
+    assert [watch.see(*c) for c in [(False, "a"), (False, "b"), (False, "a"), (False, "a")]] == [None] * 4
+    watch = FirstCalls(3)
+    assert [watch.see(*c) for c in [(False, "a"), (True, ""), (False, "a"), (False, "a")]] == [None] * 4
+    assert FirstCalls(0).see(False, "a") is None
