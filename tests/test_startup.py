@@ -227,6 +227,18 @@ def test_upstream_config_as_shipped_loads(tmp_path: Path) -> None:
     assert s.log_file == "./server.log" and s.resolve(s.log_file) == str(tmp_path / "server.log")
 
 
+def test_upstream_earlier_config_as_shipped_loads(tmp_path: Path) -> None:
+    """Upstream's earlier config.yml named the relay ``rapidapi_url``."""
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(
+        "api_key: sk-file\napi_base: http://127.0.0.1:9/v1\nmodel: gpt-4-turbo-preview\ntemperature: 0\n"
+        "rapidapi_url: http://127.0.0.1:9/rapidapi\ntools_folder: \"./tools\"\nis_save: true\ncache_folder: \"./tool_response_cache\"\n"
+    )
+    s = load_settings(cfg, environ={"OPENAI_API_KEY": "sk-env"})
+    assert s.real.enabled and s.real.relay_url == "http://127.0.0.1:9/rapidapi"
+    assert s.simulator.api_base == "http://127.0.0.1:9/v1" and s.simulator.api_key.get_secret_value() == "sk-file"
+
+
 def test_upstream_config_yml_alone_in_the_folder_is_used_and_said(tmp_path: Path, served: Any) -> None:
     server = make_server_folder(tmp_path)
     port = free_port()
