@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from . import protocol
 from .call import ToolCall
 from .config import Settings
+from .logs import clip
 from .naming import resolve_names
 from .protocol import ToolInputParseError, VirtualRequest, parse_tool_input
 from .records import Record
@@ -171,7 +172,7 @@ class MirrorLayer:
         self.stats.count("misses", call.namespace)
         if self.mode == "replay" or not self.responders:
             reason = "replay mode" if self.mode == "replay" else "no real API or simulator configured"
-            log.info("miss %s key=%s (%s)", call.namespace, call.key[:500], reason)
+            log.info("miss %s key=%s (%s)", clip(call.namespace), clip(call.key), reason)
             self.stats.count("unanswered", call.namespace)
             return Outcome(protocol.encode_answer(protocol.miss_answer(call.namespace, reason)), "unanswered")
         # more misses than limits.max_pending_misses wait for a turn (a refusal would become a tool error)
@@ -256,7 +257,7 @@ class MirrorLayer:
                 # e.g. a "\ud800" escape in a model's JSON: it can be neither stored nor served as UTF-8
                 attempt = Attempt(None, attempt.origin, "answer contains a lone UTF-16 surrogate", attempt.fallback)
             if attempt.answer is None:
-                log.info("%s gave no usable answer for %s: %s", responder.source, call.namespace, attempt.detail)
+                log.info("%s gave no usable answer for %s: %s", responder.source, clip(call.namespace), clip(attempt.detail, 500))
                 self.stats.count_failure(f"{responder.source}: {attempt.detail}")
                 problems.append(f"{responder.source}: {attempt.detail}")
                 if attempt.fallback is not None:
@@ -280,7 +281,7 @@ class MirrorLayer:
         return _served(record, "hit")
 
     def _store_error(self, call: ToolCall, exc: StoreError) -> Outcome:
-        log.error("store error for %s: %s", call.namespace, exc)
+        log.error("store error for %s: %s", clip(call.namespace), clip(exc, 500))
         self.stats.count("store_errors", call.namespace)
         return _rejected(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}", "store_error")
 

@@ -20,14 +20,16 @@ from typing import Any, AsyncIterator
 
 import anyio
 import anyio.to_thread
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from . import __version__, protocol
 from .admission import Admission, Refused
 from .config import Settings
 from .layer import MirrorLayer, Outcome
+from .logs import clip
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +285,37 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     async def stats() -> JSONResponse:
         return JSONResponse(layer.stats.snapshot())
 
+    _answer_unknown_routes(app)
     return app
+
+
+# -- unknown routes ------------------------------------------------------------------------------
+
+#: what an unknown route answers: StableToolBench's client must post to ``.../virtual``
+NO_ROUTE_HINT = "StableToolBench's client must POST /virtual (does SERVICE_URL end in /virtual?)"
+
+
+def _answer_unknown_routes(app: FastAPI) -> None:
+    """A JSON ``{"error", "response"}`` answer naming ``POST /virtual`` for a route that does not exist.
+
+    The first such request of a process is also logged once, as a WARNING (a misconfigured
+    ``SERVICE_URL`` sends every call there).
+    """
+    logged = [False]  # the handler runs on the event loop: no lock needed
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        where = f"{request.method} {clip(request.url.path)}"
+        if exc.status_code == 404:
+            message = f"no route {where}: {NO_ROUTE_HINT}"
+            if not logged[0]:
+                logged[0] = True
+                log.warning("a request to %s found no route (later ones are not logged): %s", where, NO_ROUTE_HINT)
+        elif exc.status_code == 405:
+            message = f"method not allowed: {where}; {NO_ROUTE_HINT}"
+        else:
+            message = str(exc.detail)
+        return JSONResponse(protocol.answer(message, ""), status_code=exc.status_code, headers=exc.headers)
 
 
 def app_from_environment() -> FastAPI:

@@ -78,8 +78,8 @@ def test_huge_body_without_content_length_is_refused(guarded) -> None:
         {"category": "..", "tool_name": "..", "api_name": ".."},
         {"category": "Tools", "tool_name": "../../../../tmp/evil_for_Tools", "api_name": "x"},
         {"category": "Tools", "tool_name": "t", "api_name": "../../a"},
-        {"category": "/", "tool_name": "\\..\\..", "api_name": "\x00"},
-        {"category": "C" * 5000, "tool_name": "T" * 5000, "api_name": "A" * 5000},
+        {"category": "/", "tool_name": "\\..\\..", "api_name": "%00"},
+        {"category": "C" * 1024, "tool_name": "T" * 1024, "api_name": "A" * 1024},  # the longest accepted
         {"category": "", "tool_name": "", "api_name": ""},
     ],
 )

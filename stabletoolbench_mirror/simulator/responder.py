@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from .. import protocol
 from ..call import ToolCall
+from ..logs import clip
 from ..records import Record, Source
 from ..responders import Attempt
 from ..secrets import Redactor
@@ -93,13 +94,13 @@ class Simulator:
             try:
                 completion = self.client.complete(messages, self.extra)
             except ChatError as exc:
-                log.warning("simulator gave no answer for %s: %s", call.namespace, exc.detail)
+                log.warning("simulator gave no answer for %s: %s", clip(call.namespace), clip(exc.detail, 500))
                 return Attempt(None, self.origin, detail=f"simulator unavailable: {exc.detail}")
         parsed = parse_output(completion.content)
         if parsed.answer is None:
             log.warning(
                 "simulator output for %s cannot be parsed (finish_reason %s, %d chars): %r",
-                call.namespace,
+                clip(call.namespace),
                 completion.finish_reason or "?",
                 len(completion.content),
                 redactor.text(completion.content[:300]),
@@ -111,7 +112,7 @@ class Simulator:
                 fallback=protocol.simulation_failed_answer(),
             )
         if parsed.method != "json":
-            log.info("simulator output for %s parsed by the %s extractor", call.namespace, parsed.method)
+            log.info("simulator output for %s parsed by the %s extractor", clip(call.namespace), parsed.method)
         # no key reaches the store, even when the endpoint echoes one
         return Attempt(redactor.data(parsed.answer), self.origin)
 

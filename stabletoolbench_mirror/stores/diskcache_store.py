@@ -12,6 +12,7 @@ from typing import Iterator
 
 import diskcache
 
+from ..logs import clip
 from ..records import Record
 from .base import Store, StoreError
 from .filelock import ByteRangeLocks
@@ -24,11 +25,19 @@ _CANONICAL = "c"
 
 
 def _entry_key(namespace: str, key: str) -> str:
-    return f"{_ENTRY}\x00{namespace}\x00{key}"
+    return f"{_ENTRY}\x00{_no_nul(namespace)}\x00{key}"
 
 
 def _canonical_key(namespace: str, canonical: str) -> str:
-    return f"{_CANONICAL}\x00{namespace}\x00{canonical}"
+    return f"{_CANONICAL}\x00{_no_nul(namespace)}\x00{canonical}"
+
+
+def _no_nul(namespace: str) -> str:
+    # the first NUL after the kind ends the namespace, so ``(namespace, key)`` -> diskcache key is
+    # one-to-one only while namespaces hold no NUL (``/virtual`` refuses control characters in names)
+    if "\x00" in namespace:
+        raise ValueError(f"a namespace must not contain NUL: {namespace[:200]!r}")
+    return namespace
 
 
 class DiskcacheStore(Store):
@@ -116,7 +125,7 @@ class DiskcacheStore(Store):
         try:
             while (offset := self._locks.try_acquire(name)) is None:
                 if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, MAX_LOCK_WAIT_S)
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(namespace), MAX_LOCK_WAIT_S)
                     break
                 time.sleep(self.lock_poll_s)
         except OSError as exc:
@@ -128,7 +137,7 @@ class DiskcacheStore(Store):
                 try:
                     self._locks.release(offset)
                 except OSError as exc:  # pragma: no cover - unlocking an open file does not fail
-                    log.warning("single-flight lock for %s not released: %s", namespace, exc)
+                    log.warning("single-flight lock for %s not released: %s", clip(namespace), exc)
 
     def __iter__(self) -> Iterator[Record]:
         for k in self._cache.iterkeys():

@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
+from ..logs import clip
 from ..records import Record
 from .base import Store, StoreError
 from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
@@ -349,7 +350,7 @@ class RedisStore(Store):
         try:
             while not (acquired := bool(self._client.set(name, token, nx=True, px=ttl_ms))):
                 if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, MAX_LOCK_WAIT_S)
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(namespace), MAX_LOCK_WAIT_S)
                     break
                 time.sleep(self.lock_poll_s)
         except RedisError as exc:
@@ -374,7 +375,7 @@ class RedisStore(Store):
         finally:
             self._leases.drop(lease)
             if not release():
-                log.warning("single-flight lock for %s not released now (Redis unavailable); retrying in the background", namespace)
+                log.warning("single-flight lock for %s not released now (Redis unavailable); retrying in the background", clip(namespace))
                 self._leases.release_later(release)
 
     def ping(self) -> None:
