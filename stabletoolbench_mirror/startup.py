@@ -583,7 +583,11 @@ def inspect(
     check_tools_folder(settings, report, count_apis=True if full_counts else None)
     check_endpoints(settings, report, probe_endpoints=probe_endpoints)
     if settings.log_file:
-        report.add("log file", settings.resolve(settings.log_file))
+        path = Path(settings.resolve(settings.log_file))
+        report.add("log file", str(path))
+        writable = os.access(path, os.W_OK) if path.exists() else path.parent.is_dir() and os.access(path.parent, os.W_OK | os.X_OK)
+        if not writable or path.is_dir():
+            report.error("log_file", f"{path} cannot be written: check the folder exists and is writable")
     return report
 
 

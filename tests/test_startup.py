@@ -382,6 +382,9 @@ def test_doctor_reports_every_error_and_exits_non_zero(tmp_path: Path) -> None:
     assert "error: tools_folder: is not set, but simulator.enabled is true" in out
     assert "does not answer (connection refused)" in out
     assert "3 error(s), 1 warning(s)" in out
+    bad_log = write_config(tmp_path / "log.yml", {"store": {"path": str(tmp_path / "store")}, "log_file": str(tmp_path / "no" / "dir" / "x.log")})
+    result = cli("doctor", "--config", str(bad_log), "--no-probe", cwd=tmp_path)
+    assert result.returncode == 1 and f"error: log_file: {tmp_path / 'no' / 'dir' / 'x.log'} cannot be written" in result.stdout
 
 
 # -- README: the troubleshooting section quotes the exact messages --------------------------------
