@@ -512,7 +512,8 @@ def check_endpoints(settings: Settings, report: StartupReport, *, probe_endpoint
     report.add("simulator", f"{sim.style}, model '{sim.model}'")
     for i, endpoint in enumerate(sim.endpoints):
         found = results.get(f"simulator{i}")
-        report.add(f"simulator endpoint {i}" if len(sim.endpoints) > 1 else "simulator endpoint", found.describe() if found else f"{display_url(endpoint)} (not checked)")
+        label = f"simulator endpoint {i}" if len(sim.endpoints) > 1 else "simulator endpoint"
+        report.add(label, found.describe() if found else f"{display_url(endpoint)} (not checked)")
         if found is None:
             continue
         key = "simulator.api_base"
