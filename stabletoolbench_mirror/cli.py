@@ -135,19 +135,20 @@ def run_server(settings: Settings) -> int:
         except StoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        # each worker process rebuilds the same settings from the environment
-        os.environ["STM_SERVE_SETTINGS_JSON"] = serialize_settings(settings)
+        from .handoff import SettingsHandoff
         from .server import uvicorn_options
 
-        uvicorn.run(
-            "stabletoolbench_mirror.server:app_from_environment",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_level=settings.log_level,
-            **uvicorn_options(settings),
-        )
+        # the workers read the settings (keys included) from a private file, never from the environment
+        with SettingsHandoff(settings, workers=settings.workers):
+            uvicorn.run(
+                "stabletoolbench_mirror.server:app_from_environment",
+                factory=True,
+                host=settings.host,
+                port=settings.port,
+                workers=settings.workers,
+                log_level=settings.log_level,
+                **uvicorn_options(settings),
+            )
         return 0
     from .server import create_app, freeze_startup_objects, uvicorn_options
 
@@ -159,30 +160,6 @@ def run_server(settings: Settings) -> int:
     freeze_startup_objects()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, **uvicorn_options(settings))
     return 0
-
-
-def serialize_settings(settings: Settings) -> str:
-    data = settings.model_dump(mode="python")
-    data["base_dir"] = settings.base_dir
-
-    def reveal(value: Any) -> Any:
-        if hasattr(value, "get_secret_value"):
-            return value.get_secret_value()
-        if isinstance(value, dict):
-            return {k: reveal(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [reveal(v) for v in value]
-        return value
-
-    return json.dumps(reveal(data))
-
-
-def deserialize_settings(text: str) -> Settings:
-    data = json.loads(text)
-    base_dir = data.pop("base_dir", ".")
-    settings = Settings(**data)
-    settings.base_dir = base_dir
-    return settings
 
 
 # -- cache ---------------------------------------------------------------------------------------

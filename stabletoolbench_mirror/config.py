@@ -27,7 +27,7 @@ ENV_PREFIX = "STM_"
 DEFAULT_CONFIG_FILE = "server_config.yml"
 #: ``STM_*`` variables that are not settings keys: the config file's path, the serve master's
 #: hand-over to its workers, and the tooling's own (``STM_VLLM_*`` for the vLLM tier, ``STM_CI_*``)
-NOT_SETTINGS_ENV = frozenset({"STM_CONFIG", "STM_SERVE_SETTINGS_JSON", "STM_REDIS_URL"})
+NOT_SETTINGS_ENV = frozenset({"STM_CONFIG", "STM_SERVE_SETTINGS_FILE", "STM_REDIS_URL"})
 NOT_SETTINGS_ENV_PREFIXES = ("STM_VLLM_", "STM_CI_")
 
 

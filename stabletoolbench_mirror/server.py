@@ -319,13 +319,13 @@ def _answer_unknown_routes(app: FastAPI) -> None:
 
 
 def app_from_environment() -> FastAPI:
-    """The app of a ``serve --workers N`` worker process (settings passed through the environment)."""
-    from .cli import deserialize_settings
+    """The app of a ``serve --workers N`` worker process (settings handed over in a private file, see :mod:`.handoff`)."""
+    from .handoff import ENV, read_settings_file
     from .logs import setup_logging
 
-    settings = deserialize_settings(os.environ["STM_SERVE_SETTINGS_JSON"])
-    setup_logging(settings.log_level, settings.secrets(), settings.resolve(settings.log_file) if settings.log_file else None)
     try:
+        settings = read_settings_file(os.environ[ENV])
+        setup_logging(settings.log_level, settings.secrets(), settings.resolve(settings.log_file) if settings.log_file else None)
         app = create_app(settings)
     except Exception:
         # uvicorn's supervisor restarts a dead worker forever, but stops on this exit code
