@@ -76,12 +76,12 @@ class MirrorLayer:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, store: Store | None = None) -> "MirrorLayer":
-        from .factory import build_responders, build_store
+        from .factory import build_frozen, build_responders, build_store
 
         return cls(
             store if store is not None else build_store(settings),
             mode=settings.mode,
-            frozen=[FrozenCache(settings.resolve(p)) for p in settings.frozen_caches],
+            frozen=build_frozen(settings),
             responders=build_responders(settings),
             save=settings.save,
             max_pending_misses=settings.limits.max_pending_misses,
@@ -129,11 +129,6 @@ class MirrorLayer:
             return Outcome(protocol.encode_answer(protocol.parse_error_answer()), "rejected")
         return ToolCall.build(request, tool_input, names)
 
-    @property
-    def lookups_are_local(self) -> bool:
-        """Whether a cache lookup is cheap enough to run on the server's event loop (no network I/O)."""
-        return self.store.is_local
-
     def cached(self, call: ToolCall) -> Outcome | None:
         """The cached answer as a counted hit, or ``None`` (nothing counted) when it is not cached or the store fails."""
         try:
@@ -145,13 +140,14 @@ class MirrorLayer:
         return self._hit(call, record)
 
     async def cached_async(self, call: ToolCall) -> Outcome | None:
-        """:meth:`cached` for stores read over the network (Redis): the store is read on the event loop.
+        """:meth:`cached` for the server's event loop: a local store is read at once, Redis through
+        its async client, and a frozen file not parsed yet is parsed in a thread (the loop goes on).
 
-        ``None`` (nothing counted) when the store has no async reads, the answer is not cached,
-        or the store fails (the full path then answers, with the store's error if it persists).
+        ``None`` (nothing counted) when the answer is not cached or the store fails (the full
+        path then answers, with the store's error if it persists).
         """
         store = self.store
-        if not store.reads_async:
+        if not store.reads_async and not store.is_local:
             return None
         try:
             record = await self._lookup_async(call)
@@ -205,13 +201,27 @@ class MirrorLayer:
         )
 
     async def _lookup_async(self, call: ToolCall) -> Record | None:
-        """:meth:`lookup` with the store read through its async client (same order)."""
-        return (
-            await self.store.aget(call.namespace, call.key)
-            or self._frozen_exact(call)
-            or await self.store.aget_canonical(call.namespace, call.canonical)
-            or self._frozen_canonical(call)
-        )
+        """:meth:`lookup` without blocking the event loop (same order)."""
+        store = self.store
+        if store.reads_async:
+            record = await store.aget(call.namespace, call.key)
+        else:
+            record = store.get(call.namespace, call.key)
+        for frozen in self.frozen:
+            if record is not None:
+                return record
+            record = await frozen.aget(call.namespace, call.key)
+        if record is not None:
+            return record
+        if store.reads_async:
+            record = await store.aget_canonical(call.namespace, call.canonical)
+        else:
+            record = store.get_canonical(call.namespace, call.canonical)
+        for frozen in self.frozen:
+            if record is not None:
+                return record
+            record = await frozen.aget_canonical(call.namespace, call.canonical)
+        return record
 
     def _frozen_exact(self, call: ToolCall) -> Record | None:
         return next((r for f in self.frozen if (r := f.get(call.namespace, call.key)) is not None), None)
@@ -263,7 +273,7 @@ class MirrorLayer:
                 if attempt.fallback is not None:
                     fallback = attempt.fallback
                 continue
-            record = Record.from_answer(call.namespace, call.key, attempt.answer, responder.source, attempt.origin)
+            record = Record.from_answer(call.namespace, call.key, attempt.answer, responder.source, attempt.origin, attempt.meta)
             if self.save:
                 if not self.store.add(record, call.canonical):
                     # someone else recorded first: everyone serves that one

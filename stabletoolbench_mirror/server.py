@@ -170,16 +170,11 @@ class _Front:
         prepared = layer.prepare(payload)
         if isinstance(prepared, Outcome):
             return prepared
-        if layer.lookups_are_local:
-            # a hit on a local store costs microseconds: answer it without a thread hop
-            hit = layer.cached(prepared)
-            if hit is not None:
-                return hit
-        else:
-            # a remote store (Redis) is read on the event loop too: no thread hop for a hit
-            hit = await layer.cached_async(prepared)
-            if hit is not None:
-                return hit
+        # hits are answered on the event loop (a local store at once, Redis through its async
+        # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
+        hit = await layer.cached_async(prepared)
+        if hit is not None:
+            return hit
         return await anyio.to_thread.run_sync(layer.handle_call, prepared)
 
 
@@ -278,15 +273,35 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
                 "store": layer.store.kind,
                 "frozen_caches": len(layer.frozen),
                 "responders": [r.source for r in layer.responders],
+                "simulator_prompt": _simulator_prompt(layer),
             }
         )
 
     @app.get("/stats")
     async def stats() -> JSONResponse:
-        return JSONResponse(layer.stats.snapshot())
+        return JSONResponse({**layer.stats.snapshot(), **_responder_stats(layer)})
 
     _answer_unknown_routes(app)
     return app
+
+
+def _responder_stats(layer: MirrorLayer) -> dict[str, Any]:
+    """The responders' own counters (``simulator``: parse retries; ``shadow``: shadow answers)."""
+    out: dict[str, Any] = {}
+    for responder in layer.responders:
+        stats = getattr(type(responder), "stats", None)
+        if callable(stats):
+            out.update(responder.stats())
+    return out
+
+
+def _simulator_prompt(layer: MirrorLayer) -> dict[str, str] | None:
+    """The simulator's style and system prompt source and sha256 (``None`` without a simulator)."""
+    for responder in layer.responders:
+        prompt = getattr(responder, "prompt", None)
+        if prompt is not None:
+            return {"style": getattr(responder, "style", ""), **prompt.describe()}
+    return None
 
 
 # -- unknown routes ------------------------------------------------------------------------------

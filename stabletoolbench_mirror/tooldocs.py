@@ -31,6 +31,7 @@ from rapidfuzz import fuzz, process
 
 from .logs import clip
 from .naming import CallNames, change_name, standardize, standardize_category
+from .upstream_layout import OutsideTree, check_inside
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -102,8 +103,16 @@ def _params(value: Any) -> list[Any]:
 class ToolDocs:
     """A lazily indexed tools folder; safe to share between threads."""
 
-    def __init__(self, root: str | os.PathLike[str], *, fuzzy_score: float = 85.0, max_loaded_tools: int = 4096) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fuzzy_score: float = 85.0,
+        max_loaded_tools: int = 4096,
+        allow_symlinks: bool = False,
+    ) -> None:
         self.root = Path(root)
+        self.allow_symlinks = allow_symlinks
         self.fuzzy_score = float(fuzzy_score)
         self.max_loaded_tools = max(1, int(max_loaded_tools))
         self._lock = threading.Lock()
@@ -127,7 +136,7 @@ class ToolDocs:
             log.warning("tools folder %s cannot be read: %s", self.root, exc)
             return index
         for category in categories:
-            if not category.is_dir():
+            if not category.is_dir() or not self._inside(category):
                 continue
             tools: dict[str, Path] = {}
             try:
@@ -136,7 +145,7 @@ class ToolDocs:
                 log.warning("tools folder %s cannot be read: %s", category.path, exc)
                 continue
             for entry in entries:
-                if entry.name.endswith(".json") and entry.is_file():
+                if entry.name.endswith(".json") and entry.is_file() and self._inside(entry):
                     tools.setdefault(standardize(entry.name[: -len(".json")]), Path(entry.path))
             std = standardize_category(category.name)
             index.setdefault(std, {}).update(tools)
@@ -145,6 +154,17 @@ class ToolDocs:
                 self._tool_categories.setdefault(tool, []).append(std)
         log.info("tools folder %s: %d categories, %d tools", self.root, len(index), sum(len(t) for t in index.values()))
         return index
+
+    def _inside(self, entry: os.DirEntry[str]) -> bool:
+        """Whether ``entry`` may be used: not a symbolic link out of the folder (unless allowed)."""
+        if self.allow_symlinks or not entry.is_symlink():
+            return True
+        try:
+            check_inside(entry.path, self.root)
+        except OutsideTree as exc:
+            log.warning("tools folder: refused %s", exc)
+            return False
+        return True
 
     def _get_index(self) -> dict[str, dict[str, Path]]:
         index = self._index
@@ -302,4 +322,8 @@ def tool_docs_for(settings: "Settings") -> ToolDocs | None:
     """The registry over ``settings.tools_folder`` (``None`` when none is configured)."""
     if not settings.tools_folder:
         return None
-    return ToolDocs(settings.resolve(settings.tools_folder), fuzzy_score=settings.simulator.fuzzy_match_score)
+    return ToolDocs(
+        settings.resolve(settings.tools_folder),
+        fuzzy_score=settings.simulator.fuzzy_match_score,
+        allow_symlinks=settings.allow_symlinks,
+    )

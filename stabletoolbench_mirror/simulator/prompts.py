@@ -1,18 +1,22 @@
 """The chat messages sent to the simulator model, per prompt style.
 
-``mirrorapi-sft`` / ``mirrorapi-cot``
+``mirrorapi-sft`` / ``mirrorapi-cot`` / ``mirrorapi-cache``
     MirrorAPI's layout: a system prompt, then one user turn
     ``API doc:\\n{api_doc}\\n\\nRequest:\\n{request}`` where ``api_doc`` is Python's ``str()``
     of a dict with the keys ``api_name, api_description, required_parameters,
     optional_parameters, tool_description, tool_name, tool_category`` (in that order) and
     ``request`` is ``str()`` of the parsed input without any ``toolbench_key``.
+    ``mirrorapi-cache`` (the MirrorAPI-Cache model) differs only in ``api_name``: the
+    standardized API name, as upstream's ``main_mirrorapi_cache.py`` sends it, instead of
+    the doc's display name.
 ``gpt-fewshot``
     StableToolBench's GPT-simulator style for any chat model: the API doc, up to
     ``max_examples`` cached answers of the same API (the ones whose input is most like the
     current one, within a character budget), then the input; the model answers a JSON object.
 
 The default system prompts are this project's own text; ``system_prompt_file`` replaces
-them with a user's file, sent verbatim (e.g. MirrorAPI's exact training prompts).
+them with a user's file (see :mod:`.prompt_files`: a text file sent verbatim, or
+StableToolBench's ``system_prompts.py`` read as a syntax tree).
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from typing import Any, Sequence
 from rapidfuzz import fuzz
 
 from ..call import ToolCall
+from ..naming import standardize
 from ..records import Record
 from ..tooldocs import ApiDoc
 
-STYLES = ("mirrorapi-sft", "mirrorapi-cot", "gpt-fewshot")
+MIRRORAPI_STYLES = ("mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache")
+STYLES = (*MIRRORAPI_STYLES, "gpt-fewshot")
 MIRRORAPI_USER_TEMPLATE = "API doc:\n{api_doc}\n\nRequest:\n{request}"
 API_DOC_KEYS = (
     "api_name",
@@ -96,24 +102,24 @@ when they are empty or errors, ignore them and answer on your own.
 DEFAULT_SYSTEM_PROMPTS = {
     "mirrorapi-sft": SFT_SYSTEM_PROMPT,
     "mirrorapi-cot": COT_SYSTEM_PROMPT,
+    "mirrorapi-cache": SFT_SYSTEM_PROMPT,
     "gpt-fewshot": GPT_SYSTEM_PROMPT,
 }
 
 
-def load_system_prompt(path: str) -> str:
-    """A system prompt file's text, verbatim (no stripping, no templating)."""
-    with open(path, encoding="utf-8", newline="") as handle:
-        return handle.read()
-
-
-def api_doc_dict(call: ToolCall, doc: ApiDoc | None) -> dict[str, Any]:
+def api_doc_dict(call: ToolCall, doc: ApiDoc | None, style: str = "mirrorapi-sft") -> dict[str, Any]:
     """The ``api_doc`` dict of MirrorAPI's prompt, keys in its training order.
 
     Without a doc the simulator still gets the API, tool and category names.
+    ``mirrorapi-cache`` names the API by its standardized name (upstream's cache server).
     """
+    if style == "mirrorapi-cache":
+        api_name = standardize(call.names.api)
+    else:
+        api_name = doc.name if doc is not None else call.api_name
     if doc is None:
         return {
-            "api_name": call.api_name,
+            "api_name": api_name,
             "api_description": "",
             "required_parameters": [],
             "optional_parameters": [],
@@ -122,7 +128,7 @@ def api_doc_dict(call: ToolCall, doc: ApiDoc | None) -> dict[str, Any]:
             "tool_category": call.names.category,
         }
     return {
-        "api_name": doc.name,
+        "api_name": api_name,
         "api_description": doc.description,
         "required_parameters": doc.required_parameters,
         "optional_parameters": doc.optional_parameters,
@@ -145,14 +151,15 @@ def request_value(call: ToolCall) -> Any:
     return value
 
 
-def mirrorapi_user_turn(call: ToolCall, doc: ApiDoc | None) -> str:
-    return MIRRORAPI_USER_TEMPLATE.format(api_doc=str(api_doc_dict(call, doc)), request=str(request_value(call)))
+def mirrorapi_user_turn(call: ToolCall, doc: ApiDoc | None, style: str = "mirrorapi-sft") -> str:
+    return MIRRORAPI_USER_TEMPLATE.format(api_doc=str(api_doc_dict(call, doc, style)), request=str(request_value(call)))
 
 
-def mirrorapi_messages(system_prompt: str, call: ToolCall, doc: ApiDoc | None) -> list[dict[str, str]]:
+def mirrorapi_messages(system_prompt: str, call: ToolCall, doc: ApiDoc | None, style: str = "mirrorapi-sft") -> list[dict[str, str]]:
+    """The messages of a MirrorAPI style: the live prompt, and the training export's first two turns."""
     return [
         {"role": "system", "content": system_prompt},
-        {"role": "user", "content": mirrorapi_user_turn(call, doc)},
+        {"role": "user", "content": mirrorapi_user_turn(call, doc, style)},
     ]
 
 
