@@ -207,8 +207,10 @@ class Settings(_Section):
 
 UPSTREAM_CONFIG_FILE = "config.yml"
 #: every key of upstream's server/config.yml
-UPSTREAM_KEYS = ("api_key", "api_base", "model", "temperature", "toolbench_url", "tools_folder", "cache_folder", "is_save", "port", "log_file")
-_LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "api_base", "api_key", "model", "temperature")
+UPSTREAM_KEYS = (
+    "api_key", "api_base", "model", "temperature", "toolbench_url", "rapidapi_url", "tools_folder", "cache_folder", "is_save", "port", "log_file",
+)
+_LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "rapidapi_url", "api_base", "api_key", "model", "temperature")
 #: upstream's OpenAI client talks to OpenAI when ``api_base`` is empty
 UPSTREAM_DEFAULT_API_BASE = "https://api.openai.com/v1"
 
@@ -227,6 +229,9 @@ def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = 
         data["frozen_caches"] = frozen
     if "is_save" in data:
         data["save"] = data.pop("is_save")
+    if "rapidapi_url" in data:  # its name in upstream's earlier config.yml: the same relay
+        data.setdefault("toolbench_url", data["rapidapi_url"])
+        data.pop("rapidapi_url")
     if "toolbench_url" in data:
         real = dict(data.get("real") or {})
         real.setdefault("relay_url", data.pop("toolbench_url"))

@@ -38,7 +38,8 @@ def clean_env() -> dict[str, str]:
 def config(tmp_path: Path, stub: OpenAIStub, **extra: Any) -> Path:
     data: dict[str, Any] = {
         "store": {"path": str(tmp_path / "store")},
-        "simulator": {"enabled": True, "api_base": stub.api_base, "max_retries": 0, "read_timeout_s": 30},
+        # no tool docs: warm's own start-up checks want that said explicitly
+        "simulator": {"enabled": True, "api_base": stub.api_base, "max_retries": 0, "read_timeout_s": 30, "allow_without_docs": True},
     }
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):
@@ -85,7 +86,7 @@ def test_warm_from_reference_queries_records_each_default_call_once(reference_di
         saved = records(tmp_path / "store")
         assert len(saved) == len(expected)
         assert {(r.api, r.key) for r in saved} == {(c.api, c.key) for c in expected.values()}
-        assert {r.source for r in saved} == {"simulated"} and {r.origin for r in saved} == {"MirrorAPI"}
+        assert {r.source for r in saved} == {"simulated"} and {r.origin for r in saved} == {"MirrorAPI [no tool docs]"}
         # each prompt carried the default call's standardised, typed input
         prompts = [m["content"] for body in stub.requests for m in body["messages"] if m["role"] == "user"]
         for call in expected.values():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import time
@@ -70,11 +71,15 @@ def split(layer: MirrorLayer, plan: WarmPlan) -> tuple[dict[str, KindCounts], li
 
 
 def failure_reason(outcome: Outcome) -> str:
+    """Why a call failed: what each responder said (the cause), and the answer served."""
     try:
         answer = outcome.answer
         text = f"{answer.get('error', '')} {answer.get('response', '')}".strip()
     except (ValueError, AttributeError):
         text = outcome.body
+    problems = outcome.problems
+    if problems:
+        return f"{outcome.kind}: {'; '.join(problems)}"[:800] + f" (answered: {text[:300]})"
     return f"{outcome.kind}: {text[:300]}"
 
 
@@ -92,18 +97,71 @@ def make_call(handle: Handler, call: ToolCall) -> tuple[OutcomeKind | None, str]
     return outcome.kind, "" if outcome.kind in ANSWERED else failure_reason(outcome)
 
 
-class Tracker:
-    """Counts outcomes and drives the progress bar (thread-safe)."""
+#: ``warm --stop-after-failures`` default: a run whose first this many calls all fail for one cause stops
+STOP_AFTER_FAILURES = 5
 
-    def __init__(self, counts: dict[str, KindCounts], total: int, progress: bool) -> None:
+
+class FirstCalls:
+    """Watches the first ``n`` calls of a run: when every one failed for the same cause, the run should stop.
+
+    A dead simulator or relay otherwise costs every call its timeouts and retries.  One success,
+    or two different causes, among the first ``n`` and the run goes on to the end.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = max(0, n)
+        self.seen = 0
+        self.cause: str | None = None
+
+    @staticmethod
+    def _same(reason: str) -> str:
+        # object addresses in exception texts differ from call to call
+        return re.sub(r"0x[0-9a-fA-F]+", "0x", reason)
+
+    def see(self, ok: bool, reason: str) -> str | None:
+        """Count one finished call; the cause once the first ``n`` all failed for it, else ``None``."""
+        if self.seen >= self.n:
+            return None
+        self.seen += 1
+        if ok or (self.cause is not None and self._same(reason) != self.cause):
+            self.seen = self.n  # decided: the run goes on
+            return None
+        self.cause = self._same(reason)
+        return reason if self.seen == self.n else None
+
+
+class Tracker:
+    """Counts outcomes and drives the progress bar (thread-safe); sets ``stop`` when the first calls all fail alike."""
+
+    def __init__(
+        self,
+        counts: dict[str, KindCounts],
+        total: int,
+        progress: bool,
+        *,
+        stop_after_failures: int = 0,
+        stop: Any = None,
+    ) -> None:
         self.counts = counts
         self.failures: list[Failure] = []
         self.attempted = 0
+        self.stopped = ""
+        # (a run no longer than that has nothing to save by stopping)
+        self._first = FirstCalls(stop_after_failures if 0 < stop_after_failures < total else 0)
+        self._stop = stop
         self._lock = threading.Lock()
         self._bar = tqdm(total=total, desc="warm", unit="call", disable=not progress, dynamic_ncols=True, smoothing=0.1)
 
     def done(self, item: WarmItem, kind: OutcomeKind | None, reason: str, *, made: bool = True) -> None:
         with self._lock:
+            cause = self._first.see(not reason, reason) if made else None
+            if cause is not None:
+                self.stopped = (
+                    f"the first {self._first.n} calls all failed with the same cause: {cause}\n"
+                    "fix it and run the same command again (calls already recorded are skipped)"
+                )
+                if self._stop is not None:
+                    self._stop.set()
             self.attempted += 1 if made else 0
             c = self.counts[item.input_kind]
             if kind is OutcomeKind.RECORDED:
@@ -126,7 +184,8 @@ class Tracker:
             skipped=list(plan.skipped),
             elapsed_s=time.monotonic() - started,
             attempted=self.attempted,
-            interrupted=interrupted,
+            interrupted=interrupted and not self.stopped,
+            stopped=self.stopped,
         )
 
 
@@ -154,14 +213,18 @@ def run_warm(
     handler: Handler | None = None,
     stop: threading.Event | None = None,
     switch_interval_s: float | None = SWITCH_INTERVAL_S,
+    stop_after_failures: int = 0,
 ) -> WarmReport:
-    """Make every call of ``plan`` that the layer cannot answer yet, ``concurrency`` at a time, in this process."""
+    """Make every call of ``plan`` that the layer cannot answer yet, ``concurrency`` at a time, in this process.
+
+    ``stop_after_failures``: stop early when the first this many calls all fail for the same cause.
+    """
     handle = handler or layer.handle_call
     counts, todo = split(layer, plan)
     stop = stop or threading.Event()
     queue_lock = threading.Lock()
     queue = iter(todo)
-    tracker = Tracker(counts, len(todo), progress)
+    tracker = Tracker(counts, len(todo), progress, stop_after_failures=stop_after_failures, stop=stop)
     started = time.monotonic()
 
     def work() -> None:
