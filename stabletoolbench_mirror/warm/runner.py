@@ -7,7 +7,7 @@ import re
 import sys
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
