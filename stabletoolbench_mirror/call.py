@@ -32,8 +32,8 @@ class ToolCall:
     """A secret: never logged, recorded or echoed."""
 
     @property
-    def namespace(self) -> str:
-        return self.names.namespace
+    def api(self) -> str:
+        return self.names.api
 
     @classmethod
     def build(cls, request: VirtualRequest, tool_input: Any, names: CallNames | None = None) -> "ToolCall":
