@@ -24,6 +24,7 @@ COMMAND_MODULES: list[str] = [
     "stabletoolbench_mirror.warm",
     "stabletoolbench_mirror.snapshot",
     "stabletoolbench_mirror.check",
+    "stabletoolbench_mirror.sessions",
 ]
 
 

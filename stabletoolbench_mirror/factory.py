@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
 from .config import ConfigError, Settings
 from .responders import Responder
 from .stores import DiskcacheStore, Store
 from .tooldocs import tool_docs_for
+
+if TYPE_CHECKING:
+    from .local_tools import LocalTools
+    from .sessions import Sessions, SessionStore
 
 
 def build_store(settings: Settings) -> Store:
@@ -36,3 +43,44 @@ def build_responders(settings: Settings) -> list[Responder]:
 
         responders.append(build_simulator(settings, docs=docs))
     return responders
+
+
+# -- sessions and local tools ---------------------------------------------------------------------
+
+
+def build_session_store(settings: Settings) -> "SessionStore":
+    """Where sessions are kept: beside the records (``<store.path>/sessions``, or the same Redis)."""
+    from .sessions import DiskcacheSessionStore, RedisSessionStore
+
+    cfg = settings.store
+    ttl = settings.sessions.idle_expiry_s
+    if cfg.kind == "redis":
+        if not cfg.url:
+            raise ConfigError("store.url: required when store.kind is 'redis'")
+        return RedisSessionStore(cfg.url, ttl, prefix=cfg.prefix, timeout_s=cfg.timeout_s)
+    return DiskcacheSessionStore(os.path.join(settings.resolve(cfg.path), "sessions"), ttl)
+
+
+def build_sessions(settings: Settings, store: Store) -> "Sessions":
+    """Sessions kept beside ``store``; the calls of one session are serialised by the store's lock."""
+    from .sessions import LOCK_NAMESPACE, Sessions
+
+    return Sessions(
+        build_session_store(settings),
+        lambda session_id: store.flight_lock(LOCK_NAMESPACE, session_id),
+        settings.sessions,
+        history=settings.simulator.history,
+    )
+
+
+def build_local_tools(settings: Settings) -> "LocalTools | None":
+    """The local tools of the ``local_tools`` files (only those files are imported), or ``None``."""
+    if not settings.local_tools:
+        return None
+    from .local_tools import LocalTools
+
+    return LocalTools.load(
+        [settings.resolve(p) for p in settings.local_tools],
+        timeout_s=settings.local_tools_timeout_s,
+        max_state_bytes=settings.sessions.max_state_bytes,
+    )

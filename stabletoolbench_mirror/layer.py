@@ -16,10 +16,12 @@ from pydantic import ValidationError
 from . import protocol
 from .call import ToolCall
 from .config import Settings
+from .local_tools import LocalTool, LocalTools
 from .naming import resolve_names
 from .protocol import ToolInputParseError, VirtualRequest, parse_tool_input
 from .records import Record
 from .responders import Attempt, Responder
+from .sessions import SessionError, Sessions
 from .singleflight import SingleFlight
 from .stats import Stats
 from .stores import FrozenCache, Store, StoreError
@@ -57,6 +59,8 @@ class MirrorLayer:
         save: bool = True,
         max_pending_misses: int = 256,
         stats: Stats | None = None,
+        sessions: Sessions | None = None,
+        local_tools: LocalTools | None = None,
     ) -> None:
         if mode not in ("replay", "record"):
             raise ValueError(f"unknown mode {mode!r}")
@@ -68,18 +72,24 @@ class MirrorLayer:
         self.stats = stats or Stats()
         self._flight: SingleFlight[Outcome] = SingleFlight()
         self._pending = threading.BoundedSemaphore(max_pending_misses)
+        self.sessions = sessions
+        self.local_tools = local_tools if local_tools is not None and len(local_tools) else None
 
     @classmethod
     def from_settings(cls, settings: Settings, *, store: Store | None = None) -> "MirrorLayer":
-        from .factory import build_responders, build_store
+        from .factory import build_local_tools, build_responders, build_sessions, build_store
 
+        local_tools = build_local_tools(settings)  # a file that cannot be imported stops the start first
+        store = store if store is not None else build_store(settings)
         return cls(
-            store if store is not None else build_store(settings),
+            store,
             mode=settings.mode,
             frozen=[FrozenCache(settings.resolve(p)) for p in settings.frozen_caches],
             responders=build_responders(settings),
             save=settings.save,
             max_pending_misses=settings.limits.max_pending_misses,
+            sessions=build_sessions(settings, store),
+            local_tools=local_tools,
         )
 
     # -- entry points -------------------------------------------------------------------------
@@ -128,8 +138,14 @@ class MirrorLayer:
         """Whether a cache lookup is cheap enough to run on the server's event loop (no network I/O)."""
         return self.store.is_local
 
+    def runs_locally(self, call: ToolCall) -> bool:
+        """Whether ``call`` is one of the local tools (it always runs: never answered from the cache)."""
+        return self.local_tools is not None and self.local_tools.find(call) is not None
+
     def cached(self, call: ToolCall) -> Outcome | None:
         """The cached answer as a counted hit, or ``None`` (nothing counted) when it is not cached or the store fails."""
+        if self.runs_locally(call):
+            return None
         try:
             record = self.lookup(call)
         except StoreError:
@@ -145,7 +161,7 @@ class MirrorLayer:
         or the store fails (the full path then answers, with the store's error if it persists).
         """
         store = self.store
-        if not store.reads_async:
+        if not store.reads_async or self.runs_locally(call):
             return None
         try:
             record = await self._lookup_async(call)
@@ -155,8 +171,24 @@ class MirrorLayer:
             return None
         return self._hit(call, record)
 
-    def handle_call(self, call: ToolCall) -> Outcome:
-        """Answer ``call``: the cache, else the real API and the simulator (single flight), recorded."""
+    def handle_call(self, call: ToolCall, session: str | None = None) -> Outcome:
+        """Answer ``call`` (inside ``session`` when given): see :meth:`answer`."""
+        if session is None:
+            return self.answer(call, {})
+        if self.sessions is None:
+            return _rejected(422, "sessions are not available on this server")
+        try:
+            return self.sessions.run(session, call, self.answer)
+        except SessionError as exc:
+            return _rejected(exc.status, exc.message)
+        except StoreError as exc:
+            return self._store_error(call, exc)
+
+    def answer(self, call: ToolCall, state: dict) -> Outcome:
+        """A local tool's answer (it may change ``state``), else the cache, else the real API and the simulator, recorded."""
+        tool = self.local_tools.find(call) if self.local_tools is not None else None
+        if tool is not None:
+            return self._local(tool, call, state)
         try:
             record = self.lookup(call)
         except StoreError as exc:
@@ -263,6 +295,25 @@ class MirrorLayer:
             fallback = protocol.miss_answer(call.namespace, "the real API and the simulator gave no usable answer")
         return Outcome(protocol.encode_answer(fallback), "failed")
 
+    def _local(self, tool: LocalTool, call: ToolCall, state: dict) -> Outcome:
+        """Run a local tool; its answer is recorded (``source: local``) but never served from the cache."""
+        assert self.local_tools is not None
+        result = self.local_tools.run(tool, call, state)
+        if result.answer is None:
+            self.stats.count("local", call.namespace)
+            self.stats.count_failure(f"local: {result.detail}")
+            return Outcome(protocol.encode_answer(self.local_tools.error_answer(tool, result.detail)), "failed")
+        state.clear()
+        state.update(result.state or {})
+        record = Record.from_answer(call.namespace, call.key, result.answer, "local", tool.origin)
+        if self.save and self.mode == "record":
+            try:
+                self.store.add(record, call.canonical)
+            except StoreError as exc:  # the tool ran (its state changed): its answer is served anyway
+                log.warning("local tool answer for %s not recorded: %s", call.namespace, exc)
+        self.stats.count("local", call.namespace, "local")
+        return _served(record, "local")
+
     def _hit(self, call: ToolCall, record: Record) -> Outcome:
         """A counted cache hit."""
         self.stats.count("hits", call.namespace, record.source)
@@ -276,6 +327,8 @@ class MirrorLayer:
     def close(self) -> None:
         for responder in self.responders:
             responder.close()
+        if self.sessions is not None:
+            self.sessions.close()
         self.store.close()
 
 

@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from .protocol import encode_answer
 
-Source = Literal["real", "simulated", "imported"]
-SOURCES: tuple[str, ...] = ("real", "simulated", "imported")
+Source = Literal["real", "simulated", "imported", "local"]
+SOURCES: tuple[str, ...] = ("real", "simulated", "imported", "local")
 RECORD_VERSION = 1
 
 

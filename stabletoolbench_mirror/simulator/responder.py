@@ -11,11 +11,14 @@ from ..call import ToolCall
 from ..records import Record, Source
 from ..responders import Attempt
 from ..tooldocs import ToolDocs
-from . import prompts
+from . import history, prompts
 from .client import ChatClient, ChatError
 from .parsing import parse_output
 
 log = logging.getLogger(__name__)
+
+STYLES = (*prompts.STYLES, "world-model")
+DEFAULT_SYSTEM_PROMPTS = {**prompts.DEFAULT_SYSTEM_PROMPTS, "world-model": history.WORLD_MODEL_SYSTEM_PROMPT}
 
 
 class Simulator:
@@ -43,11 +46,11 @@ class Simulator:
         structured_max_chars: int | None = None,
         max_concurrency: int = 64,
     ) -> None:
-        if style not in prompts.STYLES:
+        if style not in STYLES:
             raise ValueError(f"unknown simulator style {style!r}")
         self.client = client
         self.style = style
-        self.system_prompt = prompts.DEFAULT_SYSTEM_PROMPTS[style] if system_prompt is None else system_prompt
+        self.system_prompt = DEFAULT_SYSTEM_PROMPTS[style] if system_prompt is None else system_prompt
         self.docs = docs
         self.max_examples = max_examples
         self.examples_budget_chars = examples_budget_chars
@@ -66,16 +69,25 @@ class Simulator:
         return self.style == "gpt-fewshot" and self.max_examples > 0
 
     def messages(self, call: ToolCall, examples: Sequence[Record] = ()) -> list[dict[str, str]]:
-        """The chat messages this simulator sends for ``call``."""
+        """The chat messages this simulator sends for ``call``.
+
+        Inside a session, ``gpt-fewshot`` and ``world-model`` also carry the task and the last
+        calls of the session (:mod:`.history`); MirrorAPI styles never do.
+        """
         doc = self.docs.find(call.names) if self.docs is not None else None
+        if self.style == "world-model":
+            return history.world_model_messages(self.system_prompt, call, doc)
         if self.style == "gpt-fewshot":
-            return prompts.gpt_fewshot_messages(
-                self.system_prompt,
+            return history.with_session(
                 call,
-                doc,
-                examples,
-                max_examples=self.max_examples,
-                budget_chars=self.examples_budget_chars,
+                prompts.gpt_fewshot_messages(
+                    self.system_prompt,
+                    call,
+                    doc,
+                    examples,
+                    max_examples=self.max_examples,
+                    budget_chars=self.examples_budget_chars,
+                ),
             )
         return prompts.mirrorapi_messages(self.system_prompt, call, doc)
 
