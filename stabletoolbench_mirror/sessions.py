@@ -42,8 +42,6 @@ MAX_ID_CHARS = 128
 DOC_VERSION = 1
 #: the record store's lock name space that serialises the calls of one session
 LOCK_NAMESPACE = "stm-session"
-#: outcome kinds whose answer counts in the history (the answer came from a record or a local tool)
-_IN_HISTORY = ("hit", "recorded", "local")
 
 
 class SessionError(Exception):
@@ -386,7 +384,8 @@ class Sessions:
             outcome = answer(call.in_session(history, context_of(doc, self.history)), state)
             if outcome.status != 200:
                 return outcome  # not an answer to the call (overloaded, store down): not part of the trajectory
-            counts = outcome.kind in _IN_HISTORY and outcome.source is not None
+            # answers from a record or a local tool (they have a source) make the history; failures do not
+            counts = outcome.source is not None
             try:
                 parsed = json.loads(outcome.body)
             except ValueError:  # pragma: no cover - every body is JSON

@@ -95,6 +95,15 @@ def test_history_reaches_the_prompt_of_the_same_session_only(style: str, serve, 
         assert calls[0]["tool_input"] == {"name": "x"}
 
 
+def test_few_shot_examples_recorded_in_sessions_show_their_input_only(serve, settings_factory) -> None:
+    with OpenAIStub(CountingModel()) as stub:
+        server = serve(sim_settings(settings_factory, stub, "gpt-fewshot"))
+        post(server.url, call_payload("add_meeting", name="kept"), new_session(server.url, "t"))
+        post(server.url, call_payload("add_meeting", name="other"))  # no session: the session's record is an example
+        prompt = prompt_text(stub.requests[-1])
+        assert "input: {'name': 'kept'}\n" in prompt and "#history=" not in prompt
+
+
 def test_history_window_keeps_the_last_n_calls(serve, settings_factory) -> None:
     with OpenAIStub(CountingModel()) as stub:
         server = serve(sim_settings(settings_factory, stub, "world-model", history=2))

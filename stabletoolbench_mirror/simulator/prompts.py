@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from rapidfuzz import fuzz
 
 from ..call import ToolCall
+from ..keys import plain_key
 from ..records import Record
 from ..tooldocs import ApiDoc
 
@@ -169,24 +170,27 @@ def choose_examples(call: ToolCall, records: Sequence[Record], max_examples: int
     if max_examples <= 0 or budget_chars <= 0 or not records:
         return []
     seen: set[str] = set()
-    candidates: list[tuple[float, int, Record]] = []
+    candidates: list[tuple[float, int, str, Record]] = []
+    # keys recorded inside a session carry a history hash (see keys.session_key): compare and show the input only
+    own = plain_key(call.key)
     for position, record in enumerate(records):
-        if record.key == call.key or record.key in seen:
+        key = plain_key(record.key)
+        if key == own or key in seen:
             continue
-        seen.add(record.key)
-        candidates.append((fuzz.ratio(call.key, record.key), position, record))
+        seen.add(key)
+        candidates.append((fuzz.ratio(own, key), position, key, record))
     candidates.sort(key=lambda c: (-c[0], c[1]))
     chosen: list[tuple[str, Any]] = []
     used = 0
-    for _score, _position, record in candidates:
+    for _score, _position, key, record in candidates:
         try:
             answer = record.answer
         except ValueError:
             continue
-        size = example_chars(record.key, answer)
+        size = example_chars(key, answer)
         if used + size > budget_chars:
             continue
-        chosen.append((record.key, answer))
+        chosen.append((key, answer))
         used += size
         if len(chosen) >= max_examples:
             break
