@@ -252,3 +252,31 @@ def test_the_example_tools_load_and_match_client_spellings() -> None:
         assert tools.find(ToolCall.of("Tools", "Example Meetings", api, {})) is not None
     assert tools.find(ToolCall.of("Tools", "example_meetings_for_Tools", "add_meeting", {})) is not None
     assert tools.find(ToolCall.of("Tools", "Example Meetings", "rename_meeting", {})) is None
+
+
+def test_in_replay_mode_local_tools_run_and_record_nothing(serve, settings_factory, tools_file: Path) -> None:
+    settings = settings_factory(mode="replay", local_tools=[str(tools_file)])
+    server = serve(settings)
+    sid = requests.post(server.url + "/sessions", json={}, timeout=10).json()["id"]
+    assert post(server.url, notes("remember", item="a"), sid).json()["response"] == '["a"]'
+    assert post(server.url, notes("remember", item="b"), sid).json()["response"] == '["a", "b"]'
+    assert records(settings) == []
+
+
+def test_one_session_through_two_worker_processes_loses_no_update(tmp_path: Path, tools_file: Path) -> None:
+    from tests.helpers.processes import ServeProcess
+
+    config = {"store": {"kind": "diskcache", "path": str(tmp_path / "store")}, "local_tools": [str(tools_file)]}
+    with ServeProcess(tmp_path, config, workers=2) as server:
+        sid = requests.post(server.url + "/sessions", json={"task": "t"}, timeout=10).json()["id"]
+        items = [f"i{n}" for n in range(12)]
+        threads = [threading.Thread(target=post, args=(server.url, notes("remember", item=i), sid)) for i in items]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        doc = requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()
+    assert sorted(doc["state"]["items"]) == sorted(items)
+    # each call saw the state the one before it left: the answers grow one item at a time
+    lengths = [len(json.loads(c["answer"]["response"])) for c in doc["calls"]]
+    assert lengths == list(range(1, 13))
