@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from .answers import DEFAULT_MAX_OBSERVATION_LENGTH, answer_payload, iter_answer_files, observation_text, read_answer_file
+from .answers import DEFAULT_MAX_OBSERVATION_LENGTH, function_index, iter_answer_calls, observation_text
 from .naming import resolve_names
 from .protocol import answer as make_answer
 from .protocol import encode_answer
+from .queries import QueryFileError, iter_jsonl
 
 IDENTICAL, DIFFERENT, MISS = "identical", "different", "miss"
 VERDICTS = (IDENTICAL, DIFFERENT, MISS)
@@ -45,7 +46,8 @@ class Expectation:
     payload: dict[str, Any]
     observed: Any
     """An answer object, or (``text=True``) the observation text the agent saw."""
-    origin: str
+    location: str
+    """``file:line`` of a calls file, or where in an answer file the call is recorded."""
     text: bool = False
 
     @property
@@ -80,20 +82,15 @@ def load_calls_jsonl(path: str | Path) -> list[Expectation]:
     """``{"payload", "observed"}`` lines; blank lines are skipped, a bad line is an error naming it."""
     out: list[Expectation] = []
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CheckInputError(f"{path}: cannot read: {exc}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError as exc:
-            raise CheckInputError(f"{path}:{number}: not JSON: {exc}") from None
-        if not isinstance(item, dict) or not isinstance(item.get("payload"), dict) or "observed" not in item:
-            raise CheckInputError(f'{path}:{number}: expected an object with "payload" (object) and "observed"')
-        observed = item["observed"]
-        out.append(Expectation(item["payload"], observed, f"{path}:{number}", text=isinstance(observed, str)))
+        for location, item in iter_jsonl(path):
+            if isinstance(item, ValueError):
+                raise CheckInputError(f"{location}: {item}")
+            if not isinstance(item, dict) or not isinstance(item.get("payload"), dict) or "observed" not in item:
+                raise CheckInputError(f'{location}: expected an object with "payload" (object) and "observed"')
+            observed = item["observed"]
+            out.append(Expectation(item["payload"], observed, location, text=isinstance(observed, str)))
+    except QueryFileError as exc:
+        raise CheckInputError(str(exc)) from None
     return out
 
 
@@ -102,23 +99,17 @@ def load_answer_expectations(paths: Iterable[str | Path], index: Any) -> tuple[l
     out: list[Expectation] = []
     problems: list[str] = []
     try:
-        files = list(iter_answer_files(paths))
+        for found in iter_answer_calls(paths, index):
+            if found.file_error:
+                problems.append(found.problem)
+            elif found.observation is None:
+                continue
+            elif found.payload is None:
+                problems.append(f"{found.location}: {found.problem}")
+            else:
+                out.append(Expectation(found.payload, found.observation, found.location, text=True))
     except ValueError as exc:
         raise CheckInputError(str(exc)) from None
-    for path in files:
-        try:
-            calls = read_answer_file(path)
-        except ValueError as exc:
-            problems.append(str(exc))
-            continue
-        for call in calls:
-            if call.observation is None:
-                continue
-            ref, reason = index.resolve(call.function, call.query_id)
-            if ref is None:
-                problems.append(f"{call.origin}: {reason}")
-                continue
-            out.append(Expectation(answer_payload(ref, call.arguments), call.observation, call.origin, text=True))
     return out, problems
 
 
@@ -194,7 +185,7 @@ def verdict(expectation: Expectation, reply: Reply, max_observation_length: int 
 
 @dataclass
 class Mismatch:
-    origin: str
+    location: str
     namespace: str
     tool_input: str
     verdict: str
@@ -245,7 +236,7 @@ class CheckReport:
         out.append(f"{'total':<{width}}  {totals[IDENTICAL]:>9}  {totals[DIFFERENT]:>9}  {totals[MISS]:>5}")
         out.append(f"{n} calls: {totals[IDENTICAL]} identical ({share}), {totals[DIFFERENT]} different, {totals[MISS]} miss")
         for m in self.mismatches[:max_details]:
-            out.append(f"{m.verdict.upper()} {m.namespace} input={m.tool_input[:200]} ({m.origin})")
+            out.append(f"{m.verdict.upper()} {m.namespace} input={m.tool_input[:200]} ({m.location})")
             if m.verdict == DIFFERENT:
                 out.append(f"    expected: {m.expected[:300]}")
                 out.append(f"    got:      {m.got[:300]}")
@@ -274,7 +265,7 @@ def run_check(
             got = client_answer(reply)
             report.mismatches.append(
                 Mismatch(
-                    origin=expectation.origin,
+                    location=expectation.location,
                     namespace=namespace,
                     tool_input=str(expectation.payload.get("tool_input", "")),
                     verdict=result,
@@ -302,7 +293,6 @@ def _layer(settings: Any) -> Any:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .cli import settings_from_args
-    from .queries import FunctionIndex, QueryFileError
 
     if not args.calls and not args.answers:
         print("error: give --calls FILE.jsonl and/or --answers PATH", file=sys.stderr)
@@ -314,19 +304,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         for path in args.calls or []:
             expectations.extend(load_calls_jsonl(path))
         if args.answers:
-            index = FunctionIndex()
-            if args.queries:
-                index.add_query_files(args.queries)
             tools = args.tools_folder or (settings.resolve(settings.tools_folder) if settings.tools_folder else None)
-            if tools:
-                index.add_tools_folder(tools)
-            if not len(index):
-                print("error: answer files need --queries (query files) or --tools-folder to map function names to APIs", file=sys.stderr)
-                return 2
-            found, problems = load_answer_expectations(args.answers, index)
+            found, problems = load_answer_expectations(args.answers, function_index(args.queries or [], tools))
             expectations.extend(found)
             report.problems.extend(problems)
-    except (CheckInputError, QueryFileError) as exc:
+    except ValueError as exc:  # CheckInputError, and the answer files' function index
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.url:

@@ -204,6 +204,9 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
     with _open_store(args) as store:
         summary = export_tree(store, args.directory, progress=not args.quiet)
     print("\n".join(summary.lines()))
+    if summary.left_out and not args.skip_unsafe:
+        print("error: the export is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -247,6 +250,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp.add_argument("directory")
     exp = cache_sub.add_parser("export", help="write the store as an upstream tool_response_cache tree")
     exp.add_argument("directory")
+    exp.add_argument("--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)")
     stats = cache_sub.add_parser("stats", help="count the store's entries")
     stats.add_argument("--json", action="store_true", help="print JSON")
     for p, fn in ((imp, cmd_cache_import), (exp, cmd_cache_export), (stats, cmd_cache_stats)):

@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Union
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from .secrets import secret_values
 
 ENV_PREFIX = "STM_"
 DEFAULT_CONFIG_FILE = "server_config.yml"
@@ -186,17 +187,8 @@ class Settings(_Section):
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
 
     def secrets(self) -> list[str]:
-        """Every secret value configured, for redaction."""
-        values = [self.auth_token, self.real.toolbench_key, self.real.rapidapi_key, self.simulator.api_key]
-        found = [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
-        if self.store.url:
-            try:
-                password = urlsplit(self.store.url).password
-            except ValueError:
-                password = None
-            if password:
-                found.append(password)
-        return found
+        """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.secrets`)."""
+        return secret_values(self)
 
 
 # StableToolBench's own config.yml keys and where they go

@@ -6,31 +6,34 @@ import logging
 import threading
 from typing import Iterable
 
-_REDACTED = "***"
+from .secrets import Redactor
+
+
+_FORMATTER = logging.Formatter()
 
 
 class RedactSecrets(logging.Filter):
-    """Replaces every known secret value in a record's message with ``***``."""
+    """Replaces every known secret value in a record's message with ``***`` (see :mod:`.secrets`)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._secrets: set[str] = set()
+        self._redactor = Redactor()
         self._lock = threading.Lock()
 
     def add(self, secrets: Iterable[str]) -> None:
         with self._lock:
-            self._secrets.update(s for s in secrets if s and len(s) >= 4)
+            self._redactor.add(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self._secrets:
+        if not self._redactor:
             return True
         message = record.getMessage()
-        redacted = message
-        for secret in self._secrets:
-            if secret in redacted:
-                redacted = redacted.replace(secret, _REDACTED)
+        redacted = self._redactor.text(message)
         if redacted != message:
             record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            # an exception's text may quote a key too (the formatter uses exc_text when set)
+            record.exc_text = self._redactor.text(_FORMATTER.formatException(record.exc_info))
         return True
 
 

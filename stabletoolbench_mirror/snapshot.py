@@ -25,19 +25,17 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 from typing import Any, Iterable, Iterator
-from urllib.parse import urlsplit, urlunsplit
-
-from tqdm import tqdm
 
 from . import __version__
-from .cache_tools import group_by_namespace
+from .cache_tools import ExportSummary, Tally, count, iter_export
 from .config import Settings
 from .protocol import encode_answer
-from .records import Record
+from .secrets import public_settings
 from .stores import Store
-from .upstream_layout import iter_cache_files, namespace_path, read_cache_file, write_cache_file
+from .upstream_layout import iter_cache_files, read_cache_file
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "stabletoolbench-mirror-snapshot"
@@ -46,8 +44,6 @@ HASH_METHOD = (
     "sha256 over UTF-8 lines json.dumps([namespace, key, answer_json], ensure_ascii=False, "
     "separators=(',', ':')) + '\\n', sorted by (namespace, key); answer_json is the served compact encoding"
 )
-_SECRET_FIELDS = frozenset({"auth_token", "toolbench_key", "rapidapi_key", "api_key"})
-_REDACTED = "<redacted>"
 
 
 class SnapshotError(RuntimeError):
@@ -57,69 +53,39 @@ class SnapshotError(RuntimeError):
 # -- the content hash ------------------------------------------------------------------------------
 
 
-def _served(answer: Any) -> str:
-    return encode_answer(answer)
-
-
 def entry_line(namespace: str, key: str, answer: Any) -> bytes:
     """The canonical line of one entry (see the module docstring)."""
-    text = json.dumps([namespace, key, _served(answer)], ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps([namespace, key, encode_answer(answer)], ensure_ascii=False, separators=(",", ":"))
     return (text + "\n").encode("utf-8", "surrogatepass")
+
+
+class ContentHash:
+    """The content hash, fed one API at a time in namespace order (memory: one API's entries)."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self._last: str | None = None
+
+    def add_api(self, namespace: str, entries: Iterable[tuple[str, Any]]) -> None:
+        if self._last is not None and namespace <= self._last:
+            raise ValueError(f"APIs must come in namespace order: {namespace!r} after {self._last!r}")
+        self._last = namespace
+        for key, answer in sorted(entries, key=lambda e: e[0]):
+            self._digest.update(entry_line(namespace, key, answer))
+
+    def hexdigest(self) -> str:
+        return "sha256:" + self._digest.hexdigest()
 
 
 def content_hash(entries: Iterable[tuple[str, str, Any]]) -> str:
     """``sha256:<hex>`` over ``(namespace, key, answer)`` entries, in any order."""
-    digest = hashlib.sha256()
-    for namespace, key, answer in sorted(entries, key=lambda e: (e[0], e[1])):
-        digest.update(entry_line(namespace, key, answer))
-    return "sha256:" + digest.hexdigest()
-
-
-# -- settings without secrets ---------------------------------------------------------------------
-
-
-def _strip_userinfo(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if not parts.netloc or "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, f"{_REDACTED}@{host}", parts.path, parts.query, parts.fragment))
-
-
-def public_settings(settings: Settings) -> dict[str, Any]:
-    """The settings as JSON data with every secret removed (keys, tokens, URL passwords)."""
-    secrets = [s for s in settings.secrets() if s]
-    data = settings.model_dump(mode="json")
-
-    def clean(value: Any, key: str = "") -> Any:
-        if key in _SECRET_FIELDS:
-            return _REDACTED if value else None
-        if isinstance(value, dict):
-            return {k: clean(v, k) for k, v in value.items()}
-        if isinstance(value, list):
-            return [clean(v, key) for v in value]
-        if isinstance(value, str):
-            if "://" in value:
-                value = _strip_userinfo(value)
-            for secret in secrets:
-                if secret in value:
-                    value = value.replace(secret, _REDACTED)
-        return value
-
-    return clean(data)
+    digest = ContentHash()
+    for namespace, group in groupby(sorted(entries, key=lambda e: (e[0], e[1])), key=lambda e: e[0]):
+        digest.add_api(namespace, ((key, answer) for _, key, answer in group))
+    return digest.hexdigest()
 
 
 # -- writing --------------------------------------------------------------------------------------
-
-
-def _origin_group(record: Record) -> str:
-    # an import's origin names each file ("import:<root>/<namespace>.json"): keep the root
-    if record.source == "imported":
-        return record.origin.split("/", 1)[0]
-    return record.origin
 
 
 def _check_target(out: Path) -> None:
@@ -137,50 +103,44 @@ def write_snapshot(
     settings: Settings | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Write the store's entries and ``manifest.json`` into ``out`` (new or empty); return the manifest."""
+    """Export the store into ``out`` (new or empty) and write ``manifest.json`` beside it; return the manifest.
+
+    Entries that cannot be written (API names too long for a file name even encoded) are
+    counted in the manifest's ``left_out``; :func:`verify_snapshot` then reports the
+    snapshot as incomplete.
+    """
     root = Path(out)
     _check_target(root)
     root.mkdir(parents=True, exist_ok=True)
-    records = list(tqdm(store, desc="read store", unit="entry", disable=not progress))
-    groups = group_by_namespace(records)
-    by_source: Counter[str] = Counter()
-    by_category: Counter[str] = Counter()
-    models: Counter[str] = Counter()
-    origins: Counter[str] = Counter()
-    skipped: list[str] = []
-    entries: list[tuple[str, str, Any]] = []
-    files = 0
-    for namespace, group in tqdm(groups.items(), desc="snapshot", unit="file", disable=not progress):
-        path = namespace_path(root, namespace)
-        if path is None:
-            skipped.append(namespace)
+    summary = ExportSummary()
+    written = Tally()
+    digest = ContentHash()
+    for exported in iter_export(store, root, progress=progress):
+        count(summary, exported)
+        if exported.path is None:
             continue
-        answers = {r.key: r.answer for r in group}
-        write_cache_file(path, answers)
-        files += 1
-        for record in group:
-            entries.append((namespace, record.key, answers[record.key]))
-            by_source[record.source] += 1
-            by_category[namespace.split("/", 1)[0]] += 1
-            origins[f"{record.source}:{_origin_group(record)}"] += 1
-            if record.source == "simulated":
-                models[record.origin] += 1
+        for record in exported.records:
+            written.add(record)
+        digest.add_api(exported.namespace, ((r.key, r.answer) for r in exported.records))
+    tally = written.to_json()
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "created_by": f"stabletoolbench-mirror {__version__}",
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "content_hash": content_hash(entries),
+        "content_hash": digest.hexdigest(),
         "hash_method": HASH_METHOD,
-        "entries": len(entries),
-        "files": files,
-        "by_source": dict(sorted(by_source.items())),
-        "by_category": dict(sorted(by_category.items())),
-        "models": dict(sorted(models.items())),
-        "origins": dict(sorted(origins.items())),
+        "entries": summary.entries,
+        "files": summary.files,
+        "encoded_names": summary.encoded_names,
+        "store_entries": summary.entries + summary.left_out_entries,
+        "left_out": dict(sorted(summary.left_out.items())),
+        "by_source": tally["by_source"],
+        "by_category": tally["by_category"],
+        "models": tally["models"],
+        "origins": tally["origins"],
         "store": store.kind,
         "settings": public_settings(settings) if settings is not None else None,
-        "skipped_namespaces": skipped,
     }
     tmp = root / (MANIFEST_NAME + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -212,7 +172,11 @@ class Verification:
 
 
 def tree_entries(root: str | os.PathLike[str], problems: list[str]) -> Iterator[tuple[str, str, Any]]:
-    for namespace, path in iter_cache_files(root):
+    """``(namespace, key, answer)`` of every entry of an upstream tree, one API file at a time, in namespace order.
+
+    Files that cannot be read are reported in ``problems`` and skipped.
+    """
+    for namespace, path in sorted(iter_cache_files(root)):
         try:
             data = read_cache_file(path)
         except (OSError, ValueError) as exc:
@@ -222,8 +186,12 @@ def tree_entries(root: str | os.PathLike[str], problems: list[str]) -> Iterator[
             yield namespace, key, answer
 
 
-def verify_snapshot(out: str | os.PathLike[str]) -> Verification:
-    """Recompute the content hash and counts of a snapshot folder and compare them with its manifest."""
+def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False) -> Verification:
+    """Recompute the content hash and counts of a snapshot folder and compare them with its manifest.
+
+    A snapshot whose manifest says store entries were left out fails too (unless
+    ``allow_left_out``): it does not hold everything the store served.
+    """
     root = Path(out)
     problems: list[str] = []
     try:
@@ -236,18 +204,31 @@ def verify_snapshot(out: str | os.PathLike[str]) -> Verification:
         return Verification(False, None, None, problems=[f"{MANIFEST_NAME} is not a {FORMAT} manifest"])
     if manifest.get("format_version") != FORMAT_VERSION:
         problems.append(f"unsupported format_version {manifest.get('format_version')!r}")
-    entries = list(tree_entries(root, problems))
-    files = len({e[0] for e in entries})
-    actual = content_hash(entries)
+    digest = ContentHash()
+    entries = files = 0
+    by_category: Counter[str] = Counter()
+    for namespace, group in groupby(tree_entries(root, problems), key=lambda e: e[0]):
+        items = [(key, answer) for _, key, answer in group]
+        digest.add_api(namespace, items)
+        files += 1
+        entries += len(items)
+        by_category[namespace.split("/", 1)[0]] += len(items)
+    actual = digest.hexdigest()
     expected = manifest.get("content_hash")
     if actual != expected:
         problems.append("content hash differs: an entry was added, removed or changed")
-    if manifest.get("entries") != len(entries):
-        problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {len(entries)}")
-    by_category: Counter[str] = Counter(e[0].split("/", 1)[0] for e in entries)
+    if manifest.get("entries") != entries:
+        problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {entries}")
     if isinstance(manifest.get("by_category"), dict) and manifest["by_category"] != dict(sorted(by_category.items())):
         problems.append("entry counts by category differ from the manifest")
-    return Verification(not problems, expected, actual, len(entries), files, problems)
+    left_out = manifest.get("left_out") or {}
+    if left_out and not allow_left_out:
+        n = sum(left_out.values()) if isinstance(left_out, dict) else len(left_out)
+        problems.append(
+            f"incomplete: the store held {n} more entries ({len(left_out)} APIs with names too long for a file name) "
+            "that the snapshot left out (--skip-unsafe accepts that)"
+        )
+    return Verification(not problems, expected, actual, entries, files, problems)
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -255,7 +236,7 @@ def verify_snapshot(out: str | os.PathLike[str]) -> Verification:
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.verify:
-        result = verify_snapshot(args.out)
+        result = verify_snapshot(args.out, allow_left_out=args.skip_unsafe)
         print("\n".join(result.lines()))
         return 0 if result.ok else 1
     from .cli import settings_from_args
@@ -272,8 +253,16 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     print(f"entries:       {manifest['entries']} in {manifest['files']} files")
     print("by source:     " + ", ".join(f"{k} {v}" for k, v in manifest["by_source"].items()))
     print(f"content hash:  {manifest['content_hash']}")
-    if manifest["skipped_namespaces"]:
-        print(f"skipped (names unsafe as paths): {len(manifest['skipped_namespaces'])}")
+    if manifest["encoded_names"]:
+        print(f"encoded names: {manifest['encoded_names']} files (names unsafe as paths, written as %%...)")
+    left_out = manifest["left_out"]
+    if left_out:
+        print(f"LEFT OUT:      {sum(left_out.values())} entries of {len(left_out)} APIs whose names are too long for a file name")
+        for namespace in list(left_out)[:20]:
+            print(f"  {namespace[:300]}")
+        if not args.skip_unsafe:
+            print("the snapshot is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -288,6 +277,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("out", help="the snapshot folder (new or empty; with --verify: an existing snapshot)")
     parser.add_argument("--verify", action="store_true", help="recompute the content hash of OUT and compare with its manifest")
+    parser.add_argument(
+        "--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)"
+    )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_config_arguments(parser)
     parser.set_defaults(func=cmd_snapshot)

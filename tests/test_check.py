@@ -122,7 +122,7 @@ def test_observation_texts_compare_after_the_clients_cut(settings_factory, tmp_p
     ]
     report = run_check(expectations, LayerTarget(layer))
     assert report.totals["identical"] == 3 and report.totals["different"] == 1
-    assert report.mismatches[0].origin == "shorter cut"
+    assert report.mismatches[0].location == "shorter cut"
 
 
 def test_bad_calls_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -352,7 +352,7 @@ def test_kill_9_of_a_warm_worker_loses_no_acknowledged_answer(tmp_path: Path, ex
     text = output.decode(errors="replace")
     # the survivor took over the dead worker's unanswered calls; whatever failed is reported
     assert "a warm worker process exited (code -9)" in text, text
-    failed_lines = {int(json.loads(line)["origin"].rsplit(":", 1)[1]) for line in failures.read_text().splitlines() if line.strip()}
+    failed_lines = {int(json.loads(line)["location"].rsplit(":", 1)[1]) for line in failures.read_text().splitlines() if line.strip()}
     assert warm.returncode == (1 if failed_lines else 0), text
     acknowledged = [p for number, p in enumerate(sent, 1) if number not in failed_lines]
     assert len(acknowledged) > 100, text

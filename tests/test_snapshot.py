@@ -87,8 +87,8 @@ def test_manifest_settings_carry_no_secret(tmp_path: Path) -> None:
     for secret in ("tok-abcdef123", "pw-xyz-987", "tbk-secret-42", "sk-simkey-777", "alice:"):
         assert secret not in text
     assert manifest["settings"]["simulator"]["model"] == "MirrorAPI"
-    assert manifest["settings"]["real"]["toolbench_key"] == "<redacted>"
-    assert manifest["settings"]["real"]["relay_url"] == "http://<redacted>@relay.local:8080/rapidapi"
+    assert manifest["settings"]["real"]["toolbench_key"] == "***"
+    assert manifest["settings"]["real"]["relay_url"] == "http://***@relay.local:8080/rapidapi"
 
 
 def test_verify_detects_tampering(tmp_path: Path) -> None:

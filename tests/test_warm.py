@@ -79,7 +79,7 @@ def test_warm_from_reference_queries_records_each_default_call_once(reference_di
         first = cli("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "4", "--processes", "2", cwd=tmp_path)
         assert first.returncode == 0, first.stdout + first.stderr
         assert stub.count == len(expected)
-        # a progress bar with a rate and an ETA, a summary table by source
+        # a progress bar with a rate and an ETA, a summary table by input kind
         assert "call/s" in first.stderr and "<" in first.stderr
         assert f"queries    {len(expected):>8} {len(expected):>8} {0:>8} {0:>8}" in first.stdout
         saved = records(tmp_path / "store")
@@ -233,7 +233,7 @@ def test_answer_files_and_payloads_failures_listed_not_recorded(tmp_path: Path) 
         assert stub.count == 3
         failed_lines = [json.loads(line) for line in failures.read_text().splitlines()]
         assert len(failed_lines) == 1 and failed_lines[0]["payload"]["toolbench_key"] == ""
-        # the failures file is a payloads source: retry only those
+        # the failures file is a payloads input: retry only those
         failing.clear()
         retry = cli("warm", "--payloads", str(failures), "--config", str(cfg), "-q", cwd=tmp_path)
         assert retry.returncode == 0, retry.stdout + retry.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..config import ConfigError, Settings
+from ..secrets import redactor_for
 from ..tooldocs import ToolDocs, tool_docs_for
 from .client import ChatClient, ChatError, Completion
 from .parsing import Parsed, parse_output
@@ -77,4 +78,5 @@ def build_simulator(
         structured_output=cfg.structured_output,
         structured_max_chars=cfg.structured_max_chars,
         max_concurrency=cfg.max_concurrency,
+        redactor=redactor_for(settings),
     )

@@ -20,6 +20,8 @@ from typing import Any, Literal, Mapping, Sequence
 
 import urllib3
 
+from ..secrets import Redactor
+
 log = logging.getLogger(__name__)
 
 #: longest backoff between two tries, whatever ``Retry-After`` says
@@ -97,7 +99,7 @@ class ChatClient:
         if not bases:
             raise ValueError("at least one endpoint is needed")
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        self._api_key = api_key or ""
+        self._redactor = Redactor([api_key] if api_key else [])
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self._endpoints = [_Endpoint(b, pool_size, headers) for b in bases]
@@ -119,7 +121,7 @@ class ChatClient:
 
     def _redact(self, text: str) -> str:
         # an error body may echo the key back ("Incorrect API key provided: ...")
-        return text.replace(self._api_key, "***") if self._api_key else text
+        return self._redactor.text(text)
 
     # -- choosing an endpoint -----------------------------------------------------------------
 

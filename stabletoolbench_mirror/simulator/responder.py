@@ -10,6 +10,7 @@ from .. import protocol
 from ..call import ToolCall
 from ..records import Record, Source
 from ..responders import Attempt
+from ..secrets import Redactor
 from ..tooldocs import ToolDocs
 from . import history, prompts
 from .client import ChatClient, ChatError
@@ -45,6 +46,7 @@ class Simulator:
         structured_output: bool = False,
         structured_max_chars: int | None = None,
         max_concurrency: int = 64,
+        redactor: Redactor | None = None,
     ) -> None:
         if style not in STYLES:
             raise ValueError(f"unknown simulator style {style!r}")
@@ -58,6 +60,8 @@ class Simulator:
             prompts.structured_output_fields(style == "mirrorapi-cot", structured_max_chars) if structured_output else {}
         )
         self._slots = threading.BoundedSemaphore(max_concurrency)
+        self.redactor = redactor or Redactor()
+        """Configured keys: an endpoint may echo its key (its ``Authorization`` header) into an answer."""
 
     @property
     def origin(self) -> str:
@@ -93,6 +97,7 @@ class Simulator:
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
         messages = self.messages(call, examples)
+        redactor = self.redactor.plus(call.toolbench_key)
         with self._slots:
             try:
                 completion = self.client.complete(messages, self.extra)
@@ -106,7 +111,7 @@ class Simulator:
                 call.namespace,
                 completion.finish_reason or "?",
                 len(completion.content),
-                completion.content[:300],
+                redactor.text(completion.content[:300]),
             )
             return Attempt(
                 None,
@@ -116,7 +121,8 @@ class Simulator:
             )
         if parsed.method != "json":
             log.info("simulator output for %s parsed by the %s extractor", call.namespace, parsed.method)
-        return Attempt(parsed.answer, self.origin)
+        # no key reaches the store, even when the endpoint echoes one
+        return Attempt(redactor.data(parsed.answer), self.origin)
 
     def close(self) -> None:
         self.client.close()

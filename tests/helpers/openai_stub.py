@@ -11,6 +11,9 @@ the decoded request body and returns a :class:`Reply`:
 * ``Reply(hang=True)``: accept the request and never answer (a hung socket);
 * ``Reply(close=True)``: drop the connection without an answer.
 
+With ``with_headers=True`` the responder also gets the request's headers (e.g. to echo
+``Authorization`` back, as some endpoints do).
+
 Runs as a raw ASGI app under uvicorn, in a thread (tests) or its own process
 (``python -m tests.helpers.openai_stub --port P --latency-ms 50`` for benchmarks).
 """
@@ -45,6 +48,8 @@ class Reply:
 
 
 Responder = Callable[[dict[str, Any]], Reply]
+#: with ``OpenAIStub(..., with_headers=True)``: the body and the request headers (lower-case names)
+HeaderResponder = Callable[[dict[str, Any], dict[str, str]], Reply]
 
 
 def echo_responder(body: dict[str, Any]) -> Reply:
@@ -63,8 +68,11 @@ def echo_prompt_responder(body: dict[str, Any]) -> Reply:
 class OpenAIStub:
     """The stub server; use as a context manager, ``.api_base`` is the ``/v1`` URL."""
 
-    def __init__(self, responder: Responder = echo_responder, *, port: int | None = None, model: str = "MirrorAPI") -> None:
+    def __init__(
+        self, responder: Responder | HeaderResponder = echo_responder, *, port: int | None = None, model: str = "MirrorAPI", with_headers: bool = False
+    ) -> None:
         self.responder = responder
+        self.with_headers = with_headers
         self.model = model
         self.port = port or free_port()
         self.api_base = f"http://127.0.0.1:{self.port}/v1"
@@ -96,10 +104,11 @@ class OpenAIStub:
         except ValueError:
             await _send_json(send, 400, {"error": {"message": "body is not JSON", "type": "BadRequestError"}})
             return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         with self._lock:
             self.requests.append(request)
-            self.headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
-        reply = self.responder(request)
+            self.headers.append(headers)
+        reply = self.responder(request, headers) if self.with_headers else self.responder(request)  # type: ignore[call-arg]
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         if reply.hang:

@@ -1,0 +1,179 @@
+"""Making the calls of a plan in this process: ``concurrency`` threads through the layer's own chain."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from tqdm import tqdm
+
+from ..call import ToolCall
+from ..layer import MirrorLayer, Outcome
+from ..stores import StoreError
+from .plan import (
+    Failure,
+    KindCounts,
+    WarmInputError,
+    WarmItem,
+    WarmPlan,
+    WarmReport,
+    payload_of,
+)
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[ToolCall], Outcome]
+
+#: a shorter GIL switch interval while warming: dozens of threads wait on sockets, and a
+#: thread whose answer arrived should not wait the default 5 ms for its turn
+SWITCH_INTERVAL_S = 0.001
+
+
+def warm_settings(settings: Any, concurrency: int) -> Any:
+    """The settings for a warming layer: record mode, room for ``concurrency`` misses in flight."""
+    limits = settings.limits.model_copy(update={"max_pending_misses": max(settings.limits.max_pending_misses, concurrency)})
+    simulator = settings.simulator.model_copy(update={"max_concurrency": max(settings.simulator.max_concurrency, concurrency)})
+    updated = settings.model_copy(update={"mode": "record", "limits": limits, "simulator": simulator})
+    updated.base_dir = settings.base_dir
+    return updated
+
+
+def warm_layer(settings: Any) -> MirrorLayer:
+    """The layer ``warm`` uses: the server's chain from ``settings`` (see :func:`warm_settings`)."""
+    return MirrorLayer.from_settings(settings)
+
+
+def split(layer: MirrorLayer, plan: WarmPlan) -> tuple[dict[str, KindCounts], list[WarmItem]]:
+    """Per-input-kind counts with the already cached calls counted, and the calls still to make."""
+    counts = plan.copy_counts()
+    todo: list[WarmItem] = []
+    for item in plan.items:
+        try:
+            cached = layer.lookup(item.call) is not None
+        except StoreError as exc:
+            raise WarmInputError(f"the store cannot be read: {exc}") from None
+        if cached:
+            counts[item.input_kind].cached += 1
+        else:
+            todo.append(item)
+    return counts, todo
+
+
+def failure_reason(outcome: Outcome) -> str:
+    try:
+        answer = outcome.answer
+        text = f"{answer.get('error', '')} {answer.get('response', '')}".strip()
+    except (ValueError, AttributeError):
+        text = outcome.body
+    return f"{outcome.kind}: {text[:300]}"
+
+
+def make_call(handle: Handler, call: ToolCall) -> tuple[Any, str]:
+    """``(outcome kind, failure reason)`` of one call; ``(None, why)`` when it raised."""
+    try:
+        outcome = handle(call)
+    except Exception as exc:  # noqa: BLE001 - one bad call must not end the run
+        log.exception("warming %s failed", call.namespace)
+        return None, f"error: {type(exc).__name__}: {exc}"
+    done = outcome.kind in ("recorded", "hit")
+    return outcome.kind, "" if done else failure_reason(outcome)
+
+
+class Tracker:
+    """Counts outcomes and drives the progress bar (thread-safe)."""
+
+    def __init__(self, counts: dict[str, KindCounts], total: int, progress: bool) -> None:
+        self.counts = counts
+        self.failures: list[Failure] = []
+        self.attempted = 0
+        self._lock = threading.Lock()
+        self._bar = tqdm(total=total, desc="warm", unit="call", disable=not progress, dynamic_ncols=True, smoothing=0.1)
+
+    def done(self, item: WarmItem, kind: Any, reason: str, *, made: bool = True) -> None:
+        with self._lock:
+            self.attempted += 1 if made else 0
+            c = self.counts[item.input_kind]
+            if kind == "recorded":
+                c.new += 1
+            elif kind == "hit":
+                c.cached += 1
+            else:
+                c.failed += 1
+                self.failures.append(Failure(item.input_kind, item.location, reason, payload_of(item.call)))
+            self._bar.update(1)
+            if self.failures:
+                self._bar.set_postfix(failed=len(self.failures), refresh=False)
+
+    def report(self, plan: WarmPlan, started: float, interrupted: bool) -> WarmReport:
+        self._bar.close()
+        return WarmReport(
+            counts=self.counts,
+            failures=self.failures,
+            skipped=list(plan.skipped),
+            elapsed_s=time.monotonic() - started,
+            attempted=self.attempted,
+            interrupted=interrupted,
+        )
+
+
+class switch_interval:
+    """Context manager: a shorter GIL switch interval for the duration (``None``: unchanged)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.previous = sys.getswitchinterval()
+
+    def __enter__(self) -> None:
+        if self.seconds is not None:
+            sys.setswitchinterval(self.seconds)
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setswitchinterval(self.previous)
+
+
+def run_warm(
+    layer: MirrorLayer,
+    plan: WarmPlan,
+    *,
+    concurrency: int = 8,
+    progress: bool = True,
+    handler: Handler | None = None,
+    stop: threading.Event | None = None,
+    switch_interval_s: float | None = SWITCH_INTERVAL_S,
+) -> WarmReport:
+    """Make every call of ``plan`` that the layer cannot answer yet, ``concurrency`` at a time, in this process."""
+    handle = handler or layer.handle_call
+    counts, todo = split(layer, plan)
+    stop = stop or threading.Event()
+    queue_lock = threading.Lock()
+    queue = iter(todo)
+    tracker = Tracker(counts, len(todo), progress)
+    started = time.monotonic()
+
+    def work() -> None:
+        while not stop.is_set():
+            with queue_lock:
+                item = next(queue, None)
+            if item is None:
+                return
+            kind, reason = make_call(handle, item.call)
+            tracker.done(item, kind, reason)
+
+    threads = [threading.Thread(target=work, name=f"warm-{i}", daemon=True) for i in range(max(1, min(concurrency, len(todo) or 1)))]
+    interrupted = False
+    with switch_interval(switch_interval_s):
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=0.2)
+        except KeyboardInterrupt:
+            interrupted = True
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+    return tracker.report(plan, started, interrupted or (stop.is_set() and tracker.attempted < len(todo)))
