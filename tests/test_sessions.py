@@ -240,7 +240,6 @@ def test_sessions_are_shared_through_redis_and_expire(tmp_path: Path, serve, set
         settings = settings_factory(
             store={"kind": "redis", "url": redis_server.url, "prefix": "sess"},
             local_tools=[str(tools)],
-            sessions={"idle_expiry_s": 2},
         )
         one, two = serve(settings), serve(settings)
         sid = new_session(one.url, "shared")
@@ -249,10 +248,26 @@ def test_sessions_are_shared_through_redis_and_expire(tmp_path: Path, serve, set
         assert post(two.url, {**add, "tool_input": '{"item": "b"}'}, sid).json()["response"] == '["a", "b"]'
         doc = requests.get(f"{one.url}/sessions/{sid}", timeout=10).json()
         assert doc["task"] == "shared" and [c["tool_input"]["item"] for c in doc["calls"]] == ["a", "b"]
+        from stabletoolbench_mirror.factory import build_session_store
+        from stabletoolbench_mirror.sessions import export_sessions
+
+        other = new_session(one.url, "second")
+        out = tmp_path / "redis-sessions.jsonl"
+        store = build_session_store(settings)
+        try:
+            assert export_sessions(store, str(out), progress=False) == 2
+        finally:
+            store.close()
+        exported = {json.loads(line)["id"]: json.loads(line) for line in out.read_text().splitlines()}
+        assert exported[sid]["calls"] == doc["calls"] and exported[other]["task"] == "second"
+        # a server whose sessions expire after 1 s idle: Redis forgets them
+        short = serve(settings_factory(store={"kind": "redis", "url": redis_server.url, "prefix": "sess"}, sessions={"idle_expiry_s": 1}))
+        brief = new_session(short.url)
         deadline = time.monotonic() + 20
-        while requests.get(f"{two.url}/sessions/{sid}", timeout=10).status_code != 404:
+        while requests.get(f"{two.url}/sessions/{brief}", timeout=10).status_code != 404:
             assert time.monotonic() < deadline, "the idle session never expired"
             time.sleep(0.2)
+        assert requests.get(f"{two.url}/sessions/{sid}", timeout=10).status_code == 200
 
 
 def test_idle_sessions_expire_in_diskcache(serve, settings_factory) -> None:
