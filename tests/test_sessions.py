@@ -272,12 +272,14 @@ def test_sessions_are_shared_through_redis_and_expire(tmp_path: Path, serve, set
 
 def test_idle_sessions_expire_in_diskcache(serve, settings_factory) -> None:
     server = serve(settings_factory(sessions={"idle_expiry_s": 1}))
+    patient = serve(settings_factory())  # the same store, the default expiry (7 days)
+    kept = new_session(patient.url)
     sid = new_session(server.url)
-    assert requests.get(f"{server.url}/sessions/{sid}", timeout=10).status_code == 200
     deadline = time.monotonic() + 20
     while requests.get(f"{server.url}/sessions/{sid}", timeout=10).status_code != 404:
         assert time.monotonic() < deadline, "the idle session never expired"
         time.sleep(0.2)
+    assert requests.get(f"{server.url}/sessions/{kept}", timeout=10).status_code == 200
 
 
 def test_delete_forgets_the_session(serve, settings_factory) -> None:
