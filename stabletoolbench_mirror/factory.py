@@ -12,7 +12,8 @@ from .tooldocs import tool_docs_for
 
 if TYPE_CHECKING:
     from .local_tools import LocalTools
-    from .sessions import Sessions, SessionStore
+    from .sessions import Sessions
+    from .stores.sessions import SessionStore
 
 
 def build_store(settings: Settings) -> Store:
@@ -50,7 +51,7 @@ def build_responders(settings: Settings) -> list[Responder]:
 
 def build_session_store(settings: Settings) -> "SessionStore":
     """Where sessions are kept: beside the records (``<store.path>/sessions``, or the same Redis)."""
-    from .sessions import DiskcacheSessionStore, RedisSessionStore
+    from .stores.sessions import DiskcacheSessionStore, RedisSessionStore
 
     cfg = settings.store
     ttl = settings.sessions.idle_expiry_s
