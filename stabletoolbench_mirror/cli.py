@@ -25,6 +25,7 @@ COMMAND_MODULES: list[str] = [
     "stabletoolbench_mirror.snapshot",
     "stabletoolbench_mirror.check",
     "stabletoolbench_mirror.sessions",
+    "stabletoolbench_mirror.startup",
 ]
 
 
@@ -47,9 +48,17 @@ def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .logs import setup_logging
+    from .startup import start_checks
 
     settings = settings_from_args(args, host=args.host, port=args.port, workers=args.workers)
-    setup_logging(settings.log_level, settings.secrets())
+    try:
+        setup_logging(settings.log_level, settings.secrets(), settings.resolve(settings.log_file) if settings.log_file else None)
+    except OSError as exc:
+        raise ConfigError(f"log_file: cannot open {settings.log_file}: {exc}") from None
+    # the summary of what was loaded, and the checks that stop a wrong configuration at start
+    # (with --launch-vllm the simulator is not up yet: vLLM's launch waits for its first answer)
+    if not start_checks(settings, probe_endpoints=not args.launch_vllm):
+        return 2
     if not args.launch_vllm:
         return run_server(settings)
     import signal
@@ -188,9 +197,12 @@ def _open_store(args: argparse.Namespace):
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
     from .cache_tools import import_tree
+    from .startup import frozen_cache_problem
 
-    if not os.path.isdir(args.directory):
-        print(f"error: {args.directory} is not a folder", file=sys.stderr)
+    # a folder with no cache files (often one level above or below the tree) would import nothing
+    problem = frozen_cache_problem(os.path.abspath(args.directory))
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     with _open_store(args) as store:
         summary = import_tree(store, args.directory, progress=not args.quiet)

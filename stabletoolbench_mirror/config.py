@@ -112,6 +112,8 @@ class SimulatorConfig(_Section):
     """Simulator calls in flight at once from one process."""
     history: int = Field(default=8, ge=0)
     """In a session (``gpt-fewshot`` and ``world-model``): the task and the last N calls and answers go in the prompt."""
+    allow_without_docs: bool = False
+    """Simulate without a readable ``tools_folder`` (else the start is refused); such records are marked."""
 
     @field_validator("api_base")
     @classmethod
@@ -180,8 +182,12 @@ class Settings(_Section):
     """A local tool running longer than this gets an error answer (its thread cannot be killed)."""
     workers: int = Field(default=1, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_file: Optional[str] = None
+    """Also append the server's log to this file (upstream ``log_file``)."""
     base_dir: str = Field(default=".", exclude=True)
     """The folder relative paths are resolved against (the config file's folder)."""
+    config_source: str = Field(default="defaults", exclude=True)
+    """Where the settings came from (files, environment, flags), for the start-up summary."""
 
     def resolve(self, path: str) -> str:
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
@@ -191,15 +197,24 @@ class Settings(_Section):
         return secret_values(self)
 
 
-# StableToolBench's own config.yml keys and where they go
+# -- StableToolBench's own config.yml ------------------------------------------------------------
+# Its keys are accepted where they mean the same; an empty value means "not set".  Without a
+# server_config.yml, a config.yml in the working folder is used when it holds only known keys.
+
+UPSTREAM_CONFIG_FILE = "config.yml"
+#: every key of upstream's server/config.yml
+UPSTREAM_KEYS = ("api_key", "api_base", "model", "temperature", "toolbench_url", "tools_folder", "cache_folder", "is_save", "port", "log_file")
 _LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "api_base", "api_key", "model", "temperature")
+#: upstream's OpenAI client talks to OpenAI when ``api_base`` is empty
+UPSTREAM_DEFAULT_API_BASE = "https://api.openai.com/v1"
 
 
-def _translate_legacy(data: dict[str, Any]) -> dict[str, Any]:
+def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Map StableToolBench ``config.yml`` keys onto this model (only where they mean the same)."""
     if not any(k in data for k in _LEGACY_KEYS):
         return data
-    data = dict(data)
+    # upstream's file ships with empty values (``api_key:``, ``api_base:``): they mean "not set"
+    data = {k: v for k, v in data.items() if not (k in UPSTREAM_KEYS and (v is None or v == ""))}
     if "cache_folder" in data:
         frozen = list(data.get("frozen_caches") or [])
         folder = data.pop("cache_folder")
@@ -221,10 +236,46 @@ def _translate_legacy(data: dict[str, Any]) -> dict[str, Any]:
             if old in data:
                 sim.setdefault(new, data.pop(old))
         sim.setdefault("enabled", True)
-        # upstream main.py is the GPT-style simulator
+        # upstream main.py is the GPT-style simulator, an OpenAI client: without api_base it
+        # talks to OpenAI, and without api_key it reads OPENAI_API_KEY
         sim.setdefault("style", "gpt-fewshot")
+        sim.setdefault("api_base", UPSTREAM_DEFAULT_API_BASE)
+        openai_key = (environ or {}).get("OPENAI_API_KEY")
+        if openai_key:
+            sim.setdefault("api_key", openai_key)
         data["simulator"] = sim
     return data
+
+
+def _upstream_file_problem(path: Path) -> str | None:
+    """Why ``path`` (a ``config.yml`` found in the working folder) is not used, or ``None`` to use it."""
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read it: {exc}"
+    except yaml.YAMLError as exc:
+        return f"not valid YAML: {str(exc).splitlines()[0]}"
+    if not isinstance(loaded, dict):
+        return "its top level is not a mapping of keys"
+    unknown = sorted(str(k) for k in loaded if k not in UPSTREAM_KEYS and k not in Settings.model_fields)
+    if unknown:
+        return f"unknown keys {', '.join(unknown[:5])}: not StableToolBench's server config"
+    return None
+
+
+def discover_config_file(environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The config file to use when none is given, and a note on how it was chosen (or why none was)."""
+    if environ.get("STM_CONFIG"):
+        return environ["STM_CONFIG"], ""
+    if Path(DEFAULT_CONFIG_FILE).is_file():
+        return DEFAULT_CONFIG_FILE, ""
+    upstream = Path(UPSTREAM_CONFIG_FILE)
+    if not upstream.is_file():
+        return None, ""
+    problem = _upstream_file_problem(upstream)
+    if problem is None:
+        return UPSTREAM_CONFIG_FILE, f"StableToolBench's {UPSTREAM_CONFIG_FILE}: no {DEFAULT_CONFIG_FILE} in this folder"
+    return None, f"./{UPSTREAM_CONFIG_FILE} not used: {problem}; pass --config {UPSTREAM_CONFIG_FILE} to use it"
 
 
 def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
@@ -284,11 +335,13 @@ def load_settings(
 ) -> Settings:
     """Load settings: defaults < ``config_file`` < ``STM_*`` env vars < ``overrides`` (CLI flags).
 
-    With ``config_file=None``, ``$STM_CONFIG`` or ``./server_config.yml`` is used when present.
+    With ``config_file=None``, ``$STM_CONFIG`` or ``./server_config.yml`` is used when present, else
+    StableToolBench's ``./config.yml`` when it holds only known keys (see :func:`discover_config_file`).
     """
     environ = os.environ if environ is None else environ
+    note = ""
     if config_file is None:
-        config_file = environ.get("STM_CONFIG") or (DEFAULT_CONFIG_FILE if Path(DEFAULT_CONFIG_FILE).is_file() else None)
+        config_file, note = discover_config_file(environ)
     data: dict[str, Any] = {}
     source = "defaults"
     base_dir = Path.cwd()
@@ -307,14 +360,15 @@ def load_settings(
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys")
-        data = _translate_legacy(loaded)
+        data = _translate_legacy(loaded, environ)
         base_dir = path.resolve().parent
     env = _env_overrides(environ)
     if env:
         data = _merge(data, env)
         source += " + STM_* environment"
-    if overrides:
-        data = _merge(data, {k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if given:
+        data = _merge(data, given)
         source += " + command line"
     data.pop("base_dir", None)
     try:
@@ -322,4 +376,5 @@ def load_settings(
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
     settings.base_dir = str(base_dir)
+    settings.config_source = f"{source} ({note})" if note else source
     return settings

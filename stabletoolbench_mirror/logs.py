@@ -40,13 +40,32 @@ class RedactSecrets(logging.Filter):
 REDACTOR = RedactSecrets()
 
 
-def setup_logging(level: str = "info", secrets: Iterable[str] = ()) -> None:
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: str = "info", secrets: Iterable[str] = (), log_file: str | None = None) -> None:
+    """Log to stderr (and append to ``log_file`` when given), with every known secret redacted."""
     REDACTOR.add(secrets)
     root = logging.getLogger()
     if not any(isinstance(h, logging.StreamHandler) and getattr(h, "_stm", False) for h in root.handlers):
         handler = logging.StreamHandler()
         handler._stm = True  # type: ignore[attr-defined]
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(_FORMAT))
         handler.addFilter(REDACTOR)
         root.addHandler(handler)
+    if log_file and not any(getattr(h, "_stm_file", None) == log_file for h in root.handlers):
+        # raises OSError when the file cannot be opened: the caller reports it at start
+        file_handler = logging.FileHandler(log_file, encoding="utf-8", delay=False)
+        file_handler._stm_file = log_file  # type: ignore[attr-defined]
+        file_handler.setFormatter(logging.Formatter(_FORMAT))
+        file_handler.addFilter(REDACTOR)
+        root.addHandler(file_handler)
     root.setLevel(level.upper())
+
+
+def to_log_file(message: str) -> None:
+    """Append ``message`` to the configured log file only (e.g. the start-up summary already printed)."""
+    record = logging.LogRecord("stabletoolbench_mirror", logging.INFO, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if getattr(handler, "_stm_file", None):
+            handler.handle(record)

@@ -379,7 +379,7 @@ def app_from_environment() -> FastAPI:
     from .logs import setup_logging
 
     settings = deserialize_settings(os.environ["STM_SERVE_SETTINGS_JSON"])
-    setup_logging(settings.log_level, settings.secrets())
+    setup_logging(settings.log_level, settings.secrets(), settings.resolve(settings.log_file) if settings.log_file else None)
     try:
         app = create_app(settings)
     except Exception:

@@ -70,7 +70,8 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StubProcess]:
 
 
 def record_config(store: dict[str, Any], api_base: str, **extra: Any) -> dict[str, Any]:
-    return {"mode": "record", "store": store, "simulator": {"enabled": True, "api_base": api_base, "max_retries": 0},
+    # no tool docs: the expected answers are prompts made from the names alone
+    return {"mode": "record", "store": store, "simulator": {"enabled": True, "api_base": api_base, "max_retries": 0, "allow_without_docs": True},
             "limits": {"max_in_flight_per_client": 512}, **extra}
 
 

@@ -68,6 +68,10 @@ def build_simulator(
             system_prompt = load_system_prompt(path)
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"simulator.system_prompt_file: cannot read {path}: {exc}") from exc
+    from ..startup import NO_DOCS_MARK, simulates_without_docs
+
+    # allowed only with simulator.allow_without_docs (the start-up checks refuse it otherwise)
+    origin_suffix = NO_DOCS_MARK if cfg.allow_without_docs and simulates_without_docs(settings) else ""
     return Simulator(
         build_chat_client(settings, api_base=api_base),
         style=cfg.style,
@@ -79,4 +83,5 @@ def build_simulator(
         structured_max_chars=cfg.structured_max_chars,
         max_concurrency=cfg.max_concurrency,
         redactor=redactor_for(settings),
+        origin_suffix=origin_suffix,
     )

@@ -47,6 +47,7 @@ class Simulator:
         structured_max_chars: int | None = None,
         max_concurrency: int = 64,
         redactor: Redactor | None = None,
+        origin_suffix: str = "",
     ) -> None:
         if style not in STYLES:
             raise ValueError(f"unknown simulator style {style!r}")
@@ -62,11 +63,13 @@ class Simulator:
         self._slots = threading.BoundedSemaphore(max_concurrency)
         self.redactor = redactor or Redactor()
         """Configured keys: an endpoint may echo its key (its ``Authorization`` header) into an answer."""
+        self.origin_suffix = origin_suffix
+        """Marks the records' origin, e.g. `` [no tool docs]`` when simulating without any doc."""
 
     @property
     def origin(self) -> str:
         """What the records name as their origin: the model (never the endpoint's key)."""
-        return self.client.model
+        return self.client.model + self.origin_suffix
 
     @property
     def wants_examples(self) -> bool:
