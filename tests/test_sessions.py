@@ -137,6 +137,7 @@ def test_replaying_a_trajectory_after_a_restart_gives_the_same_bytes_without_the
     with OpenAIStub(CountingModel()) as stub:
         config = {
             "store": {"kind": "diskcache", "path": str(tmp_path / "store")},
+            "tools_folder": str(REPO / "examples" / "meetings" / "tools"),
             "simulator": {"enabled": True, "style": "world-model", "api_base": stub.api_base, "max_retries": 0},
         }
         with ServeProcess(tmp_path, config) as server:
