@@ -1,22 +1,35 @@
-"""Moving entries between the store and upstream ``tool_response_cache`` trees."""
+"""Moving entries between the store and upstream ``tool_response_cache`` trees, and counting them.
+
+Both directions stream: an import reads one API file at a time and writes it in batches, an
+export holds one API's records at a time (:meth:`Store.iter_groups`), so memory stays flat
+however large the store or the tree.  Each shows a progress bar and prints its throughput.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections import Counter, defaultdict
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from tqdm import tqdm
 
 from .keys import canonical_from_upstream_key
 from .records import Record
 from .stores import Store
-from .upstream_layout import ENCODED_PREFIX, iter_cache_files, namespace_path, read_cache_file, write_cache_file
+from .upstream_layout import ENCODED_PREFIX, iter_cache_entries, iter_cache_files, namespace_path, write_cache_file
 
 log = logging.getLogger(__name__)
+
+#: records written per store transaction during an import
+IMPORT_BATCH = 1000
+
+
+def _rate(n: int, seconds: float, unit: str) -> str:
+    return f"{n / seconds:,.0f} {unit}/s" if seconds > 0 else "n/a"
 
 
 @dataclass
@@ -26,6 +39,7 @@ class ImportSummary:
     added: int = 0
     already_present: int = 0
     bad_files: list[str] = field(default_factory=list)
+    seconds: float = 0.0
 
     def lines(self) -> list[str]:
         out = [
@@ -33,6 +47,7 @@ class ImportSummary:
             f"entries read:     {self.entries}",
             f"added:            {self.added}",
             f"already present:  {self.already_present}",
+            f"time:             {self.seconds:.1f} s ({_rate(self.entries, self.seconds, 'entries')})",
         ]
         if self.bad_files:
             out.append(f"unreadable files: {len(self.bad_files)}")
@@ -40,26 +55,51 @@ class ImportSummary:
         return out
 
 
-def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = True) -> ImportSummary:
-    """Copy every entry of an upstream tree into ``store`` as ``imported`` (idempotent)."""
+def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = True, allow_symlinks: bool = False) -> ImportSummary:
+    """Copy every entry of an upstream tree into ``store`` as ``imported`` (idempotent).
+
+    A file that cannot be served (not JSON, nested too deeply, a lone surrogate, a symbolic link
+    out of the tree) is left out, reported in :attr:`ImportSummary.bad_files`, and the import goes on.
+    """
     summary = ImportSummary()
-    files = list(iter_cache_files(root))
+    started = time.perf_counter()
+    refused: list[str] = []
+    files = list(iter_cache_files(root, allow_symlinks=allow_symlinks, refused=refused))
+    summary.bad_files.extend(refused)
     origin_root = Path(root).name or str(root)
-    for namespace, path in tqdm(files, desc="import", unit="file", disable=not progress):
-        try:
-            entries = read_cache_file(path)
-        except (OSError, ValueError) as exc:
-            log.warning("skipping %s: %s", path, exc)
-            summary.bad_files.append(f"{path}: {exc}")
-            continue
-        summary.files += 1
-        for key, answer in entries.items():
-            summary.entries += 1
-            record = Record.from_answer(namespace, key, answer, "imported", f"import:{origin_root}/{namespace}.json")
-            if store.add(record, canonical_from_upstream_key(key)):
+    batch: list[tuple[Record, str | None]] = []
+
+    def flush() -> None:
+        for added in store.add_many(batch):
+            if added:
                 summary.added += 1
             else:
                 summary.already_present += 1
+        batch.clear()
+
+    with tqdm(total=len(files), desc="import", unit="file", disable=not progress) as bar:
+        for namespace, path in files:
+            bar.update(1)
+            origin = f"import:{origin_root}/{namespace}.json"
+            try:
+                # the whole file is checked before any of it is written: a crafted file is left out entirely
+                entries = list(iter_cache_entries(path))
+            except (OSError, ValueError) as exc:
+                log.warning("skipping %s: %s", path, exc)
+                summary.bad_files.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+                continue
+            summary.files += 1
+            for key, _answer, body in entries:
+                summary.entries += 1
+                record = Record(namespace=namespace, key=key, body=body, source="imported", origin=origin)
+                batch.append((record, canonical_from_upstream_key(key)))
+            if len(batch) >= IMPORT_BATCH:
+                flush()
+            if progress:
+                bar.set_postfix_str(f"{summary.entries:,} entries", refresh=False)
+    if batch:
+        flush()
+    summary.seconds = time.perf_counter() - started
     return summary
 
 
@@ -71,6 +111,7 @@ class ExportSummary:
     """Files written under an encoded name (see :mod:`~stabletoolbench_mirror.upstream_layout`)."""
     left_out: dict[str, int] = field(default_factory=dict)
     """Entries per API whose name is too long for a file name even encoded: not written."""
+    seconds: float = 0.0
 
     @property
     def left_out_entries(self) -> int:
@@ -78,6 +119,8 @@ class ExportSummary:
 
     def lines(self, *, limit: int = 20) -> list[str]:
         out = [f"files written:    {self.files}", f"entries written:  {self.entries}"]
+        if self.seconds:
+            out.append(f"time:             {self.seconds:.1f} s ({_rate(self.entries, self.seconds, 'entries')})")
         if self.encoded_names:
             out.append(f"encoded names:    {self.encoded_names} files (names unsafe as paths, written as %%...)")
         if self.left_out:
@@ -86,17 +129,6 @@ class ExportSummary:
             if len(self.left_out) > limit:
                 out.append(f"  ... and {len(self.left_out) - limit} more")
         return out
-
-
-def iter_api_groups(records: Iterable[Record]) -> Iterator[tuple[str, list[Record]]]:
-    """Records grouped per API file, in namespace order, each group in recording order."""
-    groups: dict[str, list[Record]] = defaultdict(list)
-    for record in records:
-        groups[record.namespace].append(record)
-    for namespace in sorted(groups):
-        group = groups.pop(namespace)
-        group.sort(key=lambda r: (r.created_at, r.key))
-        yield namespace, group
 
 
 @dataclass(frozen=True)
@@ -113,21 +145,25 @@ class ExportedFile:
         return self.path is not None and any(p.startswith(ENCODED_PREFIX) for p in self.path.parts[-3:])
 
 
-def iter_export(store: Store, root: str | os.PathLike[str], *, progress: bool = True) -> Iterator[ExportedFile]:
-    """Write the store as an upstream tree, one API file at a time, yielding each as it is written."""
-    records = tqdm(store, desc="export", unit="entry", disable=not progress)
-    for namespace, group in iter_api_groups(records):
-        path = namespace_path(root, namespace)
-        if path is not None:
-            write_cache_file(path, {r.key: r.answer for r in group})
-        yield ExportedFile(namespace, group, path)
+def iter_export(store: Store, root: str | os.PathLike[str], *, progress: bool = True, desc: str = "export") -> Iterator[ExportedFile]:
+    """Write the store as an upstream tree, one API file at a time (the only one in memory), yielding each as it is written."""
+    counts = store.counts()
+    with tqdm(total=counts.entries if counts else None, desc=desc, unit="entry", disable=not progress) as bar:
+        for namespace, group in store.iter_groups():
+            path = namespace_path(root, namespace)
+            if path is not None:
+                write_cache_file(path, {r.key: r.answer for r in group})
+            bar.update(len(group))
+            yield ExportedFile(namespace, group, path)
 
 
 def export_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = True) -> ExportSummary:
     """Write the store as an upstream tree (one JSON object per API file)."""
     summary = ExportSummary()
+    started = time.perf_counter()
     for exported in iter_export(store, root, progress=progress):
         count(summary, exported)
+    summary.seconds = time.perf_counter() - started
     return summary
 
 
@@ -181,7 +217,28 @@ def _origin_group(record: Record) -> str:
 
 
 def store_stats(store: Store) -> dict[str, Any]:
-    tally = Tally()
-    for record in store:
-        tally.add(record)
-    return tally.to_json()
+    """Entries by source, category, model and origin, APIs, and size per entry.
+
+    From the store's counters when it keeps them (no scan: fast at any size), else one pass over the records.
+    """
+    counts = store.counts()
+    if counts is None:
+        tally = Tally()
+        for record in store:
+            tally.add(record)
+        out = tally.to_json()
+        out.update(counted_by="full scan", disk_bytes=None, memory_bytes=None, bytes_per_entry=None)
+        return out
+    size = counts.disk_bytes if counts.disk_bytes is not None else counts.memory_bytes
+    return {
+        "entries": counts.entries,
+        "apis": counts.apis,
+        "by_source": dict(sorted(counts.by_source.items())),
+        "by_category": dict(sorted(counts.by_category.items())),
+        "models": dict(sorted((k.split(":", 1)[1], v) for k, v in counts.by_origin.items() if k.startswith("simulated:"))),
+        "origins": dict(sorted(counts.by_origin.items())),
+        "counted_by": "counters",
+        "disk_bytes": counts.disk_bytes,
+        "memory_bytes": counts.memory_bytes,
+        "bytes_per_entry": round(size / counts.entries) if size and counts.entries else None,
+    }

@@ -18,12 +18,16 @@ report a user attaches to a score.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
-from collections import Counter, defaultdict
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
 from .answers import DEFAULT_MAX_OBSERVATION_LENGTH, function_index, iter_answer_calls, observation_text
 from .naming import resolve_names
@@ -80,7 +84,11 @@ class Target(Protocol):
 
 def load_calls_jsonl(path: str | Path) -> list[Expectation]:
     """``{"payload", "observed"}`` lines; blank lines are skipped, a bad line is an error naming it."""
-    out: list[Expectation] = []
+    return list(iter_calls_jsonl(path))
+
+
+def iter_calls_jsonl(path: str | Path) -> Iterator[Expectation]:
+    """:func:`load_calls_jsonl` one line at a time (flat memory for any number of calls)."""
     try:
         for location, item in iter_jsonl(path):
             if isinstance(item, ValueError):
@@ -88,10 +96,9 @@ def load_calls_jsonl(path: str | Path) -> list[Expectation]:
             if not isinstance(item, dict) or not isinstance(item.get("payload"), dict) or "observed" not in item:
                 raise CheckInputError(f'{location}: expected an object with "payload" (object) and "observed"')
             observed = item["observed"]
-            out.append(Expectation(item["payload"], observed, location, text=isinstance(observed, str)))
+            yield Expectation(item["payload"], observed, location, text=isinstance(observed, str))
     except QueryFileError as exc:
         raise CheckInputError(str(exc)) from None
-    return out
 
 
 def load_answer_expectations(paths: Iterable[str | Path], index: Any) -> tuple[list[Expectation], list[str]]:
@@ -120,12 +127,23 @@ class UrlTarget:
     """A running ``/virtual`` server (this project's or upstream's)."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 300.0) -> None:
-        import requests
-
         self.url = url if url.rstrip("/").endswith("/virtual") else url.rstrip("/") + "/virtual"
-        self._session = requests.Session()
+        self._local = threading.local()  # one keep-alive session per checking thread
+        self._sessions: list[Any] = []
+        self._lock = threading.Lock()
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout_s
+
+    @property
+    def _session(self) -> Any:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            import requests
+
+            session = self._local.session = requests.Session()
+            with self._lock:
+                self._sessions.append(session)
+        return session
 
     def send(self, payload: dict[str, Any]) -> Reply:
         import requests
@@ -139,7 +157,10 @@ class UrlTarget:
         return Reply(response.status_code, response.text, response.headers.get("X-STM-Outcome"))
 
     def close(self) -> None:
-        self._session.close()
+        with self._lock:
+            for session in self._sessions:
+                session.close()
+            self._sessions.clear()
 
 
 class LayerTarget:
@@ -193,11 +214,17 @@ class Mismatch:
     got: str
 
 
+#: mismatches kept in detail (the counts per API always cover every call)
+MAX_MISMATCHES = 10_000
+
+
 @dataclass
 class CheckReport:
     per_api: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     mismatches: list[Mismatch] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    mismatches_left_out: int = 0
+    seconds: float = 0.0
 
     @property
     def totals(self) -> Counter[str]:
@@ -222,7 +249,9 @@ class CheckReport:
             "identical_fraction": (totals[IDENTICAL] / self.calls) if self.calls else None,
             "per_api": {ns: {v: c[v] for v in VERDICTS} for ns, c in sorted(self.per_api.items())},
             "mismatches": [m.__dict__ for m in self.mismatches],
+            "mismatches_left_out": self.mismatches_left_out,
             "problems": self.problems,
+            "seconds": round(self.seconds, 3),
         }
 
     def lines(self, *, max_details: int = 20) -> list[str]:
@@ -235,6 +264,8 @@ class CheckReport:
             out.append(f"{ns:<{width}}  {counts[IDENTICAL]:>9}  {counts[DIFFERENT]:>9}  {counts[MISS]:>5}")
         out.append(f"{'total':<{width}}  {totals[IDENTICAL]:>9}  {totals[DIFFERENT]:>9}  {totals[MISS]:>5}")
         out.append(f"{n} calls: {totals[IDENTICAL]} identical ({share}), {totals[DIFFERENT]} different, {totals[MISS]} miss")
+        if self.seconds:
+            out.append(f"time: {self.seconds:.1f} s ({n / self.seconds:,.0f} calls/s)")
         for m in self.mismatches[:max_details]:
             out.append(f"{m.verdict.upper()} {m.namespace} input={m.tool_input[:200]} ({m.location})")
             if m.verdict == DIFFERENT:
@@ -254,26 +285,61 @@ def run_check(
     *,
     max_observation_length: int = DEFAULT_MAX_OBSERVATION_LENGTH,
     report: CheckReport | None = None,
+    concurrency: int = 1,
+    progress: bool = False,
+    total: int | None = None,
 ) -> CheckReport:
+    """Send every expectation to ``target`` (``concurrency`` at a time) and count the verdicts.
+
+    Expectations are read as they are sent and results taken in input order, so memory stays
+    flat for any number of calls and the report does not depend on the concurrency.
+    """
+    from tqdm import tqdm
+
     report = report or CheckReport()
-    for expectation in expectations:
-        reply = target.send(expectation.payload)
-        result = verdict(expectation, reply, max_observation_length)
-        namespace = expectation.namespace
-        report.per_api[namespace][result] += 1
-        if result != IDENTICAL:
-            got = client_answer(reply)
-            report.mismatches.append(
-                Mismatch(
-                    location=expectation.location,
-                    namespace=namespace,
-                    tool_input=str(expectation.payload.get("tool_input", "")),
-                    verdict=result,
-                    expected=expectation.observed if expectation.text else json.dumps(expectation.observed, ensure_ascii=False),
-                    got=observation_text(got, max_observation_length) if expectation.text else json.dumps(got, ensure_ascii=False),
-                )
-            )
+    started = time.perf_counter()
+    with tqdm(total=total, desc="check", unit="call", disable=not progress) as bar:
+        if concurrency <= 1:
+            for expectation in expectations:
+                _judge(report, expectation, target.send(expectation.payload), max_observation_length)
+                bar.update(1)
+        else:
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                pending: deque[tuple[Expectation, Future[Reply]]] = deque()
+                for expectation in expectations:
+                    pending.append((expectation, pool.submit(target.send, expectation.payload)))
+                    if len(pending) >= 4 * concurrency:
+                        done, future = pending.popleft()
+                        _judge(report, done, future.result(), max_observation_length)
+                        bar.update(1)
+                while pending:
+                    done, future = pending.popleft()
+                    _judge(report, done, future.result(), max_observation_length)
+                    bar.update(1)
+    report.seconds += time.perf_counter() - started
     return report
+
+
+def _judge(report: CheckReport, expectation: Expectation, reply: Reply, max_observation_length: int) -> None:
+    result = verdict(expectation, reply, max_observation_length)
+    namespace = expectation.namespace
+    report.per_api[namespace][result] += 1
+    if result == IDENTICAL:
+        return
+    if len(report.mismatches) >= MAX_MISMATCHES:
+        report.mismatches_left_out += 1
+        return
+    got = client_answer(reply)
+    report.mismatches.append(
+        Mismatch(
+            location=expectation.location,
+            namespace=namespace,
+            tool_input=str(expectation.payload.get("tool_input", "")),
+            verdict=result,
+            expected=expectation.observed if expectation.text else json.dumps(expectation.observed, ensure_ascii=False),
+            got=observation_text(got, max_observation_length) if expectation.text else json.dumps(got, ensure_ascii=False),
+        )
+    )
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -281,13 +347,12 @@ def run_check(
 
 def _layer(settings: Any) -> Any:
     """The in-process layer; in replay mode without responders (nothing may fill a miss anyway)."""
-    from .factory import build_store
+    from .factory import build_frozen, build_store
     from .layer import MirrorLayer
-    from .stores import FrozenCache
 
     if settings.mode != "replay":
         return MirrorLayer.from_settings(settings)
-    frozen = [FrozenCache(settings.resolve(p)) for p in settings.frozen_caches]
+    frozen = build_frozen(settings)
     return MirrorLayer(build_store(settings), mode="replay", frozen=frozen)
 
 
@@ -299,14 +364,18 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from_args(args, mode=args.mode or "replay")
     report = CheckReport()
-    expectations: list[Expectation] = []
+    expectations: list[Iterable[Expectation]] = []
+    total = 0
     try:
         for path in args.calls or []:
-            expectations.extend(load_calls_jsonl(path))
+            # read as the calls are sent; a first pass only counts lines (for the progress bar)
+            total += _count_lines(path)
+            expectations.append(iter_calls_jsonl(path))
         if args.answers:
             tools = args.tools_folder or (settings.resolve(settings.tools_folder) if settings.tools_folder else None)
             found, problems = load_answer_expectations(args.answers, function_index(args.queries or [], tools))
-            expectations.extend(found)
+            expectations.append(found)
+            total += len(found)
             report.problems.extend(problems)
     except ValueError as exc:  # CheckInputError, and the answer files' function index
         print(f"error: {exc}", file=sys.stderr)
@@ -317,7 +386,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         target = LayerTarget(_layer(settings))
     try:
-        run_check(expectations, target, max_observation_length=args.max_observation_length, report=report)
+        run_check(
+            itertools.chain.from_iterable(expectations),
+            target,
+            max_observation_length=args.max_observation_length,
+            report=report,
+            concurrency=max(1, args.concurrency if args.url else 1),
+            progress=not args.quiet,
+            total=total,
+        )
     except CheckInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -329,6 +406,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.report_only:
         return 0
     return 0 if report.ok() else 1
+
+
+def _count_lines(path: str | Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError as exc:
+        raise CheckInputError(f"{path}: cannot read: {exc}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -350,6 +435,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-observation-length", type=int, default=DEFAULT_MAX_OBSERVATION_LENGTH, help="the client's cut for observation texts (1024)"
     )
     parser.add_argument("--json", metavar="FILE", help="also write the full report as JSON")
+    parser.add_argument("--concurrency", type=int, default=8, help="calls in flight at once against --url (default 8)")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.add_argument("--report-only", action="store_true", help="exit 0 even when something differs")
     add_config_arguments(parser)
     parser.set_defaults(func=cmd_check)

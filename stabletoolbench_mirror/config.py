@@ -27,7 +27,7 @@ ENV_PREFIX = "STM_"
 DEFAULT_CONFIG_FILE = "server_config.yml"
 #: ``STM_*`` variables that are not settings keys: the config file's path, the serve master's
 #: hand-over to its workers, and the tooling's own (``STM_VLLM_*`` for the vLLM tier, ``STM_CI_*``)
-NOT_SETTINGS_ENV = frozenset({"STM_CONFIG", "STM_SERVE_SETTINGS_JSON", "STM_REDIS_URL"})
+NOT_SETTINGS_ENV = frozenset({"STM_CONFIG", "STM_SERVE_SETTINGS_FILE", "STM_REDIS_URL"})
 NOT_SETTINGS_ENV_PREFIXES = ("STM_VLLM_", "STM_CI_")
 
 
@@ -77,9 +77,12 @@ class RealConfig(_Section):
     """How long an open breaker skips real calls to its host."""
     strict_validity: bool = False
     """Use a stricter validity check than upstream's substring rules."""
+    shadow_simulate: bool = False
+    """When the real API answers a miss, also ask the simulator (``simulator.*`` settings) and keep
+    its answer in the shadow store (never served) for ``fidelity --from-store --shadow``."""
 
 
-SimulatorStyle = Literal["mirrorapi-sft", "mirrorapi-cot", "gpt-fewshot", "world-model"]
+SimulatorStyle = Literal["mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache", "gpt-fewshot", "world-model"]
 
 
 class SimulatorConfig(_Section):
@@ -98,7 +101,12 @@ class SimulatorConfig(_Section):
     max_retries: int = Field(default=3, ge=0)
     backoff_s: float = Field(default=0.5, ge=0)
     system_prompt_file: Optional[str] = None
-    """A file whose text is sent verbatim as the system prompt (e.g. MirrorAPI's training prompt)."""
+    """The system prompt: a text file sent verbatim, StableToolBench's ``server/system_prompts.py``
+    (its ``SFT_SYSTEM`` / ``COT_SYSTEM`` constant, read without running the file) or the folder of a
+    StableToolBench checkout.  Unset: this project's own built-in prompts."""
+    parse_retries: Optional[int] = Field(default=None, ge=0, le=10)
+    """Completions asked for again when an output cannot be parsed (with seed + 1, + 2, ...).
+    Unset: 0 for the MirrorAPI styles, 3 for ``gpt-fewshot`` (as upstream's GPT server)."""
     structured_output: bool = False
     """Ask a vLLM endpoint for schema-constrained JSON (off: keep MirrorAPI's trained behaviour)."""
     structured_max_chars: Optional[int] = Field(default=None, ge=1)
@@ -169,6 +177,11 @@ class Settings(_Section):
     auth_token: Optional[SecretStr] = None
     store: StoreConfig = Field(default_factory=StoreConfig)
     frozen_caches: list[str] = Field(default_factory=list)
+    frozen_memory_mb: float = Field(default=256, gt=0)
+    """Memory for the indexes of frozen cache files (keys and answer offsets); the least recently used
+    files are dropped beyond it and re-read when needed."""
+    allow_symlinks: bool = False
+    """Follow symbolic links that lead out of a frozen cache tree or the tools folder (refused otherwise)."""
     tools_folder: Optional[str] = None
     save: bool = True
     """Record new answers (upstream ``is_save``); when false, ``record`` answers but stores nothing."""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from .config import ConfigError, Settings
 from .responders import Responder
-from .stores import DiskcacheStore, Store
+from .stores import DiskcacheStore, FrozenCache, Store
 from .tooldocs import tool_docs_for
 
 if TYPE_CHECKING:
@@ -31,6 +31,13 @@ def build_store(settings: Settings) -> Store:
     raise ConfigError(f"store.kind: unknown store kind {cfg.kind!r}")
 
 
+def build_frozen(settings: Settings) -> list[FrozenCache]:
+    """The frozen caches, in their listed order, sharing ``frozen_memory_mb`` between them."""
+    paths = settings.frozen_caches
+    budget = int(settings.frozen_memory_mb * 1024 * 1024 / max(1, len(paths)))
+    return [FrozenCache(settings.resolve(p), memory_budget=budget, allow_symlinks=settings.allow_symlinks) for p in paths]
+
+
 def build_responders(settings: Settings) -> list[Responder]:
     """The miss chain in order: the real API (when enabled), then the simulator (when enabled)."""
     responders: list[Responder] = []
@@ -38,7 +45,12 @@ def build_responders(settings: Settings) -> list[Responder]:
     if settings.real.enabled:
         from .real import build_real_responder
 
-        responders.append(build_real_responder(settings, docs=docs))
+        real = build_real_responder(settings, docs=docs)
+        if settings.real.shadow_simulate:
+            from .shadow import shadowed
+
+            real = shadowed(real, settings, docs)
+        responders.append(real)
     if settings.simulator.enabled:
         from .simulator import build_simulator
 

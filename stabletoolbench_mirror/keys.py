@@ -14,6 +14,11 @@ This project looks an entry up in two steps:
    canonical key; ``{"a": 1}`` and ``{"a": "1"}`` do not (types still matter), nor do
    ``1`` and ``1.0`` or ``1`` and ``true``.
 
+``NaN``, ``Infinity`` and ``-Infinity`` (which ``json.loads``, and so upstream, accepts) are
+written as those bare tokens, so ``{"a": NaN}`` and ``{"a": "nan"}`` never share a key:
+upstream keys them apart too (``{'a': nan}`` vs ``{'a': 'nan'}``).  A number too large for a
+float (``1e999``) is ``Infinity`` in both keys, as it is upstream.
+
 An upstream key read from a cache file is turned back into a value with
 ``ast.literal_eval`` (a literal parser, never ``eval``) to compute its canonical key.
 """
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 from typing import Any
 
 MAX_LITERAL_KEY_CHARS = 200_000
@@ -34,15 +38,14 @@ def upstream_key(value: Any) -> str:
 
 
 def _json_safe(value: Any) -> Any:
-    # a Python literal key may hold tuples, sets or non-finite floats: map them onto JSON
+    # a Python literal key may hold tuples, sets, bytes or complex numbers: map them onto JSON
+    # (non-finite floats stay floats: they are written as bare NaN / Infinity tokens)
     if isinstance(value, dict):
         return {str(k) if not isinstance(k, str) else k: _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     if isinstance(value, (set, frozenset)):
         return sorted((_json_safe(v) for v in value), key=repr)
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
     if isinstance(value, (bytes, complex)):
         return repr(value)
     return value
@@ -51,7 +54,7 @@ def _json_safe(value: Any) -> Any:
 def canonical_key(value: Any) -> str:
     """The order-insensitive, type-sensitive key of a parsed input."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError):
         return json.dumps(_json_safe(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 

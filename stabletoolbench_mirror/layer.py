@@ -17,6 +17,7 @@ from . import protocol
 from .call import ToolCall
 from .config import Settings
 from .local_tools import LocalTool, LocalTools
+from .logs import clip
 from .naming import resolve_names
 from .protocol import ToolInputParseError, VirtualRequest, parse_tool_input
 from .records import Record
@@ -79,14 +80,14 @@ class MirrorLayer:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, store: Store | None = None) -> "MirrorLayer":
-        from .factory import build_local_tools, build_responders, build_sessions, build_store
+        from .factory import build_frozen, build_local_tools, build_responders, build_sessions, build_store
 
         local_tools = build_local_tools(settings)  # a file that cannot be imported stops the start first
         store = store if store is not None else build_store(settings)
         return cls(
             store,
             mode=settings.mode,
-            frozen=[FrozenCache(settings.resolve(p)) for p in settings.frozen_caches],
+            frozen=build_frozen(settings),
             responders=build_responders(settings),
             save=settings.save,
             max_pending_misses=settings.limits.max_pending_misses,
@@ -136,11 +137,6 @@ class MirrorLayer:
             return Outcome(protocol.encode_answer(protocol.parse_error_answer()), "rejected")
         return ToolCall.build(request, tool_input, names)
 
-    @property
-    def lookups_are_local(self) -> bool:
-        """Whether a cache lookup is cheap enough to run on the server's event loop (no network I/O)."""
-        return self.store.is_local
-
     def runs_locally(self, call: ToolCall) -> bool:
         """Whether ``call`` is one of the local tools (it always runs: never answered from the cache)."""
         return self.local_tools is not None and self.local_tools.find(call) is not None
@@ -158,13 +154,14 @@ class MirrorLayer:
         return self._hit(call, record)
 
     async def cached_async(self, call: ToolCall) -> Outcome | None:
-        """:meth:`cached` for stores read over the network (Redis): the store is read on the event loop.
+        """:meth:`cached` for the server's event loop: a local store is read at once, Redis through
+        its async client, and a frozen file not parsed yet is parsed in a thread (the loop goes on).
 
-        ``None`` (nothing counted) when the store has no async reads, the answer is not cached,
-        or the store fails (the full path then answers, with the store's error if it persists).
+        ``None`` (nothing counted) when the answer is not cached or the store fails (the full
+        path then answers, with the store's error if it persists).
         """
         store = self.store
-        if not store.reads_async or self.runs_locally(call):
+        if (not store.reads_async and not store.is_local) or self.runs_locally(call):
             return None
         try:
             record = await self._lookup_async(call)
@@ -201,7 +198,7 @@ class MirrorLayer:
         self.stats.count("misses", call.namespace)
         if self.mode == "replay" or not self.responders:
             reason = "replay mode" if self.mode == "replay" else "no real API or simulator configured"
-            log.info("miss %s key=%s (%s)", call.namespace, call.key[:500], reason)
+            log.info("miss %s key=%s (%s)", clip(call.namespace), clip(call.key), reason)
             self.stats.count("unanswered", call.namespace)
             return Outcome(protocol.encode_answer(protocol.miss_answer(call.namespace, reason)), "unanswered")
         # more misses than limits.max_pending_misses wait for a turn (a refusal would become a tool error)
@@ -234,13 +231,27 @@ class MirrorLayer:
         )
 
     async def _lookup_async(self, call: ToolCall) -> Record | None:
-        """:meth:`lookup` with the store read through its async client (same order)."""
-        return (
-            await self.store.aget(call.namespace, call.key)
-            or self._frozen_exact(call)
-            or await self.store.aget_canonical(call.namespace, call.canonical)
-            or self._frozen_canonical(call)
-        )
+        """:meth:`lookup` without blocking the event loop (same order)."""
+        store = self.store
+        if store.reads_async:
+            record = await store.aget(call.namespace, call.key)
+        else:
+            record = store.get(call.namespace, call.key)
+        for frozen in self.frozen:
+            if record is not None:
+                return record
+            record = await frozen.aget(call.namespace, call.key)
+        if record is not None:
+            return record
+        if store.reads_async:
+            record = await store.aget_canonical(call.namespace, call.canonical)
+        else:
+            record = store.get_canonical(call.namespace, call.canonical)
+        for frozen in self.frozen:
+            if record is not None:
+                return record
+            record = await frozen.aget_canonical(call.namespace, call.canonical)
+        return record
 
     def _frozen_exact(self, call: ToolCall) -> Record | None:
         return next((r for f in self.frozen if (r := f.get(call.namespace, call.key)) is not None), None)
@@ -285,12 +296,12 @@ class MirrorLayer:
                 # e.g. a "\ud800" escape in a model's JSON: it can be neither stored nor served as UTF-8
                 attempt = Attempt(None, attempt.origin, "answer contains a lone UTF-16 surrogate", attempt.fallback)
             if attempt.answer is None:
-                log.info("%s gave no usable answer for %s: %s", responder.source, call.namespace, attempt.detail)
+                log.info("%s gave no usable answer for %s: %s", responder.source, clip(call.namespace), clip(attempt.detail, 500))
                 self.stats.count_failure(f"{responder.source}: {attempt.detail}")
                 if attempt.fallback is not None:
                     fallback = attempt.fallback
                 continue
-            record = Record.from_answer(call.namespace, call.key, attempt.answer, responder.source, attempt.origin)
+            record = Record.from_answer(call.namespace, call.key, attempt.answer, responder.source, attempt.origin, attempt.meta)
             if self.save:
                 if not self.store.add(record, call.canonical):
                     # someone else recorded first: everyone serves that one
@@ -327,7 +338,7 @@ class MirrorLayer:
         return _served(record, "hit")
 
     def _store_error(self, call: ToolCall, exc: StoreError) -> Outcome:
-        log.error("store error for %s: %s", call.namespace, exc)
+        log.error("store error for %s: %s", clip(call.namespace), clip(exc, 500))
         self.stats.count("store_errors", call.namespace)
         return _rejected(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}", "store_error")
 

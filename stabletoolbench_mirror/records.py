@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from .protocol import encode_answer
 
@@ -20,7 +20,10 @@ class Record:
 
     ``body`` is the answer exactly as served (JSON text of ``{"error", "response"}``,
     upstream's compact encoding), so a replay returns the same bytes.  Provenance
-    (``source``, ``origin``, ``created_at``) is kept beside it and never served.
+    (``source``, ``origin``, ``created_at``) is kept beside it and never served, and so is
+    ``meta``: what a simulated answer's generation knew (its rationale, style, model, prompt
+    hash, sampling settings, finish reason, token counts, latency).  Only ``body`` is served,
+    and only ``namespace``, ``key`` and ``body`` enter a snapshot's content hash.
     """
 
     namespace: str
@@ -32,26 +35,32 @@ class Record:
     origin: str = ""
     """The model name, the endpoint, or the file an entry was imported from (never a secret)."""
     created_at: float = field(default_factory=time.time)
+    meta: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @classmethod
-    def from_answer(cls, namespace: str, key: str, answer: Any, source: Source, origin: str = "") -> "Record":
-        return cls(namespace=namespace, key=key, body=encode_answer(answer), source=source, origin=origin)
+    def from_answer(
+        cls, namespace: str, key: str, answer: Any, source: Source, origin: str = "", meta: Mapping[str, Any] | None = None
+    ) -> "Record":
+        return cls(namespace=namespace, key=key, body=encode_answer(answer), source=source, origin=origin, meta=meta)
 
     @property
     def answer(self) -> Any:
         return json.loads(self.body)
 
     def to_json(self) -> str:
+        data: dict[str, Any] = {
+            "v": RECORD_VERSION,
+            "namespace": self.namespace,
+            "key": self.key,
+            "body": self.body,
+            "source": self.source,
+            "origin": self.origin,
+            "created_at": self.created_at,
+        }
+        if self.meta:
+            data["meta"] = dict(self.meta)
         return json.dumps(
-            {
-                "v": RECORD_VERSION,
-                "namespace": self.namespace,
-                "key": self.key,
-                "body": self.body,
-                "source": self.source,
-                "origin": self.origin,
-                "created_at": self.created_at,
-            },
+            data,
             ensure_ascii=False,
             separators=(",", ":"),
         )
@@ -68,4 +77,5 @@ class Record:
             source=data["source"],
             origin=data.get("origin", ""),
             created_at=float(data.get("created_at", 0.0)),
+            meta=data["meta"] if isinstance(data.get("meta"), dict) else None,
         )

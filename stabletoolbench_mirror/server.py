@@ -22,12 +22,14 @@ import anyio
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from . import __version__, protocol, sessions
 from .admission import Admission, Refused
 from .config import Settings
 from .layer import MirrorLayer, Outcome
+from .logs import clip
 
 log = logging.getLogger(__name__)
 
@@ -173,16 +175,11 @@ class _Front:
         if session is not None or layer.runs_locally(prepared):
             # a session's calls and local tools read and write state: always in a worker thread
             return await anyio.to_thread.run_sync(layer.handle_call, prepared, session)
-        if layer.lookups_are_local:
-            # a hit on a local store costs microseconds: answer it without a thread hop
-            hit = layer.cached(prepared)
-            if hit is not None:
-                return hit
-        else:
-            # a remote store (Redis) is read on the event loop too: no thread hop for a hit
-            hit = await layer.cached_async(prepared)
-            if hit is not None:
-                return hit
+        # hits are answered on the event loop (a local store at once, Redis through its async
+        # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
+        hit = await layer.cached_async(prepared)
+        if hit is not None:
+            return hit
         return await anyio.to_thread.run_sync(layer.handle_call, prepared)
 
 
@@ -294,16 +291,65 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
                 "store": layer.store.kind,
                 "frozen_caches": len(layer.frozen),
                 "responders": [r.source for r in layer.responders],
+                "simulator_prompt": _simulator_prompt(layer),
             }
         )
 
     @app.get("/stats")
     async def stats() -> JSONResponse:
-        return JSONResponse(layer.stats.snapshot())
+        return JSONResponse({**layer.stats.snapshot(), **_responder_stats(layer)})
 
     _add_session_routes(app, layer, settings)
-
+    _answer_unknown_routes(app)
     return app
+
+
+def _responder_stats(layer: MirrorLayer) -> dict[str, Any]:
+    """The responders' own counters (``simulator``: parse retries; ``shadow``: shadow answers)."""
+    out: dict[str, Any] = {}
+    for responder in layer.responders:
+        stats = getattr(type(responder), "stats", None)
+        if callable(stats):
+            out.update(responder.stats())
+    return out
+
+
+def _simulator_prompt(layer: MirrorLayer) -> dict[str, str] | None:
+    """The simulator's style and system prompt source and sha256 (``None`` without a simulator)."""
+    for responder in layer.responders:
+        prompt = getattr(responder, "prompt", None)
+        if prompt is not None:
+            return {"style": getattr(responder, "style", ""), **prompt.describe()}
+    return None
+
+
+# -- unknown routes ------------------------------------------------------------------------------
+
+#: what an unknown route answers: StableToolBench's client must post to ``.../virtual``
+NO_ROUTE_HINT = "StableToolBench's client must POST /virtual (does SERVICE_URL end in /virtual?)"
+
+
+def _answer_unknown_routes(app: FastAPI) -> None:
+    """A JSON ``{"error", "response"}`` answer naming ``POST /virtual`` for a route that does not exist.
+
+    The first such request of a process is also logged once, as a WARNING (a misconfigured
+    ``SERVICE_URL`` sends every call there).
+    """
+    logged = [False]  # the handler runs on the event loop: no lock needed
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        where = f"{request.method} {clip(request.url.path)}"
+        if exc.status_code == 404:
+            message = f"no route {where}: {NO_ROUTE_HINT}"
+            if not logged[0]:
+                logged[0] = True
+                log.warning("a request to %s found no route (later ones are not logged): %s", where, NO_ROUTE_HINT)
+        elif exc.status_code == 405:
+            message = f"method not allowed: {where}; {NO_ROUTE_HINT}"
+        else:
+            message = str(exc.detail)
+        return JSONResponse(protocol.answer(message, ""), status_code=exc.status_code, headers=exc.headers)
 
 
 def _add_session_routes(app: FastAPI, layer: MirrorLayer, settings: Settings) -> None:
@@ -374,13 +420,13 @@ async def _read_capped(request: Any, limit: int) -> bytes | JSONResponse:
 
 
 def app_from_environment() -> FastAPI:
-    """The app of a ``serve --workers N`` worker process (settings passed through the environment)."""
-    from .cli import deserialize_settings
+    """The app of a ``serve --workers N`` worker process (settings handed over in a private file, see :mod:`.handoff`)."""
+    from .handoff import ENV, read_settings_file
     from .logs import setup_logging
 
-    settings = deserialize_settings(os.environ["STM_SERVE_SETTINGS_JSON"])
-    setup_logging(settings.log_level, settings.secrets(), settings.resolve(settings.log_file) if settings.log_file else None)
     try:
+        settings = read_settings_file(os.environ[ENV])
+        setup_logging(settings.log_level, settings.secrets(), settings.resolve(settings.log_file) if settings.log_file else None)
         app = create_app(settings)
     except Exception:
         # uvicorn's supervisor restarts a dead worker forever, but stops on this exit code

@@ -29,6 +29,8 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from tqdm import tqdm
+
 from . import __version__
 from .cache_tools import ExportSummary, Tally, count, iter_export
 from .config import Settings
@@ -115,7 +117,7 @@ def write_snapshot(
     summary = ExportSummary()
     written = Tally()
     digest = ContentHash()
-    for exported in iter_export(store, root, progress=progress):
+    for exported in iter_export(store, root, progress=progress, desc="snapshot"):
         count(summary, exported)
         if exported.path is None:
             continue
@@ -171,12 +173,12 @@ class Verification:
         return out
 
 
-def tree_entries(root: str | os.PathLike[str], problems: list[str]) -> Iterator[tuple[str, str, Any]]:
+def tree_entries(root: str | os.PathLike[str], problems: list[str], *, progress: bool = False) -> Iterator[tuple[str, str, Any]]:
     """``(namespace, key, answer)`` of every entry of an upstream tree, one API file at a time, in namespace order.
 
     Files that cannot be read are reported in ``problems`` and skipped.
     """
-    for namespace, path in sorted(iter_cache_files(root)):
+    for namespace, path in tqdm(sorted(iter_cache_files(root)), desc="verify", unit="file", disable=not progress):
         try:
             data = read_cache_file(path)
         except (OSError, ValueError) as exc:
@@ -186,7 +188,7 @@ def tree_entries(root: str | os.PathLike[str], problems: list[str]) -> Iterator[
             yield namespace, key, answer
 
 
-def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False) -> Verification:
+def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False, progress: bool = False) -> Verification:
     """Recompute the content hash and counts of a snapshot folder and compare them with its manifest.
 
     A snapshot whose manifest says store entries were left out fails too (unless
@@ -207,7 +209,7 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
     digest = ContentHash()
     entries = files = 0
     by_category: Counter[str] = Counter()
-    for namespace, group in groupby(tree_entries(root, problems), key=lambda e: e[0]):
+    for namespace, group in groupby(tree_entries(root, problems, progress=progress), key=lambda e: e[0]):
         items = [(key, answer) for _, key, answer in group]
         digest.add_api(namespace, items)
         files += 1
@@ -235,9 +237,11 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     if args.verify:
-        result = verify_snapshot(args.out, allow_left_out=args.skip_unsafe)
+        result = verify_snapshot(args.out, allow_left_out=args.skip_unsafe, progress=not args.quiet)
         print("\n".join(result.lines()))
+        print(f"time: {_throughput(result.entries, time.perf_counter() - started)}")
         return 0 if result.ok else 1
     from .cli import settings_from_args
     from .factory import build_store
@@ -253,6 +257,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     print(f"entries:       {manifest['entries']} in {manifest['files']} files")
     print("by source:     " + ", ".join(f"{k} {v}" for k, v in manifest["by_source"].items()))
     print(f"content hash:  {manifest['content_hash']}")
+    print(f"time:          {_throughput(manifest['entries'], time.perf_counter() - started)}")
     if manifest["encoded_names"]:
         print(f"encoded names: {manifest['encoded_names']} files (names unsafe as paths, written as %%...)")
     left_out = manifest["left_out"]
@@ -264,6 +269,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             print("the snapshot is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
             return 1
     return 0
+
+
+def _throughput(entries: int, seconds: float) -> str:
+    return f"{seconds:.1f} s ({entries / seconds if seconds > 0 else 0:,.0f} entries/s)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

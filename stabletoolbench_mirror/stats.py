@@ -16,13 +16,16 @@ from collections import Counter
 from typing import Any
 
 MAX_TRACKED_APIS = 10_000
+#: namespaces are client text: the per-API table is also bounded by their total size
+MAX_TRACKED_API_BYTES = 4 * 1024 * 1024
 MAX_TRACKED_FAILURES = 200
+MAX_FAILURE_CHARS = 200
 _OTHER = "(other)"
 OUTCOMES = ("hits", "misses", "rejected", "local", "refused", "recorded", "failed", "unanswered", "store_errors")
 
 
 class Stats:
-    """Thread-safe counters; per-API and per-failure tables are capped so random input cannot grow them."""
+    """Thread-safe counters; per-API and per-failure tables are capped (count and size) so random input cannot grow them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -31,6 +34,7 @@ class Stats:
         self.by_api: dict[str, Counter[str]] = {}
         self.failures: Counter[str] = Counter()
         self.refusals: Counter[str] = Counter()
+        self._api_bytes = 0
 
     def count(self, outcome: str, namespace: str | None = None, source: str | None = None) -> None:
         assert outcome in OUTCOMES, outcome
@@ -41,7 +45,11 @@ class Stats:
             if namespace is not None:
                 api = self.by_api.get(namespace)
                 if api is None:
-                    key = namespace if len(self.by_api) < MAX_TRACKED_APIS else _OTHER
+                    size = len(namespace.encode("utf-8", "surrogatepass"))
+                    if len(self.by_api) < MAX_TRACKED_APIS and self._api_bytes + size <= MAX_TRACKED_API_BYTES:
+                        key, self._api_bytes = namespace, self._api_bytes + size
+                    else:
+                        key = _OTHER
                     api = self.by_api.setdefault(key, Counter())
                 api[outcome] += 1
 
@@ -53,7 +61,7 @@ class Stats:
 
     def count_failure(self, detail: str) -> None:
         with self._lock:
-            detail = detail[:200]
+            detail = detail[:MAX_FAILURE_CHARS]
             if detail in self.failures or len(self.failures) < MAX_TRACKED_FAILURES:
                 self.failures[detail] += 1
             else:

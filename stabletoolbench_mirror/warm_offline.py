@@ -238,10 +238,9 @@ def offline_layer(
     generate: GenerateFn | None = None,
 ) -> tuple[Any, None]:
     """A warming layer whose simulator is a :class:`BatchingSimulator` over vLLM (or ``generate``)."""
-    from .factory import build_store
+    from .factory import build_frozen, build_store
     from .layer import MirrorLayer
     from .simulator import build_simulator
-    from .stores import FrozenCache
 
     if generate is None:
         if not model:
@@ -260,7 +259,7 @@ def offline_layer(
     layer = MirrorLayer(
         build_store(settings),
         mode="record",
-        frozen=[FrozenCache(settings.resolve(p)) for p in settings.frozen_caches],
+        frozen=build_frozen(settings),
         responders=responders,
         save=settings.save,
         max_pending_misses=max(settings.limits.max_pending_misses, concurrency),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import redis
@@ -53,59 +54,120 @@ def assert_store_unavailable(r: requests.Response) -> None:
     assert r.headers["x-stm-outcome"] == "store_error"
 
 
+def is_outage_answer(r: requests.Response) -> bool:
+    """Whether ``r`` is what a call that needs the store gets while Redis is down (checked in full)."""
+    if r.status_code == 200:
+        return False
+    assert_store_unavailable(r)
+    return True
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Wait until ``condition()`` holds (polling); fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for: {what}")
+        time.sleep(0.02)
+
+
+@dataclass(frozen=True)
+class Sent:
+    i: int
+    fresh: bool
+    """Whether this server had never seen the call (so Redis must be asked)."""
+    phases: tuple[str, str]
+    """Redis's phase (``up``, ``down``, ``back``) when the request was sent and when it was answered."""
+    outage: bool
+
+
+class LoadClient(threading.Thread):
+    """A client sending, in turn, a call this server has answered before and a call it has never seen."""
+
+    def __init__(self, url: str, offset: int, phase: Callable[[], str]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.offset, self.phase = url, offset, phase
+        self.sent: list[Sent] = []
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        session = requests.Session()
+        n = 0
+        try:
+            while not self.stop.is_set():
+                fresh = n % 2 == 1
+                i = self.offset + n if fresh else (n // 2) % 20
+                before = self.phase()
+                r = session.post(self.url + "/virtual", json=payload(i), timeout=30)
+                outage = is_outage_answer(r)
+                if not outage:
+                    assert r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
+                self.sent.append(Sent(i, fresh, (before, self.phase()), outage))
+                n += 1
+        except BaseException as exc:  # reported by the test, not lost with the thread
+            self.error = exc
+
+
 def test_redis_restart_mid_run_errors_while_down_then_serves(own_redis: RedisServer, redis_app) -> None:
     server, layer = redis_app
     session = requests.Session()
     for i in range(20):
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
         assert r.status_code == 200 and r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
+    for i in range(20):  # read back (a hit): the server now remembers these answers
+        r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
+        assert r.headers["x-stm-outcome"] == "hit"
 
-    # steady load from other clients while Redis goes away and comes back
-    statuses: list[int] = []
-    stop = threading.Event()
+    # steady load from other clients while Redis goes away and comes back; each step waits for
+    # what it needs to have happened (no fixed sleeps), so the test holds however slow the machine
+    phase = ["up"]
+    clients = [LoadClient(server.url, (k + 1) * 100_000, lambda: phase[0]) for k in range(3)]
 
-    def load(offset: int) -> None:
-        s = requests.Session()
-        n = 0
-        while not stop.is_set():
-            i = offset + n % 40  # hits of the first 20 and new misses
-            r = s.post(server.url + "/virtual", json=payload(i), timeout=10)
-            statuses.append(r.status_code)
-            if r.status_code == 200:
-                assert r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
-            else:
-                assert_store_unavailable(r)
-            n += 1
+    def seen(what: Callable[[Sent], bool]) -> bool:
+        for client in clients:
+            if client.error is not None:
+                raise AssertionError(f"load client failed: {client.error!r}") from client.error
+        return any(what(s) for client in clients for s in list(client.sent))
 
-    threads = [threading.Thread(target=load, args=(k * 1000,)) for k in range(3)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)
+    for client in clients:
+        client.start()
+    wait_for(lambda: seen(lambda s: s.fresh and not s.outage), "load recorded new calls with Redis up")
     own_redis.stop()
+    phase[0] = "down"
     try:
+        wait_for(lambda: seen(lambda s: s.fresh and s.outage and s.phases == ("down", "down")),
+                 "a load client got the outage answer for a new call while Redis was down")
         for i in (77_777, 88_888, 99_999):  # calls this server has not seen: Redis must be asked
             start = time.monotonic()
             r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
             assert time.monotonic() - start < 2.0, "a Redis outage must answer quickly"
-            assert_store_unavailable(r)
+            assert is_outage_answer(r)
         # answers this server has already read stay available from its memory of them
         r = session.post(server.url + "/virtual", json=payload(5), timeout=10)
         assert r.status_code == 200 and r.json() == expected_answer(namespace(5), "{'n': 5}")
-        time.sleep(0.3)
+        wait_for(lambda: seen(lambda s: not s.fresh and not s.outage and s.phases == ("down", "down")),
+                 "a load client got a remembered answer while Redis was down")
     finally:
         own_redis.start()
-    time.sleep(0.3)
-    stop.set()
-    for t in threads:
-        t.join(20)
-    assert set(statuses) <= {200, 503} and 503 in statuses
+    phase[0] = "back"
+    wait_for(lambda: seen(lambda s: s.fresh and not s.outage and s.phases == ("back", "back")),
+             "a load client recorded a new call after Redis came back")
+    for client in clients:
+        client.stop.set()
+    for client in clients:
+        client.join(60)
+        assert not client.is_alive() and client.error is None, client.error
+    sent = [s for client in clients for s in client.sent]
+    # a remembered answer never needs Redis; once Redis is back, nothing gets the outage answer
+    assert not [s for s in sent if s.outage and (not s.fresh or s.phases[0] == "back")]
 
     # normal service after, without a restart of the mirror; recorded answers survived
     for i in list(range(20)) + [99_999, 123_456]:
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
         assert r.status_code == 200, r.text
         assert r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
-    assert layer.stats.snapshot()["store_errors"] >= 3
+    assert layer.stats.snapshot()["store_errors"] >= 4
     # nothing half-written: every canonical pointer names an entry
     check_pointers(own_redis.url, "faults")
 

@@ -287,7 +287,9 @@ def test_workers_that_cannot_open_the_store_stop_with_a_clear_error(tmp_path: Pa
     assert "cannot open diskcache store" in done.stderr and "Traceback" not in done.stderr
 
     # the worker side alone (uvicorn's own supervisor, settings handed over as serve does)
-    env["STM_SERVE_SETTINGS_JSON"] = json.dumps({"store": {"kind": "diskcache", "path": bad_store}, "base_dir": str(tmp_path)})
+    handed_over = tmp_path / "settings.json"
+    handed_over.write_text(json.dumps({"store": {"kind": "diskcache", "path": bad_store}, "base_dir": str(tmp_path)}))
+    env["STM_SERVE_SETTINGS_FILE"] = str(handed_over)
     done = subprocess.run([sys.executable, "-m", "uvicorn", "stabletoolbench_mirror.server:app_from_environment", "--factory",
                            "--workers", "2", "--port", str(free_port()), "--host", "127.0.0.1"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)

@@ -71,7 +71,7 @@ def test_an_echoed_simulator_key_is_never_recorded_logged_exported_or_counted(tm
             "store": {"path": str(work / "store")},
             # the real API is configured (its keys are loaded) but down: every miss goes on to the simulator
             "real": {"enabled": True, "relay_url": f"http://127.0.0.1:{free_port()}/relay"},
-            "simulator": {"enabled": True, "api_base": stub.api_base, "max_retries": 0},
+            "simulator": {"enabled": True, "api_base": stub.api_base, "max_retries": 0, "allow_without_docs": True},
         }
         with ServeProcess(work, config, env=KEY_ENV) as server:
             served = []

@@ -58,6 +58,8 @@ class Completion:
     model: str
     """The model name the server reported (falls back to the requested one)."""
     tries: int = 1
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 class _Endpoint:
@@ -228,17 +230,24 @@ class ChatClient:
             raise _error("the answer is not a chat completion", endpoint, retryable=False, status=status) from None
         if not isinstance(content, str):
             content = str(content)
+        usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
         return Completion(
             content=content,
             finish_reason=str(choice.get("finish_reason") or ""),
             endpoint=endpoint.name,
             model=str(payload.get("model") or self.model),
             tries=tries,
+            prompt_tokens=_count(usage.get("prompt_tokens")),
+            completion_tokens=_count(usage.get("completion_tokens")),
         )
 
     def close(self) -> None:
         for endpoint in self._endpoints:
             endpoint.pool.close()
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _error(detail: str, endpoint: _Endpoint, *, retryable: bool, status: int | None = None) -> ChatError:

@@ -25,30 +25,6 @@ from .prompts import api_doc_dict, request_value
 MAX_ANSWER_CHARS = 1024
 MAX_TASK_CHARS = 4000
 
-WORLD_MODEL_SYSTEM_PROMPT = """\
-You are the environment behind the tools an agent uses to solve a task. Each message gives \
-the task, the documentation of one API, the calls the agent already made in this session \
-with the answers they got (oldest first), and one new call. Answer the new call exactly as \
-the real API would, given everything that happened before it.
-
-Keep the world consistent across the session:
-- What an earlier call created (a record, an order, a meeting, an account, an id, a token) \
-exists now, with the values it was created with.
-- What an earlier call changed shows its new values; what an earlier call deleted is gone, \
-and reading it gets the API's not-found answer.
-- Ids, names, numbers, dates and totals already shown stay the same; new ids do not clash \
-with earlier ones.
-- A call that needs something never created, or a token never issued, gets the error the \
-API would give.
-- Only the listed calls happened; do not assume others.
-
-Reply with one JSON object, exactly:
-{"error": "", "response": "<the API's output>"}
-
-- "error" stays empty unless the call cannot be served; then give a short error message.
-- "response" is the API's output as text, usually a JSON body, with concrete values.
-- Nothing outside the JSON object."""
-
 
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "..."

@@ -4,13 +4,41 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import ContextManager, Iterator
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import ContextManager, Iterable, Iterator
 
 from ..records import Record
 
 
 class StoreError(RuntimeError):
     """The store cannot be read or written right now (disk full, read-only, server down)."""
+
+
+@dataclass
+class StoreCounts:
+    """What ``cache stats`` reports, from counters kept on every write (no scan of the records)."""
+
+    entries: int
+    apis: int
+    by_source: dict[str, int] = field(default_factory=dict)
+    by_category: dict[str, int] = field(default_factory=dict)
+    by_origin: dict[str, int] = field(default_factory=dict)
+    """Records by :func:`origin_key` (``<source>:<origin>``)."""
+    disk_bytes: int | None = None
+    memory_bytes: int | None = None
+
+
+def origin_key(record: "Record") -> str:
+    """The origin a record is counted under: ``<source>:<origin>``, an import's cut to its folder."""
+    group = record.origin.split("/", 1)[0] if record.source == "imported" else record.origin
+    return f"{record.source}:{group}"
+
+
+def _recording_order(records: list["Record"]) -> list["Record"]:
+    """One API's records in recording order (the order an export writes them in)."""
+    records.sort(key=lambda r: (r.created_at, r.key))
+    return records
 
 
 class Store(abc.ABC):
@@ -48,6 +76,26 @@ class Store(abc.ABC):
             if record.namespace == namespace:
                 count += 1
                 yield record
+
+    def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
+        """:meth:`add` for a batch of ``(record, canonical)`` (bulk import); backends may batch the writes."""
+        return [self.add(record, canonical) for record, canonical in items]
+
+    def counts(self) -> StoreCounts | None:
+        """Counts kept on every write, or ``None`` when the backend keeps none (``cache stats`` then scans)."""
+        return None
+
+    def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
+        """``(namespace, records)`` in namespace order, each group in recording order.
+
+        Backends that can read one API at a time override this, so that an export or a
+        snapshot holds one API in memory, not the whole store.  The default groups in memory.
+        """
+        groups: dict[str, list[Record]] = defaultdict(list)
+        for record in self:
+            groups[record.namespace].append(record)
+        for namespace in sorted(groups):
+            yield namespace, _recording_order(groups[namespace])
 
     #: the store offers :meth:`aget` / :meth:`aget_canonical`, for the server's event loop (remote stores)
     reads_async: bool = False

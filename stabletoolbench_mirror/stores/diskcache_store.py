@@ -8,12 +8,13 @@ import os
 import sqlite3
 import threading
 import time
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import diskcache
 
+from ..logs import clip
 from ..records import Record
-from .base import Store, StoreError
+from .base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from .filelock import ByteRangeLocks
 from .leases import MAX_LOCK_WAIT_S
 
@@ -21,14 +22,31 @@ log = logging.getLogger(__name__)
 
 _ENTRY = "e"
 _CANONICAL = "c"
+_NAMESPACE = "n"
+_COUNT = "s"
+#: present when the counters below were kept since the store was empty (so they count everything)
+_COUNTED = f"{_COUNT}\x00counted"
+_SCAN_PAGE = 1000
 
 
 def _entry_key(namespace: str, key: str) -> str:
-    return f"{_ENTRY}\x00{namespace}\x00{key}"
+    return f"{_ENTRY}\x00{_no_nul(namespace)}\x00{key}"
 
 
 def _canonical_key(namespace: str, canonical: str) -> str:
-    return f"{_CANONICAL}\x00{namespace}\x00{canonical}"
+    return f"{_CANONICAL}\x00{_no_nul(namespace)}\x00{canonical}"
+
+
+def _no_nul(namespace: str) -> str:
+    # the first NUL after the kind ends the namespace, so ``(namespace, key)`` -> diskcache key is
+    # one-to-one only while namespaces hold no NUL (``/virtual`` refuses control characters in names)
+    if "\x00" in namespace:
+        raise ValueError(f"a namespace must not contain NUL: {namespace[:200]!r}")
+    return namespace
+
+
+def _count_key(*parts: str) -> str:
+    return "\x00".join((_COUNT, *parts))
 
 
 class DiskcacheStore(Store):
@@ -56,8 +74,17 @@ class DiskcacheStore(Store):
             # no eviction: a response cache that forgets is not reproducible
             self._cache = diskcache.Cache(self.path, eviction_policy="none", size_limit=2**62, timeout=60)
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
-        except (OSError, sqlite3.Error) as exc:
+            if _COUNTED not in self._cache and self._first_key(_ENTRY) is None:
+                # an empty store: the counters kept from now on count every record
+                self._cache.add(_COUNTED, 1)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
             raise StoreError(f"cannot open diskcache store at {self.path}: {exc}") from exc
+
+    def _first_key(self, kind: str) -> str | None:
+        row = self._cache._sql(  # noqa: SLF001 - diskcache exposes no prefix query
+            "SELECT key FROM Cache WHERE raw = 1 AND key > ? AND key < ? ORDER BY key LIMIT 1", (kind + "\x00", kind + "\x01")
+        ).fetchone()
+        return None if row is None else row[0]
 
     def get(self, namespace: str, key: str) -> Record | None:
         try:
@@ -80,13 +107,101 @@ class DiskcacheStore(Store):
 
     def _add(self, record: Record, canonical: str | None) -> bool:
         try:
-            # the entry goes first: a canonical pointer never points at nothing
-            added = self._cache.add(_entry_key(record.namespace, record.key), record.to_json())
-            if canonical is not None:
-                self._cache.add(_canonical_key(record.namespace, canonical), record.key)
-            return bool(added)
-        except (OSError, sqlite3.Error) as exc:
+            # one transaction: the entry, its canonical pointer and the counters, or nothing
+            with self._cache.transact(retry=True):
+                return self._add_in_transaction(record, canonical)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
             raise StoreError(f"diskcache write failed: {exc}") from exc
+
+    def _add_in_transaction(self, record: Record, canonical: str | None) -> bool:
+        cache = self._cache
+        added = cache.add(_entry_key(record.namespace, record.key), record.to_json())
+        if canonical is not None:
+            cache.add(_canonical_key(record.namespace, canonical), record.key)
+        if added:
+            cache.incr(_count_key("entries"))
+            cache.incr(_count_key("source", record.source))
+            cache.incr(_count_key("category", record.namespace.split("/", 1)[0]))
+            cache.incr(_count_key("origin", origin_key(record)))
+            if cache.add(f"{_NAMESPACE}\x00{record.namespace}", 1):
+                cache.incr(_count_key("apis"))
+        return bool(added)
+
+    def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
+        """Add records in one transaction (bulk import): far fewer commits than one ``add`` each."""
+        with self._write_lock:
+            try:
+                with self._cache.transact(retry=True):
+                    return [self._add_in_transaction(record, canonical) for record, canonical in items]
+            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+                raise StoreError(f"diskcache write failed: {exc}") from exc
+
+    def counts(self) -> StoreCounts | None:
+        """The store's counters (no scan), or ``None`` when they were not kept since the store was empty."""
+        try:
+            if _COUNTED not in self._cache:
+                return None
+            out = StoreCounts(entries=0, apis=0)
+            for key, value in self._scan_values(_COUNT):
+                parts = key.split("\x00")
+                if parts[1:] == ["entries"]:
+                    out.entries = int(value)
+                elif parts[1:] == ["apis"]:
+                    out.apis = int(value)
+                elif len(parts) == 3:
+                    getattr(out, f"by_{parts[1]}")[parts[2]] = int(value)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+        out.disk_bytes = self._disk_bytes()
+        return out
+
+    def _disk_bytes(self) -> int:
+        total = 0
+        for folder, _dirs, files in os.walk(self.path):
+            for name in files:
+                try:
+                    total += os.path.getsize(os.path.join(folder, name))
+                except OSError:
+                    pass
+        return total
+
+    def _scan_values(self, kind: str, start: str | None = None, stop: str | None = None) -> Iterator[tuple[str, object]]:
+        """``(key, value)`` of the keys of one kind in key order, a page of rows at a time."""
+        low = start if start is not None else kind + "\x00"
+        high = stop if stop is not None else kind + "\x01"
+        disk = self._cache._disk  # noqa: SLF001 - values are read with diskcache's own decoder
+        inclusive = start is not None
+        while True:
+            rows = self._cache._sql(  # noqa: SLF001
+                f"SELECT key, mode, filename, value FROM Cache WHERE raw = 1 AND key {'>=' if inclusive else '>'} ? AND key < ?"
+                " ORDER BY key LIMIT ?",
+                (low, high, _SCAN_PAGE),
+            ).fetchall()
+            for key, mode, filename, value in rows:
+                try:
+                    yield key, disk.fetch(mode, filename, value, False)
+                except OSError:  # its file was removed meanwhile
+                    continue
+            if len(rows) < _SCAN_PAGE:
+                return
+            low, inclusive = rows[-1][0], False
+
+    def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
+        """``(namespace, records)`` in namespace order, one API in memory at a time (a key-range scan)."""
+        current: str | None = None
+        group: list[Record] = []
+        try:
+            for _key, raw in self._scan_values(_ENTRY):
+                record = Record.from_json(raw)
+                if record.namespace != current:
+                    if group:
+                        yield current, _recording_order(group)  # type: ignore[misc]
+                    current, group = record.namespace, []
+                group.append(record)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+        if group:
+            yield current, _recording_order(group)  # type: ignore[misc]
 
     def sample(self, namespace: str, limit: int) -> Iterator[Record]:
         prefix = _entry_key(namespace, "")
@@ -116,7 +231,7 @@ class DiskcacheStore(Store):
         try:
             while (offset := self._locks.try_acquire(name)) is None:
                 if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, MAX_LOCK_WAIT_S)
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(namespace), MAX_LOCK_WAIT_S)
                     break
                 time.sleep(self.lock_poll_s)
         except OSError as exc:
@@ -128,17 +243,26 @@ class DiskcacheStore(Store):
                 try:
                     self._locks.release(offset)
                 except OSError as exc:  # pragma: no cover - unlocking an open file does not fail
-                    log.warning("single-flight lock for %s not released: %s", namespace, exc)
+                    log.warning("single-flight lock for %s not released: %s", clip(namespace), exc)
 
     def __iter__(self) -> Iterator[Record]:
-        for k in self._cache.iterkeys():
-            if isinstance(k, str) and k.startswith(_ENTRY + "\x00"):
-                raw = self._cache.get(k)
-                if raw is not None:
-                    yield Record.from_json(raw)
+        try:
+            for _key, raw in self._scan_values(_ENTRY):
+                yield Record.from_json(raw)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
 
     def __len__(self) -> int:
-        return sum(1 for k in self._cache.iterkeys() if isinstance(k, str) and k.startswith(_ENTRY + "\x00"))
+        counts = self.counts()
+        if counts is not None:
+            return counts.entries
+        try:
+            (n,) = self._cache._sql(  # noqa: SLF001
+                "SELECT COUNT(*) FROM Cache WHERE raw = 1 AND key > ? AND key < ?", (_ENTRY + "\x00", _ENTRY + "\x01")
+            ).fetchone()
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+        return int(n)
 
     def close(self) -> None:
         self._locks.close()

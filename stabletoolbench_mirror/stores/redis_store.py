@@ -5,6 +5,9 @@ Layout under a key prefix ``P`` (so several caches can share one Redis database)
 * ``P:e:<namespace>``: a hash, upstream key -> record JSON (never pickles);
 * ``P:c:<namespace>``: a hash, canonical key -> upstream key;
 * ``P:namespaces``: a set of the namespaces that hold records;
+* ``P:counts``: a hash of counters kept by every add (``entries``, ``source:<s>``,
+  ``category:<c>``, ``origin:<o>``), complete when it has ``counted`` (set by the first add
+  into an empty store), so ``cache stats`` needs no scan;
 * ``P:lock:<sha256>``: the cross-host single-flight locks (strings with an expiry).
 
 A record is added by one Lua script (``HSETNX`` of the entry, of the canonical pointer
@@ -27,7 +30,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -37,20 +40,31 @@ from redis.exceptions import RedisError
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
+from ..logs import clip
 from ..records import Record
-from .base import Store, StoreError
+from .base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
 
 log = logging.getLogger(__name__)
 
-# KEYS: entries hash, canonical hash, namespaces set; ARGV: key, record JSON, namespace, canonical or ""
+# KEYS: entries hash, canonical hash, namespaces set, counts hash;
+# ARGV: key, record JSON, namespace, canonical or "", source, category, origin or ""
 _ADD_SCRIPT = """
+if redis.call('SCARD', KEYS[3]) == 0 then
+  redis.call('HSETNX', KEYS[4], 'counted', 1)
+end
 local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 if ARGV[4] ~= '' then
   redis.call('HSETNX', KEYS[2], ARGV[4], ARGV[1])
 end
 if added == 1 then
   redis.call('SADD', KEYS[3], ARGV[3])
+  redis.call('HINCRBY', KEYS[4], 'entries', 1)
+  redis.call('HINCRBY', KEYS[4], 'source:' .. ARGV[5], 1)
+  redis.call('HINCRBY', KEYS[4], 'category:' .. ARGV[6], 1)
+  if ARGV[7] ~= '' then
+    redis.call('HINCRBY', KEYS[4], 'origin:' .. ARGV[7], 1)
+  end
 end
 return added
 """
@@ -181,6 +195,7 @@ class RedisStore(Store):
         self._renew = self._client.register_script(_RENEW_SCRIPT)
         self._release = self._client.register_script(_RELEASE_SCRIPT)
         self._namespaces = f"{prefix}:namespaces"
+        self._counts = f"{prefix}:counts"
         self._memory = RecordMemory(memory_bytes)
         self._leases = LeaseKeeper(self.lock_ttl_s)
 
@@ -281,16 +296,59 @@ class RedisStore(Store):
             self._memory.point((namespace, canonical), key)
         return self.get(namespace, key)
 
-    def add(self, record: Record, canonical: str | None) -> bool:
+    def _add_call(self, record: Record, canonical: str | None) -> dict[str, Any]:
         ns = record.namespace
+        origin = origin_key(record)
+        return {
+            "keys": [self._entries(ns), self._canonicals(ns), self._namespaces, self._counts],
+            "args": [record.key, record.to_json(), ns, canonical or "", record.source, ns.split("/", 1)[0], origin],
+        }
+
+    def add(self, record: Record, canonical: str | None) -> bool:
         try:
-            added = self._add(
-                keys=[self._entries(ns), self._canonicals(ns), self._namespaces],
-                args=[record.key, record.to_json(), ns, canonical or ""],
-            )
+            added = self._add(**self._add_call(record, canonical))
         except RedisError as exc:
             raise self._failed("write", exc) from exc
         return int(added) == 1
+
+    def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
+        """Adds sent in one pipeline (one round trip per batch); each add is still its own atomic script."""
+        items = list(items)
+        if not items:
+            return []
+        try:
+            self._client.script_load(_ADD_SCRIPT)
+            pipe = self._client.pipeline(transaction=False)
+            for record, canonical in items:
+                self._add(**self._add_call(record, canonical), client=pipe)
+            return [int(added) == 1 for added in pipe.execute()]
+        except RedisError as exc:
+            raise self._failed("write", exc) from exc
+
+    def counts(self) -> StoreCounts | None:
+        try:
+            raw = self._client.hgetall(self._counts)
+            apis = int(self._client.scard(self._namespaces))
+            memory = self._client.info("memory").get("used_memory")
+        except RedisError as exc:
+            raise self._failed("read", exc) from exc
+        if "counted" not in raw and apis:
+            return None  # records written before counters were kept: cache stats scans instead
+        out = StoreCounts(entries=int(raw.get("entries", 0)), apis=apis, memory_bytes=int(memory) if memory else None)
+        for name, value in raw.items():
+            kind, _, what = name.partition(":")
+            if what and kind in ("source", "category", "origin"):
+                getattr(out, f"by_{kind}")[what] = int(value)
+        return out
+
+    def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
+        for ns in self.namespaces():
+            try:
+                group = [self._decode(raw) for _key, raw in self._client.hscan_iter(self._entries(ns), count=500)]
+            except RedisError as exc:
+                raise self._failed("read", exc) from exc
+            if group:
+                yield ns, _recording_order(group)
 
     def sample(self, namespace: str, limit: int) -> Iterator[Record]:
         if limit <= 0:
@@ -322,6 +380,9 @@ class RedisStore(Store):
                 yield self._decode(raw)
 
     def __len__(self) -> int:
+        counts = self.counts()
+        if counts is not None:
+            return counts.entries
         names = self.namespaces()
         try:
             pipe = self._client.pipeline(transaction=False)
@@ -349,7 +410,7 @@ class RedisStore(Store):
         try:
             while not (acquired := bool(self._client.set(name, token, nx=True, px=ttl_ms))):
                 if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, MAX_LOCK_WAIT_S)
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(namespace), MAX_LOCK_WAIT_S)
                     break
                 time.sleep(self.lock_poll_s)
         except RedisError as exc:
@@ -374,7 +435,7 @@ class RedisStore(Store):
         finally:
             self._leases.drop(lease)
             if not release():
-                log.warning("single-flight lock for %s not released now (Redis unavailable); retrying in the background", namespace)
+                log.warning("single-flight lock for %s not released now (Redis unavailable); retrying in the background", clip(namespace))
                 self._leases.release_later(release)
 
     def ping(self) -> None:

@@ -21,9 +21,8 @@ import time
 from typing import Any
 
 from ..config import Settings
-from ..factory import build_store
+from ..factory import build_frozen, build_store
 from ..layer import MirrorLayer
-from ..stores import FrozenCache
 from .plan import WarmItem, WarmPlan, WarmReport
 from .runner import SWITCH_INTERVAL_S, Tracker, make_call, split, warm_layer
 
@@ -84,7 +83,7 @@ def _worker_main(settings: Settings, threads: int, tasks: Any, results: Any, sto
 
 def lookup_layer(settings: Settings) -> MirrorLayer:
     """The store and frozen caches of ``settings``, without responders: what is cached already."""
-    return MirrorLayer(build_store(settings), frozen=[FrozenCache(settings.resolve(p)) for p in settings.frozen_caches])
+    return MirrorLayer(build_store(settings), frozen=build_frozen(settings))
 
 
 class _Pool:
