@@ -41,8 +41,8 @@ class ToolCall:
         return replace(self, key=session_key(self.key, history), canonical=session_key(self.canonical, history), session=context)
 
     @property
-    def namespace(self) -> str:
-        return self.names.namespace
+    def api(self) -> str:
+        return self.names.api
 
     @classmethod
     def build(cls, request: VirtualRequest, tool_input: Any, names: CallNames | None = None) -> "ToolCall":

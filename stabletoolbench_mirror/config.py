@@ -14,6 +14,8 @@ folder when there is no file).
 
 from __future__ import annotations
 
+import enum
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Union
@@ -33,6 +35,15 @@ NOT_SETTINGS_ENV_PREFIXES = ("STM_VLLM_", "STM_CI_")
 
 class ConfigError(ValueError):
     """A configuration problem, with the offending key in the message."""
+
+
+class Mode(enum.StrEnum):
+    """What a miss may do (see the README's mode table)."""
+
+    REPLAY = "replay"
+    """Answer only from the caches; a miss gets upstream's "API not working" answer."""
+    RECORD = "record"
+    """A miss goes to the real API, then the simulator; the answer is recorded."""
 
 
 class _Section(BaseModel):
@@ -171,7 +182,7 @@ class SessionsConfig(_Section):
 
 
 class Settings(_Section):
-    mode: Literal["replay", "record"] = "record"
+    mode: Mode = Mode.RECORD
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     auth_token: Optional[SecretStr] = None
@@ -216,8 +227,10 @@ class Settings(_Section):
 
 UPSTREAM_CONFIG_FILE = "config.yml"
 #: every key of upstream's server/config.yml
-UPSTREAM_KEYS = ("api_key", "api_base", "model", "temperature", "toolbench_url", "tools_folder", "cache_folder", "is_save", "port", "log_file")
-_LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "api_base", "api_key", "model", "temperature")
+UPSTREAM_KEYS = (
+    "api_key", "api_base", "model", "temperature", "toolbench_url", "rapidapi_url", "tools_folder", "cache_folder", "is_save", "port", "log_file",
+)
+_LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "rapidapi_url", "api_base", "api_key", "model", "temperature")
 #: upstream's OpenAI client talks to OpenAI when ``api_base`` is empty
 UPSTREAM_DEFAULT_API_BASE = "https://api.openai.com/v1"
 
@@ -236,6 +249,9 @@ def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = 
         data["frozen_caches"] = frozen
     if "is_save" in data:
         data["save"] = data.pop("is_save")
+    if "rapidapi_url" in data:  # its name in upstream's earlier config.yml: the same relay
+        data.setdefault("toolbench_url", data["rapidapi_url"])
+        data.pop("rapidapi_url")
     if "toolbench_url" in data:
         real = dict(data.get("real") or {})
         real.setdefault("relay_url", data.pop("toolbench_url"))
@@ -390,4 +406,33 @@ def load_settings(
         raise ConfigError(_format_error(exc, source)) from None
     settings.base_dir = str(base_dir)
     settings.config_source = f"{source} ({note})" if note else source
+    return settings
+
+
+# -- handing settings to another process (``serve --workers N``, ``warm --processes N``) ------------
+
+
+def serialize_settings(settings: Settings) -> str:
+    """``settings`` as JSON, secrets included, for :func:`deserialize_settings` in a child process."""
+    data = settings.model_dump(mode="python")
+    data["base_dir"] = settings.base_dir
+
+    def reveal(value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            return value.get_secret_value()
+        if isinstance(value, dict):
+            return {k: reveal(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [reveal(v) for v in value]
+        return value
+
+    return json.dumps(reveal(data))
+
+
+def deserialize_settings(text: str) -> Settings:
+    """The settings :func:`serialize_settings` wrote."""
+    data = json.loads(text)
+    base_dir = data.pop("base_dir", ".")
+    settings = Settings(**data)
+    settings.base_dir = base_dir
     return settings

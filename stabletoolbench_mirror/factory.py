@@ -1,14 +1,19 @@
-"""Build the store and the responders a :class:`Settings` asks for."""
+"""Build what a :class:`Settings` asks for: the store, the frozen caches, the responders and the layer.
+
+:func:`build_layer` is the one place a :class:`~.layer.MirrorLayer` is assembled (the server,
+``warm``, ``warm --engine vllm-offline`` and ``check`` all use it).
+"""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
-from .config import ConfigError, Settings
+from .config import ConfigError, Mode, Settings
+from .layer import MirrorLayer
 from .responders import Responder
 from .stores import DiskcacheStore, FrozenCache, Store
-from .tooldocs import tool_docs_for
+from .tooldocs import ToolDocs, tool_docs_for
 
 if TYPE_CHECKING:
     from .local_tools import LocalTools
@@ -38,10 +43,12 @@ def build_frozen(settings: Settings) -> list[FrozenCache]:
     return [FrozenCache(settings.resolve(p), memory_budget=budget, allow_symlinks=settings.allow_symlinks) for p in paths]
 
 
-def build_responders(settings: Settings) -> list[Responder]:
+def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> list[Responder]:
     """The miss chain in order: the real API (when enabled), then the simulator (when enabled)."""
     responders: list[Responder] = []
-    docs = tool_docs_for(settings)  # one registry, shared by the real API and the simulator
+    if not (settings.real.enabled or settings.simulator.enabled):
+        return responders
+    docs = docs if docs is not None else tool_docs_for(settings)  # one registry, shared by both
     if settings.real.enabled:
         from .real import build_real_responder
 
@@ -56,6 +63,40 @@ def build_responders(settings: Settings) -> list[Responder]:
 
         responders.append(build_simulator(settings, docs=docs))
     return responders
+
+
+def build_layer(
+    settings: Settings,
+    *,
+    store: Store | None = None,
+    mode: Mode | str | None = None,
+    responders: Sequence[Responder] | None = None,
+    max_pending_misses: int | None = None,
+) -> MirrorLayer:
+    """The layer ``settings`` describe; each keyword, when given, replaces what ``settings`` would build.
+
+    ``responders=[]`` gives a layer that answers from the caches only (``check`` in replay mode,
+    ``warm``'s look at what is cached already).
+    """
+    owned = store is None
+    build_local_tools(settings)  # a local_tools file that cannot be imported stops the start before anything opens
+    store = build_store(settings) if store is None else store
+    try:
+        return MirrorLayer(
+            store,
+            mode=Mode(mode if mode is not None else settings.mode),
+            frozen=build_frozen(settings),
+            responders=build_responders(settings) if responders is None else responders,
+            save=settings.save,
+            max_pending_misses=max_pending_misses or settings.limits.max_pending_misses,
+            pending_timeout_s=settings.limits.queue_timeout_s,
+            sessions=build_sessions(settings, store),
+            local_tools=build_local_tools(settings),
+        )
+    except BaseException:
+        if owned:
+            store.close()
+        raise
 
 
 # -- sessions and local tools ---------------------------------------------------------------------

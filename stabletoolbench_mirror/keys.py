@@ -94,9 +94,9 @@ def history_start(task: str) -> str:
     return _sha256_hex(json.dumps(["stm-session-v1", task], ensure_ascii=False))
 
 
-def history_next(previous: str, namespace: str, canonical: str, body: str) -> str:
+def history_next(previous: str, api: str, canonical: str, body: str) -> str:
     """The history hash after one more call (``canonical`` input) answered with ``body``."""
-    return _sha256_hex(json.dumps([previous, namespace, canonical, body], ensure_ascii=False))
+    return _sha256_hex(json.dumps([previous, api, canonical, body], ensure_ascii=False))
 
 
 def session_key(key: str, history: str) -> str:

@@ -6,7 +6,7 @@ defines::
 
     TOOLS = {"Category/tool_name/api_name": fn, ...}   # fn(tool_input: dict, state: dict) -> value
 
-The names are matched after StableToolBench's standardisation (the cache's namespace), so
+The names are matched after StableToolBench's standardisation (the cache file of the API), so
 ``"Meetings/Meeting Planner/Add Meeting"`` answers calls with ``tool_name: "Meeting Planner"``
 and ``api_name: "add_meeting"``.  The answer is:
 
@@ -49,7 +49,7 @@ ToolFunction = Callable[[Any, dict], Any]
 
 @dataclass(frozen=True)
 class LocalTool:
-    namespace: str
+    api: str
     fn: ToolFunction
     origin: str
     """``local:<file name>``: where the answer came from (recorded as the origin)."""
@@ -81,7 +81,7 @@ def _module_name(path: str) -> str:
 
 
 def import_tools_file(path: str) -> dict[str, LocalTool]:
-    """The tools of one file, by namespace; :class:`ConfigError` naming the file when it cannot be used."""
+    """The tools of one file, by API (``Category/tool_folder/api_name``); :class:`ConfigError` naming the file when it cannot be used."""
     where = f"local_tools: {path}"
     if not path.endswith(".py"):
         raise ConfigError(f"{where}: not a .py file")
@@ -110,10 +110,10 @@ def import_tools_file(path: str) -> dict[str, LocalTool]:
             raise ConfigError(f"{where}: TOOLS key {key!r} is not \"Category/tool_name/api_name\"")
         if not callable(fn):
             raise ConfigError(f"{where}: TOOLS[{key!r}] is not a function")
-        namespace = resolve_names(*parts).namespace
-        if namespace in tools:
-            raise ConfigError(f"{where}: TOOLS keys {key!r} and another one name the same API {namespace}")
-        tools[namespace] = LocalTool(namespace, fn, origin)
+        api = resolve_names(*parts).api
+        if api in tools:
+            raise ConfigError(f"{where}: TOOLS keys {key!r} and another one name the same API {api}")
+        tools[api] = LocalTool(api, fn, origin)
     return tools
 
 
@@ -130,22 +130,22 @@ class LocalTools:
     def load(cls, paths: list[str], **options: Any) -> "LocalTools":
         tools: dict[str, LocalTool] = {}
         for path in paths:
-            for namespace, tool in import_tools_file(path).items():
-                if namespace in tools:
-                    raise ConfigError(f"local_tools: {path} and {tools[namespace].origin[6:]} both define {namespace}")
-                tools[namespace] = tool
+            for api, tool in import_tools_file(path).items():
+                if api in tools:
+                    raise ConfigError(f"local_tools: {path} and {tools[api].origin[6:]} both define {api}")
+                tools[api] = tool
         return cls(tools, **options)
 
     def __len__(self) -> int:
         return len(self.tools)
 
     def find(self, call: ToolCall) -> LocalTool | None:
-        return self.tools.get(call.namespace)
+        return self.tools.get(call.api)
 
     def run(self, tool: LocalTool, call: ToolCall, state: dict) -> LocalResult:
         """Run ``tool`` on a copy of the input and of ``state``; never raises, never waits past the timeout."""
         if not self._slots.acquire(blocking=False):
-            log.error("local tool %s not run: %d local tools are still running (stuck past their timeout?)", tool.namespace, MAX_RUNNING)
+            log.error("local tool %s not run: %d local tools are still running (stuck past their timeout?)", tool.api, MAX_RUNNING)
             return LocalResult(None, detail=f"{MAX_RUNNING} local tools still running")
         box: dict[str, Any] = {}
         done = threading.Event()
@@ -162,31 +162,31 @@ class LocalTools:
                 done.set()
                 self._slots.release()
 
-        threading.Thread(target=target, name=f"local tool {tool.namespace}", daemon=True).start()
+        threading.Thread(target=target, name=f"local tool {tool.api}", daemon=True).start()
         if not done.wait(self.timeout_s):
-            log.error("local tool %s did not return within local_tools_timeout_s=%gs (its thread keeps running)", tool.namespace, self.timeout_s)
+            log.error("local tool %s did not return within local_tools_timeout_s=%gs (its thread keeps running)", tool.api, self.timeout_s)
             return LocalResult(None, detail=f"did not answer within {self.timeout_s:g}s")
         if "error" in box:
-            log.error("local tool %s raised:\n%s", tool.namespace, box["trace"].rstrip())
+            log.error("local tool %s raised:\n%s", tool.api, box["trace"].rstrip())
             return LocalResult(None, detail=f"raised {box['error']}")
         try:
             answer = answer_of(box["value"])
             body = protocol.encode_answer(answer)
         except (TypeError, ValueError, RecursionError) as exc:
-            log.error("local tool %s returned a value that is not JSON: %s", tool.namespace, exc)
+            log.error("local tool %s returned a value that is not JSON: %s", tool.api, exc)
             return LocalResult(None, detail=f"returned a value that is not JSON: {exc}"[:300])
         if not protocol.is_encodable(answer):
             return LocalResult(None, detail="returned a lone UTF-16 surrogate")
         try:
             state_text = json.dumps(work_state, ensure_ascii=False)
         except (TypeError, ValueError, RecursionError) as exc:
-            log.error("local tool %s left a state that is not JSON: %s", tool.namespace, exc)
+            log.error("local tool %s left a state that is not JSON: %s", tool.api, exc)
             return LocalResult(None, detail=f"left a state that is not JSON: {exc}"[:300])
         if not isinstance(work_state, dict) or len(state_text.encode("utf-8", "surrogatepass")) > self.max_state_bytes:
-            log.error("local tool %s left a state over sessions.max_state_bytes=%d", tool.namespace, self.max_state_bytes)
+            log.error("local tool %s left a state over sessions.max_state_bytes=%d", tool.api, self.max_state_bytes)
             return LocalResult(None, detail=f"left a state over sessions.max_state_bytes={self.max_state_bytes}")
         return LocalResult(json.loads(body), json.loads(state_text))
 
     def error_answer(self, tool: LocalTool, detail: str) -> dict[str, Any]:
         """The answer a failed run gets: upstream's failed-call text (status 6 for the client) and why."""
-        return protocol.answer(protocol.API_NOT_WORKING, f"stabletoolbench-mirror: local tool {tool.namespace} {detail} (see the server log).")
+        return protocol.answer(protocol.API_NOT_WORKING, f"stabletoolbench-mirror: local tool {tool.api} {detail} (see the server log).")

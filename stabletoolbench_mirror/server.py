@@ -28,18 +28,16 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from . import __version__, protocol, sessions
 from .admission import Admission, Refused
 from .config import Settings
-from .layer import MirrorLayer, Outcome
+from .factory import build_layer
+from .layer import MirrorLayer
+from .outcomes import Outcome, OutcomeKind
 from .logs import clip
 
 log = logging.getLogger(__name__)
 
 
-def _error(status: int, message: str) -> Outcome:
-    return _rejected(status, message)
-
-
-def _rejected(status: int, message: str, kind: str = "rejected") -> Outcome:
-    return Outcome(protocol.encode_answer(protocol.answer(message, "")), kind, status=status)
+def _error(status: int, message: str, kind: OutcomeKind = OutcomeKind.REJECTED, limit: str | None = None) -> Outcome:
+    return Outcome(protocol.encode_answer(protocol.answer(message, "")), kind, status=status, limit=limit)
 
 
 async def _send(send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
@@ -100,32 +98,39 @@ class _Front:
             await self.app(scope, receive, send)
             return
         if scope["method"] != "POST":
-            await _send(send, _error(405, "use POST /virtual"), ((b"allow", b"POST"),))
+            await self._finish(send, _error(405, "use POST /virtual"), ((b"allow", b"POST"),))
             return
         # the body is read before a slot is taken: a client that stalls mid-body holds no slot,
         # and is cut off after limits.body_timeout_s
         body = await self._read_body(scope, receive)
         if isinstance(body, Outcome):
-            await _send(send, body, ((b"connection", b"close"),) if body.status == 408 else ())
+            await self._finish(send, body, ((b"connection", b"close"),) if body.status == 408 else ())
             return
         client = scope["client"][0] if scope.get("client") else "?"
         try:
             await self.admission.enter(client, len(body))
         except Refused as refusal:
-            self.layer.stats.count_refusal(refusal.setting)
             self.refusals.refused(503, str(refusal), refusal.setting)
             message = f"stabletoolbench-mirror is overloaded ({refusal}); the server's {refusal.setting} setting bounds this"
-            await _send(send, _rejected(503, message, "overloaded"), ((b"retry-after", b"5"),))
+            await self._finish(send, _error(503, message, OutcomeKind.REFUSED, refusal.setting), ((b"retry-after", b"5"),))
             return
         try:
             try:
                 outcome = await self._virtual(body, _session_header(scope))
             except Exception:  # a bug, never bad input: still a JSON answer, and logged with its trace
                 log.exception("internal error while answering /virtual")
-                outcome = _error(500, "stabletoolbench-mirror: internal error (see the server log)")
-            await _send(send, outcome)
+                outcome = _error(500, "stabletoolbench-mirror: internal error (see the server log)", OutcomeKind.ERROR)
+            await self._finish(send, outcome)
         finally:
             self.admission.leave(client)
+
+    async def _finish(self, send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        """Send the final answer of a ``/virtual`` request, counted here: once, by its outcome.
+
+        (A request without the right bearer token is refused before it counts.)
+        """
+        self.layer.stats.count(outcome)
+        await _send(send, outcome, extra_headers)
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         assert self.token is not None
@@ -153,9 +158,9 @@ class _Front:
                     if not message.get("more_body"):
                         return bytes(body)
         except TimeoutError:
-            self.layer.stats.count_refusal("limits.body_timeout_s")
             self.refusals.refused(408, "the request body did not arrive in time", "limits.body_timeout_s")
-            return _error(408, f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)")
+            message = f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)"
+            return _error(408, message, OutcomeKind.REFUSED, "limits.body_timeout_s")
 
     async def _virtual(self, body: bytes, session: str | None | Outcome = None) -> Outcome:
         try:
@@ -251,7 +256,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
 def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     """The app serving ``layer`` (built from ``settings`` when not given; then closed with the app)."""
     owned = layer is None
-    layer = layer if layer is not None else MirrorLayer.from_settings(settings)
+    layer = layer if layer is not None else build_layer(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -76,7 +76,7 @@ def new_id() -> str:
 class HistoryItem:
     """One earlier call of a session, as a prompt shows it."""
 
-    namespace: str
+    api: str
     api_name: str
     tool_input: Any
     answer: Any
@@ -109,7 +109,7 @@ def context_of(doc: dict[str, Any], window: int) -> SessionContext:
     recent = steps[-window:] if window > 0 else []
     return SessionContext(
         task=doc.get("task", ""),
-        history=tuple(HistoryItem(s["namespace"], s["api_name"], s["tool_input"], s["answer"]) for s in recent),
+        history=tuple(HistoryItem(s["api"], s["api_name"], s["tool_input"], s["answer"]) for s in recent),
     )
 
 
@@ -194,7 +194,7 @@ class Sessions:
                     "category": call.category,
                     "tool_name": call.tool_name,
                     "api_name": call.api_name,
-                    "namespace": call.namespace,
+                    "api": call.api,
                     "tool_input": _without_key(call.tool_input),
                     "answer": parsed,
                     "source": outcome.source,
@@ -206,7 +206,7 @@ class Sessions:
                 }
             )
             if counts:
-                doc["history"] = history_next(history, call.namespace, call.canonical, outcome.body)
+                doc["history"] = history_next(history, call.api, call.canonical, outcome.body)
             doc["state"] = state
             doc["updated_at"] = time.time()
             if not self.store.replace(doc):

@@ -111,7 +111,7 @@ def test_a_local_tool_always_runs_and_its_answers_are_recorded_as_local(local_se
     answers = [post(server.url, notes("runs")) for _ in range(3)]
     assert [r.json()["response"] for r in answers] == ["1", "2", "3"]  # run every time, though cached
     assert {r.headers["x-stm-source"] for r in answers} == {"local"}
-    kept = [r for r in records(settings) if r.namespace == "Tools/notes_for_Tools/runs"]
+    kept = [r for r in records(settings) if r.api == "Tools/notes_for_Tools/runs"]
     assert [(r.key, r.source, r.origin, r.answer) for r in kept] == [("{}", "local", "local:notes_tools.py", {"error": "", "response": "1"})]
     stats = requests.get(server.url + "/stats", timeout=10).json()
     assert stats["by_source"] == {"local": 3} and stats["hits"] == 0
@@ -143,7 +143,7 @@ def test_a_raising_tool_gets_an_error_answer_nothing_recorded_state_unchanged(lo
     assert r.json()["error"] == "API not working error..."
     assert "ValueError: the tool broke on purpose" in r.json()["response"]
     assert "Traceback" in caplog.text and "the tool broke on purpose" in caplog.text
-    assert not [x for x in records(settings) if x.namespace.endswith("/boom")]
+    assert not [x for x in records(settings) if x.api.endswith("/boom")]
     doc = requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()
     assert doc["state"] == {"items": ["apples"]}  # the failed call's change is not kept
     assert doc["calls"][-1]["in_history"] is False and doc["calls"][-1]["source"] is None
@@ -168,7 +168,7 @@ def test_a_tool_past_its_timeout_gets_an_error_answer_in_time_and_blocks_nobody(
     assert r.status_code == 200 and r.json()["error"] == "API not working error..."
     assert "did not answer within 1s" in r.json()["response"]
     assert results["slow_s"] < 1.0 + 1.0
-    assert not [x for x in records(settings) if x.namespace.endswith("/slow")]
+    assert not [x for x in records(settings) if x.api.endswith("/slow")]
     assert requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()["state"] == {}
 
 

@@ -38,9 +38,9 @@ def distinct_default_payloads(reference_dir: Path) -> list[dict[str, Any]]:
     payloads = []
     for item in calls:
         call = item.call
-        if (call.namespace, call.key) in seen:
+        if (call.api, call.key) in seen:
             continue
-        seen.add((call.namespace, call.key))
+        seen.add((call.api, call.key))
         payloads.append({"category": call.category, "tool_name": call.tool_name, "api_name": call.api_name,
                          "tool_input": json.dumps(call.tool_input), "strip": "truncate", "toolbench_key": ""})
     return payloads

@@ -44,7 +44,7 @@ def session_block(call: ToolCall) -> str:
     if context.history:
         lines.append("Earlier calls in this session (oldest first):")
         for number, item in enumerate(context.history, 1):
-            lines.append(f"{number}. {item.namespace} input: {json.dumps(item.tool_input, ensure_ascii=False)}")
+            lines.append(f"{number}. {item.api} input: {json.dumps(item.tool_input, ensure_ascii=False)}")
             lines.append(f"   answer: {_answer_text(item.answer)}")
     else:
         lines.append("Earlier calls in this session: none")
@@ -70,7 +70,7 @@ def world_model_messages(system_prompt: str, call: ToolCall, doc: ApiDoc | None)
         "API documentation:",
         json.dumps(api_doc_dict(call, doc), ensure_ascii=False),
         "",
-        f"New call: {call.namespace}",
+        f"New call: {call.api}",
         f"input: {json.dumps(request_value(call), ensure_ascii=False)}",
     ]
     return [{"role": "system", "content": system_prompt}, {"role": "user", "content": "\n".join(parts)}]

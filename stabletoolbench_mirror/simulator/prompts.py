@@ -144,7 +144,7 @@ def api_doc_dict(call: ToolCall, doc: ApiDoc | None, style: str = "mirrorapi-sft
     ``mirrorapi-cache`` names the API by its standardized name (upstream's cache server).
     """
     if style == "mirrorapi-cache":
-        api_name = standardize(call.names.api)
+        api_name = standardize(call.names.api_name)
     else:
         api_name = doc.name if doc is not None else call.api_name
     if doc is None:

@@ -127,7 +127,7 @@ class Simulator:
                 try:
                     completion = self.client.complete(messages, extra)
                 except ChatError as exc:
-                    log.warning("simulator gave no answer for %s: %s", clip(call.namespace), clip(exc.detail, 500))
+                    log.warning("simulator gave no answer for %s: %s", clip(call.api), clip(exc.detail, 500))
                     return Attempt(None, self.origin, detail=f"simulator unavailable: {exc.detail}")
             latency = time.perf_counter() - started
             parsed = parse_output(completion.content)
@@ -135,11 +135,11 @@ class Simulator:
                 break
             retries += 1
             self._count_retry()
-            log.info("simulator output for %s cannot be parsed; asking again (%d/%d)", clip(call.namespace), retries, self.parse_retries)
+            log.info("simulator output for %s cannot be parsed; asking again (%d/%d)", clip(call.api), retries, self.parse_retries)
         if parsed.answer is None:
             log.warning(
                 "simulator output for %s cannot be parsed (finish_reason %s, %d chars): %r",
-                clip(call.namespace),
+                clip(call.api),
                 completion.finish_reason or "?",
                 len(completion.content),
                 redactor.text(completion.content[:300]),
@@ -151,7 +151,7 @@ class Simulator:
                 fallback=protocol.simulation_failed_answer(),
             )
         if parsed.method != "json":
-            log.info("simulator output for %s parsed by the %s extractor", clip(call.namespace), parsed.method)
+            log.info("simulator output for %s parsed by the %s extractor", clip(call.api), parsed.method)
         if retries:
             self._count_retry(success=True)
         # no key reaches the store, even when the endpoint echoes one (in the answer or its rationale)
