@@ -263,7 +263,7 @@ def export_sessions(store: SessionStore, out_path: str, *, progress: bool = True
 def cmd_sessions_export(args: Any) -> int:
     import sys
 
-    from .cli import settings_from_args
+    from .cli_common import settings_from_args
     from .factory import build_session_store
 
     settings = settings_from_args(args)
@@ -280,7 +280,7 @@ def cmd_sessions_export(args: Any) -> int:
 
 
 def register(sub: Any) -> None:
-    from .cli import add_config_arguments
+    from .cli_common import add_config_arguments
 
     sessions = sub.add_parser("sessions", help="trajectories of sessions (X-STM-Session)")
     sessions_sub = sessions.add_subparsers(dest="sessions_command", required=True)
