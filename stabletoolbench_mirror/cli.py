@@ -305,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .memory import tune_malloc
+
+    tune_malloc()  # bulk commands and servers alike: freed file texts go back to the system
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

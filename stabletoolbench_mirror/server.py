@@ -32,6 +32,7 @@ from .factory import build_layer
 from .layer import MirrorLayer
 from .outcomes import Outcome, OutcomeKind
 from .logs import clip
+from .memory import tune_malloc
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
@@ -256,6 +257,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
 
 def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     """The app serving ``layer`` (built from ``settings`` when not given; then closed with the app)."""
+    tune_malloc()  # before the worker threads that parse frozen files exist
     owned = layer is None
     layer = layer if layer is not None else build_layer(settings)
 
