@@ -59,7 +59,12 @@ class SnapshotError(RuntimeError):
 
 def entry_line(api: str, key: str, answer: Any) -> bytes:
     """The canonical line of one entry (see the module docstring)."""
-    text = json.dumps([api, key, encode_answer(answer)], ensure_ascii=False, separators=(",", ":"))
+    return served_line(api, key, encode_answer(answer))
+
+
+def served_line(api: str, key: str, body: str) -> bytes:
+    """:func:`entry_line` from the answer's served encoding (a record's ``body``), without decoding it."""
+    text = json.dumps([api, key, body], ensure_ascii=False, separators=(",", ":"))
     return (text + "\n").encode("utf-8", "surrogatepass")
 
 
@@ -76,6 +81,14 @@ class ContentHash:
         self._last = api
         for key, answer in sorted(entries, key=lambda e: e[0]):
             self._digest.update(entry_line(api, key, answer))
+
+    def add_api_bodies(self, api: str, entries: Iterable[tuple[str, str]]) -> None:
+        """:meth:`add_api` with each answer in its served encoding (records' bodies: no decoding)."""
+        if self._last is not None and api <= self._last:
+            raise ValueError(f"APIs must come in api order: {api!r} after {self._last!r}")
+        self._last = api
+        for key, body in sorted(entries, key=lambda e: e[0]):
+            self._digest.update(served_line(api, key, body))
 
     def hexdigest(self) -> str:
         return "sha256:" + self._digest.hexdigest()
@@ -125,7 +138,7 @@ def write_snapshot(
             continue
         for record in exported.records:
             written.add(record)
-        digest.add_api(exported.api, ((r.key, r.answer) for r in exported.records))
+        digest.add_api_bodies(exported.api, ((r.key, r.body) for r in exported.records))
     tally = written.to_json()
     manifest: dict[str, Any] = {
         "format": FORMAT,
