@@ -69,16 +69,22 @@ def test_counters_match_a_full_scan(store: Store) -> None:
     for record, canonical in items[:100]:
         assert store.add(record, canonical)
     assert store.add_many(items[50:300]) == [False] * 50 + [True] * 200  # duplicates are not counted twice
+    again = Record.from_answer(items[0][0].api, "{'i': 'new'}", {"error": "", "response": "once"}, "real", "https://h")
+    twice = Record.from_answer(items[0][0].api, "{'i': 'new'}", {"error": "", "response": "twice"}, "real", "https://h")
+    assert store.add_many([(again, "c-new"), (twice, "c-new")]) == [True, False]  # the first of a batch wins
+    assert store.get(again.api, again.key).answer["response"] == "once"
+    assert store.get_canonical(again.api, "c-new").key == again.key
+    items.append((again, "c-new"))
     counts = store.counts()
     assert counts is not None
     truth = scanned(store)
-    assert counts.entries == truth["entries"] == 300 == len(store)
+    assert counts.entries == truth["entries"] == 301 == len(store)
     assert counts.apis == truth["apis"]
     assert counts.by_source == truth["by_source"]
     assert counts.by_category == truth["by_category"]
     assert counts.by_origin == truth["origins"]
     stats = store_stats(store)
-    assert stats["counted_by"] == "counters" and stats["entries"] == 300
+    assert stats["counted_by"] == "counters" and stats["entries"] == 301
     assert stats["bytes_per_entry"] and stats["bytes_per_entry"] > 0
 
 

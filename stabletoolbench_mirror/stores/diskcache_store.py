@@ -149,17 +149,67 @@ class DiskcacheStore(Store):
         self._known_apis.update(r.api for r in records)
 
     def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
-        """Add records in one transaction (bulk import): one commit, and each counter updated once."""
+        """Add records in one transaction (bulk import): one commit, one lookup of the keys already
+        present, one multi-row insert, and each counter updated once.  Same result as ``add`` each."""
         items = list(items)
         with self._write_lock:
             try:
                 with self._cache.transact(retry=True):
-                    deltas: Counter[str] = Counter()
-                    added = [self._add_in_transaction(record, canonical, deltas) for record, canonical in items]
-                    self._apply(deltas)
+                    added = self._insert_batch(items)
             except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
                 raise StoreError(f"diskcache write failed: {exc}") from exc
             self._remember_apis(record for record, _ in items)
+        return added
+
+    def _present(self, keys: list[str]) -> set[str]:
+        """Which of ``keys`` the store holds (inside the caller's transaction)."""
+        found: set[str] = set()
+        for i in range(0, len(keys), 500):
+            chunk = keys[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._cache._sql(f"SELECT key FROM Cache WHERE raw = 1 AND key IN ({marks})", chunk).fetchall()  # noqa: SLF001
+            found.update(row[0] for row in rows)
+        return found
+
+    def _insert_batch(self, items: list[tuple[Record, str | None]]) -> list[bool]:
+        # rows written exactly as diskcache's own ``add`` writes them (no expiry, no tag), add-if-absent
+        entry_keys = [_entry_key(record.api, record.key) for record, _ in items]
+        pointer_keys = [_canonical_key(record.api, canonical) if canonical is not None else None for record, canonical in items]
+        api_keys = [f"{_NAMESPACE}\x00{api}" for api in {record.api for record, _ in items} - self._known_apis]
+        present = self._present(entry_keys + [k for k in pointer_keys if k is not None] + api_keys)
+        disk = self._cache._disk  # noqa: SLF001 - values are stored with diskcache's own encoder
+        now = time.time()
+        rows: list[tuple[object, ...]] = []
+
+        def row(key: str, value: object) -> None:
+            present.add(key)
+            size, mode, filename, db_value = disk.store(value, False, key=key)
+            rows.append((key, 1, now, None, now, 0, None, size, mode, filename, db_value))
+
+        added: list[bool] = []
+        deltas: Counter[str] = Counter()
+        for (record, _canonical), entry, pointer in zip(items, entry_keys, pointer_keys):
+            is_new = entry not in present
+            if is_new:
+                row(entry, record.to_json())
+                deltas[_count_key("entries")] += 1
+                deltas[_count_key("source", record.source)] += 1
+                deltas[_count_key("category", record.api.split("/", 1)[0])] += 1
+                deltas[_count_key("origin", origin_key(record))] += 1
+                api_key = f"{_NAMESPACE}\x00{record.api}"
+                if record.api not in self._known_apis and api_key not in present:
+                    row(api_key, 1)
+                    deltas[_count_key("apis")] += 1
+            if pointer is not None and pointer not in present:
+                row(pointer, record.key)
+            added.append(is_new)
+        if rows:
+            self._cache._con.executemany(  # noqa: SLF001 - the connection of the open transaction
+                "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, size, mode, filename, value)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+        self._apply(deltas)
         return added
 
     def counts(self) -> StoreCounts | None:
