@@ -478,3 +478,21 @@ def test_first_calls_stop_only_when_all_failed_alike() -> None:
     watch = FirstCalls(3)
     assert [watch.see(*c) for c in [(False, "a"), (True, ""), (False, "a"), (False, "a")]] == [None] * 4
     assert FirstCalls(0).see(False, "a") is None
+
+
+def test_counts_skip_what_the_frozen_cache_refuses(tmp_path: Path) -> None:
+    """Files the frozen cache would refuse are reported unreadable; symbolic links count only when allowed."""
+    server = make_server_folder(tmp_path)
+    tree = server / "tool_response_cache"
+    tool = tree / "Data" / "demo_tool_for_Data"
+    (tool / "deep.json").write_text('{"{}": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    (tool / "surrogate.json").write_text('{"{}": {"error": "", "response": "\\ud800"}}')
+    outside = tmp_path / "outside" / "linked_for_Data"
+    write_cache_file(outside / "a.json", {"{}": ANSWER})
+    (tree / "Data" / "linked_for_Data").symlink_to(outside)
+    count = count_tree(tree)
+    assert (count.files, count.entries) == (4, 3) and sorted(Path(p).name for p in count.unreadable) == ["deep.json", "surrogate.json"]
+    assert count_tree(tree, follow_symlinks=True).files == 5
+    cfg = write_config(tmp_path / "c.yml", {"store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(tree)]})
+    out = cli("doctor", "--config", str(cfg), "--no-probe", cwd=tmp_path).stdout
+    assert "warning: frozen_caches[0]: 2 cache files cannot be read and are skipped" in out
