@@ -228,6 +228,19 @@ def test_upstream_config_as_shipped_loads(tmp_path: Path) -> None:
     assert s.log_file == "./server.log" and s.resolve(s.log_file) == str(tmp_path / "server.log")
 
 
+def test_an_empty_value_in_this_projects_own_keys_names_the_key_not_pydantic_types(tmp_path: Path) -> None:
+    from stabletoolbench_mirror.config import ConfigError
+
+    cfg = tmp_path / "server_config.yml"
+    cfg.write_text("simulator:\n  api_base:\nfrozen_caches: [ok, null]\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(cfg, environ={})
+    message = str(caught.value)
+    assert f"{cfg}: invalid value for 'simulator.api_base': Input should be a valid string, or Input should be a valid list (got an empty value)" in message
+    assert f"{cfg}: invalid value for 'frozen_caches[1]': Input should be a valid string (got an empty value)" in message
+    assert "list[str]" not in message and "api_base.str" not in message
+
+
 def test_upstream_earlier_config_as_shipped_loads(tmp_path: Path) -> None:
     """Upstream's earlier config.yml named the relay ``rapidapi_url``."""
     cfg = tmp_path / "config.yml"
