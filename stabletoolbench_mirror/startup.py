@@ -583,6 +583,7 @@ def inspect(
     check_frozen_caches(settings, report, count_entries=True if full_counts else None)
     check_tools_folder(settings, report, count_apis=True if full_counts else None)
     check_endpoints(settings, report, probe_endpoints=probe_endpoints)
+    check_local_tools(settings, report)
     if settings.log_file:
         path = Path(settings.resolve(settings.log_file))
         report.add("log file", str(path))
@@ -590,6 +591,19 @@ def inspect(
         if not writable or path.is_dir():
             report.error("log_file", f"{path} cannot be written: check the folder exists and is writable")
     return report
+
+
+def check_local_tools(settings: Settings, report: StartupReport) -> None:
+    """The ``local_tools`` files: listed, and each one present (they are imported when the layer is built)."""
+    if not settings.local_tools:
+        return
+    paths = [Path(settings.resolve(p)) for p in settings.local_tools]
+    report.add("local tools", f"{', '.join(str(p) for p in paths)} (timeout {settings.local_tools_timeout_s:g} s)")
+    for path in paths:
+        if not path.is_file():
+            report.error("local_tools", f"{path}: no such file")
+        elif path.suffix != ".py":
+            report.error("local_tools", f"{path}: not a .py file")
 
 
 def print_report(report: StartupReport, stream: Any = None) -> None:
