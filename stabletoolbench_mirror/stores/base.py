@@ -19,7 +19,10 @@ class Store(abc.ABC):
     Each record is also findable by its canonical key (see :mod:`stabletoolbench_mirror.keys`).
     Writes are add-if-absent: the first record for a key wins and is never torn or
     overwritten, so concurrent writers (threads, processes, hosts) agree on one answer.
-    Implementations raise :class:`StoreError` for backend failures.
+    The one exception is a failure record (:attr:`Record.is_failure`): a usable answer
+    replaces it, and a canonical pointer naming a failure is moved to the usable answer,
+    so a failure never hides an answer recorded for the same call.  A usable answer is
+    never replaced.  Implementations raise :class:`StoreError` for backend failures.
     """
 
     #: a short name for logs and stats
@@ -37,7 +40,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def add(self, record: Record, canonical: str | None) -> bool:
-        """Store ``record`` unless its key is present; return whether it was added."""
+        """Store ``record`` unless its key holds a record (a failure record is replaced by an answer).
+
+        Return whether ``record`` was written.  ``canonical`` names ``record``'s key unless it
+        already names another key holding a usable answer.  Atomic across processes and hosts.
+        """
 
     def sample(self, namespace: str, limit: int) -> Iterator[Record]:
         """Up to ``limit`` records of one namespace (few-shot examples); backends may do better than a scan."""

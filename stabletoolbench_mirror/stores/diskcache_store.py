@@ -31,6 +31,10 @@ def _canonical_key(namespace: str, canonical: str) -> str:
     return f"{_CANONICAL}\x00{namespace}\x00{canonical}"
 
 
+def _is_failure(raw: str) -> bool:
+    return Record.from_json(raw).is_failure
+
+
 class DiskcacheStore(Store):
     """Records as JSON text in a :class:`diskcache.Cache` (no pickles: the data stays inspectable).
 
@@ -79,14 +83,27 @@ class DiskcacheStore(Store):
             return self._add(record, canonical)
 
     def _add(self, record: Record, canonical: str | None) -> bool:
+        entry = _entry_key(record.namespace, record.key)
         try:
-            # the entry goes first: a canonical pointer never points at nothing
-            added = self._cache.add(_entry_key(record.namespace, record.key), record.to_json())
-            if canonical is not None:
-                self._cache.add(_canonical_key(record.namespace, canonical), record.key)
-            return bool(added)
+            # one SQLite transaction: the decision and the writes are atomic across processes
+            with self._cache.transact():
+                current = self._cache.get(entry)
+                written = current is None or (not record.is_failure and _is_failure(current))
+                if written:
+                    # the entry goes first: a canonical pointer never points at nothing
+                    self._cache.set(entry, record.to_json())
+                if canonical is not None:
+                    pointer = _canonical_key(record.namespace, canonical)
+                    target = self._cache.get(pointer)
+                    if target is None or (target != record.key and not record.is_failure and self._points_at_failure(record.namespace, target)):
+                        self._cache.set(pointer, record.key)
+            return written
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache write failed: {exc}") from exc
+
+    def _points_at_failure(self, namespace: str, key: str) -> bool:
+        raw = self._cache.get(_entry_key(namespace, key))
+        return raw is None or _is_failure(raw)
 
     def sample(self, namespace: str, limit: int) -> Iterator[Record]:
         prefix = _entry_key(namespace, "")

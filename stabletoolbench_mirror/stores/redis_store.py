@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -43,16 +44,32 @@ from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
 
 log = logging.getLogger(__name__)
 
-# KEYS: entries hash, canonical hash, namespaces set; ARGV: key, record JSON, namespace, canonical or ""
+# KEYS: entries hash, canonical hash, namespaces set; ARGV: key, record JSON, namespace, canonical or "",
+# "1" when the record is a failure record.  Add-if-absent, except that a usable answer replaces a
+# failure record, and a canonical pointer naming a failure (or nothing) moves to a usable answer.
 _ADD_SCRIPT = """
-local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
-if ARGV[4] ~= '' then
-  redis.call('HSETNX', KEYS[2], ARGV[4], ARGV[1])
+local function is_failure(raw)
+  if not raw then return true end
+  local ok, data = pcall(cjson.decode, raw)
+  return ok and type(data) == 'table' and data['outcome'] == 'failure'
 end
-if added == 1 then
+local failure = ARGV[5] == '1'
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+local written = 0
+if (not current) or ((not failure) and is_failure(current)) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  written = 1
+end
+if ARGV[4] ~= '' then
+  local target = redis.call('HGET', KEYS[2], ARGV[4])
+  if (not target) or (target ~= ARGV[1] and (not failure) and is_failure(redis.call('HGET', KEYS[1], target))) then
+    redis.call('HSET', KEYS[2], ARGV[4], ARGV[1])
+  end
+end
+if written == 1 then
   redis.call('SADD', KEYS[3], ARGV[3])
 end
-return added
+return written
 """
 
 # a lock is renewed or deleted only by the holder of its token
@@ -85,13 +102,15 @@ def display_url(url: str) -> str:
 class RecordMemory:
     """A bounded in-process copy of records already read (least recently used ones go first).
 
-    Sound because records never change once written (add-if-absent): a key, once found,
-    names the same record for good on every host.  Absent keys are never remembered.
+    Sound because usable answers never change once written (add-if-absent): a key, once
+    found, names the same answer for good on every host.  Absent keys and failure records
+    (which a usable answer may replace, and whose canonical pointers may move) are never
+    remembered.
     """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max(0, int(max_bytes))
-        self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, str, str, float], int]] = OrderedDict()
+        self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, str, str, float, str], int]] = OrderedDict()
         self._pointers: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -102,8 +121,11 @@ class RecordMemory:
             if item is None:
                 return None
             self._records.move_to_end(where)
-        key, body, source, origin, created_at = item[0]
-        return Record(namespace=where[0], key=key, body=body, source=source, origin=origin, created_at=created_at)
+        key, body, source, origin, created_at, replaced = item[0]
+        return Record(
+            namespace=where[0], key=key, body=body, source=source, origin=origin, created_at=created_at,  # type: ignore[arg-type]
+            replaced=json.loads(replaced) if replaced else None,
+        )
 
     def pointer(self, where: tuple[str, str]) -> str | None:
         with self._lock:
@@ -116,7 +138,10 @@ class RecordMemory:
     def put(self, where: tuple[str, str], record: Record) -> None:
         # kept as a tuple of strings and a float, which Python's garbage collector stops tracking:
         # a memory of many records then costs the collector (and so the latency tail) nothing
-        fields = (record.key, record.body, record.source, record.origin, record.created_at)
+        if record.is_failure:
+            return
+        replaced = json.dumps(record.replaced, ensure_ascii=False, separators=(",", ":")) if record.replaced is not None else ""
+        fields = (record.key, record.body, record.source, record.origin, record.created_at, replaced)
         self._insert(self._records, where, fields, len(record.body) + len(record.key) + len(record.origin) + 200)
 
     def point(self, where: tuple[str, str], key: str) -> None:
@@ -252,7 +277,10 @@ class RedisStore(Store):
                 raise self._failed("read", exc) from exc
             if key is None:
                 return None
-            self._memory.point((namespace, canonical), key)
+            record = await self.aget(namespace, key)
+            if record is not None and not record.is_failure:
+                self._memory.point((namespace, canonical), key)
+            return record
         return await self.aget(namespace, key)
 
     def get(self, namespace: str, key: str) -> Record | None:
@@ -278,7 +306,10 @@ class RedisStore(Store):
                 raise self._failed("read", exc) from exc
             if key is None:
                 return None
-            self._memory.point((namespace, canonical), key)
+            record = self.get(namespace, key)
+            if record is not None and not record.is_failure:
+                self._memory.point((namespace, canonical), key)
+            return record
         return self.get(namespace, key)
 
     def add(self, record: Record, canonical: str | None) -> bool:
@@ -286,7 +317,7 @@ class RedisStore(Store):
         try:
             added = self._add(
                 keys=[self._entries(ns), self._canonicals(ns), self._namespaces],
-                args=[record.key, record.to_json(), ns, canonical or ""],
+                args=[record.key, record.to_json(), ns, canonical or "", "1" if record.is_failure else "0"],
             )
         except RedisError as exc:
             raise self._failed("write", exc) from exc
