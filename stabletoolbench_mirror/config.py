@@ -109,6 +109,10 @@ class SimulatorConfig(_Section):
     examples_budget_chars: int = Field(default=2048, ge=0)
     max_concurrency: int = Field(default=64, ge=1)
     """Simulator calls in flight at once from one process."""
+    validity: Literal["strict", "compatible", "off"] = "strict"
+    """The real API's validity rules applied to simulated answers: ``strict`` (``real.strict_validity``'s
+    rules), ``compatible`` (StableToolBench's substring rules) or ``off``.  A rejected answer is served
+    but recorded as a failure record (retried in record mode)."""
 
     @field_validator("api_base")
     @classmethod

@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from . import protocol
 from .call import ToolCall
 from .config import Settings
 from .records import Record, Source
@@ -64,6 +63,7 @@ class BatchingSimulator:
         batch_size: int = 256,
         linger_s: float = 0.05,
         wants_examples: bool = False,
+        validity: str = "strict",
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -73,6 +73,7 @@ class BatchingSimulator:
         self.batch_size = batch_size
         self.linger_s = linger_s
         self.wants_examples = wants_examples
+        self.validity = validity
         self.batches: list[int] = []
         """The size of every batch generated (for reports and tests)."""
         self._queue: list[_Pending] = []
@@ -82,7 +83,7 @@ class BatchingSimulator:
         self._worker.start()
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
-        from .simulator import parse_output
+        from .simulator import judge_output
 
         pending = _Pending(self._render(call, examples))
         with self._cond:
@@ -93,10 +94,7 @@ class BatchingSimulator:
         pending.done.wait()
         if pending.error is not None:
             return Attempt(None, self.origin, detail=f"offline engine failed: {pending.error}")
-        parsed = parse_output(pending.text or "")
-        if parsed.answer is None:
-            return Attempt(None, self.origin, detail="simulator output not parsable", fallback=protocol.simulation_failed_answer())
-        return Attempt(parsed.answer, self.origin)
+        return judge_output(pending.text or "", self.origin, self.validity)
 
     def _take_batch(self) -> list[_Pending] | None:
         with self._cond:
@@ -250,7 +248,8 @@ def offline_layer(
     renderer = build_simulator(settings)
     renderer.close()  # only its prompt rendering is used: no HTTP client is needed
     origin = model or settings.simulator.model
-    batcher = BatchingSimulator(renderer.messages, generate, origin=origin, batch_size=concurrency, wants_examples=renderer.wants_examples)
+    batcher = BatchingSimulator(renderer.messages, generate, origin=origin, batch_size=concurrency, wants_examples=renderer.wants_examples,
+                                validity=settings.simulator.validity)
     responders: list[Any] = []
     if settings.real.enabled:
         from .real import build_real_responder

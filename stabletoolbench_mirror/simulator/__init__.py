@@ -9,7 +9,7 @@ from ..tooldocs import ToolDocs, tool_docs_for
 from .client import ChatClient, ChatError, Completion
 from .parsing import Parsed, parse_output
 from .prompts import load_system_prompt
-from .responder import Simulator
+from .responder import Simulator, judge_output
 
 __all__ = [
     "ChatClient",
@@ -19,6 +19,7 @@ __all__ = [
     "Simulator",
     "build_chat_client",
     "build_simulator",
+    "judge_output",
     "parse_output",
 ]
 
@@ -77,4 +78,5 @@ def build_simulator(
         structured_output=cfg.structured_output,
         structured_max_chars=cfg.structured_max_chars,
         max_concurrency=cfg.max_concurrency,
+        validity=cfg.validity,
     )

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from .. import protocol
 from ..call import ToolCall
+from ..real.validity import classify
 from ..records import Record, Source
 from ..responders import Attempt
 from ..tooldocs import ToolDocs
@@ -21,9 +22,11 @@ log = logging.getLogger(__name__)
 class Simulator:
     """Answers a cache miss with a simulated response (recorded with ``source: simulated``).
 
-    * a parsed answer -> ``Attempt(answer, origin=<model>)``, recorded by the layer;
-    * unparsable output -> no answer, fallback ``Failed to generate fake response`` (served,
-      not recorded, so a later call may try again);
+    * a parsed answer that passes the validity rules (``validity``) -> ``Attempt(answer,
+      origin=<model>)``, recorded by the layer;
+    * unparsable output -> no answer, fallback ``Failed to generate fake response``;
+    * a parsed answer the validity rules reject (``{"error": "Rate limit exceeded"}``,
+      ``"Unauthorized error..."``) -> no answer, fallback the parsed answer itself;
     * no completion at all (connection refused, timeout, HTTP 5xx/429 after the retries) ->
       no answer and no fallback: the layer serves its "API not working" miss answer.
     """
@@ -42,6 +45,7 @@ class Simulator:
         structured_output: bool = False,
         structured_max_chars: int | None = None,
         max_concurrency: int = 64,
+        validity: str = "strict",
     ) -> None:
         if style not in prompts.STYLES:
             raise ValueError(f"unknown simulator style {style!r}")
@@ -55,6 +59,9 @@ class Simulator:
             prompts.structured_output_fields(style == "mirrorapi-cot", structured_max_chars) if structured_output else {}
         )
         self._slots = threading.BoundedSemaphore(max_concurrency)
+        if validity not in VALIDITY_RULES:
+            raise ValueError(f"unknown simulator validity rules {validity!r}")
+        self.validity = validity
 
     @property
     def origin(self) -> str:
@@ -87,24 +94,41 @@ class Simulator:
             except ChatError as exc:
                 log.warning("simulator gave no answer for %s: %s", call.namespace, exc.detail)
                 return Attempt(None, self.origin, detail=f"simulator unavailable: {exc.detail}")
-        parsed = parse_output(completion.content)
-        if parsed.answer is None:
+        attempt = judge_output(completion.content, self.origin, self.validity)
+        if attempt.answer is None:
             log.warning(
-                "simulator output for %s cannot be parsed (finish_reason %s, %d chars): %r",
+                "simulator output for %s: %s (finish_reason %s, %d chars): %r",
                 call.namespace,
+                attempt.detail,
                 completion.finish_reason or "?",
                 len(completion.content),
                 completion.content[:300],
             )
-            return Attempt(
-                None,
-                self.origin,
-                detail="simulator output not parsable",
-                fallback=protocol.simulation_failed_answer(),
-            )
-        if parsed.method != "json":
-            log.info("simulator output for %s parsed by the %s extractor", call.namespace, parsed.method)
-        return Attempt(parsed.answer, self.origin)
+        return attempt
 
     def close(self) -> None:
         self.client.close()
+
+
+#: ``simulator.validity``: the real path's rules (:mod:`..real.validity`) applied to simulated answers
+VALIDITY_RULES = ("strict", "compatible", "off")
+
+
+def judge_output(text: str, origin: str, validity: str = "strict") -> Attempt:
+    """A simulator's raw output as an :class:`Attempt`: parsed, then checked by the validity rules.
+
+    ``strict`` and ``compatible`` are :func:`~..real.validity.classify`'s two rule sets (the
+    real API's ``strict_validity`` true / false); ``off`` records every parsed answer, as
+    StableToolBench's own simulator does.  An answer the rules reject is served as it is
+    (the agent sees the error the model wrote) and is not a usable answer.
+    """
+    parsed = parse_output(text)
+    if parsed.answer is None:
+        return Attempt(None, origin, detail="simulator output not parsable", fallback=protocol.simulation_failed_answer())
+    if validity != "off":
+        verdict = classify(parsed.answer, strict=validity == "strict")
+        if not verdict.valid:
+            return Attempt(None, origin, detail=f"invalid simulated answer: {verdict.reason}", fallback=parsed.answer)
+    if parsed.method != "json":
+        log.info("simulator output parsed by the %s extractor", parsed.method)
+    return Attempt(parsed.answer, origin)
