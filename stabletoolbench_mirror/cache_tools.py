@@ -11,6 +11,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from .failures import TREE_FAILURE_REASON, is_tree_failure, tree_failure_entries
 from .keys import canonical_from_upstream_key
 from .records import Record
 from .stores import Store
@@ -45,6 +46,7 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
     summary = ImportSummary()
     files = list(iter_cache_files(root))
     origin_root = Path(root).name or str(root)
+    listed = tree_failure_entries(root)
     for namespace, path in tqdm(files, desc="import", unit="file", disable=not progress):
         try:
             entries = read_cache_file(path)
@@ -55,7 +57,10 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
         summary.files += 1
         for key, answer in entries.items():
             summary.entries += 1
-            record = Record.from_answer(namespace, key, answer, "imported", f"import:{origin_root}/{namespace}.json")
+            origin = f"import:{origin_root}/{namespace}.json"
+            record = Record.from_answer(namespace, key, answer, "imported", origin)
+            if is_tree_failure(namespace, key, record.body, listed):
+                record = Record.failure(namespace, key, answer, "imported", origin, reason=TREE_FAILURE_REASON)
             if store.add(record, canonical_from_upstream_key(key)):
                 summary.added += 1
             else:
@@ -106,8 +111,14 @@ def store_stats(store: Store) -> dict[str, Any]:
     by_category: Counter[str] = Counter()
     namespaces: set[str] = set()
     origins: Counter[str] = Counter()
+    failures: Counter[str] = Counter()
+    replaced = 0
     for record in store:
         by_source[record.source] += 1
+        if record.is_failure:
+            failures[record.reason] += 1
+        elif record.replaced is not None:
+            replaced += 1
         by_category[record.namespace.split("/", 1)[0]] += 1
         namespaces.add(record.namespace)
         if record.source != "imported":
@@ -118,4 +129,7 @@ def store_stats(store: Store) -> dict[str, Any]:
         "by_source": dict(sorted(by_source.items())),
         "by_category": dict(sorted(by_category.items())),
         "origins": dict(origins.most_common()),
+        "failure_records": sum(failures.values()),
+        "failure_reasons": dict(failures.most_common()),
+        "replaced_failures": replaced,
     }

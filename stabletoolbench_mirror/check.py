@@ -9,7 +9,10 @@
 sends each call to a running server (``--url``) or to the layer in-process (built from the
 settings, in ``replay`` mode unless ``--mode record`` is given, so a check records nothing),
 and reports per API how many answers are **identical**, **different** or a **miss**
-(nothing recorded for the call).  The answer compared is what the StableToolBench client
+(nothing recorded for the call).  Identical answers that are failures (a failure record
+replayed: the simulator's ``Failed to generate fake response``, an error answer) are also
+counted apart as ``identical_failure``, so a report shows how much of its agreement is
+agreement on failures.  The answer compared is what the StableToolBench client
 makes of the HTTP reply: the JSON body for a 200, its ``request invalid`` error otherwise.
 The exit status is 1 when anything differs or misses (unless ``--report-only``): the
 report a user attaches to a score.
@@ -32,6 +35,9 @@ from .protocol import encode_answer
 
 IDENTICAL, DIFFERENT, MISS = "identical", "different", "miss"
 VERDICTS = (IDENTICAL, DIFFERENT, MISS)
+#: counted besides ``identical``: the identical answers that are failures
+IDENTICAL_FAILURE = "identical_failure"
+COUNTS = (IDENTICAL, IDENTICAL_FAILURE, DIFFERENT, MISS)
 
 
 class CheckInputError(ValueError):
@@ -65,6 +71,8 @@ class Reply:
     status: int
     body: str
     outcome: str | None = None
+    failure: bool | None = None
+    """Whether the answer is a failure, as this project's server says (``X-STM-Failure``); ``None``: unknown."""
 
 
 class Target(Protocol):
@@ -145,7 +153,8 @@ class UrlTarget:
             response = self._session.post(self.url, json=payload, headers=headers, timeout=self._timeout)
         except requests.RequestException as exc:
             raise CheckInputError(f"cannot reach {self.url}: {exc}") from None
-        return Reply(response.status_code, response.text, response.headers.get("X-STM-Outcome"))
+        flag = response.headers.get("X-STM-Failure")
+        return Reply(response.status_code, response.text, response.headers.get("X-STM-Outcome"), None if flag is None else flag == "true")
 
     def close(self) -> None:
         self._session.close()
@@ -159,7 +168,7 @@ class LayerTarget:
 
     def send(self, payload: dict[str, Any]) -> Reply:
         outcome = self.layer.handle_payload(payload)
-        return Reply(outcome.status, outcome.body, outcome.kind)
+        return Reply(outcome.status, outcome.body, outcome.kind, outcome.failure)
 
     def close(self) -> None:
         self.layer.close()
@@ -176,6 +185,14 @@ def client_answer(reply: Reply) -> Any:
         return json.loads(reply.body)
     except ValueError:
         return make_answer("request invalid, data error", "")
+
+
+def is_failure(reply: Reply) -> bool:
+    """Whether a reply's answer is a failure: as the server says, else an answer with a non-empty ``error``."""
+    if reply.failure is not None:
+        return reply.failure
+    got = client_answer(reply)
+    return not isinstance(got, dict) or bool(got.get("error"))
 
 
 def verdict(expectation: Expectation, reply: Reply, max_observation_length: int = DEFAULT_MAX_OBSERVATION_LENGTH) -> str:
@@ -227,9 +244,9 @@ class CheckReport:
         totals = self.totals
         return {
             "calls": self.calls,
-            "totals": {v: totals[v] for v in VERDICTS},
+            "totals": {v: totals[v] for v in COUNTS},
             "identical_fraction": (totals[IDENTICAL] / self.calls) if self.calls else None,
-            "per_api": {ns: {v: c[v] for v in VERDICTS} for ns, c in sorted(self.per_api.items())},
+            "per_api": {ns: {v: c[v] for v in COUNTS} for ns, c in sorted(self.per_api.items())},
             "mismatches": [m.__dict__ for m in self.mismatches],
             "problems": self.problems,
         }
@@ -239,11 +256,13 @@ class CheckReport:
         n = self.calls
         share = f"{100.0 * totals[IDENTICAL] / n:.1f}%" if n else "n/a"
         width = max([len(ns) for ns in self.per_api] + [3])
-        out = [f"{'API':<{width}}  {'identical':>9}  {'different':>9}  {'miss':>5}"]
+        out = [f"{'API':<{width}}  {'identical':>9}  {'failures':>8}  {'different':>9}  {'miss':>5}"]
         for ns, counts in sorted(self.per_api.items()):
-            out.append(f"{ns:<{width}}  {counts[IDENTICAL]:>9}  {counts[DIFFERENT]:>9}  {counts[MISS]:>5}")
-        out.append(f"{'total':<{width}}  {totals[IDENTICAL]:>9}  {totals[DIFFERENT]:>9}  {totals[MISS]:>5}")
+            out.append(f"{ns:<{width}}  {counts[IDENTICAL]:>9}  {counts[IDENTICAL_FAILURE]:>8}  {counts[DIFFERENT]:>9}  {counts[MISS]:>5}")
+        out.append(f"{'total':<{width}}  {totals[IDENTICAL]:>9}  {totals[IDENTICAL_FAILURE]:>8}  {totals[DIFFERENT]:>9}  {totals[MISS]:>5}")
         out.append(f"{n} calls: {totals[IDENTICAL]} identical ({share}), {totals[DIFFERENT]} different, {totals[MISS]} miss")
+        answers, failures = totals[IDENTICAL] - totals[IDENTICAL_FAILURE], totals[IDENTICAL_FAILURE]
+        out.append(f"identical: {answers} answers, {failures} failures")
         for m in self.mismatches[:max_details]:
             out.append(f"{m.verdict.upper()} {m.namespace} input={m.tool_input[:200]} ({m.origin})")
             if m.verdict == DIFFERENT:
@@ -270,6 +289,8 @@ def run_check(
         result = verdict(expectation, reply, max_observation_length)
         namespace = expectation.namespace
         report.per_api[namespace][result] += 1
+        if result == IDENTICAL and is_failure(reply):
+            report.per_api[namespace][IDENTICAL_FAILURE] += 1
         if result != IDENTICAL:
             got = client_answer(reply)
             report.mismatches.append(

@@ -212,6 +212,9 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2, ensure_ascii=False))
         return 0
     print(f"entries: {stats['entries']}  apis: {stats['apis']}")
+    print(f"failure records: {stats['failure_records']}  answers that replaced a failure: {stats['replaced_failures']}")
+    for reason, n in stats["failure_reasons"].items():
+        print(f"  {n:>8}  {reason}")
     print("by source:")
     for source, n in stats["by_source"].items():
         print(f"  {source:<10} {n}")

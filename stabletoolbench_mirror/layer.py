@@ -38,6 +38,8 @@ class Outcome:
     source: str | None = None
     """For ``hit`` and ``recorded``: ``real``, ``simulated`` or ``imported``."""
     origin: str = ""
+    failure: bool = False
+    """The body is a failure (a failure record, or a miss that ended without a usable answer)."""
 
     @property
     def answer(self) -> Any:
@@ -261,7 +263,7 @@ class MirrorLayer:
         self.stats.count("failed", call.namespace)
         if fallback is None:
             fallback = protocol.miss_answer(call.namespace, "the real API and the simulator gave no usable answer")
-        return Outcome(protocol.encode_answer(fallback), "failed")
+        return Outcome(protocol.encode_answer(fallback), "failed", failure=True)
 
     def _hit(self, call: ToolCall, record: Record) -> Outcome:
         """A counted cache hit."""
@@ -280,7 +282,7 @@ class MirrorLayer:
 
 
 def _served(record: Record, kind: str) -> Outcome:
-    return Outcome(record.body, kind, source=record.source, origin=record.origin)
+    return Outcome(record.body, kind, source=record.source, origin=record.origin, failure=record.is_failure)
 
 
 def _rejected(status: int, message: str, kind: str = "rejected") -> Outcome:

@@ -64,6 +64,8 @@ async def _send(send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, b
     ]
     if outcome.source:
         headers.append((b"x-stm-source", outcome.source.encode()))
+    if outcome.failure:
+        headers.append((b"x-stm-failure", b"true"))
     await send({"type": "http.response.start", "status": outcome.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from . import __version__
 from .cache_tools import group_by_namespace
 from .config import Settings
+from .failures import failure_entries
 from .protocol import encode_answer
 from .records import Record
 from .stores import Store
@@ -136,12 +137,21 @@ def write_snapshot(
     *,
     settings: Settings | None = None,
     progress: bool = False,
+    exclude_failures: bool = False,
 ) -> dict[str, Any]:
-    """Write the store's entries and ``manifest.json`` into ``out`` (new or empty); return the manifest."""
+    """Write the store's entries and ``manifest.json`` into ``out`` (new or empty); return the manifest.
+
+    Failure records are written like any entry (their served body as the value, as upstream's
+    server saves its failed answers) and listed in the manifest's ``failure_entries``, so a
+    frozen cache of the snapshot knows them; ``exclude_failures`` leaves them out.
+    """
     root = Path(out)
     _check_target(root)
     root.mkdir(parents=True, exist_ok=True)
     records = list(tqdm(store, desc="read store", unit="entry", disable=not progress))
+    excluded = sum(1 for r in records if r.is_failure) if exclude_failures else 0
+    if exclude_failures:
+        records = [r for r in records if not r.is_failure]
     groups = group_by_namespace(records)
     by_source: Counter[str] = Counter()
     by_category: Counter[str] = Counter()
@@ -149,6 +159,8 @@ def write_snapshot(
     origins: Counter[str] = Counter()
     skipped: list[str] = []
     entries: list[tuple[str, str, Any]] = []
+    failures: list[list[str]] = []
+    failure_reasons: Counter[str] = Counter()
     files = 0
     for namespace, group in tqdm(groups.items(), desc="snapshot", unit="file", disable=not progress):
         path = namespace_path(root, namespace)
@@ -165,6 +177,9 @@ def write_snapshot(
             origins[f"{record.source}:{_origin_group(record)}"] += 1
             if record.source == "simulated":
                 models[record.origin] += 1
+            if record.is_failure:
+                failures.append([namespace, record.key])
+                failure_reasons[record.reason] += 1
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -176,6 +191,10 @@ def write_snapshot(
         "files": files,
         "by_source": dict(sorted(by_source.items())),
         "by_category": dict(sorted(by_category.items())),
+        "failures": len(failures),
+        "failure_reasons": dict(failure_reasons.most_common()),
+        "excluded_failures": excluded,
+        "failure_entries": sorted(failures),
         "models": dict(sorted(models.items())),
         "origins": dict(sorted(origins.items())),
         "store": store.kind,
@@ -247,6 +266,15 @@ def verify_snapshot(out: str | os.PathLike[str]) -> Verification:
     by_category: Counter[str] = Counter(e[0].split("/", 1)[0] for e in entries)
     if isinstance(manifest.get("by_category"), dict) and manifest["by_category"] != dict(sorted(by_category.items())):
         problems.append("entry counts by category differ from the manifest")
+    listed = failure_entries(manifest)
+    if listed is None:
+        problems.append("failure_entries is not a list of [namespace, key] pairs")
+    else:
+        present = {(e[0], e[1]) for e in entries}
+        if not listed <= present:
+            problems.append(f"{len(listed - present)} failure entries of the manifest are not in the files")
+        if manifest.get("failures", len(listed)) != len(listed):
+            problems.append(f"failure count differs: manifest {manifest.get('failures')}, listed {len(listed)}")
     return Verification(not problems, expected, actual, len(entries), files, problems)
 
 
@@ -264,13 +292,14 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     try:
         with build_store(settings) as store:
-            manifest = write_snapshot(store, args.out, settings=settings, progress=not args.quiet)
+            manifest = write_snapshot(store, args.out, settings=settings, progress=not args.quiet, exclude_failures=args.exclude_failures)
     except SnapshotError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"snapshot:      {args.out}")
     print(f"entries:       {manifest['entries']} in {manifest['files']} files")
     print("by source:     " + ", ".join(f"{k} {v}" for k, v in manifest["by_source"].items()))
+    print(f"failures:      {manifest['failures']} included" + (f", {manifest['excluded_failures']} left out" if args.exclude_failures else ""))
     print(f"content hash:  {manifest['content_hash']}")
     if manifest["skipped_namespaces"]:
         print(f"skipped (names unsafe as paths): {len(manifest['skipped_namespaces'])}")
@@ -289,5 +318,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("out", help="the snapshot folder (new or empty; with --verify: an existing snapshot)")
     parser.add_argument("--verify", action="store_true", help="recompute the content hash of OUT and compare with its manifest")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--exclude-failures", action="store_true",
+        help="leave failure records out (a cache meant for other people's record runs)",
+    )
     add_config_arguments(parser)
     parser.set_defaults(func=cmd_snapshot)
