@@ -153,8 +153,10 @@ class UrlTarget:
             response = self._session.post(self.url, json=payload, headers=headers, timeout=self._timeout)
         except requests.RequestException as exc:
             raise CheckInputError(f"cannot reach {self.url}: {exc}") from None
-        flag = response.headers.get("X-STM-Failure")
-        return Reply(response.status_code, response.text, response.headers.get("X-STM-Outcome"), None if flag is None else flag == "true")
+        outcome = response.headers.get("X-STM-Outcome")
+        # this project's server says whether an answer is a failure; another server's answers are judged by content
+        failure = None if outcome is None else response.headers.get("X-STM-Failure") == "true"
+        return Reply(response.status_code, response.text, outcome, failure)
 
     def close(self) -> None:
         self._session.close()
