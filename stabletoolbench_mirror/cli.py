@@ -128,6 +128,8 @@ def run_server(settings: Settings) -> int:
             return 2
         # each worker process rebuilds the same settings from the environment
         os.environ["STM_SERVE_SETTINGS_JSON"] = serialize_settings(settings)
+        from .server import uvicorn_options
+
         uvicorn.run(
             "stabletoolbench_mirror.server:app_from_environment",
             factory=True,
@@ -135,9 +137,10 @@ def run_server(settings: Settings) -> int:
             port=settings.port,
             workers=settings.workers,
             log_level=settings.log_level,
+            **uvicorn_options(settings),
         )
         return 0
-    from .server import create_app, freeze_startup_objects
+    from .server import create_app, freeze_startup_objects, uvicorn_options
 
     try:
         app = create_app(settings)
@@ -145,7 +148,7 @@ def run_server(settings: Settings) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     freeze_startup_objects()
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, **uvicorn_options(settings))
     return 0
 
 

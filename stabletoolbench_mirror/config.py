@@ -130,9 +130,22 @@ class LimitsConfig(_Section):
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     """Largest accepted ``/virtual`` body; larger ones get HTTP 413."""
     max_in_flight_per_client: int = Field(default=64, ge=1)
-    """Requests one client address may have in flight; more get HTTP 429 at once."""
+    """Requests one client address has answered at once; more wait for a slot (in order, per client)."""
     max_pending_misses: int = Field(default=256, ge=1)
-    """Misses waiting for the real API or simulator in one process; more get an error at once."""
+    """Misses being filled by the real API or simulator at once in one process; more wait for a turn."""
+    queue_timeout_s: float = Field(default=600.0, gt=0)
+    """Longest wait for a slot or a miss turn; a request still waiting then gets HTTP 503."""
+    max_queued_requests: int = Field(default=100_000, ge=1)
+    """Requests waiting for a slot across all clients; one more gets HTTP 503 at once."""
+    max_queued_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
+    """Bytes of request bodies waiting for a slot across all clients; more get HTTP 503 at once."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A connection whose request headers are not complete this long after it opened (or after its
+    previous answer) is closed."""
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    """A request whose body has not fully arrived this long after its headers gets HTTP 408 and is closed."""
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0)
+    """An idle kept-alive connection is closed after this long."""
 
 
 class Settings(_Section):

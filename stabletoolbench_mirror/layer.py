@@ -58,6 +58,7 @@ class MirrorLayer:
         responders: Sequence[Responder] = (),
         save: bool = True,
         max_pending_misses: int = 256,
+        pending_timeout_s: float = 600.0,
         stats: Stats | None = None,
     ) -> None:
         if mode not in ("replay", "record"):
@@ -70,6 +71,7 @@ class MirrorLayer:
         self.stats = stats or Stats()
         self._flight: SingleFlight[Outcome] = SingleFlight()
         self._pending = threading.BoundedSemaphore(max_pending_misses)
+        self.pending_timeout_s = pending_timeout_s
 
     @classmethod
     def from_settings(cls, settings: Settings, *, store: Store | None = None) -> "MirrorLayer":
@@ -82,6 +84,7 @@ class MirrorLayer:
             responders=build_responders(settings),
             save=settings.save,
             max_pending_misses=settings.limits.max_pending_misses,
+            pending_timeout_s=settings.limits.queue_timeout_s,
         )
 
     # -- entry points -------------------------------------------------------------------------
@@ -171,9 +174,13 @@ class MirrorLayer:
             log.info("miss %s key=%s (%s)", call.namespace, call.key[:500], reason)
             self.stats.count("unanswered", call.namespace)
             return Outcome(protocol.encode_answer(protocol.miss_answer(call.namespace, reason)), "unanswered")
-        if not self._pending.acquire(blocking=False):
-            self.stats.count_failure("overloaded: too many pending misses")
-            return _rejected(503, "stabletoolbench-mirror is overloaded: too many misses pending; retry later", "overloaded")
+        # more misses than limits.max_pending_misses wait for a turn (a refusal would become a tool error)
+        if not self._pending.acquire(timeout=self.pending_timeout_s):
+            self.stats.count_failure("overloaded: waited limits.queue_timeout_s for a miss turn")
+            log.warning("a miss waited %g s for a turn; raise limits.max_pending_misses or limits.queue_timeout_s", self.pending_timeout_s)
+            return _rejected(
+                503, f"stabletoolbench-mirror is overloaded: a miss waited {self.pending_timeout_s:g} s for a turn (limits.max_pending_misses)", "overloaded"
+            )
         try:
             outcome, _shared = self._flight.do((call.namespace, call.canonical), lambda: self._fill(call))
         except StoreError as exc:

@@ -1,7 +1,9 @@
 """Counters behind ``GET /stats`` and ``cache stats``.
 
-Per request exactly one of ``hits``, ``misses``, ``rejected`` (bad input) or
-``local`` (answered without the cache: ``chat_with_user``) counts.  Each miss then
+Per request exactly one of ``hits``, ``misses``, ``rejected`` (bad input),
+``local`` (answered without the cache: ``chat_with_user``) or ``refused`` (turned away
+by a server limit: a full wait queue, a wait past ``limits.queue_timeout_s``, a body
+slower than ``limits.body_timeout_s``; by setting in ``refusals``) counts.  Each miss then
 ends as ``recorded`` (a real or simulated answer, stored), ``failed`` (the real
 API and simulator gave nothing usable; an unrecorded error answer) or
 ``unanswered`` (nothing may fill it: ``replay`` mode or nothing configured).
@@ -16,7 +18,7 @@ from typing import Any
 MAX_TRACKED_APIS = 10_000
 MAX_TRACKED_FAILURES = 200
 _OTHER = "(other)"
-OUTCOMES = ("hits", "misses", "rejected", "local", "recorded", "failed", "unanswered", "store_errors")
+OUTCOMES = ("hits", "misses", "rejected", "local", "refused", "recorded", "failed", "unanswered", "store_errors")
 
 
 class Stats:
@@ -28,6 +30,7 @@ class Stats:
         self.by_source: Counter[str] = Counter()
         self.by_api: dict[str, Counter[str]] = {}
         self.failures: Counter[str] = Counter()
+        self.refusals: Counter[str] = Counter()
 
     def count(self, outcome: str, namespace: str | None = None, source: str | None = None) -> None:
         assert outcome in OUTCOMES, outcome
@@ -42,6 +45,12 @@ class Stats:
                     api = self.by_api.setdefault(key, Counter())
                 api[outcome] += 1
 
+    def count_refusal(self, setting: str) -> None:
+        """A request turned away by a server limit (``setting`` names it) before the layer saw it."""
+        with self._lock:
+            self.counters["refused"] += 1
+            self.refusals[setting] += 1
+
     def count_failure(self, detail: str) -> None:
         with self._lock:
             detail = detail[:200]
@@ -53,10 +62,11 @@ class Stats:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = {
-                "requests": sum(self.counters[k] for k in ("hits", "misses", "rejected", "local")),
+                "requests": sum(self.counters[k] for k in ("hits", "misses", "rejected", "local", "refused")),
             }
             out.update({k: self.counters[k] for k in OUTCOMES})
             out["by_source"] = dict(sorted(self.by_source.items()))
+            out["refusals"] = dict(sorted(self.refusals.items()))
             out["failures"] = dict(self.failures.most_common())
             out["by_api"] = {ns: dict(c) for ns, c in sorted(self.by_api.items())}
             return out

@@ -10,7 +10,7 @@ from hypothesis import settings as hypothesis_settings
 
 from stabletoolbench_mirror.config import Settings, load_settings
 from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.server import create_app
+from stabletoolbench_mirror.server import create_app, uvicorn_options
 
 from tests.helpers.live import UvicornThread
 
@@ -59,7 +59,7 @@ def serve():
     started: list[UvicornThread] = []
 
     def start(settings: Settings, layer: MirrorLayer | None = None) -> UvicornThread:
-        server = UvicornThread(create_app(settings, layer)).__enter__()
+        server = UvicornThread(create_app(settings, layer), **uvicorn_options(settings)).__enter__()
         started.append(server)
         return server
 

@@ -1,8 +1,10 @@
-"""Limits answer overload at once with a clear JSON error instead of queueing without bound."""
+"""Limits make requests over them wait (StableToolBench counts any non-200 as a tool error); only a full
+queue, a wait past its timeout or a stalled client is refused, each with a JSON error naming the setting."""
 
 from __future__ import annotations
 
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,43 +38,164 @@ def post_all(url: str, bodies: list[dict[str, Any]]) -> list[tuple[int, dict[str
         return list(pool.map(one, bodies))
 
 
-def test_per_client_in_flight_limit_refuses_at_once_then_frees(tmp_path: Path, serve, settings_factory) -> None:
+def test_requests_over_the_per_client_limit_wait_for_a_slot(tmp_path: Path, serve, settings_factory) -> None:
+    """StableToolBench's client turns any non-200 into a tool error: over the limit means waiting, not 429."""
     settings = settings_factory(limits={"max_in_flight_per_client": 4})
-    responder = KeyedResponder(delay_s=1.0)
+    responder = KeyedResponder(delay_s=0.5)
     server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[responder]))
     results = post_all(server.url, [payload(i) for i in range(10)])
+    assert [r[0] for r in results] == [200] * 10
+    for i, (_status, body, _elapsed) in enumerate(results):
+        assert body == {"error": "", "response": f"answer for {NS} {{'n': {i}}}"}
+    assert responder.calls == 10 and responder.max_active == 4, "never more than the limit at once"
+    assert max(r[2] for r in results) >= 1.0, "the ones over the limit waited for a slot"
+    stats = requests.get(server.url + "/stats", timeout=5).json()
+    assert stats["refused"] == 0 and stats["recorded"] == 10
+
+
+def _post_from(source_ip: str, url: str, body: dict[str, Any]) -> tuple[int, float]:
+    """One POST from a chosen loopback address (another client, as the server sees it)."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    start = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=30, source_address=(source_ip, 0)) as sock:
+        sock.sendall(f"POST /virtual HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        status = int(sock.recv(65536).split()[1])
+    return status, time.monotonic() - start
+
+
+def test_waiting_is_per_client_another_client_is_not_queued_behind(tmp_path: Path, serve, settings_factory) -> None:
+    settings = settings_factory(limits={"max_in_flight_per_client": 2})
+    server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[KeyedResponder(delay_s=0.6)]))
+    with ThreadPoolExecutor(1) as side:
+        busy = side.submit(post_all, server.url, [payload(i) for i in range(10)])  # 127.0.0.1: 5 rounds of 0.6 s
+        time.sleep(0.3)
+        status, elapsed = _post_from("127.0.0.2", server.url, payload(100))
+        assert status == 200
+        assert elapsed < 1.5, f"another client waited {elapsed:.2f} s behind the busy one"
+        assert [r[0] for r in busy.result()] == [200] * 10
+
+
+def test_a_full_wait_queue_is_refused_at_once_naming_the_setting(tmp_path: Path, serve, settings_factory) -> None:
+    settings = settings_factory(limits={"max_in_flight_per_client": 1, "max_queued_requests": 2})
+    responder = KeyedResponder(delay_s=1.0)
+    server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[responder]))
+    results = post_all(server.url, [payload(i) for i in range(6)])
     ok = [r for r in results if r[0] == 200]
-    refused = [r for r in results if r[0] == 429]
-    assert len(ok) == 4 and len(refused) == 6, [r[0] for r in results]
+    refused = [r for r in results if r[0] == 503]
+    assert len(ok) == 3 and len(refused) == 3, [r[0] for r in results]  # one answered, two waited
     for _status, body, elapsed in refused:
-        assert body == {"error": "too many requests in flight from this client", "response": ""}
-        assert elapsed < 0.9, "a refusal must not wait for the slow requests"
+        assert "limits.max_queued_requests" in body["error"] and body["response"] == ""
+        assert elapsed < 0.9, "a full queue refuses at once"
+    stats = requests.get(server.url + "/stats", timeout=5).json()
+    assert stats["refused"] == 3 and stats["refusals"] == {"limits.max_queued_requests": 3}
+    assert stats["requests"] == 6
     # the slots are given back: the client may send again
-    assert post_all(server.url, [payload(i) for i in range(20, 24)]) and responder.calls == 8
-    assert requests.get(server.url + "/health", timeout=5).status_code == 200
+    assert [r[0] for r in post_all(server.url, [payload(i) for i in range(20, 22)])] == [200, 200]
 
 
-def test_pending_misses_are_bounded_hits_still_served(tmp_path: Path, serve, settings_factory) -> None:
+def test_a_wait_past_the_queue_timeout_is_refused_naming_the_setting(tmp_path: Path, serve, settings_factory) -> None:
+    settings = settings_factory(limits={"max_in_flight_per_client": 1, "queue_timeout_s": 0.5})
+    server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[KeyedResponder(delay_s=2.0)]))
+    results = sorted(post_all(server.url, [payload(1), payload(2)]), key=lambda r: r[2])
+    status, body, elapsed = results[0]
+    assert status == 503 and "limits.queue_timeout_s" in body["error"]
+    assert 0.4 < elapsed < 1.5
+    assert results[1][0] == 200
+
+
+def test_pending_misses_are_bounded_they_wait_and_hits_are_still_served(tmp_path: Path, serve, settings_factory) -> None:
     settings = settings_factory(limits={"max_pending_misses": 3, "max_in_flight_per_client": 100})
     store = DiskcacheStore(tmp_path / "s")
     store.add(Record.from_answer(NS, "{'n': -1}", {"error": "", "response": "cached"}, "imported"), None)
-    server = serve(settings, MirrorLayer(store, responders=[KeyedResponder(delay_s=1.5)], max_pending_misses=3))
+    responder = KeyedResponder(delay_s=0.5)
+    server = serve(settings, MirrorLayer(store, responders=[responder], max_pending_misses=3))
     with ThreadPoolExecutor(1) as side:
         misses = side.submit(post_all, server.url, [payload(i) for i in range(10)])
-        time.sleep(0.5)
+        time.sleep(0.25)
         start = time.monotonic()
         hit = requests.post(server.url + "/virtual", json=payload(-1), timeout=30)
         assert hit.status_code == 200 and hit.json()["response"] == "cached"
-        assert time.monotonic() - start < 0.5, "a hit must not wait behind pending misses"
+        assert time.monotonic() - start < 0.4, "a hit must not wait behind pending misses"
         results = misses.result()
-    recorded = [r for r in results if r[0] == 200]
-    overloaded = [r for r in results if r[0] == 503]
-    assert len(recorded) == 3 and len(overloaded) == 7
-    for _status, body, elapsed in overloaded:
-        assert "overloaded" in body["error"] and body["response"] == ""
-        assert elapsed < 1.0
-    for _status, body, _elapsed in recorded:
-        assert body["error"] == "" and body["response"].startswith("answer for")
+    assert [r[0] for r in results] == [200] * 10
+    assert responder.max_active == 3 and responder.calls == 10
+    for i, (_status, body, _elapsed) in enumerate(results):
+        assert body == {"error": "", "response": f"answer for {NS} {{'n': {i}}}"}
+
+
+def test_a_miss_waiting_past_the_queue_timeout_is_refused(tmp_path: Path, serve, settings_factory) -> None:
+    settings = settings_factory(limits={"max_pending_misses": 1, "max_in_flight_per_client": 100, "queue_timeout_s": 0.5})
+    layer = MirrorLayer.from_settings(settings, store=DiskcacheStore(tmp_path / "s"))
+    layer.responders = [KeyedResponder(delay_s=2.0)]
+    server = serve(settings, layer)
+    results = sorted(post_all(server.url, [payload(1), payload(2)]), key=lambda r: r[2])
+    status, body, elapsed = results[0]
+    assert status == 503 and "limits.max_pending_misses" in body["error"], body
+    assert 0.4 < elapsed < 1.5
+    assert results[1][0] == 200
+
+
+def _stalled_connections(url: str, body: int, headers: int = 0, silent: int = 0) -> list[socket.socket]:
+    """Half-sent requests: a body promised and one byte sent, partial headers, or nothing at all."""
+    host, port = url.removeprefix("http://").split(":")
+    socks = []
+    for sent in [b"POST /virtual HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"] * body + [
+        b"POST /virtual HTTP/1.1\r\nHost: x\r\nContent-Le"
+    ] * headers + [b""] * silent:
+        sock = socket.create_connection((host, int(port)), timeout=30)
+        if sent:
+            sock.sendall(sent)
+        socks.append(sock)
+    return socks
+
+
+def _closed_by_server(sock: socket.socket, within_s: float) -> bool:
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(65536):
+            pass  # an HTTP 408 answer may come first
+        return True
+    except (socket.timeout, TimeoutError):
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_stalled_clients_cannot_lock_an_address_out(tmp_path: Path, serve, settings_factory) -> None:
+    """64 half-sent bodies from 127.0.0.1 (the default per-client limit), plus stalled headers and silent
+    connections: a normal request still gets through, and the server closes them all."""
+    timeout = 2.0
+    settings = settings_factory(limits={"header_timeout_s": timeout, "body_timeout_s": timeout})
+    server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[KeyedResponder()]))
+    socks = _stalled_connections(server.url, body=64, headers=8, silent=8)
+    try:
+        time.sleep(0.2)
+        start = time.monotonic()
+        r = requests.post(server.url + "/virtual", json=payload(1), timeout=30)
+        assert r.status_code == 200 and r.json()["response"] == f"answer for {NS} {{'n': 1}}"
+        # stalled bodies hold no slot at all (the body is read before a slot is taken): no wait for the timeout
+        assert time.monotonic() - start < timeout / 2
+        # and every stalled connection is closed by the server once its timeout has passed
+        deadline = time.monotonic() + timeout + 2.0
+        for sock in socks:
+            assert _closed_by_server(sock, max(0.05, deadline - time.monotonic())), "a stalled connection was left open"
+    finally:
+        for sock in socks:
+            sock.close()
+    stats = requests.get(server.url + "/stats", timeout=5).json()
+    assert stats["refusals"] == {"limits.body_timeout_s": 64}  # the ones that had sent their headers
+
+
+def test_a_stalled_body_gets_408_naming_the_setting(serve, settings_factory) -> None:
+    server = serve(settings_factory(limits={"body_timeout_s": 0.5}))
+    (sock,) = _stalled_connections(server.url, body=1)
+    with sock:
+        sock.settimeout(5)
+        answer = sock.recv(65536)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
+    assert json.loads(body) == {"error": "the request body did not arrive within 0.5 s (limits.body_timeout_s)", "response": ""}
 
 
 def test_body_size_limit_is_configurable(serve, settings_factory) -> None:

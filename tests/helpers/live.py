@@ -20,13 +20,13 @@ def free_port() -> int:
 class UvicornThread:
     """Runs an ASGI app with uvicorn on 127.0.0.1 in a background thread."""
 
-    def __init__(self, app: Any, port: int | None = None, *, lifespan: str = "on", force_exit: bool = False) -> None:
+    def __init__(self, app: Any, port: int | None = None, *, lifespan: str = "on", force_exit: bool = False, **uvicorn_options: Any) -> None:
         """``force_exit`` abandons open connections on exit (scripted servers that hang on purpose)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.force_exit = force_exit
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=1
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=1, **uvicorn_options
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

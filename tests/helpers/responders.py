@@ -28,13 +28,22 @@ class KeyedResponder:
         self.delay_s = delay_s
         self.origin = origin
         self.calls = 0
+        self.active = 0
+        self.max_active = 0
+        """The most calls answered at once."""
         self._lock = threading.Lock()
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
         with self._lock:
             self.calls += 1
-        if self.delay_s:
-            time.sleep(self.delay_s)
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+        finally:
+            with self._lock:
+                self.active -= 1
         return Attempt(expected_answer(call.namespace, call.key), self.origin)
 
     def close(self) -> None:
