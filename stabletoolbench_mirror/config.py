@@ -126,6 +126,12 @@ class SimulatorConfig(_Section):
         return [self.api_base] if isinstance(self.api_base, str) else list(self.api_base)
 
 
+class RecordConfig(_Section):
+    retry_failures: bool = True
+    """In ``record`` mode, try a call whose record is a failure record again; a usable answer replaces it.
+    ``false``: serve failure records as recorded.  ``replay`` mode never retries."""
+
+
 class LimitsConfig(_Section):
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     """Largest accepted ``/virtual`` body; larger ones get HTTP 413."""
@@ -161,6 +167,7 @@ class Settings(_Section):
     real: RealConfig = Field(default_factory=RealConfig)
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    record: RecordConfig = Field(default_factory=RecordConfig)
     workers: int = Field(default=1, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     base_dir: str = Field(default=".", exclude=True)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -22,6 +23,7 @@ from .records import Record
 from .responders import Attempt, Responder
 from .singleflight import SingleFlight
 from .stats import Stats
+from .store_health import StoreHealth
 from .stores import FrozenCache, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,9 @@ class Outcome:
 
     body: str
     kind: str
-    """``hit``, ``recorded``, ``failed``, ``unanswered``, ``local``, ``rejected``, ``overloaded`` or ``store_error``."""
+    """``hit``, ``recorded``, ``replaced`` (a usable answer replaced a failure record), ``failed``,
+    ``unrecorded`` (an answer served that the store could not record), ``unanswered``, ``local``,
+    ``rejected``, ``overloaded`` or ``store_error``."""
     status: int = 200
     source: str | None = None
     """For ``hit`` and ``recorded``: ``real``, ``simulated`` or ``imported``."""
@@ -57,6 +61,7 @@ class MirrorLayer:
         frozen: Sequence[FrozenCache] = (),
         responders: Sequence[Responder] = (),
         save: bool = True,
+        retry_failures: bool = True,
         max_pending_misses: int = 256,
         pending_timeout_s: float = 600.0,
         stats: Stats | None = None,
@@ -68,7 +73,9 @@ class MirrorLayer:
         self.frozen = list(frozen)
         self.responders = list(responders)
         self.save = save
+        self.retry_failures = retry_failures
         self.stats = stats or Stats()
+        self.health = StoreHealth()
         self._flight: SingleFlight[Outcome] = SingleFlight()
         self._pending = threading.BoundedSemaphore(max_pending_misses)
         self.pending_timeout_s = pending_timeout_s
@@ -83,6 +90,7 @@ class MirrorLayer:
             frozen=[FrozenCache(settings.resolve(p)) for p in settings.frozen_caches],
             responders=build_responders(settings),
             save=settings.save,
+            retry_failures=settings.record.retry_failures,
             max_pending_misses=settings.limits.max_pending_misses,
             pending_timeout_s=settings.limits.queue_timeout_s,
         )
@@ -139,7 +147,7 @@ class MirrorLayer:
             record = self.lookup(call)
         except StoreError:
             return None
-        if record is None:
+        if record is None or self.retries(record):
             return None
         return self._hit(call, record)
 
@@ -156,19 +164,42 @@ class MirrorLayer:
             record = await self._lookup_async(call)
         except StoreError:
             return None
-        if record is None:
+        if record is None or self.retries(record):
             return None
         return self._hit(call, record)
 
+    @property
+    def fills(self) -> bool:
+        """Whether a miss may be answered by the real API or the simulator (``record`` mode, with one configured)."""
+        return self.mode == "record" and bool(self.responders)
+
+    def retries(self, record: Record) -> bool:
+        """Whether ``record`` is a failure record this layer tries again (``record.retry_failures``)."""
+        return record.is_failure and self.retry_failures and self.fills
+
+    def settled(self, call: ToolCall) -> bool:
+        """Whether the cache holds an answer for ``call`` that ``record`` mode would not try again
+        (``warm`` skips those calls): a usable answer, or a failure record without ``retry_failures``."""
+        record = self.lookup(call)
+        return record is not None and not (record.is_failure and self.retry_failures)
+
     def handle_call(self, call: ToolCall) -> Outcome:
-        """Answer ``call``: the cache, else the real API and the simulator (single flight), recorded."""
+        """Answer ``call``: the cache, else the real API and the simulator (single flight), recorded.
+
+        A failure record is served like any record, except in ``record`` mode with
+        ``retry_failures``, where the call is tried again.  When the store cannot be read or
+        written, a miss that a responder answers is still served (``unrecorded``).
+        """
         try:
             record = self.lookup(call)
         except StoreError as exc:
-            return self._store_error(call, exc)
-        if record is not None:
+            if not self.fills:
+                return self._store_error(call, exc)
+            self.health.failed("read", exc, unrecorded=False)
+            record = None
+        if record is not None and not self.retries(record):
             return self._hit(call, record)
-        self.stats.count("misses", call.namespace)
+        self.stats.count("retries" if record is not None else "misses", call.namespace)
         if self.mode == "replay" or not self.responders:
             reason = "replay mode" if self.mode == "replay" else "no real API or simulator configured"
             log.info("miss %s key=%s (%s)", call.namespace, call.key[:500], reason)
@@ -194,34 +225,47 @@ class MirrorLayer:
     def lookup(self, call: ToolCall) -> Record | None:
         """The cached record of ``call``: exact upstream key first, then the canonical key.
 
-        In each step the store comes before the frozen caches (in their listed order).
+        In each step the store comes before the frozen caches (in their listed order).  The first
+        usable answer wins; a failure record is returned only when no tier has a usable answer
+        for the call, so a failure never hides an answer recorded for the same call.
         """
-        return (
-            self.store.get(call.namespace, call.key)
-            or self._frozen_exact(call)
-            or self.store.get_canonical(call.namespace, call.canonical)
-            or self._frozen_canonical(call)
-        )
+        record = self.store.get(call.namespace, call.key) or self._frozen_exact(call)
+        if record is not None and not record.is_failure:
+            return record
+        return _prefer_answer(record, self._canonical(call, self.store.get_canonical(call.namespace, call.canonical)))
 
     async def _lookup_async(self, call: ToolCall) -> Record | None:
         """:meth:`lookup` with the store read through its async client (same order)."""
-        return (
-            await self.store.aget(call.namespace, call.key)
-            or self._frozen_exact(call)
-            or await self.store.aget_canonical(call.namespace, call.canonical)
-            or self._frozen_canonical(call)
-        )
+        record = await self.store.aget(call.namespace, call.key) or self._frozen_exact(call)
+        if record is not None and not record.is_failure:
+            return record
+        return _prefer_answer(record, self._canonical(call, await self.store.aget_canonical(call.namespace, call.canonical)))
+
+    def _canonical(self, call: ToolCall, stored: Record | None) -> Record | None:
+        if stored is not None and not stored.is_failure:
+            return stored
+        return _prefer_answer(stored, self._frozen_canonical(call))
 
     def _frozen_exact(self, call: ToolCall) -> Record | None:
-        return next((r for f in self.frozen if (r := f.get(call.namespace, call.key)) is not None), None)
+        found: Record | None = None
+        for frozen in self.frozen:
+            found = _prefer_answer(found, frozen.get(call.namespace, call.key))
+            if found is not None and not found.is_failure:
+                break
+        return found
 
     def _frozen_canonical(self, call: ToolCall) -> Record | None:
-        return next((r for f in self.frozen if (r := f.get_canonical(call.namespace, call.canonical)) is not None), None)
+        found: Record | None = None
+        for frozen in self.frozen:
+            found = _prefer_answer(found, frozen.get_canonical(call.namespace, call.canonical))
+            if found is not None and not found.is_failure:
+                break
+        return found
 
     def examples(self, call: ToolCall, limit: int = 20) -> list[Record]:
         """Cached answers of the same API, for few-shot simulators: the store's, then the frozen caches'."""
         try:
-            found = list(self.store.sample(call.namespace, limit))
+            found = [r for r in self.store.sample(call.namespace, limit) if not r.is_failure]
         except StoreError:
             found = []
         for frozen in self.frozen:
@@ -235,15 +279,31 @@ class MirrorLayer:
         # one); whoever waited on it then finds the answer by the re-lookup in _fill_locked
         if not self.save:
             return self._fill_locked(call)
-        with self.store.flight_lock(call.namespace, call.canonical):
+        try:
+            lock = self.store.flight_lock(call.namespace, call.canonical)
+            lock.__enter__()
+        except StoreError as exc:
+            # the store is away: answer without the cross-process lock (and without recording)
+            self.health.failed("lock", exc, unrecorded=False)
             return self._fill_locked(call)
+        try:
+            return self._fill_locked(call)
+        finally:
+            lock.__exit__(None, None, None)
 
     def _fill_locked(self, call: ToolCall) -> Outcome:
         # another request (or process) may have recorded it while this one waited
-        record = self.lookup(call)
-        if record is not None:
+        try:
+            record = self.lookup(call)
+        except StoreError as exc:
+            self.health.failed("read", exc, unrecorded=False)
+            record = None
+        if record is not None and not self.retries(record):
             return _served(record, "hit")
+        failure = record
         fallback: Any = None
+        fallback_by: tuple[str, str] | None = None
+        tried: list[tuple[str, str, str]] = []
         examples: list[Record] | None = None
         for responder in self.responders:
             if examples is None:
@@ -257,24 +317,81 @@ class MirrorLayer:
             if attempt.answer is None:
                 log.info("%s gave no usable answer for %s: %s", responder.source, call.namespace, attempt.detail)
                 self.stats.count_failure(f"{responder.source}: {attempt.detail}")
-                if attempt.fallback is not None:
-                    fallback = attempt.fallback
+                tried.append((responder.source, attempt.origin, attempt.detail))
+                if attempt.fallback is not None and protocol.is_encodable(attempt.fallback):
+                    fallback, fallback_by = attempt.fallback, (responder.source, attempt.origin)
                 continue
             record = Record.from_answer(call.namespace, call.key, attempt.answer, responder.source, attempt.origin)
-            if self.save:
+            if failure is not None and failure.key == call.key and not failure.origin.startswith("frozen:"):
+                # the store's failure record of this very key: the answer replaces it, keeping its provenance
+                return self._record(call, dataclasses.replace(record, replaced=failure.provenance()), "replaced")
+            return self._record(call, record, "recorded")
+        return self._failed(call, failure, fallback, fallback_by, tried)
+
+    def _record(self, call: ToolCall, record: Record, kind: str) -> Outcome:
+        """Store a usable answer (unless ``save`` is off) and serve what the store holds for the key."""
+        if not self.save:
+            kind = "recorded"
+        else:
+            try:
                 if not self.store.add(record, call.canonical):
                     # someone else recorded first: everyone serves that one
                     record = self.store.get(call.namespace, call.key) or record
-            self.stats.count("recorded", call.namespace, record.source)
-            return _served(record, "recorded")
+                    kind = "recorded"
+                self.health.succeeded("write")
+            except StoreError as exc:
+                self.health.failed("write", exc, unrecorded=True)
+                kind = "unrecorded"
+        if kind == "replaced":
+            log.info("a usable answer replaced the failure record of %s key=%s", call.namespace, call.key[:200])
+            self.stats.count("replaced", call.namespace)
+        self.stats.count("recorded" if kind != "unrecorded" else "unrecorded", call.namespace, record.source)
+        return _served(record, kind)
+
+    def _failed(
+        self, call: ToolCall, failure: Record | None, fallback: Any, fallback_by: tuple[str, str] | None, tried: list[tuple[str, str, str]]
+    ) -> Outcome:
+        """No usable answer: serve (and record) a failure.
+
+        A failure record found for the call is served again unchanged (so the run replays
+        exactly what it saw); otherwise the fallback answer (else the miss error) is served and
+        recorded as a new failure record.
+        """
         self.stats.count("failed", call.namespace)
+        if failure is not None:
+            return Outcome(failure.body, "failed", source=failure.source, origin=failure.origin, failure=True)
         if fallback is None:
             fallback = protocol.miss_answer(call.namespace, "the real API and the simulator gave no usable answer")
-        return Outcome(protocol.encode_answer(fallback), "failed", failure=True)
+        if fallback_by is not None:
+            source, origin = fallback_by
+        else:
+            source, origin = (tried[-1][0], tried[-1][1]) if tried else ("simulated", "")
+        reason = "; ".join(f"{src}: {detail}" for src, _origin, detail in tried) or "no responder answered"
+        record = Record.failure(
+            call.namespace, call.key, fallback, source, origin,  # type: ignore[arg-type]
+            reason=reason, tried=tuple(f"{src}:{org}" for src, org, _detail in tried),
+        )
+        if self.save:
+            try:
+                if not self.store.add(record, call.canonical):
+                    stored = self.store.get(call.namespace, call.key)
+                    if stored is not None and not stored.is_failure:
+                        # a usable answer was recorded meanwhile (another process): serve it
+                        return _served(stored, "hit")
+                    record = stored or record
+                else:
+                    self.stats.count("failure_records", call.namespace)
+                self.health.succeeded("write")
+            except StoreError as exc:
+                self.health.failed("write", exc, unrecorded=True)
+                self.stats.count("unrecorded", call.namespace)
+        return Outcome(record.body, "failed", source=record.source, origin=record.origin, failure=True)
 
     def _hit(self, call: ToolCall, record: Record) -> Outcome:
         """A counted cache hit."""
         self.stats.count("hits", call.namespace, record.source)
+        if record.is_failure:
+            self.stats.count("failure_hits", call.namespace)
         return _served(record, "hit")
 
     def _store_error(self, call: ToolCall, exc: StoreError) -> Outcome:
@@ -286,6 +403,15 @@ class MirrorLayer:
         for responder in self.responders:
             responder.close()
         self.store.close()
+
+
+def _prefer_answer(first: Record | None, second: Record | None) -> Record | None:
+    """``first`` unless it is missing or a failure record and ``second`` is something better."""
+    if first is None:
+        return second
+    if first.is_failure and second is not None and not second.is_failure:
+        return second
+    return first
 
 
 def _served(record: Record, kind: str) -> Outcome:

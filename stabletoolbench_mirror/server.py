@@ -270,9 +270,10 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        # "degraded" while the store cannot be read or written (answers are served unrecorded)
         return JSONResponse(
             {
-                "status": "ok",
+                **layer.health.report(),
                 "version": __version__,
                 "mode": layer.mode,
                 "store": layer.store.kind,

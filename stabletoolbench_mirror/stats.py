@@ -1,12 +1,16 @@
 """Counters behind ``GET /stats`` and ``cache stats``.
 
-Per request exactly one of ``hits``, ``misses``, ``rejected`` (bad input),
+Per request exactly one of ``hits``, ``misses``, ``retries`` (a failure record tried again
+in ``record`` mode), ``rejected`` (bad input),
 ``local`` (answered without the cache: ``chat_with_user``) or ``refused`` (turned away
 by a server limit: a full wait queue, a wait past ``limits.queue_timeout_s``, a body
 slower than ``limits.body_timeout_s``; by setting in ``refusals``) counts.  Each miss then
-ends as ``recorded`` (a real or simulated answer, stored), ``failed`` (the real
-API and simulator gave nothing usable; an unrecorded error answer) or
+ends as ``recorded`` (a real or simulated answer, stored), ``unrecorded`` (an answer
+served that the store could not record), ``failed`` (the real API and simulator gave
+nothing usable; the error answer served is recorded as a failure record) or
 ``unanswered`` (nothing may fill it: ``replay`` mode or nothing configured).
+Besides: ``failure_hits`` (hits that served a failure record), ``failure_records`` (new
+failure records written), ``replaced`` (retries whose usable answer replaced a failure record).
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from typing import Any
 MAX_TRACKED_APIS = 10_000
 MAX_TRACKED_FAILURES = 200
 _OTHER = "(other)"
-OUTCOMES = ("hits", "misses", "rejected", "local", "refused", "recorded", "failed", "unanswered", "store_errors")
+OUTCOMES = (
+    "hits", "misses", "retries", "rejected", "local", "refused", "recorded", "failed", "unrecorded", "unanswered", "store_errors",
+    "failure_hits", "failure_records", "replaced",
+)
 
 
 class Stats:
@@ -62,7 +69,7 @@ class Stats:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = {
-                "requests": sum(self.counters[k] for k in ("hits", "misses", "rejected", "local", "refused")),
+                "requests": sum(self.counters[k] for k in ("hits", "misses", "retries", "rejected", "local", "refused")),
             }
             out.update({k: self.counters[k] for k in OUTCOMES})
             out["by_source"] = dict(sorted(self.by_source.items()))

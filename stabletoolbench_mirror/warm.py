@@ -261,7 +261,7 @@ def _split(layer: MirrorLayer, plan: WarmPlan) -> tuple[dict[str, SourceCounts],
     todo: list[WarmItem] = []
     for item in plan.items:
         try:
-            cached = layer.lookup(item.call) is not None
+            cached = layer.settled(item.call)
         except StoreError as exc:
             raise WarmInputError(f"the store cannot be read: {exc}") from None
         if cached:
@@ -306,7 +306,9 @@ def _handle(handle: Handler, call: ToolCall) -> tuple[str | None, str]:
     except Exception as exc:  # noqa: BLE001 - one bad call must not end the run
         log.exception("warming %s failed", call.namespace)
         return None, f"error: {type(exc).__name__}: {exc}"
-    return outcome.kind, "" if outcome.kind in ("recorded", "hit") else _reason(outcome)
+    # a failure record (new or served again) is a failed call: listed, to be warmed again
+    kind = "failed" if outcome.failure else "recorded" if outcome.kind == "replaced" else outcome.kind
+    return kind, "" if kind in ("recorded", "hit") else _reason(outcome)
 
 
 def run_warm(
@@ -684,7 +686,7 @@ def _nothing_to_do(layer: MirrorLayer, plan: WarmPlan) -> WarmPlan:
     """``--dry-run``: count what is cached; report the rest as to do without calling anything."""
     dry = WarmPlan(counts={s: SourceCounts(**vars(c)) for s, c in plan.counts.items()}, skipped=list(plan.skipped))
     for item in plan.items:
-        if layer.lookup(item.call) is not None:
+        if layer.settled(item.call):
             dry.items.append(item)
     return dry
 

@@ -119,3 +119,189 @@ def test_a_frozen_answer_takes_the_canonical_key_from_a_frozen_failure(tmp_path:
     canonical = canonical_from_upstream_key("{'a': 1, 'b': 2}")
     assert frozen.get_canonical(NS, canonical).answer == {"error": "", "response": "ok"}  # type: ignore[union-attr]
     assert frozen.get(NS, "{'a': 1, 'b': 2}").is_failure  # type: ignore[union-attr]
+
+
+# -- over real HTTP: a scripted simulator that fails for a fixed subset of calls ----------------
+
+import re  # noqa: E402
+import threading  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import requests  # noqa: E402
+
+from tests.helpers.openai_stub import OpenAIStub, Reply  # noqa: E402
+
+CALLS = 16
+UNPARSABLE = {2, 5, 9}  # MirrorAPI's non-JSON output: served "Failed to generate fake response"
+ERROR_TEXT = {12}  # a parsed answer the validity rules reject (issue 10 item 10)
+FAILING = UNPARSABLE | ERROR_TEXT
+API_NS = "Data/flaky_for_Data/lookup"
+
+
+def call(n: int) -> dict[str, Any]:
+    return {"category": "Data", "tool_name": "Flaky", "api_name": "lookup", "tool_input": json.dumps({"n": n}), "strip": "", "toolbench_key": ""}
+
+
+class ScriptedSimulator:
+    """Answers call n with a valid answer, except for the failing subset while ``broken``."""
+
+    def __init__(self) -> None:
+        self.broken = True
+        self.asked: list[int] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        n = int(re.findall(r"'n': (\d+)", body["messages"][-1]["content"])[-1])
+        with self._lock:
+            self.asked.append(n)
+        if self.broken and n in UNPARSABLE:
+            return Reply(content="Sure! The lookup found several things, I think.")
+        if self.broken and n in ERROR_TEXT:
+            return Reply(content=json.dumps({"error": "Rate limit exceeded", "response": ""}))
+        return Reply(content=json.dumps({"error": "", "response": f"value of {n}"}))
+
+
+@pytest.fixture
+def simulator():
+    script = ScriptedSimulator()
+    with OpenAIStub(script) as stub:
+        yield script, stub
+
+
+def record_settings(settings_factory, stub: OpenAIStub, **extra: Any):
+    sim = {"enabled": True, "api_base": stub.api_base, "max_retries": 0, "read_timeout_s": 10}
+    return settings_factory(simulator=sim, **extra)
+
+
+def run(server, calls=range(CALLS)) -> dict[int, bytes]:
+    session = requests.Session()
+    out = {}
+    for n in calls:
+        r = session.post(server.url + "/virtual", json=call(n), timeout=30)
+        assert r.status_code == 200, r.text
+        out[n] = r.content
+    return out
+
+
+def server_stats(server) -> dict[str, Any]:
+    return requests.get(server.url + "/stats", timeout=10).json()
+
+
+def test_record_snapshot_replay_every_observation_identical_failures_included(simulator, serve, settings_factory, tmp_path: Path) -> None:
+    script, stub = simulator
+    recorder = serve(record_settings(settings_factory, stub))
+    first = run(recorder)
+    assert json.loads(first[2]) == {"error": "Failed to generate fake response", "response": ""}
+    assert json.loads(first[12]) == {"error": "Rate limit exceeded", "response": ""}  # served as the model wrote it
+    assert json.loads(first[0]) == {"error": "", "response": "value of 0"}
+    s = server_stats(recorder)
+    assert (s["misses"], s["recorded"], s["failed"], s["failure_records"]) == (CALLS, CALLS - len(FAILING), len(FAILING), len(FAILING))
+    with DiskcacheStore(tmp_path / "store") as store:
+        failures = {r.key: r for r in store if r.is_failure}
+    assert set(failures) == {f"{{'n': {n}}}" for n in FAILING}
+    assert failures["{'n': 2}"].reason == "simulated: simulator output not parsable" and failures["{'n': 2}"].tried == ("simulated:MirrorAPI",)
+    assert "invalid simulated answer" in failures["{'n': 12}"].reason
+
+    snap = tmp_path / "snap"
+    result = cli("snapshot", str(snap), "--store-path", str(tmp_path / "store"), "-q", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((snap / "manifest.json").read_text())["failures"] == len(FAILING)
+
+    # a replay server from the snapshot alone (a fresh, empty store): every observation identical
+    replayer = serve(settings_factory(mode="replay", frozen_caches=[str(snap)], store={"kind": "diskcache", "path": str(tmp_path / "empty")}))
+    asked = len(script.asked)
+    assert run(replayer) == first
+    assert len(script.asked) == asked  # replay asks nobody
+    s = server_stats(replayer)
+    assert s["hits"] == CALLS and s["failure_hits"] == len(FAILING) and s["misses"] == 0
+
+    # check reports identical answers and identical failures apart
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text("".join(json.dumps({"payload": call(n), "observed": json.loads(first[n])}) + "\n" for n in range(CALLS)))
+    report = tmp_path / "report.json"
+    checked = cli("check", "--calls", str(calls), "--url", replayer.url, "--json", str(report), cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"identical: {CALLS - len(FAILING)} answers, {len(FAILING)} failures" in checked.stdout
+    assert json.loads(report.read_text())["totals"] == {"identical": CALLS, "identical_failure": len(FAILING), "different": 0, "miss": 0}
+
+    # and --exclude-failures leaves exactly the failing calls out
+    clean = tmp_path / "clean"
+    assert cli("snapshot", str(clean), "--exclude-failures", "--store-path", str(tmp_path / "store"), "-q", cwd=tmp_path).returncode == 0
+    assert set(tree(clean)[API_NS]) == {f"{{'n': {n}}}" for n in range(CALLS) if n not in FAILING}
+
+
+def test_retry_false_serves_failures_unchanged_retry_true_replaces_them(simulator, serve, settings_factory, tmp_path: Path) -> None:
+    script, stub = simulator
+    first = run(serve(record_settings(settings_factory, stub)))
+    script.broken = False  # the simulator works now
+    asked = len(script.asked)
+
+    kept = serve(record_settings(settings_factory, stub, record={"retry_failures": False}))
+    assert run(kept) == first
+    assert len(script.asked) == asked
+    assert server_stats(kept)["retries"] == 0
+
+    retrying = serve(record_settings(settings_factory, stub))
+    second = run(retrying)
+    assert sorted(script.asked[asked:]) == sorted(FAILING)  # only the failures were asked again, once each
+    for n in range(CALLS):
+        assert json.loads(second[n]) == {"error": "", "response": f"value of {n}"}
+        if n not in FAILING:
+            assert second[n] == first[n]
+    s = server_stats(retrying)
+    assert (s["retries"], s["replaced"], s["hits"], s["failed"]) == (len(FAILING), len(FAILING), CALLS - len(FAILING), 0)
+    assert run(retrying) == second  # now hits
+    with DiskcacheStore(tmp_path / "store") as store:
+        replaced = {r.key: r for r in store if r.replaced is not None}
+        assert not any(r.is_failure for r in store)
+    assert set(replaced) == {f"{{'n': {n}}}" for n in FAILING}
+    kept_provenance = replaced["{'n': 2}"].replaced
+    assert kept_provenance["body"] == first[2].decode() and kept_provenance["reason"] == "simulated: simulator output not parsable"
+    stats = json.loads(cli("cache", "stats", "--json", "--store-path", str(tmp_path / "store"), cwd=tmp_path).stdout)
+    assert stats["failure_records"] == 0 and stats["replaced_failures"] == len(FAILING)
+
+
+def test_a_retry_that_fails_again_serves_the_recorded_failure(simulator, serve, settings_factory, tmp_path: Path) -> None:
+    script, stub = simulator
+    first = run(serve(record_settings(settings_factory, stub)), FAILING)
+    again = serve(record_settings(settings_factory, stub))
+    assert run(again, FAILING) == first
+    s = server_stats(again)
+    assert (s["retries"], s["failed"], s["replaced"], s["failure_records"]) == (len(FAILING), len(FAILING), 0, 0)
+
+
+def test_a_failure_never_hides_a_usable_answer_for_the_same_call(simulator, serve, settings_factory, tmp_path: Path) -> None:
+    """Exact vs canonical keys and frozen tiers: a failure record loses to any usable answer for the call."""
+    script, stub = simulator
+    spelled = {"category": "Data", "tool_name": "Flaky", "api_name": "lookup", "tool_input": '{"n": 2, "k": 1}'}
+    other = dict(spelled, tool_input='{"k": 1, "n": 2}')  # the same call (canonical key), another upstream key
+    spaced = dict(spelled, tool_input='{ "k" : 1 , "n" : 2 }')  # the same upstream key as `other`
+    typed = dict(spelled, tool_input='{"n": 2, "k": 1.0}')  # another call: types matter
+    failed = serve(record_settings(settings_factory, stub)).post(spelled).json()
+    assert failed["error"] == "Failed to generate fake response"
+    script.broken = False
+    # retries off: the other spelling finds the failure by its canonical key and gets it as recorded
+    assert serve(record_settings(settings_factory, stub, record={"retry_failures": False})).post(other).json() == failed
+    # retries on: it is tried again; its answer is recorded under its own key and takes the canonical key
+    good = serve(record_settings(settings_factory, stub)).post(other).json()
+    assert good == {"error": "", "response": "value of 2"}
+    with DiskcacheStore(tmp_path / "store") as store:
+        assert store.get(API_NS, "{'n': 2, 'k': 1}").is_failure  # type: ignore[union-attr]
+    # from now on no spelling of the call is answered with the failure, not even its own exact key
+    replayer = serve(settings_factory(mode="replay"))
+    for body in (spelled, other, spaced):
+        assert replayer.post(body).json() == good
+    assert replayer.post(typed).json()["error"] == "API not working error..."  # a miss, not another call's answer
+    assert requests.get(replayer.url + "/stats", timeout=10).json()["failure_hits"] == 0
+
+    # a frozen tier's usable answer wins over a failure record in the store for the same key
+    script.broken = True
+    second_store = {"kind": "diskcache", "path": str(tmp_path / "store2")}
+    assert serve(record_settings(settings_factory, stub, store=second_store)).post(spelled).json() == failed
+    frozen = tmp_path / "frozen" / "Data" / "flaky_for_Data"
+    frozen.mkdir(parents=True)
+    (frozen / "lookup.json").write_text(json.dumps({"{'n': 2, 'k': 1}": {"error": "", "response": "frozen answer"}}))
+    with_frozen = serve(settings_factory(mode="replay", store=second_store, frozen_caches=[str(tmp_path / "frozen")]))
+    assert with_frozen.post(spelled).json() == {"error": "", "response": "frozen answer"}
+    assert serve(settings_factory(mode="replay", store=second_store)).post(spelled).json() == failed
