@@ -192,6 +192,7 @@ class MirrorLayer:
         """
         try:
             record = self.lookup(call)
+            self.health.succeeded("read")
         except StoreError as exc:
             if not self.fills:
                 return self._store_error(call, exc)
@@ -282,6 +283,7 @@ class MirrorLayer:
         try:
             lock = self.store.flight_lock(call.namespace, call.canonical)
             lock.__enter__()
+            self.health.succeeded("lock")
         except StoreError as exc:
             # the store is away: answer without the cross-process lock (and without recording)
             self.health.failed("lock", exc, unrecorded=False)
