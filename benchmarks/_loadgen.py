@@ -49,6 +49,27 @@ def _request_bytes(host: str, port: int, path: str, body: bytes, headers: dict[s
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, payload: bytes, result: LoadResult) -> None:
+    """One request and its response on a keep-alive connection, recorded in ``result``."""
+    start = time.perf_counter()
+    writer.write(payload)
+    status_line = await reader.readline()
+    length = 0
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b""):
+            break
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.lower() == "content-length":
+            length = int(value.strip())
+    await reader.readexactly(length)
+    result.latencies_s.append(time.perf_counter() - start)
+    status = int(status_line.split()[1]) if status_line else 0
+    result.statuses[status] = result.statuses.get(status, 0) + 1
+    if status != 200:
+        result.errors += 1
+
+
 async def _one_connection(host: str, port: int, path: str, bodies: Callable[[int], bytes], deadline: float,
                           max_requests: int, result: LoadResult, worker: int, headers: dict[str, str]) -> None:
     reader, writer = await asyncio.open_connection(host, port)
@@ -57,23 +78,7 @@ async def _one_connection(host: str, port: int, path: str, bodies: Callable[[int
         while time.perf_counter() < deadline and n < max_requests:
             payload = _request_bytes(host, port, path, bodies(worker * 1_000_003 + n), headers)
             n += 1
-            start = time.perf_counter()
-            writer.write(payload)
-            status_line = await reader.readline()
-            length = 0
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b""):
-                    break
-                name, _, value = line.decode("latin-1").partition(":")
-                if name.lower() == "content-length":
-                    length = int(value.strip())
-            await reader.readexactly(length)
-            result.latencies_s.append(time.perf_counter() - start)
-            status = int(status_line.split()[1]) if status_line else 0
-            result.statuses[status] = result.statuses.get(status, 0) + 1
-            if status != 200:
-                result.errors += 1
+            await _exchange(reader, writer, payload, result)
     except (ConnectionError, asyncio.IncompleteReadError, OSError):
         result.errors += 1
     finally:
@@ -106,3 +111,33 @@ def run_load(url: str, bodies: Callable[[int], bytes], *, concurrency: int, dura
 def json_bodies(payloads: Sequence[dict]) -> Callable[[int], bytes]:
     encoded = [json.dumps(p).encode() for p in payloads]
     return lambda i: encoded[i % len(encoded)]
+
+
+
+def run_list(url: str, bodies: Sequence[bytes], *, concurrency: int, headers: dict[str, str] | None = None) -> LoadResult:
+    """Send each of ``bodies`` once, over ``concurrency`` keep-alive connections that take the next one in turn."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host, port, path = parts.hostname or "127.0.0.1", parts.port or 80, parts.path or "/"
+    assert host in ("127.0.0.1", "localhost", "::1"), "load only ever goes to loopback"
+    result = LoadResult()
+    todo = iter(bodies)
+
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            for body in todo:
+                await _exchange(reader, writer, _request_bytes(host, port, path, body, headers or {}), result)
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            result.errors += 1
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        start = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+        result.elapsed_s = time.perf_counter() - start
+
+    asyncio.run(main())
+    return result

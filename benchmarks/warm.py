@@ -28,7 +28,7 @@ from _procs import free_port, process, stub_args  # noqa: E402
 from stabletoolbench_mirror.config import load_settings  # noqa: E402
 from stabletoolbench_mirror.warm import (  # noqa: E402
     WarmPlan,
-    add_query_sources,
+    add_queries,
     default_processes,
     run_warm,
     run_warm_processes,
@@ -54,7 +54,7 @@ def run_point(queries: Path, api_base: str, concurrency: int, processes: int | N
         )
         settings = warm_settings(settings, concurrency)
         plan = WarmPlan()
-        add_query_sources(plan, [str(queries)], include_optional=False)
+        add_queries(plan, [str(queries)], include_optional=False)
         if processes > 1:
             report = run_warm_processes(settings, plan, concurrency=concurrency, processes=processes, progress=False)
         else:

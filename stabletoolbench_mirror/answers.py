@@ -22,9 +22,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
-from .queries import ApiRef, QueryFileError, iter_json_files, read_json_file
+from .queries import ApiRef, FunctionIndex, QueryFileError, iter_json_files, read_json_file
 
 FINISH = "Finish"
 DEFAULT_MAX_OBSERVATION_LENGTH = 1024
@@ -40,7 +40,8 @@ class AnswerCall:
     observation: str | None
     """What the agent saw, when the file records it."""
     query_id: str | None
-    origin: str
+    location: str
+    """``file:path.in.file``: where the call is recorded."""
 
 
 def observation_text(answer: Any, max_length: int = DEFAULT_MAX_OBSERVATION_LENGTH) -> str:
@@ -124,7 +125,7 @@ def _message_calls(messages: Any, where: str, out: list[tuple[str, str, str | No
             out.append((fn["name"], args, observation, f"{where}[{i}]"))
 
 
-def calls_in_answer(data: Any, *, query_id: str | None = None, origin: str = "") -> list[AnswerCall]:
+def calls_in_answer(data: Any, *, query_id: str | None = None, location: str = "") -> list[AnswerCall]:
     """Every distinct tool call recorded in one decoded answer file (``Finish`` excluded), in file order."""
     if not isinstance(data, dict):
         raise ValueError("not an answer file (expected a JSON object)")
@@ -148,7 +149,7 @@ def calls_in_answer(data: Any, *, query_id: str | None = None, origin: str = "")
         if ident in seen:
             continue
         seen.add(ident)
-        calls.append(AnswerCall(function, arguments, observation, query_id, f"{origin}:{where}" if origin else where))
+        calls.append(AnswerCall(function, arguments, observation, query_id, f"{location}:{where}" if location else where))
     return calls
 
 
@@ -156,7 +157,7 @@ def read_answer_file(path: str | os.PathLike[str]) -> list[AnswerCall]:
     """The calls of one answer file; ``ValueError`` when it is not one."""
     data = read_json_file(path)
     try:
-        return calls_in_answer(data, query_id=query_id_of(path), origin=str(path))
+        return calls_in_answer(data, query_id=query_id_of(path), location=str(path))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
 
@@ -178,3 +179,55 @@ def iter_answer_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]
         yield from iter_json_files(paths)
     except QueryFileError as exc:
         raise ValueError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class FoundCall:
+    """A call of an answer file with the ``/virtual`` body the client sends for it, or why there is none."""
+
+    location: str
+    payload: dict[str, Any] | None
+    """``None`` when the function name does not resolve to an API, or the file cannot be read."""
+    observation: str | None
+    problem: str = ""
+    file_error: bool = False
+    """The whole file could not be read (``problem`` names it)."""
+
+
+def iter_answer_calls(paths: Iterable[str | os.PathLike[str]], index: FunctionIndex) -> Iterator[FoundCall]:
+    """Every call of the answer files under ``paths``, resolved through ``index``, file by file.
+
+    Raises ``ValueError`` for a path that does not exist; a file that is not an answer file
+    gives one :class:`FoundCall` with ``file_error``.
+    """
+    for path in list(iter_answer_files(paths)):
+        try:
+            calls = read_answer_file(path)
+        except ValueError as exc:
+            yield FoundCall(str(path), None, None, str(exc), file_error=True)
+            continue
+        for call in calls:
+            ref, reason = index.resolve(call.function, call.query_id)
+            if ref is None:
+                yield FoundCall(call.location, None, call.observation, reason)
+            else:
+                yield FoundCall(call.location, answer_payload(ref, call.arguments), call.observation)
+
+
+def function_index(query_paths: Sequence[str | os.PathLike[str]], tools_folder: str | os.PathLike[str] | None) -> FunctionIndex:
+    """The index answer files are read with: the APIs of the query files and of a tools folder.
+
+    ``ValueError`` (naming what to give) when there is neither, or one cannot be read.
+    """
+    index = FunctionIndex()
+    try:
+        index.add_query_files(query_paths)
+        if tools_folder:
+            index.add_tools_folder(tools_folder)
+    except QueryFileError as exc:
+        raise ValueError(str(exc)) from None
+    if not len(index):
+        raise ValueError(
+            "answer files need query files (--queries) or a tools folder (--tools-folder, or 'tools_folder') to map function names to APIs"
+        )
+    return index

@@ -1,23 +1,36 @@
-"""Moving entries between the store and upstream ``tool_response_cache`` trees."""
+"""Moving entries between the store and upstream ``tool_response_cache`` trees, and counting them.
+
+Both directions stream: an import reads one API file at a time and writes it in batches, an
+export holds one API's records at a time (:meth:`Store.iter_groups`), so memory stays flat
+however large the store or the tree.  Each shows a progress bar and prints its throughput.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tqdm import tqdm
 
 from .failures import TREE_FAILURE_REASON, is_tree_failure, tree_failure_entries
 from .keys import canonical_from_upstream_key
-from .records import Record
+from .records import FAILURE, Record
 from .stores import Store
-from .upstream_layout import iter_cache_files, namespace_path, read_cache_file, write_cache_file
+from .upstream_layout import ENCODED_PREFIX, iter_cache_entries, iter_cache_files, api_path, write_cache_file
 
 log = logging.getLogger(__name__)
+
+#: records written per store transaction during an import
+IMPORT_BATCH = 1000
+
+
+def _rate(n: int, seconds: float, unit: str) -> str:
+    return f"{n / seconds:,.0f} {unit}/s" if seconds > 0 else "n/a"
 
 
 @dataclass
@@ -27,6 +40,7 @@ class ImportSummary:
     added: int = 0
     already_present: int = 0
     bad_files: list[str] = field(default_factory=list)
+    seconds: float = 0.0
 
     def lines(self) -> list[str]:
         out = [
@@ -34,6 +48,7 @@ class ImportSummary:
             f"entries read:     {self.entries}",
             f"added:            {self.added}",
             f"already present:  {self.already_present}",
+            f"time:             {self.seconds:.1f} s ({_rate(self.entries, self.seconds, 'entries')})",
         ]
         if self.bad_files:
             out.append(f"unreadable files: {len(self.bad_files)}")
@@ -41,30 +56,54 @@ class ImportSummary:
         return out
 
 
-def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = True) -> ImportSummary:
-    """Copy every entry of an upstream tree into ``store`` as ``imported`` (idempotent)."""
+def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = True, allow_symlinks: bool = False) -> ImportSummary:
+    """Copy every entry of an upstream tree into ``store`` as ``imported`` (idempotent).
+
+    A file that cannot be served (not JSON, nested too deeply, a lone surrogate, a symbolic link
+    out of the tree) is left out, reported in :attr:`ImportSummary.bad_files`, and the import goes on.
+    """
     summary = ImportSummary()
-    files = list(iter_cache_files(root))
+    started = time.perf_counter()
+    refused: list[str] = []
+    files = list(iter_cache_files(root, allow_symlinks=allow_symlinks, refused=refused))
+    summary.bad_files.extend(refused)
     origin_root = Path(root).name or str(root)
-    listed = tree_failure_entries(root)
-    for namespace, path in tqdm(files, desc="import", unit="file", disable=not progress):
-        try:
-            entries = read_cache_file(path)
-        except (OSError, ValueError) as exc:
-            log.warning("skipping %s: %s", path, exc)
-            summary.bad_files.append(f"{path}: {exc}")
-            continue
-        summary.files += 1
-        for key, answer in entries.items():
-            summary.entries += 1
-            origin = f"import:{origin_root}/{namespace}.json"
-            record = Record.from_answer(namespace, key, answer, "imported", origin)
-            if is_tree_failure(namespace, key, record.body, listed):
-                record = Record.failure(namespace, key, answer, "imported", origin, reason=TREE_FAILURE_REASON)
-            if store.add(record, canonical_from_upstream_key(key)):
+    listed = tree_failure_entries(root)  # a snapshot's failure records stay failure records
+    batch: list[tuple[Record, str | None]] = []
+
+    def flush() -> None:
+        for added in store.add_many(batch):
+            if added:
                 summary.added += 1
             else:
                 summary.already_present += 1
+        batch.clear()
+
+    with tqdm(total=len(files), desc="import", unit="file", disable=not progress) as bar:
+        for api, path in files:
+            bar.update(1)
+            origin = f"import:{origin_root}/{api}.json"
+            try:
+                # the whole file is checked before any of it is written: a crafted file is left out entirely
+                entries = list(iter_cache_entries(path))
+            except (OSError, ValueError) as exc:
+                log.warning("skipping %s: %s", path, exc)
+                summary.bad_files.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+                continue
+            summary.files += 1
+            for key, _answer, body in entries:
+                summary.entries += 1
+                record = Record(api=api, key=key, body=body, source="imported", origin=origin)
+                if is_tree_failure(api, key, body, listed):
+                    record = replace(record, outcome=FAILURE, reason=TREE_FAILURE_REASON)
+                batch.append((record, canonical_from_upstream_key(key)))
+            if len(batch) >= IMPORT_BATCH:
+                flush()
+            if progress:
+                bar.set_postfix_str(f"{summary.entries:,} entries", refresh=False)
+    if batch:
+        flush()
+    summary.seconds = time.perf_counter() - started
     return summary
 
 
@@ -72,64 +111,162 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
 class ExportSummary:
     files: int = 0
     entries: int = 0
-    skipped_namespaces: list[str] = field(default_factory=list)
+    encoded_names: int = 0
+    """Files written under an encoded name (see :mod:`~stabletoolbench_mirror.upstream_layout`)."""
+    left_out: dict[str, int] = field(default_factory=dict)
+    """Entries per API whose name is too long for a file name even encoded: not written."""
+    seconds: float = 0.0
 
-    def lines(self) -> list[str]:
+    @property
+    def left_out_entries(self) -> int:
+        return sum(self.left_out.values())
+
+    def lines(self, *, limit: int = 20) -> list[str]:
         out = [f"files written:    {self.files}", f"entries written:  {self.entries}"]
-        if self.skipped_namespaces:
-            out.append(f"skipped (unsafe names): {len(self.skipped_namespaces)}")
+        if self.seconds:
+            out.append(f"time:             {self.seconds:.1f} s ({_rate(self.entries, self.seconds, 'entries')})")
+        if self.encoded_names:
+            out.append(f"encoded names:    {self.encoded_names} files (names unsafe as paths, written as %%...)")
+        if self.left_out:
+            out.append(f"LEFT OUT:         {self.left_out_entries} entries of {len(self.left_out)} APIs whose names are too long for a file name:")
+            out.extend(f"  {api[:300]} ({n} entries)" for api, n in list(self.left_out.items())[:limit])
+            if len(self.left_out) > limit:
+                out.append(f"  ... and {len(self.left_out) - limit} more")
         return out
 
 
-def group_by_namespace(records: Any) -> dict[str, list[Record]]:
-    """Records grouped per API file, each group in recording order."""
-    groups: dict[str, list[Record]] = defaultdict(list)
-    for record in records:
-        groups[record.namespace].append(record)
-    for group in groups.values():
-        group.sort(key=lambda r: (r.created_at, r.key))
-    return dict(sorted(groups.items()))
+@dataclass(frozen=True)
+class ExportedFile:
+    """One API of the store as written by :func:`iter_export`: its file, or ``None`` when it was left out."""
+
+    api: str
+    records: list[Record]
+    path: Path | None
+
+    @property
+    def encoded(self) -> bool:
+        """Whether a part of its name was encoded (a literal name never starts with the marker)."""
+        return self.path is not None and any(p.startswith(ENCODED_PREFIX) for p in self.path.parts[-3:])
+
+
+def iter_export(
+    store: Store, root: str | os.PathLike[str], *, progress: bool = True, desc: str = "export", exclude_failures: bool = False,
+) -> Iterator[ExportedFile]:
+    """Write the store as an upstream tree, one API file at a time (the only one in memory), yielding each as it is written.
+
+    Failure records are written like any entry (their served body), unless ``exclude_failures``.
+    """
+    counts = store.counts()
+    with tqdm(total=counts.entries if counts else None, desc=desc, unit="entry", disable=not progress) as bar:
+        for api, group in store.iter_groups():
+            if exclude_failures:
+                bar.update(sum(1 for r in group if r.is_failure))
+                group = [r for r in group if not r.is_failure]
+                if not group:
+                    continue
+            path = api_path(root, api)
+            if path is not None:
+                write_cache_file(path, {r.key: r.answer for r in group})
+            bar.update(len(group))
+            yield ExportedFile(api, group, path)
 
 
 def export_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = True) -> ExportSummary:
     """Write the store as an upstream tree (one JSON object per API file)."""
     summary = ExportSummary()
-    groups = group_by_namespace(tqdm(store, desc="read store", unit="entry", disable=not progress))
-    for namespace, records in tqdm(groups.items(), desc="export", unit="file", disable=not progress):
-        path = namespace_path(root, namespace)
-        if path is None:
-            summary.skipped_namespaces.append(namespace)
-            continue
-        write_cache_file(path, {r.key: r.answer for r in records})
-        summary.files += 1
-        summary.entries += len(records)
+    started = time.perf_counter()
+    for exported in iter_export(store, root, progress=progress):
+        count(summary, exported)
+    summary.seconds = time.perf_counter() - started
     return summary
 
 
-def store_stats(store: Store) -> dict[str, Any]:
-    by_source: Counter[str] = Counter()
-    by_category: Counter[str] = Counter()
-    namespaces: set[str] = set()
-    origins: Counter[str] = Counter()
-    failures: Counter[str] = Counter()
-    replaced = 0
-    for record in store:
-        by_source[record.source] += 1
+def count(summary: ExportSummary, exported: ExportedFile) -> None:
+    if exported.path is None:
+        summary.left_out[exported.api] = len(exported.records)
+        return
+    summary.files += 1
+    summary.entries += len(exported.records)
+    summary.encoded_names += exported.encoded
+
+
+@dataclass
+class Tally:
+    """Entry counts of a store or snapshot: by source, category, API, model and origin (``cache stats``, manifests)."""
+
+    entries: int = 0
+    by_source: Counter[str] = field(default_factory=Counter)
+    by_category: Counter[str] = field(default_factory=Counter)
+    models: Counter[str] = field(default_factory=Counter)
+    """Simulated entries per model."""
+    origins: Counter[str] = field(default_factory=Counter)
+    """``<source>:<origin>``; an import's origin is cut to the imported folder."""
+    apis: set[str] = field(default_factory=set)
+    failures: Counter[str] = field(default_factory=Counter)
+    """Failure records by reason."""
+    replaced: int = 0
+    """Usable answers that replaced a failure record."""
+
+    def add(self, record: Record) -> None:
+        self.entries += 1
         if record.is_failure:
-            failures[record.reason] += 1
+            self.failures[record.reason] += 1
         elif record.replaced is not None:
-            replaced += 1
-        by_category[record.namespace.split("/", 1)[0]] += 1
-        namespaces.add(record.namespace)
-        if record.source != "imported":
-            origins[record.origin] += 1
+            self.replaced += 1
+        self.by_source[record.source] += 1
+        self.by_category[record.api.split("/", 1)[0]] += 1
+        self.apis.add(record.api)
+        self.origins[f"{record.source}:{_origin_group(record)}"] += 1
+        if record.source == "simulated":
+            self.models[record.origin] += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "entries": self.entries,
+            "apis": len(self.apis),
+            "by_source": dict(sorted(self.by_source.items())),
+            "by_category": dict(sorted(self.by_category.items())),
+            "models": dict(sorted(self.models.items())),
+            "origins": dict(sorted(self.origins.items())),
+            "failure_records": sum(self.failures.values()),
+            "failure_reasons": dict(sorted(self.failures.items(), key=lambda item: (-item[1], item[0]))),
+            "replaced_failures": self.replaced,
+        }
+
+
+def _origin_group(record: Record) -> str:
+    # an import's origin names each file ("import:<root>/<api>.json"): keep the root
+    if record.source == "imported":
+        return record.origin.split("/", 1)[0]
+    return record.origin
+
+
+def store_stats(store: Store) -> dict[str, Any]:
+    """Entries by source, category, model and origin, APIs, and size per entry.
+
+    From the store's counters when it keeps them (no scan: fast at any size), else one pass over the records.
+    """
+    counts = store.counts()
+    if counts is None:
+        tally = Tally()
+        for record in store:
+            tally.add(record)
+        out = tally.to_json()
+        out.update(counted_by="full scan", disk_bytes=None, memory_bytes=None, bytes_per_entry=None)
+        return out
+    size = counts.disk_bytes if counts.disk_bytes is not None else counts.memory_bytes
     return {
-        "entries": sum(by_source.values()),
-        "apis": len(namespaces),
-        "by_source": dict(sorted(by_source.items())),
-        "by_category": dict(sorted(by_category.items())),
-        "origins": dict(origins.most_common()),
-        "failure_records": sum(failures.values()),
-        "failure_reasons": dict(failures.most_common()),
-        "replaced_failures": replaced,
+        "entries": counts.entries,
+        "apis": counts.apis,
+        "by_source": dict(sorted(counts.by_source.items())),
+        "by_category": dict(sorted(counts.by_category.items())),
+        "models": dict(sorted((k.split(":", 1)[1], v) for k, v in counts.by_origin.items() if k.startswith("simulated:"))),
+        "origins": dict(sorted(counts.by_origin.items())),
+        "failure_records": counts.by_outcome.get("failure", 0),
+        "failure_reasons": None,
+        "replaced_failures": counts.by_outcome.get("replaced", 0),
+        "counted_by": "counters",
+        "disk_bytes": counts.disk_bytes,
+        "memory_bytes": counts.memory_bytes,
+        "bytes_per_entry": round(size / counts.entries) if size and counts.entries else None,
     }

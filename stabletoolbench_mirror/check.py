@@ -9,10 +9,8 @@
 sends each call to a running server (``--url``) or to the layer in-process (built from the
 settings, in ``replay`` mode unless ``--mode record`` is given, so a check records nothing),
 and reports per API how many answers are **identical**, **different** or a **miss**
-(nothing recorded for the call).  Identical answers that are failures (a failure record
-replayed: the simulator's ``Failed to generate fake response``, an error answer) are also
-counted apart as ``identical_failure``, so a report shows how much of its agreement is
-agreement on failures.  The answer compared is what the StableToolBench client
+(nothing recorded for the call); of the identical ones, how many are failures
+(``identical_failure``: a failure record replayed, so both runs saw the same failure).  The answer compared is what the StableToolBench client
 makes of the HTTP reply: the JSON body for a 200, its ``request invalid`` error otherwise.
 The exit status is 1 when anything differs or misses (unless ``--report-only``): the
 report a user attaches to a score.
@@ -21,21 +19,41 @@ report a user attaches to a score.
 from __future__ import annotations
 
 import argparse
+import enum
+import itertools
 import json
 import sys
-from collections import Counter, defaultdict
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
-from .answers import DEFAULT_MAX_OBSERVATION_LENGTH, answer_payload, iter_answer_files, observation_text, read_answer_file
+from .answers import DEFAULT_MAX_OBSERVATION_LENGTH, function_index, iter_answer_calls, observation_text
+from .cli_common import add_config_arguments, settings_from_args
+from .config import Mode, Settings
+from .factory import build_layer
+from .layer import MirrorLayer
 from .naming import resolve_names
+from .outcomes import OutcomeKind
 from .protocol import answer as make_answer
 from .protocol import encode_answer
+from .queries import QueryFileError, iter_jsonl
 
-IDENTICAL, DIFFERENT, MISS = "identical", "different", "miss"
-VERDICTS = (IDENTICAL, DIFFERENT, MISS)
-#: counted besides ``identical``: the identical answers that are failures
+class Verdict(enum.StrEnum):
+    """What a replayed call gave, compared with what was observed."""
+
+    IDENTICAL = "identical"
+    DIFFERENT = "different"
+    MISS = "miss"
+    """Nothing recorded for the call (the target answered ``unanswered``)."""
+
+
+IDENTICAL, DIFFERENT, MISS = Verdict.IDENTICAL, Verdict.DIFFERENT, Verdict.MISS
+VERDICTS = tuple(Verdict)
+#: counted besides the verdicts: the identical answers that are failures (both runs saw the same failure)
 IDENTICAL_FAILURE = "identical_failure"
 COUNTS = (IDENTICAL, IDENTICAL_FAILURE, DIFFERENT, MISS)
 
@@ -51,15 +69,16 @@ class Expectation:
     payload: dict[str, Any]
     observed: Any
     """An answer object, or (``text=True``) the observation text the agent saw."""
-    origin: str
+    location: str
+    """``file:line`` of a calls file, or where in an answer file the call is recorded."""
     text: bool = False
 
     @property
-    def namespace(self) -> str:
+    def api(self) -> str:
         try:
             return resolve_names(
                 str(self.payload.get("category", "")), str(self.payload.get("tool_name", "")), str(self.payload.get("api_name", ""))
-            ).namespace
+            ).api
         except Exception:  # noqa: BLE001 - a malformed payload still gets a report line
             return "?"
 
@@ -86,23 +105,21 @@ class Target(Protocol):
 
 def load_calls_jsonl(path: str | Path) -> list[Expectation]:
     """``{"payload", "observed"}`` lines; blank lines are skipped, a bad line is an error naming it."""
-    out: list[Expectation] = []
+    return list(iter_calls_jsonl(path))
+
+
+def iter_calls_jsonl(path: str | Path) -> Iterator[Expectation]:
+    """:func:`load_calls_jsonl` one line at a time (flat memory for any number of calls)."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CheckInputError(f"{path}: cannot read: {exc}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError as exc:
-            raise CheckInputError(f"{path}:{number}: not JSON: {exc}") from None
-        if not isinstance(item, dict) or not isinstance(item.get("payload"), dict) or "observed" not in item:
-            raise CheckInputError(f'{path}:{number}: expected an object with "payload" (object) and "observed"')
-        observed = item["observed"]
-        out.append(Expectation(item["payload"], observed, f"{path}:{number}", text=isinstance(observed, str)))
-    return out
+        for location, item in iter_jsonl(path):
+            if isinstance(item, ValueError):
+                raise CheckInputError(f"{location}: {item}")
+            if not isinstance(item, dict) or not isinstance(item.get("payload"), dict) or "observed" not in item:
+                raise CheckInputError(f'{location}: expected an object with "payload" (object) and "observed"')
+            observed = item["observed"]
+            yield Expectation(item["payload"], observed, location, text=isinstance(observed, str))
+    except QueryFileError as exc:
+        raise CheckInputError(str(exc)) from None
 
 
 def load_answer_expectations(paths: Iterable[str | Path], index: Any) -> tuple[list[Expectation], list[str]]:
@@ -110,23 +127,17 @@ def load_answer_expectations(paths: Iterable[str | Path], index: Any) -> tuple[l
     out: list[Expectation] = []
     problems: list[str] = []
     try:
-        files = list(iter_answer_files(paths))
+        for found in iter_answer_calls(paths, index):
+            if found.file_error:
+                problems.append(found.problem)
+            elif found.observation is None:
+                continue
+            elif found.payload is None:
+                problems.append(f"{found.location}: {found.problem}")
+            else:
+                out.append(Expectation(found.payload, found.observation, found.location, text=True))
     except ValueError as exc:
         raise CheckInputError(str(exc)) from None
-    for path in files:
-        try:
-            calls = read_answer_file(path)
-        except ValueError as exc:
-            problems.append(str(exc))
-            continue
-        for call in calls:
-            if call.observation is None:
-                continue
-            ref, reason = index.resolve(call.function, call.query_id)
-            if ref is None:
-                problems.append(f"{call.origin}: {reason}")
-                continue
-            out.append(Expectation(answer_payload(ref, call.arguments), call.observation, call.origin, text=True))
     return out, problems
 
 
@@ -134,38 +145,78 @@ def load_answer_expectations(paths: Iterable[str | Path], index: Any) -> tuple[l
 
 
 class UrlTarget:
-    """A running ``/virtual`` server (this project's or upstream's)."""
+    """A running ``/virtual`` server (this project's or upstream's).
+
+    Each checking thread keeps its own keep-alive connection (``http.client``: lean enough that a
+    check of 100,000 calls is bound by the server, not by the client).
+    """
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 300.0) -> None:
-        import requests
+        from urllib.parse import urlsplit
 
         self.url = url if url.rstrip("/").endswith("/virtual") else url.rstrip("/") + "/virtual"
-        self._session = requests.Session()
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise CheckInputError(f"--url must be http://HOST:PORT or https://HOST:PORT (got {url!r})")
+        self._parts = parts
+        self._path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self._local = threading.local()
+        self._connections: list[Any] = []
+        self._lock = threading.Lock()
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
         self._timeout = timeout_s
 
-    def send(self, payload: dict[str, Any]) -> Reply:
-        import requests
+    def _connection(self, fresh: bool = False) -> Any:
+        import http.client
 
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and fresh:
+            conn.close()
+            conn = None
+        if conn is None:
+            factory = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
+            conn = self._local.conn = factory(self._parts.hostname, self._parts.port, timeout=self._timeout)
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    def send(self, payload: dict[str, Any]) -> Reply:
+        import http.client
+
+        body = json.dumps(payload).encode("utf-8")
         headers = dict(self._headers)
         headers["toolbench_key"] = str(payload.get("toolbench_key", ""))
-        try:
-            response = self._session.post(self.url, json=payload, headers=headers, timeout=self._timeout)
-        except requests.RequestException as exc:
-            raise CheckInputError(f"cannot reach {self.url}: {exc}") from None
-        outcome = response.headers.get("X-STM-Outcome")
-        # this project's server says whether an answer is a failure; another server's answers are judged by content
-        failure = None if outcome is None else response.headers.get("X-STM-Failure") == "true"
-        return Reply(response.status_code, response.text, outcome, failure)
+        for attempt in (0, 1):
+            conn = self._connection(fresh=attempt > 0)
+            try:
+                conn.request("POST", self._path, body=body, headers=headers)
+                response = conn.getresponse()
+                text = response.read().decode("utf-8", "replace")
+                outcome = response.getheader("X-STM-Outcome")
+                # this project's server says whether an answer is a failure; another's is judged by content
+                failure = None if outcome is None else response.getheader("X-STM-Failure") == "true"
+                return Reply(response.status, text, outcome, failure)
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                # a keep-alive connection the server closed meanwhile: once more on a new one
+                if attempt:
+                    raise CheckInputError(f"cannot reach {self.url}: {exc}") from None
+            except (OSError, http.client.HTTPException) as exc:
+                raise CheckInputError(f"cannot reach {self.url}: {exc}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
-        self._session.close()
+        with self._lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
 
 
 class LayerTarget:
     """The mirror layer in this process."""
 
-    def __init__(self, layer: Any) -> None:
+    def __init__(self, layer: MirrorLayer) -> None:
         self.layer = layer
 
     def send(self, payload: dict[str, Any]) -> Reply:
@@ -197,8 +248,8 @@ def is_failure(reply: Reply) -> bool:
     return not isinstance(got, dict) or bool(got.get("error"))
 
 
-def verdict(expectation: Expectation, reply: Reply, max_observation_length: int = DEFAULT_MAX_OBSERVATION_LENGTH) -> str:
-    if reply.outcome == "unanswered":
+def verdict(expectation: Expectation, reply: Reply, max_observation_length: int = DEFAULT_MAX_OBSERVATION_LENGTH) -> Verdict:
+    if reply.outcome == OutcomeKind.UNANSWERED:
         return MISS
     got = client_answer(reply)
     if expectation.text:
@@ -213,12 +264,16 @@ def verdict(expectation: Expectation, reply: Reply, max_observation_length: int 
 
 @dataclass
 class Mismatch:
-    origin: str
-    namespace: str
+    location: str
+    api: str
     tool_input: str
-    verdict: str
+    verdict: Verdict
     expected: str
     got: str
+
+
+#: mismatches kept in detail (the counts per API always cover every call)
+MAX_MISMATCHES = 10_000
 
 
 @dataclass
@@ -226,6 +281,8 @@ class CheckReport:
     per_api: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     mismatches: list[Mismatch] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    mismatches_left_out: int = 0
+    seconds: float = 0.0
 
     @property
     def totals(self) -> Counter[str]:
@@ -236,7 +293,8 @@ class CheckReport:
 
     @property
     def calls(self) -> int:
-        return sum(self.totals.values())
+        totals = self.totals
+        return sum(totals[v] for v in VERDICTS)
 
     def ok(self) -> bool:
         totals = self.totals
@@ -248,25 +306,29 @@ class CheckReport:
             "calls": self.calls,
             "totals": {v: totals[v] for v in COUNTS},
             "identical_fraction": (totals[IDENTICAL] / self.calls) if self.calls else None,
-            "per_api": {ns: {v: c[v] for v in COUNTS} for ns, c in sorted(self.per_api.items())},
+            "per_api": {api: {v: c[v] for v in COUNTS} for api, c in sorted(self.per_api.items())},
             "mismatches": [m.__dict__ for m in self.mismatches],
+            "mismatches_left_out": self.mismatches_left_out,
             "problems": self.problems,
+            "seconds": round(self.seconds, 3),
         }
 
     def lines(self, *, max_details: int = 20) -> list[str]:
         totals = self.totals
         n = self.calls
         share = f"{100.0 * totals[IDENTICAL] / n:.1f}%" if n else "n/a"
-        width = max([len(ns) for ns in self.per_api] + [3])
+        width = max([len(api) for api in self.per_api] + [3])
         out = [f"{'API':<{width}}  {'identical':>9}  {'failures':>8}  {'different':>9}  {'miss':>5}"]
-        for ns, counts in sorted(self.per_api.items()):
-            out.append(f"{ns:<{width}}  {counts[IDENTICAL]:>9}  {counts[IDENTICAL_FAILURE]:>8}  {counts[DIFFERENT]:>9}  {counts[MISS]:>5}")
+        for api, counts in sorted(self.per_api.items()):
+            out.append(f"{api:<{width}}  {counts[IDENTICAL]:>9}  {counts[IDENTICAL_FAILURE]:>8}  {counts[DIFFERENT]:>9}  {counts[MISS]:>5}")
         out.append(f"{'total':<{width}}  {totals[IDENTICAL]:>9}  {totals[IDENTICAL_FAILURE]:>8}  {totals[DIFFERENT]:>9}  {totals[MISS]:>5}")
         out.append(f"{n} calls: {totals[IDENTICAL]} identical ({share}), {totals[DIFFERENT]} different, {totals[MISS]} miss")
-        answers, failures = totals[IDENTICAL] - totals[IDENTICAL_FAILURE], totals[IDENTICAL_FAILURE]
-        out.append(f"identical: {answers} answers, {failures} failures")
+        failures = totals[IDENTICAL_FAILURE]
+        out.append(f"identical: {totals[IDENTICAL] - failures} answers, {failures} failures")
+        if self.seconds:
+            out.append(f"time: {self.seconds:.1f} s ({n / self.seconds:,.0f} calls/s)")
         for m in self.mismatches[:max_details]:
-            out.append(f"{m.verdict.upper()} {m.namespace} input={m.tool_input[:200]} ({m.origin})")
+            out.append(f"{m.verdict.upper()} {m.api} input={m.tool_input[:200]} ({m.location})")
             if m.verdict == DIFFERENT:
                 out.append(f"    expected: {m.expected[:300]}")
                 out.append(f"    got:      {m.got[:300]}")
@@ -284,72 +346,93 @@ def run_check(
     *,
     max_observation_length: int = DEFAULT_MAX_OBSERVATION_LENGTH,
     report: CheckReport | None = None,
+    concurrency: int = 1,
+    progress: bool = False,
+    total: int | None = None,
 ) -> CheckReport:
+    """Send every expectation to ``target`` (``concurrency`` at a time) and count the verdicts.
+
+    Expectations are read as they are sent and results taken in input order, so memory stays
+    flat for any number of calls and the report does not depend on the concurrency.
+    """
+    from tqdm import tqdm
+
     report = report or CheckReport()
-    for expectation in expectations:
-        reply = target.send(expectation.payload)
-        result = verdict(expectation, reply, max_observation_length)
-        namespace = expectation.namespace
-        report.per_api[namespace][result] += 1
-        if result == IDENTICAL and is_failure(reply):
-            report.per_api[namespace][IDENTICAL_FAILURE] += 1
-        if result != IDENTICAL:
-            got = client_answer(reply)
-            report.mismatches.append(
-                Mismatch(
-                    origin=expectation.origin,
-                    namespace=namespace,
-                    tool_input=str(expectation.payload.get("tool_input", "")),
-                    verdict=result,
-                    expected=expectation.observed if expectation.text else json.dumps(expectation.observed, ensure_ascii=False),
-                    got=observation_text(got, max_observation_length) if expectation.text else json.dumps(got, ensure_ascii=False),
-                )
-            )
+    started = time.perf_counter()
+    with tqdm(total=total, desc="check", unit="call", disable=not progress) as bar:
+        if concurrency <= 1:
+            for expectation in expectations:
+                _judge(report, expectation, target.send(expectation.payload), max_observation_length)
+                bar.update(1)
+        else:
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                pending: deque[tuple[Expectation, Future[Reply]]] = deque()
+                for expectation in expectations:
+                    pending.append((expectation, pool.submit(target.send, expectation.payload)))
+                    if len(pending) >= 4 * concurrency:
+                        done, future = pending.popleft()
+                        _judge(report, done, future.result(), max_observation_length)
+                        bar.update(1)
+                while pending:
+                    done, future = pending.popleft()
+                    _judge(report, done, future.result(), max_observation_length)
+                    bar.update(1)
+    report.seconds += time.perf_counter() - started
     return report
+
+
+def _judge(report: CheckReport, expectation: Expectation, reply: Reply, max_observation_length: int) -> None:
+    result = verdict(expectation, reply, max_observation_length)
+    api = expectation.api
+    report.per_api[api][result] += 1
+    if result == IDENTICAL:
+        if is_failure(reply):
+            report.per_api[api][IDENTICAL_FAILURE] += 1
+        return
+    if len(report.mismatches) >= MAX_MISMATCHES:
+        report.mismatches_left_out += 1
+        return
+    got = client_answer(reply)
+    report.mismatches.append(
+        Mismatch(
+            location=expectation.location,
+            api=api,
+            tool_input=str(expectation.payload.get("tool_input", "")),
+            verdict=result,
+            expected=expectation.observed if expectation.text else json.dumps(expectation.observed, ensure_ascii=False),
+            got=observation_text(got, max_observation_length) if expectation.text else json.dumps(got, ensure_ascii=False),
+        )
+    )
 
 
 # -- command line ---------------------------------------------------------------------------------
 
 
-def _layer(settings: Any) -> Any:
+def _layer(settings: Settings) -> MirrorLayer:
     """The in-process layer; in replay mode without responders (nothing may fill a miss anyway)."""
-    from .factory import build_store
-    from .layer import MirrorLayer
-    from .stores import FrozenCache
-
-    if settings.mode != "replay":
-        return MirrorLayer.from_settings(settings)
-    frozen = [FrozenCache(settings.resolve(p)) for p in settings.frozen_caches]
-    return MirrorLayer(build_store(settings), mode="replay", frozen=frozen)
+    return build_layer(settings, responders=[] if settings.mode is Mode.REPLAY else None)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .cli import settings_from_args
-    from .queries import FunctionIndex, QueryFileError
-
     if not args.calls and not args.answers:
         print("error: give --calls FILE.jsonl and/or --answers PATH", file=sys.stderr)
         return 2
-    settings = settings_from_args(args, mode=args.mode or "replay")
+    settings = settings_from_args(args, mode=args.mode or Mode.REPLAY)
     report = CheckReport()
-    expectations: list[Expectation] = []
+    expectations: list[Iterable[Expectation]] = []
+    total = 0
     try:
         for path in args.calls or []:
-            expectations.extend(load_calls_jsonl(path))
+            # read as the calls are sent; a first pass only counts lines (for the progress bar)
+            total += _count_lines(path)
+            expectations.append(iter_calls_jsonl(path))
         if args.answers:
-            index = FunctionIndex()
-            if args.queries:
-                index.add_query_files(args.queries)
             tools = args.tools_folder or (settings.resolve(settings.tools_folder) if settings.tools_folder else None)
-            if tools:
-                index.add_tools_folder(tools)
-            if not len(index):
-                print("error: answer files need --queries (query files) or --tools-folder to map function names to APIs", file=sys.stderr)
-                return 2
-            found, problems = load_answer_expectations(args.answers, index)
-            expectations.extend(found)
+            found, problems = load_answer_expectations(args.answers, function_index(args.queries or [], tools))
+            expectations.append(found)
+            total += len(found)
             report.problems.extend(problems)
-    except (CheckInputError, QueryFileError) as exc:
+    except ValueError as exc:  # CheckInputError, and the answer files' function index
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.url:
@@ -358,7 +441,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         target = LayerTarget(_layer(settings))
     try:
-        run_check(expectations, target, max_observation_length=args.max_observation_length, report=report)
+        run_check(
+            itertools.chain.from_iterable(expectations),
+            target,
+            max_observation_length=args.max_observation_length,
+            report=report,
+            concurrency=max(1, args.concurrency if args.url else 1),
+            progress=not args.quiet,
+            total=total,
+        )
     except CheckInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -372,9 +463,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok() else 1
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_config_arguments
+def _count_lines(path: str | Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError as exc:
+        raise CheckInputError(f"{path}: cannot read: {exc}") from None
 
+
+def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "check",
         help="replay recorded calls and report identical / different / miss per API",
@@ -391,6 +488,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-observation-length", type=int, default=DEFAULT_MAX_OBSERVATION_LENGTH, help="the client's cut for observation texts (1024)"
     )
     parser.add_argument("--json", metavar="FILE", help="also write the full report as JSON")
+    parser.add_argument("--concurrency", type=int, default=8, help="calls in flight at once against --url (default 8)")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.add_argument("--report-only", action="store_true", help="exit 0 even when something differs")
     add_config_arguments(parser)
     parser.set_defaults(func=cmd_check)

@@ -13,7 +13,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .config import ConfigError, Settings, load_settings
+from .cli_common import add_config_arguments, settings_from_args
+from .config import ConfigError, Settings
 
 if TYPE_CHECKING:
     from .simulator.vllm_launch import VllmServer
@@ -24,21 +25,10 @@ COMMAND_MODULES: list[str] = [
     "stabletoolbench_mirror.warm",
     "stabletoolbench_mirror.snapshot",
     "stabletoolbench_mirror.check",
+    "stabletoolbench_mirror.sessions",
+    "stabletoolbench_mirror.startup",
+    "stabletoolbench_mirror.fidelity_cli",
 ]
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", help="config file (default: $STM_CONFIG or ./server_config.yml)")
-    parser.add_argument("--mode", choices=["replay", "record"], help="override 'mode'")
-    parser.add_argument("--store-path", help="override 'store.path' (diskcache folder)")
-
-
-def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
-    overrides: dict[str, Any] = {"mode": getattr(args, "mode", None)}
-    if getattr(args, "store_path", None):
-        overrides["store"] = {"path": os.path.abspath(args.store_path)}
-    overrides.update({k: v for k, v in extra.items() if v is not None})
-    return load_settings(args.config, overrides=overrides)
 
 
 # -- serve ---------------------------------------------------------------------------------------
@@ -46,9 +36,17 @@ def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .logs import setup_logging
+    from .startup import start_checks
 
     settings = settings_from_args(args, host=args.host, port=args.port, workers=args.workers)
-    setup_logging(settings.log_level, settings.secrets())
+    try:
+        setup_logging(settings.log_level, settings.secrets(), settings.resolve(settings.log_file) if settings.log_file else None)
+    except OSError as exc:
+        raise ConfigError(f"log_file: cannot open {settings.log_file}: {exc}") from None
+    # the summary of what was loaded, and the checks that stop a wrong configuration at start
+    # (with --launch-vllm the simulator is not up yet: vLLM's launch waits for its first answer)
+    if not start_checks(settings, probe_endpoints=not args.launch_vllm):
+        return 2
     if not args.launch_vllm:
         return run_server(settings)
     import signal
@@ -116,29 +114,35 @@ def run_server(settings: Settings) -> int:
 
     from .stores import StoreError
 
+    _warn_about_prompt(settings)
+
     if settings.workers > 1:
-        from .layer import MirrorLayer
+        from .factory import build_layer
 
         # a store or simulator that cannot be built fails here, once, with a clear message,
         # rather than in every worker process
         try:
-            MirrorLayer.from_settings(settings).close()
+            build_layer(settings).close()
         except StoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        # each worker process rebuilds the same settings from the environment
-        os.environ["STM_SERVE_SETTINGS_JSON"] = serialize_settings(settings)
+        from .handoff import SettingsHandoff
         from .server import uvicorn_options
 
-        uvicorn.run(
-            "stabletoolbench_mirror.server:app_from_environment",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_level=settings.log_level,
-            **uvicorn_options(settings),
-        )
+        from .metrics import SharedCountsFolder
+
+        # the workers read the settings (keys included) from a private file, never from the environment;
+        # they add their counts up in a shared folder, so /stats and /metrics show every worker's
+        with SettingsHandoff(settings, workers=settings.workers), SharedCountsFolder():
+            uvicorn.run(
+                "stabletoolbench_mirror.server:app_from_environment",
+                factory=True,
+                host=settings.host,
+                port=settings.port,
+                workers=settings.workers,
+                log_level=settings.log_level,
+                **uvicorn_options(settings),
+            )
         return 0
     from .server import create_app, freeze_startup_objects, uvicorn_options
 
@@ -152,28 +156,15 @@ def run_server(settings: Settings) -> int:
     return 0
 
 
-def serialize_settings(settings: Settings) -> str:
-    data = settings.model_dump(mode="python")
-    data["base_dir"] = settings.base_dir
+def _warn_about_prompt(settings: Settings) -> None:
+    """One WARNING when a MirrorAPI style runs on the built-in prompt (the model was trained on another)."""
+    import logging
 
-    def reveal(value: Any) -> Any:
-        if hasattr(value, "get_secret_value"):
-            return value.get_secret_value()
-        if isinstance(value, dict):
-            return {k: reveal(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [reveal(v) for v in value]
-        return value
+    from .simulator import prompt_warning
 
-    return json.dumps(reveal(data))
-
-
-def deserialize_settings(text: str) -> Settings:
-    data = json.loads(text)
-    base_dir = data.pop("base_dir", ".")
-    settings = Settings(**data)
-    settings.base_dir = base_dir
-    return settings
+    warning = prompt_warning(settings)
+    if warning:
+        logging.getLogger("stabletoolbench_mirror.simulator").warning(warning)
 
 
 # -- cache ---------------------------------------------------------------------------------------
@@ -187,21 +178,54 @@ def _open_store(args: argparse.Namespace):
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
     from .cache_tools import import_tree
+    from .startup import frozen_cache_problem
 
-    if not os.path.isdir(args.directory):
-        print(f"error: {args.directory} is not a folder", file=sys.stderr)
+    # a folder with no cache files (often one level above or below the tree) would import nothing
+    problem = frozen_cache_problem(os.path.abspath(args.directory))
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    with _open_store(args) as store:
-        summary = import_tree(store, args.directory, progress=not args.quiet)
+    settings = settings_from_args(args)
+    from .factory import build_store
+
+    with build_store(settings) as store:
+        summary = import_tree(store, args.directory, progress=not args.quiet, allow_symlinks=settings.allow_symlinks)
     print("\n".join(summary.lines()))
     return 1 if summary.bad_files else 0
 
 
 def cmd_cache_export(args: argparse.Namespace) -> int:
+    if args.format == "chat-jsonl":
+        return _export_chat(args)
+    if args.style or args.source or args.category:
+        print("error: --style, --source and --category belong to --format chat-jsonl", file=sys.stderr)
+        return 2
     from .cache_tools import export_tree
 
     with _open_store(args) as store:
         summary = export_tree(store, args.directory, progress=not args.quiet)
+    print("\n".join(summary.lines()))
+    if summary.left_out and not args.skip_unsafe:
+        print("error: the export is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _export_chat(args: argparse.Namespace) -> int:
+    from .chat_export import export_chat_jsonl
+    from .factory import build_store
+
+    if not args.style:
+        print("error: --format chat-jsonl needs --style mirrorapi-sft, mirrorapi-cot or mirrorapi-cache", file=sys.stderr)
+        return 2
+    if os.path.isdir(args.directory):
+        print(f"error: {args.directory} is a folder; chat-jsonl is written to a file (e.g. train.jsonl)", file=sys.stderr)
+        return 2
+    settings = settings_from_args(args)
+    with build_store(settings) as store:
+        summary = export_chat_jsonl(
+            store, args.directory, settings, style=args.style, source=args.source, categories=args.category, progress=not args.quiet
+        )
     print("\n".join(summary.lines()))
     return 0
 
@@ -214,9 +238,13 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats, indent=2, ensure_ascii=False))
         return 0
-    print(f"entries: {stats['entries']}  apis: {stats['apis']}")
-    print(f"failure records: {stats['failure_records']}  answers that replaced a failure: {stats['replaced_failures']}")
-    for reason, n in stats["failure_reasons"].items():
+    print(f"entries: {stats['entries']}  apis: {stats['apis']}  (from {stats['counted_by']})")
+    if stats["bytes_per_entry"] is not None:
+        size = stats["disk_bytes"] if stats["disk_bytes"] is not None else stats["memory_bytes"]
+        where = "on disk" if stats["disk_bytes"] is not None else "in memory"
+        print(f"size: {size / 1e6:,.1f} MB {where}, {stats['bytes_per_entry']:,} bytes per entry")
+    print(f"failure records: {stats['failure_records']}  answers that replaced one: {stats['replaced_failures']}")
+    for reason, n in (stats["failure_reasons"] or {}).items():
         print(f"  {n:>8}  {reason}")
     print("by source:")
     for source, n in stats["by_source"].items():
@@ -247,8 +275,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
     imp = cache_sub.add_parser("import", help="copy an upstream tool_response_cache tree into the store")
     imp.add_argument("directory")
-    exp = cache_sub.add_parser("export", help="write the store as an upstream tool_response_cache tree")
-    exp.add_argument("directory")
+    exp = cache_sub.add_parser(
+        "export", help="write the store as an upstream tool_response_cache tree, or as chat training data (--format chat-jsonl)"
+    )
+    exp.add_argument("directory", metavar="OUT", help="the tree's folder (tree), or the .jsonl file (chat-jsonl)")
+    exp.add_argument("--format", choices=["tree", "chat-jsonl"], default="tree", help="tree (default) or chat-jsonl")
+    exp.add_argument("--style", choices=["mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache"], help="chat-jsonl: the prompt style")
+    exp.add_argument("--source", choices=["real", "simulated", "imported"], help="chat-jsonl: only records of this source")
+    exp.add_argument("--category", action="append", help="chat-jsonl: only this category (standardised name; repeatable)")
+    exp.add_argument("--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)")
     stats = cache_sub.add_parser("stats", help="count the store's entries")
     stats.add_argument("--json", action="store_true", help="print JSON")
     for p, fn in ((imp, cmd_cache_import), (exp, cmd_cache_export), (stats, cmd_cache_stats)):

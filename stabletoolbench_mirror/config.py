@@ -14,24 +14,36 @@ folder when there is no file).
 
 from __future__ import annotations
 
+import enum
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Union
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from .secrets import secret_values
 
 ENV_PREFIX = "STM_"
 DEFAULT_CONFIG_FILE = "server_config.yml"
 #: ``STM_*`` variables that are not settings keys: the config file's path, the serve master's
 #: hand-over to its workers, and the tooling's own (``STM_VLLM_*`` for the vLLM tier, ``STM_CI_*``)
-NOT_SETTINGS_ENV = frozenset({"STM_CONFIG", "STM_SERVE_SETTINGS_JSON", "STM_REDIS_URL"})
+NOT_SETTINGS_ENV = frozenset({"STM_CONFIG", "STM_SERVE_SETTINGS_FILE", "STM_REDIS_URL"})
 NOT_SETTINGS_ENV_PREFIXES = ("STM_VLLM_", "STM_CI_")
 
 
 class ConfigError(ValueError):
     """A configuration problem, with the offending key in the message."""
+
+
+class Mode(enum.StrEnum):
+    """What a miss may do (see the README's mode table)."""
+
+    REPLAY = "replay"
+    """Answer only from the caches; a miss gets upstream's "API not working" answer."""
+    RECORD = "record"
+    """A miss goes to the real API, then the simulator; the answer is recorded."""
 
 
 class _Section(BaseModel):
@@ -76,9 +88,12 @@ class RealConfig(_Section):
     """How long an open breaker skips real calls to its host."""
     strict_validity: bool = False
     """Use a stricter validity check than upstream's substring rules."""
+    shadow_simulate: bool = False
+    """When the real API answers a miss, also ask the simulator (``simulator.*`` settings) and keep
+    its answer in the shadow store (never served) for ``fidelity --from-store --shadow``."""
 
 
-SimulatorStyle = Literal["mirrorapi-sft", "mirrorapi-cot", "gpt-fewshot"]
+SimulatorStyle = Literal["mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache", "gpt-fewshot", "world-model"]
 
 
 class SimulatorConfig(_Section):
@@ -97,7 +112,12 @@ class SimulatorConfig(_Section):
     max_retries: int = Field(default=3, ge=0)
     backoff_s: float = Field(default=0.5, ge=0)
     system_prompt_file: Optional[str] = None
-    """A file whose text is sent verbatim as the system prompt (e.g. MirrorAPI's training prompt)."""
+    """The system prompt: a text file sent verbatim, StableToolBench's ``server/system_prompts.py``
+    (its ``SFT_SYSTEM`` / ``COT_SYSTEM`` constant, read without running the file) or the folder of a
+    StableToolBench checkout.  Unset: this project's own built-in prompts."""
+    parse_retries: Optional[int] = Field(default=None, ge=0, le=10)
+    """Completions asked for again when an output cannot be parsed (with seed + 1, + 2, ...).
+    Unset: 0 for the MirrorAPI styles, 3 for ``gpt-fewshot`` (as upstream's GPT server)."""
     structured_output: bool = False
     """Ask a vLLM endpoint for schema-constrained JSON (off: keep MirrorAPI's trained behaviour)."""
     structured_max_chars: Optional[int] = Field(default=None, ge=1)
@@ -109,10 +129,14 @@ class SimulatorConfig(_Section):
     examples_budget_chars: int = Field(default=2048, ge=0)
     max_concurrency: int = Field(default=64, ge=1)
     """Simulator calls in flight at once from one process."""
+    history: int = Field(default=8, ge=0)
+    """In a session (``gpt-fewshot`` and ``world-model``): the task and the last N calls and answers go in the prompt."""
+    allow_without_docs: bool = False
+    """Simulate without a readable ``tools_folder`` (else the start is refused); such records are marked."""
     validity: Literal["strict", "compatible", "off"] = "strict"
     """The real API's validity rules applied to simulated answers: ``strict`` (``real.strict_validity``'s
     rules), ``compatible`` (StableToolBench's substring rules) or ``off``.  A rejected answer is served
-    but recorded as a failure record (retried in record mode)."""
+    but recorded as a failure record (tried again in ``record`` mode)."""
 
     @field_validator("api_base")
     @classmethod
@@ -154,13 +178,31 @@ class LimitsConfig(_Section):
     """An idle kept-alive connection is closed after this long."""
 
 
+class SessionsConfig(_Section):
+    """Sessions (``X-STM-Session``, ``/sessions``): kept in the store beside the records."""
+
+    idle_expiry_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """A session nobody called for this long is forgotten (its recorded answers stay)."""
+    max_calls: int = Field(default=500, ge=1)
+    """Calls one session may hold; more are refused with an error answer."""
+    max_state_bytes: int = Field(default=1_048_576, ge=2)
+    """Largest local-tool state (as JSON) one session may keep."""
+    max_task_chars: int = Field(default=20_000, ge=0)
+    """Longest ``task`` text accepted by ``POST /sessions``."""
+
+
 class Settings(_Section):
-    mode: Literal["replay", "record"] = "record"
+    mode: Mode = Mode.RECORD
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     auth_token: Optional[SecretStr] = None
     store: StoreConfig = Field(default_factory=StoreConfig)
     frozen_caches: list[str] = Field(default_factory=list)
+    frozen_memory_mb: float = Field(default=320, gt=0)
+    """Memory for the indexes of frozen cache files (keys and answer offsets); the least recently used
+    files are dropped beyond it and re-read when needed."""
+    allow_symlinks: bool = False
+    """Follow symbolic links that lead out of a frozen cache tree or the tools folder (refused otherwise)."""
     tools_folder: Optional[str] = None
     save: bool = True
     """Record new answers (upstream ``is_save``); when false, ``record`` answers but stores nothing."""
@@ -168,37 +210,48 @@ class Settings(_Section):
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     record: RecordConfig = Field(default_factory=RecordConfig)
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    local_tools: list[str] = Field(default_factory=list)
+    """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
+    local_tools_timeout_s: float = Field(default=10.0, gt=0)
+    """A local tool running longer than this gets an error answer (its thread cannot be killed)."""
     workers: int = Field(default=1, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_file: Optional[str] = None
+    """Also append the server's log to this file (upstream ``log_file``)."""
     base_dir: str = Field(default=".", exclude=True)
     """The folder relative paths are resolved against (the config file's folder)."""
+    config_source: str = Field(default="defaults", exclude=True)
+    """Where the settings came from (files, environment, flags), for the start-up summary."""
 
     def resolve(self, path: str) -> str:
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
 
     def secrets(self) -> list[str]:
-        """Every secret value configured, for redaction."""
-        values = [self.auth_token, self.real.toolbench_key, self.real.rapidapi_key, self.simulator.api_key]
-        found = [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
-        if self.store.url:
-            try:
-                password = urlsplit(self.store.url).password
-            except ValueError:
-                password = None
-            if password:
-                found.append(password)
-        return found
+        """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.secrets`)."""
+        return secret_values(self)
 
 
-# StableToolBench's own config.yml keys and where they go
-_LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "api_base", "api_key", "model", "temperature")
+# -- StableToolBench's own config.yml ------------------------------------------------------------
+# Its keys are accepted where they mean the same; an empty value means "not set".  Without a
+# server_config.yml, a config.yml in the working folder is used when it holds only known keys.
+
+UPSTREAM_CONFIG_FILE = "config.yml"
+#: every key of upstream's server/config.yml
+UPSTREAM_KEYS = (
+    "api_key", "api_base", "model", "temperature", "toolbench_url", "rapidapi_url", "tools_folder", "cache_folder", "is_save", "port", "log_file",
+)
+_LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "rapidapi_url", "api_base", "api_key", "model", "temperature")
+#: upstream's OpenAI client talks to OpenAI when ``api_base`` is empty
+UPSTREAM_DEFAULT_API_BASE = "https://api.openai.com/v1"
 
 
-def _translate_legacy(data: dict[str, Any]) -> dict[str, Any]:
+def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Map StableToolBench ``config.yml`` keys onto this model (only where they mean the same)."""
     if not any(k in data for k in _LEGACY_KEYS):
         return data
-    data = dict(data)
+    # upstream's file ships with empty values (``api_key:``, ``api_base:``): they mean "not set"
+    data = {k: v for k, v in data.items() if not (k in UPSTREAM_KEYS and (v is None or v == ""))}
     if "cache_folder" in data:
         frozen = list(data.get("frozen_caches") or [])
         folder = data.pop("cache_folder")
@@ -207,6 +260,9 @@ def _translate_legacy(data: dict[str, Any]) -> dict[str, Any]:
         data["frozen_caches"] = frozen
     if "is_save" in data:
         data["save"] = data.pop("is_save")
+    if "rapidapi_url" in data:  # its name in upstream's earlier config.yml: the same relay
+        data.setdefault("toolbench_url", data["rapidapi_url"])
+        data.pop("rapidapi_url")
     if "toolbench_url" in data:
         real = dict(data.get("real") or {})
         real.setdefault("relay_url", data.pop("toolbench_url"))
@@ -220,10 +276,46 @@ def _translate_legacy(data: dict[str, Any]) -> dict[str, Any]:
             if old in data:
                 sim.setdefault(new, data.pop(old))
         sim.setdefault("enabled", True)
-        # upstream main.py is the GPT-style simulator
+        # upstream main.py is the GPT-style simulator, an OpenAI client: without api_base it
+        # talks to OpenAI, and without api_key it reads OPENAI_API_KEY
         sim.setdefault("style", "gpt-fewshot")
+        sim.setdefault("api_base", UPSTREAM_DEFAULT_API_BASE)
+        openai_key = (environ or {}).get("OPENAI_API_KEY")
+        if openai_key:
+            sim.setdefault("api_key", openai_key)
         data["simulator"] = sim
     return data
+
+
+def _upstream_file_problem(path: Path) -> str | None:
+    """Why ``path`` (a ``config.yml`` found in the working folder) is not used, or ``None`` to use it."""
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read it: {exc}"
+    except yaml.YAMLError as exc:
+        return f"not valid YAML: {str(exc).splitlines()[0]}"
+    if not isinstance(loaded, dict):
+        return "its top level is not a mapping of keys"
+    unknown = sorted(str(k) for k in loaded if k not in UPSTREAM_KEYS and k not in Settings.model_fields)
+    if unknown:
+        return f"unknown keys {', '.join(unknown[:5])}: not StableToolBench's server config"
+    return None
+
+
+def discover_config_file(environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The config file to use when none is given, and a note on how it was chosen (or why none was)."""
+    if environ.get("STM_CONFIG"):
+        return environ["STM_CONFIG"], ""
+    if Path(DEFAULT_CONFIG_FILE).is_file():
+        return DEFAULT_CONFIG_FILE, ""
+    upstream = Path(UPSTREAM_CONFIG_FILE)
+    if not upstream.is_file():
+        return None, ""
+    problem = _upstream_file_problem(upstream)
+    if problem is None:
+        return UPSTREAM_CONFIG_FILE, f"StableToolBench's {UPSTREAM_CONFIG_FILE}: no {DEFAULT_CONFIG_FILE} in this folder"
+    return None, f"./{UPSTREAM_CONFIG_FILE} not used: {problem}; pass --config {UPSTREAM_CONFIG_FILE} to use it"
 
 
 def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
@@ -283,11 +375,13 @@ def load_settings(
 ) -> Settings:
     """Load settings: defaults < ``config_file`` < ``STM_*`` env vars < ``overrides`` (CLI flags).
 
-    With ``config_file=None``, ``$STM_CONFIG`` or ``./server_config.yml`` is used when present.
+    With ``config_file=None``, ``$STM_CONFIG`` or ``./server_config.yml`` is used when present, else
+    StableToolBench's ``./config.yml`` when it holds only known keys (see :func:`discover_config_file`).
     """
     environ = os.environ if environ is None else environ
+    note = ""
     if config_file is None:
-        config_file = environ.get("STM_CONFIG") or (DEFAULT_CONFIG_FILE if Path(DEFAULT_CONFIG_FILE).is_file() else None)
+        config_file, note = discover_config_file(environ)
     data: dict[str, Any] = {}
     source = "defaults"
     base_dir = Path.cwd()
@@ -306,14 +400,15 @@ def load_settings(
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys")
-        data = _translate_legacy(loaded)
+        data = _translate_legacy(loaded, environ)
         base_dir = path.resolve().parent
     env = _env_overrides(environ)
     if env:
         data = _merge(data, env)
         source += " + STM_* environment"
-    if overrides:
-        data = _merge(data, {k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if given:
+        data = _merge(data, given)
         source += " + command line"
     data.pop("base_dir", None)
     try:
@@ -321,4 +416,34 @@ def load_settings(
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
     settings.base_dir = str(base_dir)
+    settings.config_source = f"{source} ({note})" if note else source
+    return settings
+
+
+# -- handing settings to another process (``serve --workers N``, ``warm --processes N``) ------------
+
+
+def serialize_settings(settings: Settings) -> str:
+    """``settings`` as JSON, secrets included, for :func:`deserialize_settings` in a child process."""
+    data = settings.model_dump(mode="python")
+    data["base_dir"] = settings.base_dir
+
+    def reveal(value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            return value.get_secret_value()
+        if isinstance(value, dict):
+            return {k: reveal(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [reveal(v) for v in value]
+        return value
+
+    return json.dumps(reveal(data))
+
+
+def deserialize_settings(text: str) -> Settings:
+    """The settings :func:`serialize_settings` wrote."""
+    data = json.loads(text)
+    base_dir = data.pop("base_dir", ".")
+    settings = Settings(**data)
+    settings.base_dir = base_dir
     return settings

@@ -29,7 +29,7 @@ TREE_FAILURE_REASON = "recorded as a failure"
 
 
 def failure_entries(manifest: Any) -> set[tuple[str, str]] | None:
-    """The ``(namespace, key)`` pairs a manifest lists as failure records (none for older manifests);
+    """The ``(api, key)`` pairs a manifest lists as failure records (none for older manifests);
     ``None`` when the list is malformed."""
     listed = manifest.get("failure_entries", []) if isinstance(manifest, dict) else []
     if not isinstance(listed, list):
@@ -70,6 +70,6 @@ def manifest_mtime_ns(root: str | os.PathLike[str]) -> int:
         return -1
 
 
-def is_tree_failure(namespace: str, key: str, body: str, listed: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> bool:
+def is_tree_failure(api: str, key: str, body: str, listed: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> bool:
     """Whether a tree entry (its served ``body``) is a failure record."""
-    return body == UPSTREAM_FAILURE_BODY or (namespace, key) in listed
+    return body == UPSTREAM_FAILURE_BODY or (api, key) in listed

@@ -14,6 +14,11 @@ This project looks an entry up in two steps:
    canonical key; ``{"a": 1}`` and ``{"a": "1"}`` do not (types still matter), nor do
    ``1`` and ``1.0`` or ``1`` and ``true``.
 
+``NaN``, ``Infinity`` and ``-Infinity`` (which ``json.loads``, and so upstream, accepts) are
+written as those bare tokens, so ``{"a": NaN}`` and ``{"a": "nan"}`` never share a key:
+upstream keys them apart too (``{'a': nan}`` vs ``{'a': 'nan'}``).  A number too large for a
+float (``1e999``) is ``Infinity`` in both keys, as it is upstream.
+
 An upstream key read from a cache file is turned back into a value with
 ``ast.literal_eval`` (a literal parser, never ``eval``) to compute its canonical key.
 """
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 from typing import Any
 
 MAX_LITERAL_KEY_CHARS = 200_000
@@ -34,15 +38,14 @@ def upstream_key(value: Any) -> str:
 
 
 def _json_safe(value: Any) -> Any:
-    # a Python literal key may hold tuples, sets or non-finite floats: map them onto JSON
+    # a Python literal key may hold tuples, sets, bytes or complex numbers: map them onto JSON
+    # (non-finite floats stay floats: they are written as bare NaN / Infinity tokens)
     if isinstance(value, dict):
         return {str(k) if not isinstance(k, str) else k: _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     if isinstance(value, (set, frozenset)):
         return sorted((_json_safe(v) for v in value), key=repr)
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
     if isinstance(value, (bytes, complex)):
         return repr(value)
     return value
@@ -51,7 +54,7 @@ def _json_safe(value: Any) -> Any:
 def canonical_key(value: Any) -> str:
     """The order-insensitive, type-sensitive key of a parsed input."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError):
         return json.dumps(_json_safe(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -72,3 +75,42 @@ def canonical_from_upstream_key(key: str) -> str | None:
         return canonical_key(value_from_upstream_key(key))
     except ValueError:
         return None
+
+
+# -- sessions ---------------------------------------------------------------------------------
+#
+# Inside a session (``X-STM-Session``) a call's record keys are its usual keys plus the
+# session's *history hash*: a SHA-256 chain over the session's task and every earlier
+# (call, answer) pair that was answered from a record or a local tool.  The same task and
+# the same earlier calls with the same answers give the same keys (a replay hits); any
+# other history gives other keys (an answer made in one state is never served in another).
+
+SESSION_KEY_MARK = " #history="
+HISTORY_HASH_CHARS = 32
+
+
+def history_start(task: str) -> str:
+    """The history hash of a session before its first call."""
+    return _sha256_hex(json.dumps(["stm-session-v1", task], ensure_ascii=False))
+
+
+def history_next(previous: str, api: str, canonical: str, body: str) -> str:
+    """The history hash after one more call (``canonical`` input) answered with ``body``."""
+    return _sha256_hex(json.dumps([previous, api, canonical, body], ensure_ascii=False))
+
+
+def session_key(key: str, history: str) -> str:
+    """A record key inside a session: the usual (upstream or canonical) key plus the history hash."""
+    return f"{key}{SESSION_KEY_MARK}{history[:HISTORY_HASH_CHARS]}"
+
+
+def plain_key(key: str) -> str:
+    """``key`` without a session's history suffix (the key as the agent's input gives it)."""
+    head, mark, tail = key.rpartition(SESSION_KEY_MARK)
+    return head if mark and len(tail) == HISTORY_HASH_CHARS else key
+
+
+def _sha256_hex(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -1,4 +1,10 @@
-"""Logging set-up with secret redaction: configured keys never reach a log line."""
+"""Logging set-up: configured keys never reach a log line, and client text is quoted only in part.
+
+Text a client controls (names, keys, paths) is quoted through :func:`clip`: at most
+:data:`MAX_QUOTED_CHARS` characters of it.  As a backstop, a log message longer than
+:data:`MAX_MESSAGE_CHARS` is cut (after secrets are redacted, so no key is cut in half and left
+partly readable), and uvicorn's access log quotes at most :data:`MAX_QUOTED_CHARS` of a path.
+"""
 
 from __future__ import annotations
 
@@ -6,44 +12,96 @@ import logging
 import threading
 from typing import Iterable
 
-_REDACTED = "***"
+from .secrets import Redactor
+
+
+_FORMATTER = logging.Formatter()
+
+#: The most characters of a client-supplied text (a name, a key, a path) a log line quotes.
+MAX_QUOTED_CHARS = 200
+#: The most characters of one log message (tracebacks not counted): a backstop for :func:`clip`.
+MAX_MESSAGE_CHARS = 8000
+
+
+def clip(text: object, limit: int = MAX_QUOTED_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were left out."""
+    text = text if isinstance(text, str) else str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[{len(text) - limit} more chars]"
 
 
 class RedactSecrets(logging.Filter):
-    """Replaces every known secret value in a record's message with ``***``."""
+    """Replaces every known secret value in a record's message with ``***`` (see :mod:`.secrets`); cuts overlong messages."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._secrets: set[str] = set()
+        self._redactor = Redactor()
         self._lock = threading.Lock()
 
     def add(self, secrets: Iterable[str]) -> None:
         with self._lock:
-            self._secrets.update(s for s in secrets if s and len(s) >= 4)
+            self._redactor.add(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self._secrets:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed call; the handler reports it as logging does
             return True
-        message = record.getMessage()
-        redacted = message
-        for secret in self._secrets:
-            if secret in redacted:
-                redacted = redacted.replace(secret, _REDACTED)
+        # redact before cutting, so no key is cut in half and left partly readable
+        redacted = clip(self._redactor.text(message) if self._redactor else message, MAX_MESSAGE_CHARS)
         if redacted != message:
             record.msg, record.args = redacted, None
+        if self._redactor and record.exc_info and not record.exc_text:
+            # an exception's text may quote a key too (the formatter uses exc_text when set)
+            record.exc_text = self._redactor.text(_FORMATTER.formatException(record.exc_info))
+        return True
+
+
+class ClipAccessPath(logging.Filter):
+    """Cuts the request path in uvicorn's access log lines to :data:`MAX_QUOTED_CHARS`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        # uvicorn.access: (client address, method, path with query, HTTP version, status)
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str) and len(args[2]) > MAX_QUOTED_CHARS:
+            record.args = (args[0], args[1], clip(args[2]), *args[3:])
         return True
 
 
 REDACTOR = RedactSecrets()
+_ACCESS_CLIP = ClipAccessPath()
 
 
-def setup_logging(level: str = "info", secrets: Iterable[str] = ()) -> None:
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: str = "info", secrets: Iterable[str] = (), log_file: str | None = None) -> None:
+    """Log to stderr (and append to ``log_file`` when given), with every known secret redacted."""
     REDACTOR.add(secrets)
     root = logging.getLogger()
     if not any(isinstance(h, logging.StreamHandler) and getattr(h, "_stm", False) for h in root.handlers):
         handler = logging.StreamHandler()
         handler._stm = True  # type: ignore[attr-defined]
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(_FORMAT))
         handler.addFilter(REDACTOR)
         root.addHandler(handler)
+    if log_file and not any(getattr(h, "_stm_file", None) == log_file for h in root.handlers):
+        # raises OSError when the file cannot be opened: the caller reports it at start
+        file_handler = logging.FileHandler(log_file, encoding="utf-8", delay=False)
+        file_handler._stm_file = log_file  # type: ignore[attr-defined]
+        file_handler.setFormatter(logging.Formatter(_FORMAT))
+        file_handler.addFilter(REDACTOR)
+        root.addHandler(file_handler)
     root.setLevel(level.upper())
+    access = logging.getLogger("uvicorn.access")
+    if _ACCESS_CLIP not in access.filters:
+        access.addFilter(_ACCESS_CLIP)
+
+
+def to_log_file(message: str) -> None:
+    """Append ``message`` to the configured log file only (e.g. the start-up summary already printed)."""
+    record = logging.LogRecord("stabletoolbench_mirror", logging.INFO, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if getattr(handler, "_stm_file", None):
+            handler.handle(record)

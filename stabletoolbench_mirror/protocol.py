@@ -8,9 +8,10 @@ so the strings below must not change.
 from __future__ import annotations
 
 import json
-from typing import Any, Union
+import re
+from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 
 # error texts the StableToolBench client maps to a status code (exact comparison)
 API_NOT_WORKING = "API not working error..."  # -> status 6
@@ -48,8 +49,8 @@ def simulation_failed_answer() -> dict[str, Any]:
     return answer(SIMULATION_FAILED, "")
 
 
-def miss_answer(namespace: str, reason: str) -> dict[str, Any]:
-    return answer(MISS_ERROR, f"stabletoolbench-mirror: no recorded response for {namespace} ({reason}).")
+def miss_answer(api: str, reason: str) -> dict[str, Any]:
+    return answer(MISS_ERROR, f"stabletoolbench-mirror: no recorded response for {api} ({reason}).")
 
 
 def encode_answer(body: Any) -> str:
@@ -57,14 +58,36 @@ def encode_answer(body: Any) -> str:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
+#: The longest ``category``, ``tool_name`` or ``api_name`` accepted, in characters.  The longest
+#: names in StableToolBench's solvable queries and tool docs are 40, 59 and 115 characters; a
+#: longer name is refused (HTTP 422) before it reaches a table, a log line or the store.
+MAX_NAME_CHARS = 1024
+
+#: C0 controls, DEL and C1 controls (Unicode category Cc): never part of a tool's name
+_CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _valid_name(name: str) -> str:
+    if len(name) > MAX_NAME_CHARS:
+        raise ValueError(f"is {len(name)} characters long; at most {MAX_NAME_CHARS} characters are accepted")
+    found = _CONTROL_CHARS.search(name)
+    if found is not None:
+        raise ValueError(f"contains the control character U+{ord(found.group()):04X} at position {found.start()}")
+    return name
+
+
+#: A name of a ``/virtual`` call: at most :data:`MAX_NAME_CHARS` characters, no control characters
+Name = Annotated[str, AfterValidator(_valid_name)]
+
+
 class VirtualRequest(BaseModel):
     """The body StableToolBench's client POSTs to ``/virtual``; unknown fields are ignored."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    category: str
-    tool_name: str
-    api_name: str
+    category: Name
+    tool_name: Name
+    api_name: Name
     tool_input: Union[str, dict]
     strip: str = ""
     toolbench_key: str = ""

@@ -187,6 +187,27 @@ def read_json_file(path: str | os.PathLike[str]) -> Any:
         raise QueryFileError(f"{path}: not JSON: {exc}") from None
 
 
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
+    """``(location, value)`` of each non-blank line of a JSONL file, read line by line.
+
+    ``location`` is ``file:line``; a line that is not JSON gives a :class:`ValueError` as its
+    value (the caller decides whether that stops it); a file that cannot be read raises
+    :class:`QueryFileError`.
+    """
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    value: Any = json.loads(line)
+                except (ValueError, RecursionError) as exc:
+                    value = ValueError(f"not JSON: {exc}")
+                yield f"{path}:{number}", value
+    except (OSError, UnicodeDecodeError) as exc:
+        raise QueryFileError(f"{path}: cannot read: {exc}") from None
+
+
 def load_queries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The queries of one query file; :class:`QueryFileError` when it is not a list of query objects."""
     data = read_json_file(path)
@@ -198,13 +219,13 @@ def load_queries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class DefaultCall:
     call: ToolCall
-    origin: str
+    location: str
     """``file#query_id/api_name``: where the call came from."""
 
 
 @dataclass(frozen=True)
 class Problem:
-    origin: str
+    location: str
     message: str
 
 
@@ -226,17 +247,17 @@ def default_calls(
                 problems.append(Problem(f"{path}#{qid}", "query without an api_list"))
                 continue
             for api in api_list:
-                origin = f"{path}#{qid}"
+                location = f"{path}#{qid}"
                 try:
                     if not isinstance(api, dict):
                         raise ValueError("api entry is not an object")
                     ref = api_ref(api)
-                    origin = f"{path}#{qid}/{ref.api_name}"
+                    location = f"{path}#{qid}/{ref.api_name}"
                     tool_input = default_input(api, include_optional=include_optional)
                 except ValueError as exc:
-                    problems.append(Problem(origin, str(exc)))
+                    problems.append(Problem(location, str(exc)))
                     continue
-                calls.append(DefaultCall(ToolCall.of(ref.category, ref.tool_name, ref.api_name, tool_input), origin))
+                calls.append(DefaultCall(ToolCall.of(ref.category, ref.tool_name, ref.api_name, tool_input), location))
     return calls, problems
 
 

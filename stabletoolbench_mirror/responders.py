@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from .call import ToolCall
 from .records import Record, Source
@@ -24,6 +24,8 @@ class Attempt:
     detail: str = ""
     """Why there is no usable answer, for logs and stats."""
     fallback: Any | None = None
+    meta: Mapping[str, Any] | None = None
+    """What the generation knew (simulator: rationale, model, prompt hash, tokens, ...), kept on the record, never served."""
 
 
 class Responder(Protocol):

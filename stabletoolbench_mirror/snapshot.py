@@ -8,8 +8,8 @@ that produced the answers, the settings that produced it (secrets removed) and a
 compares.
 
 The content hash is SHA-256 over the *canonical entries*, one line per entry,
-``[namespace, upstream key, answer]`` as compact JSON (the answer in its served encoding,
-``{"error", "response"}`` in their order), lines sorted by ``(namespace, key)``.  It depends
+``[api, upstream key, answer]`` as compact JSON (the answer in its served encoding,
+``{"error", "response"}`` in their order), lines sorted by ``(api, key)``.  It depends
 on nothing but what is served: not on file order, entry order inside a file, indentation,
 recording times, provenance or the machine, so the same store snapshotted twice (or the same
 answers recorded in another order elsewhere) gives the same hash.
@@ -25,30 +25,30 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 from typing import Any, Iterable, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 from tqdm import tqdm
 
 from . import __version__
-from .cache_tools import group_by_namespace
+from .cache_tools import ExportSummary, Tally, count, iter_export
+from .cli_common import add_config_arguments, settings_from_args
 from .config import Settings
+from .factory import build_store
 from .failures import failure_entries
 from .protocol import encode_answer
-from .records import Record
+from .secrets import public_settings
 from .stores import Store
-from .upstream_layout import iter_cache_files, namespace_path, read_cache_file, write_cache_file
+from .upstream_layout import iter_cache_files, read_cache_file
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "stabletoolbench-mirror-snapshot"
 FORMAT_VERSION = 1
 HASH_METHOD = (
-    "sha256 over UTF-8 lines json.dumps([namespace, key, answer_json], ensure_ascii=False, "
-    "separators=(',', ':')) + '\\n', sorted by (namespace, key); answer_json is the served compact encoding"
+    "sha256 over UTF-8 lines json.dumps([api, key, answer_json], ensure_ascii=False, "
+    "separators=(',', ':')) + '\\n', sorted by (api, key); answer_json is the served compact encoding"
 )
-_SECRET_FIELDS = frozenset({"auth_token", "toolbench_key", "rapidapi_key", "api_key"})
-_REDACTED = "<redacted>"
 
 
 class SnapshotError(RuntimeError):
@@ -58,69 +58,39 @@ class SnapshotError(RuntimeError):
 # -- the content hash ------------------------------------------------------------------------------
 
 
-def _served(answer: Any) -> str:
-    return encode_answer(answer)
-
-
-def entry_line(namespace: str, key: str, answer: Any) -> bytes:
+def entry_line(api: str, key: str, answer: Any) -> bytes:
     """The canonical line of one entry (see the module docstring)."""
-    text = json.dumps([namespace, key, _served(answer)], ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps([api, key, encode_answer(answer)], ensure_ascii=False, separators=(",", ":"))
     return (text + "\n").encode("utf-8", "surrogatepass")
 
 
+class ContentHash:
+    """The content hash, fed one API at a time in api order (memory: one API's entries)."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self._last: str | None = None
+
+    def add_api(self, api: str, entries: Iterable[tuple[str, Any]]) -> None:
+        if self._last is not None and api <= self._last:
+            raise ValueError(f"APIs must come in api order: {api!r} after {self._last!r}")
+        self._last = api
+        for key, answer in sorted(entries, key=lambda e: e[0]):
+            self._digest.update(entry_line(api, key, answer))
+
+    def hexdigest(self) -> str:
+        return "sha256:" + self._digest.hexdigest()
+
+
 def content_hash(entries: Iterable[tuple[str, str, Any]]) -> str:
-    """``sha256:<hex>`` over ``(namespace, key, answer)`` entries, in any order."""
-    digest = hashlib.sha256()
-    for namespace, key, answer in sorted(entries, key=lambda e: (e[0], e[1])):
-        digest.update(entry_line(namespace, key, answer))
-    return "sha256:" + digest.hexdigest()
-
-
-# -- settings without secrets ---------------------------------------------------------------------
-
-
-def _strip_userinfo(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if not parts.netloc or "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, f"{_REDACTED}@{host}", parts.path, parts.query, parts.fragment))
-
-
-def public_settings(settings: Settings) -> dict[str, Any]:
-    """The settings as JSON data with every secret removed (keys, tokens, URL passwords)."""
-    secrets = [s for s in settings.secrets() if s]
-    data = settings.model_dump(mode="json")
-
-    def clean(value: Any, key: str = "") -> Any:
-        if key in _SECRET_FIELDS:
-            return _REDACTED if value else None
-        if isinstance(value, dict):
-            return {k: clean(v, k) for k, v in value.items()}
-        if isinstance(value, list):
-            return [clean(v, key) for v in value]
-        if isinstance(value, str):
-            if "://" in value:
-                value = _strip_userinfo(value)
-            for secret in secrets:
-                if secret in value:
-                    value = value.replace(secret, _REDACTED)
-        return value
-
-    return clean(data)
+    """``sha256:<hex>`` over ``(api, key, answer)`` entries, in any order."""
+    digest = ContentHash()
+    for api, group in groupby(sorted(entries, key=lambda e: (e[0], e[1])), key=lambda e: e[0]):
+        digest.add_api(api, ((key, answer) for _, key, answer in group))
+    return digest.hexdigest()
 
 
 # -- writing --------------------------------------------------------------------------------------
-
-
-def _origin_group(record: Record) -> str:
-    # an import's origin names each file ("import:<root>/<namespace>.json"): keep the root
-    if record.source == "imported":
-        return record.origin.split("/", 1)[0]
-    return record.origin
 
 
 def _check_target(out: Path) -> None:
@@ -139,72 +109,71 @@ def write_snapshot(
     progress: bool = False,
     exclude_failures: bool = False,
 ) -> dict[str, Any]:
-    """Write the store's entries and ``manifest.json`` into ``out`` (new or empty); return the manifest.
+    """Export the store into ``out`` (new or empty) and write ``manifest.json`` beside it; return the manifest.
 
     Failure records are written like any entry (their served body as the value, as upstream's
-    server saves its failed answers) and listed in the manifest's ``failure_entries``, so a
-    frozen cache of the snapshot knows them; ``exclude_failures`` leaves them out.
+    server saves its failed answers), counted, and listed in the manifest's ``failure_entries``
+    so a frozen cache of the snapshot knows them; ``exclude_failures`` leaves them out.
+
+    Entries that cannot be written (API names too long for a file name even encoded) are
+    counted in the manifest's ``left_out``; :func:`verify_snapshot` then reports the
+    snapshot as incomplete.
     """
     root = Path(out)
     _check_target(root)
     root.mkdir(parents=True, exist_ok=True)
-    records = list(tqdm(store, desc="read store", unit="entry", disable=not progress))
-    excluded = sum(1 for r in records if r.is_failure) if exclude_failures else 0
-    if exclude_failures:
-        records = [r for r in records if not r.is_failure]
-    groups = group_by_namespace(records)
-    by_source: Counter[str] = Counter()
-    by_category: Counter[str] = Counter()
-    models: Counter[str] = Counter()
-    origins: Counter[str] = Counter()
-    skipped: list[str] = []
-    entries: list[tuple[str, str, Any]] = []
+    summary = ExportSummary()
+    written = Tally()
+    digest = ContentHash()
     failures: list[list[str]] = []
-    failure_reasons: Counter[str] = Counter()
-    files = 0
-    for namespace, group in tqdm(groups.items(), desc="snapshot", unit="file", disable=not progress):
-        path = namespace_path(root, namespace)
-        if path is None:
-            skipped.append(namespace)
+    excluded = store.counts()
+    excluded_before = excluded.by_outcome.get("failure", 0) if excluded is not None and exclude_failures else None
+    for exported in iter_export(store, root, progress=progress, desc="snapshot", exclude_failures=exclude_failures):
+        count(summary, exported)
+        if exported.path is None:
             continue
-        answers = {r.key: r.answer for r in group}
-        write_cache_file(path, answers)
-        files += 1
-        for record in group:
-            entries.append((namespace, record.key, answers[record.key]))
-            by_source[record.source] += 1
-            by_category[namespace.split("/", 1)[0]] += 1
-            origins[f"{record.source}:{_origin_group(record)}"] += 1
-            if record.source == "simulated":
-                models[record.origin] += 1
+        for record in exported.records:
+            written.add(record)
             if record.is_failure:
-                failures.append([namespace, record.key])
-                failure_reasons[record.reason] += 1
+                failures.append([exported.api, record.key])
+        digest.add_api(exported.api, ((r.key, r.answer) for r in exported.records))
+    tally = written.to_json()
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "created_by": f"stabletoolbench-mirror {__version__}",
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "content_hash": content_hash(entries),
+        "content_hash": digest.hexdigest(),
         "hash_method": HASH_METHOD,
-        "entries": len(entries),
-        "files": files,
-        "by_source": dict(sorted(by_source.items())),
-        "by_category": dict(sorted(by_category.items())),
-        "failures": len(failures),
-        "failure_reasons": dict(failure_reasons.most_common()),
-        "excluded_failures": excluded,
+        "entries": summary.entries,
+        "files": summary.files,
+        "encoded_names": summary.encoded_names,
+        "store_entries": summary.entries + summary.left_out_entries,
+        "left_out": dict(sorted(summary.left_out.items())),
+        "by_source": tally["by_source"],
+        "by_category": tally["by_category"],
+        "models": tally["models"],
+        "origins": tally["origins"],
+        "failures": tally["failure_records"],
+        "failure_reasons": tally["failure_reasons"],
+        "excluded_failures": _excluded(store, exclude_failures, excluded_before),
         "failure_entries": sorted(failures),
-        "models": dict(sorted(models.items())),
-        "origins": dict(sorted(origins.items())),
         "store": store.kind,
         "settings": public_settings(settings) if settings is not None else None,
-        "skipped_namespaces": skipped,
     }
     tmp = root / (MANIFEST_NAME + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, root / MANIFEST_NAME)
     return manifest
+
+
+def _excluded(store: Store, exclude_failures: bool, counted: int | None) -> int:
+    """How many failure records ``--exclude-failures`` left out (from the store's counters, else a scan)."""
+    if not exclude_failures:
+        return 0
+    if counted is not None:
+        return counted
+    return sum(1 for record in store if record.is_failure)
 
 
 # -- verifying ------------------------------------------------------------------------------------
@@ -230,19 +199,27 @@ class Verification:
         return out
 
 
-def tree_entries(root: str | os.PathLike[str], problems: list[str]) -> Iterator[tuple[str, str, Any]]:
-    for namespace, path in iter_cache_files(root):
+def tree_entries(root: str | os.PathLike[str], problems: list[str], *, progress: bool = False) -> Iterator[tuple[str, str, Any]]:
+    """``(api, key, answer)`` of every entry of an upstream tree, one API file at a time, in api order.
+
+    Files that cannot be read are reported in ``problems`` and skipped.
+    """
+    for api, path in tqdm(sorted(iter_cache_files(root)), desc="verify", unit="file", disable=not progress):
         try:
             data = read_cache_file(path)
         except (OSError, ValueError) as exc:
             problems.append(f"unreadable file {path}: {exc}")
             continue
         for key, answer in data.items():
-            yield namespace, key, answer
+            yield api, key, answer
 
 
-def verify_snapshot(out: str | os.PathLike[str]) -> Verification:
-    """Recompute the content hash and counts of a snapshot folder and compare them with its manifest."""
+def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False, progress: bool = False) -> Verification:
+    """Recompute the content hash and counts of a snapshot folder and compare them with its manifest.
+
+    A snapshot whose manifest says store entries were left out fails too (unless
+    ``allow_left_out``): it does not hold everything the store served.
+    """
     root = Path(out)
     problems: list[str] = []
     try:
@@ -255,40 +232,56 @@ def verify_snapshot(out: str | os.PathLike[str]) -> Verification:
         return Verification(False, None, None, problems=[f"{MANIFEST_NAME} is not a {FORMAT} manifest"])
     if manifest.get("format_version") != FORMAT_VERSION:
         problems.append(f"unsupported format_version {manifest.get('format_version')!r}")
-    entries = list(tree_entries(root, problems))
-    files = len({e[0] for e in entries})
-    actual = content_hash(entries)
+    digest = ContentHash()
+    entries = files = 0
+    by_category: Counter[str] = Counter()
+    listed_apis = {api for api, _key in failure_entries(manifest) or ()}
+    present: set[tuple[str, str]] = set()
+    for api, group in groupby(tree_entries(root, problems, progress=progress), key=lambda e: e[0]):
+        items = [(key, answer) for _, key, answer in group]
+        if api in listed_apis:
+            present.update((api, key) for key, _ in items)
+        digest.add_api(api, items)
+        files += 1
+        entries += len(items)
+        by_category[api.split("/", 1)[0]] += len(items)
+    actual = digest.hexdigest()
     expected = manifest.get("content_hash")
     if actual != expected:
         problems.append("content hash differs: an entry was added, removed or changed")
-    if manifest.get("entries") != len(entries):
-        problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {len(entries)}")
-    by_category: Counter[str] = Counter(e[0].split("/", 1)[0] for e in entries)
+    if manifest.get("entries") != entries:
+        problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {entries}")
     if isinstance(manifest.get("by_category"), dict) and manifest["by_category"] != dict(sorted(by_category.items())):
         problems.append("entry counts by category differ from the manifest")
     listed = failure_entries(manifest)
     if listed is None:
-        problems.append("failure_entries is not a list of [namespace, key] pairs")
+        problems.append("failure_entries is not a list of [api, key] pairs")
     else:
-        present = {(e[0], e[1]) for e in entries}
-        if not listed <= present:
-            problems.append(f"{len(listed - present)} failure entries of the manifest are not in the files")
+        missing = [entry for entry in listed if entry not in present]
+        if missing:
+            problems.append(f"{len(missing)} failure entries of the manifest are not in the files")
         if manifest.get("failures", len(listed)) != len(listed):
             problems.append(f"failure count differs: manifest {manifest.get('failures')}, listed {len(listed)}")
-    return Verification(not problems, expected, actual, len(entries), files, problems)
+    left_out = manifest.get("left_out") or {}
+    if left_out and not allow_left_out:
+        n = sum(left_out.values()) if isinstance(left_out, dict) else len(left_out)
+        problems.append(
+            f"incomplete: the store held {n} more entries ({len(left_out)} APIs with names too long for a file name) "
+            "that the snapshot left out (--skip-unsafe accepts that)"
+        )
+    return Verification(not problems, expected, actual, entries, files, problems)
 
 
 # -- command line ---------------------------------------------------------------------------------
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     if args.verify:
-        result = verify_snapshot(args.out)
+        result = verify_snapshot(args.out, allow_left_out=args.skip_unsafe, progress=not args.quiet)
         print("\n".join(result.lines()))
+        print(f"time: {_throughput(result.entries, time.perf_counter() - started)}")
         return 0 if result.ok else 1
-    from .cli import settings_from_args
-    from .factory import build_store
-
     settings = settings_from_args(args)
     try:
         with build_store(settings) as store:
@@ -299,16 +292,28 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     print(f"snapshot:      {args.out}")
     print(f"entries:       {manifest['entries']} in {manifest['files']} files")
     print("by source:     " + ", ".join(f"{k} {v}" for k, v in manifest["by_source"].items()))
-    print(f"failures:      {manifest['failures']} included" + (f", {manifest['excluded_failures']} left out" if args.exclude_failures else ""))
+    left = f", {manifest['excluded_failures']} left out" if args.exclude_failures else ""
+    print(f"failures:      {manifest['failures']} included{left}")
     print(f"content hash:  {manifest['content_hash']}")
-    if manifest["skipped_namespaces"]:
-        print(f"skipped (names unsafe as paths): {len(manifest['skipped_namespaces'])}")
+    print(f"time:          {_throughput(manifest['entries'], time.perf_counter() - started)}")
+    if manifest["encoded_names"]:
+        print(f"encoded names: {manifest['encoded_names']} files (names unsafe as paths, written as %%...)")
+    left_out = manifest["left_out"]
+    if left_out:
+        print(f"LEFT OUT:      {sum(left_out.values())} entries of {len(left_out)} APIs whose names are too long for a file name")
+        for api in list(left_out)[:20]:
+            print(f"  {api[:300]}")
+        if not args.skip_unsafe:
+            print("the snapshot is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
+            return 1
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_config_arguments
+def _throughput(entries: int, seconds: float) -> str:
+    return f"{seconds:.1f} s ({entries / seconds if seconds > 0 else 0:,.0f} entries/s)"
 
+
+def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "snapshot",
         help="freeze the store into an upstream tool_response_cache tree with a manifest.json",
@@ -317,10 +322,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("out", help="the snapshot folder (new or empty; with --verify: an existing snapshot)")
     parser.add_argument("--verify", action="store_true", help="recompute the content hash of OUT and compare with its manifest")
+    parser.add_argument(
+        "--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)"
+    )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.add_argument(
-        "--exclude-failures", action="store_true",
-        help="leave failure records out (a cache meant for other people's record runs)",
+        "--exclude-failures", action="store_true", help="leave failure records out (a cache meant for other people's record runs)"
     )
     add_config_arguments(parser)
     parser.set_defaults(func=cmd_snapshot)

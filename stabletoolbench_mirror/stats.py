@@ -1,79 +1,145 @@
-"""Counters behind ``GET /stats`` and ``cache stats``.
+"""Counters behind ``GET /stats`` and ``GET /metrics``.
 
-Per request exactly one of ``hits``, ``misses``, ``retries`` (a failure record tried again
-in ``record`` mode), ``rejected`` (bad input),
-``local`` (answered without the cache: ``chat_with_user``) or ``refused`` (turned away
-by a server limit: a full wait queue, a wait past ``limits.queue_timeout_s``, a body
-slower than ``limits.body_timeout_s``; by setting in ``refusals``) counts.  Each miss then
-ends as ``recorded`` (a real or simulated answer, stored), ``unrecorded`` (an answer
-served that the store could not record), ``failed`` (the real API and simulator gave
-nothing usable; the error answer served is recorded as a failure record) or
-``unanswered`` (nothing may fill it: ``replay`` mode or nothing configured).
-Besides: ``failure_hits`` (hits that served a failure record), ``failure_records`` (new
-failure records written), ``replaced`` (retries whose usable answer replaced a failure record).
+Every ``/virtual`` request ends in exactly one :class:`~.outcomes.OutcomeKind`, and
+:meth:`Stats.count` is called once per request, by the server, with that final outcome.
+So the outcome counters add up to ``requests``.  ``misses`` is not a counter of its own:
+it is the sum of the outcomes of requests that missed the cache (``recorded``,
+``shared``, ``failed``, ``unanswered``, ``replaced``, ``unrecorded``; a failure record tried
+again counts as a miss too).  ``refusals`` counts the ``refused`` requests by the setting
+whose limit turned them away; ``failures`` the reasons responders gave no usable answer
+(once per responder call, not per request that shared it).  Beside the outcomes:
+``failure_records`` (new failure records written), ``failure_hits`` (hits that served a
+failure record) and ``retries`` (requests that tried a failure record again).
+
+The counts live in prometheus-client counters (:mod:`.metrics`): with ``serve --workers N``
+every worker adds to files in one shared folder, so ``/stats`` and ``/metrics`` show the sum
+over all workers whichever worker answers the read.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from typing import Any
 
+from .metrics import Counters
+from .outcomes import Outcome, OutcomeKind
+
 MAX_TRACKED_APIS = 10_000
+#: API names are client text: the per-API table is also bounded by their total size
+MAX_TRACKED_API_BYTES = 4 * 1024 * 1024
 MAX_TRACKED_FAILURES = 200
+MAX_FAILURE_CHARS = 200
 _OTHER = "(other)"
-OUTCOMES = (
-    "hits", "misses", "retries", "rejected", "local", "refused", "recorded", "failed", "unrecorded", "unanswered", "store_errors",
-    "failure_hits", "failure_records", "replaced",
-)
+
+#: the ``/stats`` name of each outcome's counter
+COUNTER_NAMES: dict[OutcomeKind, str] = {
+    OutcomeKind.HIT: "hits",
+    OutcomeKind.RECORDED: "recorded",
+    OutcomeKind.SHARED: "shared",
+    OutcomeKind.FAILED: "failed",
+    OutcomeKind.REPLACED: "replaced",
+    OutcomeKind.UNRECORDED: "unrecorded",
+    OutcomeKind.UNANSWERED: "unanswered",
+    OutcomeKind.LOCAL: "local",
+    OutcomeKind.REJECTED: "rejected",
+    OutcomeKind.REFUSED: "refused",
+    OutcomeKind.STORE_ERROR: "store_errors",
+    OutcomeKind.ERROR: "errors",
+}
+MISSES = "misses"
+#: failure-record counts beside the outcomes (each request adds to at most one of each)
+FAILURE_EVENTS = ("failure_records", "failure_hits", "retries")
 
 
 class Stats:
-    """Thread-safe counters; per-API and per-failure tables are capped so random input cannot grow them."""
+    """Thread-safe counters; per-API and per-failure tables are capped (count and size) so random input cannot grow them.
+
+    The caps hold per process: this process tracks an API or a failure reason under its own
+    name while there is room, and counts the rest as ``(other)``.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.counters: Counter[str] = Counter()
-        self.by_source: Counter[str] = Counter()
-        self.by_api: dict[str, Counter[str]] = {}
-        self.failures: Counter[str] = Counter()
-        self.refusals: Counter[str] = Counter()
+        self.counters = Counters()
+        self._apis: set[str] = set()
+        self._api_bytes = 0
+        self._failures: set[str] = set()
 
-    def count(self, outcome: str, namespace: str | None = None, source: str | None = None) -> None:
-        assert outcome in OUTCOMES, outcome
+    def _api_label(self, api: str) -> str:
+        if api in self._apis:
+            return api
         with self._lock:
-            self.counters[outcome] += 1
-            if source is not None:
-                self.by_source[source] += 1
-            if namespace is not None:
-                api = self.by_api.get(namespace)
-                if api is None:
-                    key = namespace if len(self.by_api) < MAX_TRACKED_APIS else _OTHER
-                    api = self.by_api.setdefault(key, Counter())
-                api[outcome] += 1
+            size = len(api.encode("utf-8", "surrogatepass"))
+            if len(self._apis) < MAX_TRACKED_APIS and self._api_bytes + size <= MAX_TRACKED_API_BYTES:
+                self._apis.add(api)
+                self._api_bytes += size
+                return api
+        return _OTHER
 
-    def count_refusal(self, setting: str) -> None:
-        """A request turned away by a server limit (``setting`` names it) before the layer saw it."""
+    def _failure_label(self, problem: str) -> str:
+        detail = problem[:MAX_FAILURE_CHARS]
+        if detail in self._failures:
+            return detail
         with self._lock:
-            self.counters["refused"] += 1
-            self.refusals[setting] += 1
+            if len(self._failures) < MAX_TRACKED_FAILURES:
+                self._failures.add(detail)
+                return detail
+        return _OTHER
 
-    def count_failure(self, detail: str) -> None:
-        with self._lock:
-            detail = detail[:200]
-            if detail in self.failures or len(self.failures) < MAX_TRACKED_FAILURES:
-                self.failures[detail] += 1
-            else:
-                self.failures[_OTHER] += 1
+    def count(self, outcome: Outcome) -> None:
+        """Count one finished request by its final outcome (call it exactly once per request)."""
+        kind = outcome.kind.value
+        counters = self.counters
+        counters.inc("requests", kind)
+        if outcome.source is not None:
+            counters.inc("sources", outcome.source)
+        if outcome.limit is not None:
+            counters.inc("refusals", outcome.limit)
+        if outcome.api is not None:
+            counters.inc("apis", self._api_label(outcome.api), kind)
+        for problem in outcome.problems:
+            counters.inc("failures", self._failure_label(problem))
+        if outcome.retried:
+            counters.inc("records", "retries")
+        if outcome.new_failure_record:
+            counters.inc("records", "failure_records")
+        if outcome.failure and outcome.kind is OutcomeKind.HIT:
+            counters.inc("records", "failure_hits")
 
     def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            out: dict[str, Any] = {
-                "requests": sum(self.counters[k] for k in ("hits", "misses", "retries", "rejected", "local", "refused")),
-            }
-            out.update({k: self.counters[k] for k in OUTCOMES})
-            out["by_source"] = dict(sorted(self.by_source.items()))
-            out["refusals"] = dict(sorted(self.refusals.items()))
-            out["failures"] = dict(self.failures.most_common())
-            out["by_api"] = {ns: dict(c) for ns, c in sorted(self.by_api.items())}
-            return out
+        """The counts of every worker together, in ``/stats``'s shape."""
+        totals = self.counters.totals()
+        by_kind = {OutcomeKind(labels[0]): int(n) for labels, n in totals["requests"].items() if labels[0] in _KINDS}
+        counters = {name: by_kind.get(kind, 0) for kind, name in COUNTER_NAMES.items()}
+        out: dict[str, Any] = {"requests": sum(counters.values())}
+        out.update(counters)
+        out[MISSES] = sum(n for kind, n in by_kind.items() if kind.is_miss)
+        events = {labels[0]: int(n) for labels, n in totals["records"].items()}
+        out.update({event: events.get(event, 0) for event in FAILURE_EVENTS})
+        out["by_source"] = {labels[0]: int(n) for labels, n in sorted(totals["sources"].items())}
+        out["refusals"] = {labels[0]: int(n) for labels, n in sorted(totals["refusals"].items())}
+        failures = sorted(totals["failures"].items(), key=lambda item: (-item[1], item[0]))
+        out["failures"] = {labels[0]: int(n) for labels, n in failures}
+        by_api: dict[str, dict[str, int]] = {}
+        for (api, kind_value), n in sorted(totals["apis"].items()):
+            if kind_value not in _KINDS or not n:
+                continue
+            kind = OutcomeKind(kind_value)
+            per_api = by_api.setdefault(api, {})
+            per_api[COUNTER_NAMES[kind]] = per_api.get(COUNTER_NAMES[kind], 0) + int(n)
+            if kind.is_miss:
+                per_api[MISSES] = per_api.get(MISSES, 0) + int(n)
+        out["by_api"] = by_api
+        return out
+
+    @property
+    def by_api(self) -> dict[str, dict[str, int]]:
+        """``/stats``'s ``by_api`` table."""
+        return self.snapshot()["by_api"]
+
+    def exposition(self) -> bytes:
+        """``GET /metrics``: every counter in the Prometheus text format (all workers summed)."""
+        return self.counters.exposition()
+
+
+_KINDS = frozenset(kind.value for kind in OutcomeKind)

@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from rapidfuzz import fuzz, process
 
+from .logs import clip
 from .naming import CallNames, change_name, standardize, standardize_category
+from .upstream_layout import OutsideTree, check_inside
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -37,8 +39,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_DOC_BYTES = 32 * 1024 * 1024
-#: resolutions remembered (hits and misses), so fuzzy matching runs once per distinct name
+#: parsed tool docs kept in memory, also bounded by the total size of their files
+MAX_LOADED_DOC_BYTES = 64 * 1024 * 1024
+#: resolutions remembered (hits and misses), so fuzzy matching runs once per distinct name;
+#: the names are client text, so the table is bounded by their total length too
 MAX_REMEMBERED = 50_000
+MAX_REMEMBERED_CHARS = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -97,8 +103,16 @@ def _params(value: Any) -> list[Any]:
 class ToolDocs:
     """A lazily indexed tools folder; safe to share between threads."""
 
-    def __init__(self, root: str | os.PathLike[str], *, fuzzy_score: float = 85.0, max_loaded_tools: int = 4096) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fuzzy_score: float = 85.0,
+        max_loaded_tools: int = 4096,
+        allow_symlinks: bool = False,
+    ) -> None:
         self.root = Path(root)
+        self.allow_symlinks = allow_symlinks
         self.fuzzy_score = float(fuzzy_score)
         self.max_loaded_tools = max(1, int(max_loaded_tools))
         self._lock = threading.Lock()
@@ -106,8 +120,11 @@ class ToolDocs:
         """std category -> std tool stem -> file."""
         self._tool_categories: dict[str, list[str]] = {}
         """std tool stem -> the categories that have it (for a call filed under another category)."""
-        self._loaded: OrderedDict[Path, _Tool | None] = OrderedDict()
+        self._loaded: OrderedDict[Path, tuple[_Tool | None, int]] = OrderedDict()
+        """file -> (parsed tool, file size), least recently used first."""
+        self._loaded_bytes = 0
         self._resolved: dict[tuple[str, str, str], tuple[Path, str, bool] | None] = {}
+        self._resolved_chars = 0
 
     # -- the index ----------------------------------------------------------------------------
 
@@ -119,7 +136,7 @@ class ToolDocs:
             log.warning("tools folder %s cannot be read: %s", self.root, exc)
             return index
         for category in categories:
-            if not category.is_dir():
+            if not category.is_dir() or not self._inside(category):
                 continue
             tools: dict[str, Path] = {}
             try:
@@ -128,7 +145,7 @@ class ToolDocs:
                 log.warning("tools folder %s cannot be read: %s", category.path, exc)
                 continue
             for entry in entries:
-                if entry.name.endswith(".json") and entry.is_file():
+                if entry.name.endswith(".json") and entry.is_file() and self._inside(entry):
                     tools.setdefault(standardize(entry.name[: -len(".json")]), Path(entry.path))
             std = standardize_category(category.name)
             index.setdefault(std, {}).update(tools)
@@ -137,6 +154,17 @@ class ToolDocs:
                 self._tool_categories.setdefault(tool, []).append(std)
         log.info("tools folder %s: %d categories, %d tools", self.root, len(index), sum(len(t) for t in index.values()))
         return index
+
+    def _inside(self, entry: os.DirEntry[str]) -> bool:
+        """Whether ``entry`` may be used: not a symbolic link out of the folder (unless allowed)."""
+        if self.allow_symlinks or not entry.is_symlink():
+            return True
+        try:
+            check_inside(entry.path, self.root)
+        except OutsideTree as exc:
+            log.warning("tools folder: refused %s", exc)
+            return False
+        return True
 
     def _get_index(self) -> dict[str, dict[str, Path]]:
         index = self._index
@@ -157,36 +185,45 @@ class ToolDocs:
         with self._lock:
             if path in self._loaded:
                 self._loaded.move_to_end(path)
-                return self._loaded[path]
-        tool = self._read(path)
+                return self._loaded[path][0]
+        tool, size = self._read(path)
         with self._lock:
-            self._loaded[path] = tool
-            while len(self._loaded) > self.max_loaded_tools:
-                self._loaded.popitem(last=False)
+            old = self._loaded.pop(path, None)
+            if old is not None:
+                self._loaded_bytes -= old[1]
+            self._loaded[path] = (tool, size)
+            self._loaded_bytes += size
+            # the newest stays even when it alone is over the byte bound
+            while len(self._loaded) > 1 and (len(self._loaded) > self.max_loaded_tools or self._loaded_bytes > MAX_LOADED_DOC_BYTES):
+                _path, (_tool, dropped) = self._loaded.popitem(last=False)
+                self._loaded_bytes -= dropped
         return tool
 
-    def _read(self, path: Path) -> _Tool | None:
+    def _read(self, path: Path) -> tuple[_Tool | None, int]:
+        """The parsed tool (``None`` when unusable) and the size of its file."""
         try:
-            if path.stat().st_size > MAX_DOC_BYTES:
+            size = path.stat().st_size
+            if size > MAX_DOC_BYTES:
                 log.warning("tool doc %s is larger than %d bytes; ignored", path, MAX_DOC_BYTES)
-                return None
+                return None, 0
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             log.warning("tool doc %s cannot be read: %s", path, exc)
-            return None
+            return None, 0
         if not isinstance(data, dict):
             log.warning("tool doc %s is not a JSON object; ignored", path)
-            return None
+            return None, 0
         apis: dict[str, dict[str, Any]] = {}
         for api in data.get("api_list") or []:
             if isinstance(api, dict) and isinstance(api.get("name"), str):
                 apis.setdefault(change_name(standardize(api["name"])), api)
-        return _Tool(
+        tool = _Tool(
             tool_name=_text(data.get("tool_name")) or path.stem,
             tool_description=_text(data.get("tool_description")),
             apis=apis,
             host=_text(data.get("host")),
         )
+        return tool, size
 
     # -- lookup -------------------------------------------------------------------------------
 
@@ -208,17 +245,17 @@ class ToolDocs:
             others = self._tool_categories.get(tool) or []
             if len(others) == 1:
                 path = index[others[0]][tool]
-                log.info("tool doc: %s/%s found under category %s", category, tool, others[0])
+                log.info("tool doc: %s/%s found under category %s", clip(category), clip(tool), others[0])
         if path is None and tools is None:
             match = self._fuzzy(category, list(index))
             if match is not None:
-                log.info("tool doc: category %r matched to %r (score %.1f)", category, match[0], match[1])
+                log.info("tool doc: category %r matched to %r (score %.1f)", clip(category), match[0], match[1])
                 tools, fuzzy = index[match[0]], True
                 path = tools.get(tool)
         if path is None and tools:
             match = self._fuzzy(tool, list(tools))
             if match is not None:
-                log.info("tool doc: tool %r matched to %r in %s (score %.1f)", tool, match[0], category, match[1])
+                log.info("tool doc: tool %r matched to %r in %s (score %.1f)", clip(tool), match[0], clip(category), match[1])
                 path, fuzzy = tools[match[0]], True
         if path is None:
             return None
@@ -234,12 +271,12 @@ class ToolDocs:
         match = self._fuzzy(api, list(loaded.apis))
         if match is None:
             return None
-        log.info("tool doc: api %r matched to %r in %s (score %.1f)", api, match[0], path, match[1])
+        log.info("tool doc: api %r matched to %r in %s (score %.1f)", clip(api), match[0], path, match[1])
         return path, match[0], True
 
     def find(self, names: CallNames) -> ApiDoc | None:
         """The doc of the API ``names`` resolve to, or ``None`` when no doc matches."""
-        return self.find_by_names(names.category, names.tool, names.api)
+        return self.find_by_names(names.category, names.tool, names.api_name)
 
     def find_by_names(self, category: str, tool: str, api: str) -> ApiDoc | None:
         """Look up by standardised category, tool (without ``_for_...``) and API names."""
@@ -249,10 +286,14 @@ class ToolDocs:
         else:
             resolved = self._resolve(category, tool, api)
             if resolved is None:
-                log.info("tool doc: no doc for %s/%s/%s", category, tool, api)
+                log.info("tool doc: no doc for %s/%s/%s", clip(category), clip(tool), clip(api))
+            chars = len(category) + len(tool) + len(api)
             with self._lock:
-                if len(self._resolved) >= MAX_REMEMBERED:
-                    self._resolved.clear()
+                if key not in self._resolved:
+                    if len(self._resolved) >= MAX_REMEMBERED or self._resolved_chars + chars > MAX_REMEMBERED_CHARS:
+                        self._resolved.clear()
+                        self._resolved_chars = 0
+                    self._resolved_chars += chars
                 self._resolved[key] = resolved
         if resolved is None:
             return None
@@ -281,4 +322,8 @@ def tool_docs_for(settings: "Settings") -> ToolDocs | None:
     """The registry over ``settings.tools_folder`` (``None`` when none is configured)."""
     if not settings.tools_folder:
         return None
-    return ToolDocs(settings.resolve(settings.tools_folder), fuzzy_score=settings.simulator.fuzzy_match_score)
+    return ToolDocs(
+        settings.resolve(settings.tools_folder),
+        fuzzy_score=settings.simulator.fuzzy_match_score,
+        allow_symlinks=settings.allow_symlinks,
+    )

@@ -61,4 +61,4 @@ def test_import_reports_unreadable_files(tmp_path: Path) -> None:
 
 def test_import_of_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
     result = cli("cache", "import", str(tmp_path / "nope"), "--store-path", str(tmp_path / "s"), cwd=tmp_path)
-    assert result.returncode == 2 and "is not a folder" in result.stderr
+    assert result.returncode == 2 and f"{tmp_path / 'nope'} does not exist" in result.stderr

@@ -32,6 +32,14 @@ def test_upstream_key_is_order_and_type_sensitive() -> None:
         ({"a": 1}, {"a": True}, False),
         ({"a": [1, 2]}, {"a": [2, 1]}, False),  # list order is data
         ({"a": None}, {}, False),
+        ({"a": float("nan")}, {"a": "nan"}, False),  # upstream: {'a': nan} vs {'a': 'nan'}
+        ({"a": float("nan")}, {"a": "NaN"}, False),
+        ({"a": float("inf")}, {"a": "inf"}, False),
+        ({"a": float("inf")}, {"a": "Infinity"}, False),
+        ({"a": float("-inf")}, {"a": "-inf"}, False),
+        ({"a": float("inf")}, {"a": float("-inf")}, False),
+        ({"b": 1, "a": float("nan")}, {"a": float("nan"), "b": 1}, True),
+        ({"a": json.loads("1e999")}, {"a": float("inf")}, True),  # upstream keys both {'a': inf}
     ],
 )
 def test_canonical_key(a, b, same: bool) -> None:

@@ -1,13 +1,13 @@
-"""A Redis store through the real HTTP server: restarts, memory full and read-only still answer (unrecorded,
-/health degraded), then recover."""
+"""A Redis store through the real HTTP server: restarts, memory full and read-only still answer (HTTP 200, the
+answer unrecorded, /health degraded), then recover."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import redis
@@ -27,7 +27,7 @@ def payload(i: int) -> dict[str, Any]:
             "strip": "", "toolbench_key": ""}
 
 
-def namespace(i: int) -> str:
+def api(i: int) -> str:
     return f"Data/fault_tool_for_Data/api_{i % 5}"
 
 
@@ -47,13 +47,6 @@ def redis_app(own_redis: RedisServer, serve, settings_factory):
     return server, layer
 
 
-def assert_served_unrecorded(r: requests.Response, i: int) -> None:
-    """The responder's answer, HTTP 200 (not an error the client turns into a tool failure), not recorded."""
-    assert r.status_code == 200, r.text
-    assert r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
-    assert r.headers["x-stm-outcome"] == "unrecorded"
-
-
 def assert_store_unavailable(r: requests.Response) -> None:
     assert r.status_code == 503, r.text
     data = r.json()
@@ -62,64 +55,136 @@ def assert_store_unavailable(r: requests.Response) -> None:
     assert r.headers["x-stm-outcome"] == "store_error"
 
 
+def is_outage_answer(r: requests.Response) -> bool:
+    """Whether ``r`` is what a call that needs the store gets while Redis is down: the responder's answer,
+    HTTP 200 (not an error the client would turn into a tool failure), served but not recorded."""
+    assert r.status_code == 200, r.text
+    return r.headers["x-stm-outcome"] == "unrecorded"
+
+
+def assert_served_unrecorded(r: requests.Response, i: int) -> None:
+    assert is_outage_answer(r), r.headers
+    assert r.json() == expected_answer(api(i), f"{{'n': {i}}}")
+
+
+def health(server) -> dict[str, Any]:
+    return requests.get(server.url + "/health", timeout=10).json()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Wait until ``condition()`` holds (polling); fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for: {what}")
+        time.sleep(0.02)
+
+
+@dataclass(frozen=True)
+class Sent:
+    i: int
+    fresh: bool
+    """Whether this server had never seen the call (so Redis must be asked)."""
+    phases: tuple[str, str]
+    """Redis's phase (``up``, ``down``, ``back``) when the request was sent and when it was answered."""
+    outage: bool
+
+
+class LoadClient(threading.Thread):
+    """A client sending, in turn, a call this server has answered before and a call it has never seen."""
+
+    def __init__(self, url: str, offset: int, phase: Callable[[], str]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.offset, self.phase = url, offset, phase
+        self.sent: list[Sent] = []
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        session = requests.Session()
+        n = 0
+        try:
+            while not self.stop.is_set():
+                fresh = n % 2 == 1
+                i = self.offset + n if fresh else (n // 2) % 20
+                before = self.phase()
+                r = session.post(self.url + "/virtual", json=payload(i), timeout=30)
+                outage = is_outage_answer(r)
+                assert r.json() == expected_answer(api(i), f"{{'n': {i}}}")
+                self.sent.append(Sent(i, fresh, (before, self.phase()), outage))
+                n += 1
+        except BaseException as exc:  # reported by the test, not lost with the thread
+            self.error = exc
+
+
 def test_redis_restart_mid_run_answers_while_down_then_records(own_redis: RedisServer, redis_app, caplog) -> None:
     server, layer = redis_app
+    layer.health.log_interval_s = 3600.0  # one message for the whole outage, however slow the machine
+    caplog.set_level("WARNING", logger="stabletoolbench_mirror.store_health")
     session = requests.Session()
     for i in range(20):
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
-        assert r.status_code == 200 and r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
+        assert r.status_code == 200 and r.json() == expected_answer(api(i), f"{{'n': {i}}}")
+    for i in range(20):  # read back (a hit): the server now remembers these answers
+        r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
+        assert r.headers["x-stm-outcome"] == "hit"
 
-    # steady load from other clients while Redis goes away and comes back
-    statuses: list[int] = []
-    stop = threading.Event()
+    # steady load from other clients while Redis goes away and comes back; each step waits for
+    # what it needs to have happened (no fixed sleeps), so the test holds however slow the machine
+    phase = ["up"]
+    clients = [LoadClient(server.url, (k + 1) * 100_000, lambda: phase[0]) for k in range(3)]
 
-    def load(offset: int) -> None:
-        s = requests.Session()
-        n = 0
-        while not stop.is_set():
-            i = offset + n % 40  # hits of the first 20 and new misses
-            r = s.post(server.url + "/virtual", json=payload(i), timeout=10)
-            statuses.append(r.status_code)
-            assert r.status_code == 200 and r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
-            n += 1
+    def seen(what: Callable[[Sent], bool]) -> bool:
+        for client in clients:
+            if client.error is not None:
+                raise AssertionError(f"load client failed: {client.error!r}") from client.error
+        return any(what(s) for client in clients for s in list(client.sent))
 
-    threads = [threading.Thread(target=load, args=(k * 1000,)) for k in range(3)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)
-    caplog.set_level("WARNING", logger="stabletoolbench_mirror.store_health")
+    for client in clients:
+        client.start()
+    wait_for(lambda: seen(lambda s: s.fresh and not s.outage), "load recorded new calls with Redis up")
     own_redis.stop()
+    phase[0] = "down"
     try:
+        wait_for(lambda: seen(lambda s: s.fresh and s.outage and s.phases == ("down", "down")),
+                 "a load client got the outage answer for a new call while Redis was down")
         for i in (77_777, 88_888, 99_999):  # calls this server has not seen: Redis must be asked
             start = time.monotonic()
             r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
             assert time.monotonic() - start < 2.0, "a Redis outage must answer quickly"
             assert_served_unrecorded(r, i)
-        health = session.get(server.url + "/health", timeout=10).json()
-        assert health["status"] == "degraded" and health["unrecorded"] >= 3 and "redis" in json.dumps(health["store_problems"])
+        now = health(server)
+        assert now["status"] == "degraded" and now["unrecorded"] >= 3 and "redis" in str(now["store_problems"])
         # answers this server has already read stay available from its memory of them
         r = session.post(server.url + "/virtual", json=payload(5), timeout=10)
-        assert r.status_code == 200 and r.json() == expected_answer(namespace(5), "{'n': 5}")
-        time.sleep(0.3)
+        assert r.status_code == 200 and r.json() == expected_answer(api(5), "{'n': 5}")
+        wait_for(lambda: seen(lambda s: not s.fresh and not s.outage and s.phases == ("down", "down")),
+                 "a load client got a remembered answer while Redis was down")
     finally:
         own_redis.start()
-    time.sleep(0.3)
-    stop.set()
-    for t in threads:
-        t.join(20)
-    assert set(statuses) == {200}
-    # the outage was logged once (per interval), not once per request
-    down = [r for r in caplog.records if "cannot" in r.getMessage() and "not recorded" in r.getMessage()]
-    assert len(down) == 1, [r.getMessage() for r in down]
+    phase[0] = "back"
+    wait_for(lambda: seen(lambda s: s.fresh and not s.outage and s.phases == ("back", "back")),
+             "a load client recorded a new call after Redis came back")
+    for client in clients:
+        client.stop.set()
+    for client in clients:
+        client.join(60)
+        assert not client.is_alive() and client.error is None, client.error
+    sent = [s for client in clients for s in client.sent]
+    # a remembered answer never needs Redis; once Redis is back, nothing gets the outage answer
+    assert not [s for s in sent if s.outage and (not s.fresh or s.phases[0] == "back")]
 
     # normal service after, without a restart of the mirror; recorded answers survived
     for i in list(range(20)) + [99_999, 123_456]:
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
         assert r.status_code == 200, r.text
-        assert r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
-    assert layer.store.get(namespace(99_999), "{'n': 99999}") is not None  # recorded now that Redis is back
-    assert session.get(server.url + "/health", timeout=10).json()["status"] == "ok"
-    assert layer.stats.snapshot()["unrecorded"] >= 3
+        assert r.json() == expected_answer(api(i), f"{{'n': {i}}}")
+    assert layer.store.get(api(99_999), "{'n': 99999}") is not None  # recorded now that Redis is back
+    assert health(server)["status"] == "ok"
+    assert layer.stats.snapshot()["unrecorded"] >= 4
+    # the outage was logged once (per interval), not once per request
+    down = [r.getMessage() for r in caplog.records if "answers are served but not recorded" in r.getMessage()]
+    assert len(down) == 1, down
     # nothing half-written: every canonical pointer names an entry
     check_pointers(own_redis.url, "faults")
 
@@ -160,14 +225,13 @@ def test_redis_memory_full_refuses_writes_serves_hits_and_recovers(own_redis: Re
     admin.config_set("maxmemory", 1)  # far below what is in use: every write is refused with OOM
     try:
         assert_served_unrecorded(server.post(payload(50)), 50)
-        assert "maxmemory" in requests.get(server.url + "/health", timeout=10).json()["store_problems"]["write"]
+        assert "maxmemory" in health(server)["store_problems"]["write"]
         assert server.post(payload(3)).status_code == 200  # reads still work
     finally:
         admin.config_set("maxmemory", 0)
     r = server.post(payload(50))
-    assert r.status_code == 200 and r.json() == expected_answer(namespace(50), "{'n': 50}")
-    assert r.headers["x-stm-outcome"] == "recorded"
-    assert requests.get(server.url + "/health", timeout=10).json()["status"] == "ok"
+    assert r.status_code == 200 and r.json() == expected_answer(api(50), "{'n': 50}")
+    assert r.headers["x-stm-outcome"] == "recorded" and health(server)["status"] == "ok"
     admin.close()
 
 
@@ -180,13 +244,13 @@ def test_redis_read_only_replica_refuses_writes_and_recovers(own_redis: RedisSer
     admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a master that is not there: read-only
     try:
         assert_served_unrecorded(server.post(payload(60)), 60)
-        problem = requests.get(server.url + "/health", timeout=10).json()["store_problems"]["write"]
+        problem = health(server)["store_problems"]["write"]
         assert "READONLY" in problem or "read only" in problem
         assert server.post(payload(1)).status_code == 200
     finally:
         admin.execute_command("REPLICAOF", "NO", "ONE")
     r = server.post(payload(60))
-    assert r.status_code == 200 and r.json() == expected_answer(namespace(60), "{'n': 60}")
+    assert r.status_code == 200 and r.json() == expected_answer(api(60), "{'n': 60}")
     assert r.headers["x-stm-outcome"] == "recorded"
     admin.close()
 
@@ -199,7 +263,7 @@ def test_redis_url_password_never_appears_in_errors(tmp_path: Path, serve, setti
     assert "s3cret-pw" in settings.secrets()
     server = serve(settings)
     r = server.post(payload(1))
-    assert_store_unavailable(r)
+    assert_store_unavailable(r)  # nothing configured to answer a miss: nothing to serve, so the store's error
     assert "s3cret-pw" not in r.text
 
 

@@ -71,7 +71,8 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StubProcess]:
 
 
 def record_config(store: dict[str, Any], api_base: str, **extra: Any) -> dict[str, Any]:
-    return {"mode": "record", "store": store, "simulator": {"enabled": True, "api_base": api_base, "max_retries": 0},
+    # no tool docs: the expected answers are prompts made from the names alone
+    return {"mode": "record", "store": store, "simulator": {"enabled": True, "api_base": api_base, "max_retries": 0, "allow_without_docs": True},
             "limits": {"max_in_flight_per_client": 512}, **extra}
 
 
@@ -87,10 +88,10 @@ def assert_store_holds(store: Store, sent: list[dict[str, Any]], expect: Expecta
     assert len(store) == len(sent)
     for payload in sent:
         call = expect.call(payload)
-        record = store.get(call.namespace, call.key)
-        assert record is not None, f"lost: {call.namespace} {call.key}"
+        record = store.get(call.api, call.key)
+        assert record is not None, f"lost: {call.api} {call.key}"
         assert record.body == expect.body(payload) and record.source == "simulated"
-        assert store.get_canonical(call.namespace, call.canonical) == record
+        assert store.get_canonical(call.api, call.canonical) == record
 
 
 def assert_diskcache_sound(path: Path) -> None:
@@ -202,13 +203,15 @@ def test_kill_9_of_a_worker_under_load_loses_no_acknowledged_answer(tmp_path: Pa
             assert all(a.status == 200 for a in after)
     acknowledged = [a for a in results if a.status == 200]
     print(f"kill -9 under load: {len(acknowledged)} acknowledged, {sum(a.status == 0 for a in results)} broken by the kill")
-    assert len(acknowledged) > 100 and time.monotonic() > killed_at
+    # the load ran across the kill: answers were acknowledged both before it and after it
+    before = sum(a.finished_at < killed_at for a in acknowledged)
+    assert before > 50 and len(acknowledged) - before > 50, (before, len(acknowledged) - before)
     assert {a.status for a in results} <= {200, 0}, {a.status for a in results}
     assert_diskcache_sound(tmp_path / "store")
     with DiskcacheStore(tmp_path / "store") as store:
         for a in acknowledged:
             call = expect.call(sent[a.index])
-            record = store.get(call.namespace, call.key)
+            record = store.get(call.api, call.key)
             assert record is not None, f"acknowledged answer lost: {call.key}"
             assert record.body == a.body.decode() == expect.body(sent[a.index])
         for record in store:  # whatever else is there is whole and right
@@ -292,7 +295,9 @@ def test_workers_that_cannot_open_the_store_stop_with_a_clear_error(tmp_path: Pa
     assert "cannot open diskcache store" in done.stderr and "Traceback" not in done.stderr
 
     # the worker side alone (uvicorn's own supervisor, settings handed over as serve does)
-    env["STM_SERVE_SETTINGS_JSON"] = json.dumps({"store": {"kind": "diskcache", "path": bad_store}, "base_dir": str(tmp_path)})
+    handed_over = tmp_path / "settings.json"
+    handed_over.write_text(json.dumps({"store": {"kind": "diskcache", "path": bad_store}, "base_dir": str(tmp_path)}))
+    env["STM_SERVE_SETTINGS_FILE"] = str(handed_over)
     done = subprocess.run([sys.executable, "-m", "uvicorn", "stabletoolbench_mirror.server:app_from_environment", "--factory",
                            "--workers", "2", "--port", str(free_port()), "--host", "127.0.0.1"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
@@ -358,7 +363,7 @@ def test_kill_9_of_a_warm_worker_loses_no_acknowledged_answer(tmp_path: Path, ex
     text = output.decode(errors="replace")
     # the survivor took over the dead worker's unanswered calls; whatever failed is reported
     assert "a warm worker process exited (code -9)" in text, text
-    failed_lines = {int(json.loads(line)["origin"].rsplit(":", 1)[1]) for line in failures.read_text().splitlines() if line.strip()}
+    failed_lines = {int(json.loads(line)["location"].rsplit(":", 1)[1]) for line in failures.read_text().splitlines() if line.strip()}
     assert warm.returncode == (1 if failed_lines else 0), text
     acknowledged = [p for number, p in enumerate(sent, 1) if number not in failed_lines]
     assert len(acknowledged) > 100, text
@@ -367,7 +372,7 @@ def test_kill_9_of_a_warm_worker_loses_no_acknowledged_answer(tmp_path: Path, ex
     with DiskcacheStore(tmp_path / "store") as store:
         for payload in acknowledged:
             call = expect.call(payload)
-            record = store.get(call.namespace, call.key)
+            record = store.get(call.api, call.key)
             assert record is not None, f"acknowledged by warm but lost: {call.key}"
             assert record.body == expect.body(payload)
         for record in store:

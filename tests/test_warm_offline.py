@@ -18,7 +18,7 @@ import pytest
 
 from stabletoolbench_mirror.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore
-from stabletoolbench_mirror.warm import WarmPlan, add_query_sources, run_warm, warm_settings
+from stabletoolbench_mirror.warm import WarmPlan, add_queries, run_warm, warm_settings
 from stabletoolbench_mirror.warm_offline import BatchingSimulator, offline_layer
 from tests.helpers.answer_files import api, param, query
 
@@ -49,7 +49,7 @@ def test_offline_engine_batches_prompts_and_records(settings_factory, tmp_path: 
     generate = Generator()
     layer, _ = offline_layer(settings, model="/models/MirrorAPI", concurrency=8, generate=generate)
     plan = WarmPlan()
-    add_query_sources(plan, [str(query_file(tmp_path, 40))], include_optional=False)
+    add_queries(plan, [str(query_file(tmp_path, 40))], include_optional=False)
     try:
         report = run_warm(layer, plan, concurrency=8, progress=False)
     finally:
@@ -80,7 +80,7 @@ def test_offline_unparsable_output_and_engine_errors_are_failure_records(setting
 
     layer, _ = offline_layer(settings, model="m", concurrency=1, generate=Generator(output))
     plan = WarmPlan()
-    add_query_sources(plan, [str(query_file(tmp_path, 4))], include_optional=False)
+    add_queries(plan, [str(query_file(tmp_path, 4))], include_optional=False)
     try:
         report = run_warm(layer, plan, concurrency=1, progress=False)
     finally:

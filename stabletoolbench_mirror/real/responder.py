@@ -8,12 +8,10 @@ from typing import Any, Iterable, Protocol, Sequence
 from ..call import ToolCall
 from ..records import Record, Source
 from ..responders import Attempt
+from ..secrets import Redactor
 from .policy import CallPolicy
 from .transport import Transport
 from .validity import classify
-
-_REDACTED = "***"
-
 
 @dataclass(frozen=True)
 class Fetched:
@@ -50,7 +48,7 @@ class RealResponder:
         self.transport = transport
         self.policy = policy
         self.strict_validity = strict_validity
-        self._secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+        self._redactor = Redactor(secrets)
 
     def respond(self, call: ToolCall, examples: Sequence[Record] = ()) -> Attempt:
         refusal = self.policy.refusal(call)
@@ -63,24 +61,8 @@ class RealResponder:
         if not verdict.valid:
             return Attempt(None, fetched.origin, f"invalid real answer: {verdict.reason}")
         # an API may echo the key it was called with: never let one reach the store
-        secrets = self._secrets + ([call.toolbench_key] if len(call.toolbench_key) >= 4 else [])
-        return Attempt(scrub(fetched.answer, secrets), fetched.origin)
+        return Attempt(self._redactor.plus(call.toolbench_key).data(fetched.answer), fetched.origin)
 
     def close(self) -> None:
         self.transport.close()
 
-
-def scrub(value: Any, secrets: Sequence[str]) -> Any:
-    """``value`` with every occurrence of each secret in its strings (and object keys) replaced."""
-    if not secrets:
-        return value
-    if isinstance(value, str):
-        for secret in secrets:
-            if secret in value:
-                value = value.replace(secret, _REDACTED)
-        return value
-    if isinstance(value, dict):
-        return {scrub(k, secrets) if isinstance(k, str) else k: scrub(v, secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [scrub(v, secrets) for v in value]
-    return value

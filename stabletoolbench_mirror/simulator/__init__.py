@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..config import ConfigError, Settings
+from ..secrets import redactor_for
 from ..tooldocs import ToolDocs, tool_docs_for
 from .client import ChatClient, ChatError, Completion
 from .parsing import Parsed, parse_output
-from .prompts import load_system_prompt
+from .prompt_files import PromptFileError, SystemPrompt, resolve_system_prompt
+from .prompts import MIRRORAPI_STYLES
 from .responder import Simulator, judge_output
 
 __all__ = [
@@ -17,10 +19,13 @@ __all__ = [
     "Completion",
     "Parsed",
     "Simulator",
+    "SystemPrompt",
     "build_chat_client",
     "build_simulator",
-    "judge_output",
     "parse_output",
+    "judge_output",
+    "prompt_warning",
+    "system_prompt_for",
 ]
 
 
@@ -61,22 +66,54 @@ def build_simulator(
     process started itself); ``docs`` is a tool-doc registry shared with other parts.
     """
     cfg = settings.simulator
-    system_prompt = None
-    if cfg.system_prompt_file:
-        path = settings.resolve(cfg.system_prompt_file)
-        try:
-            system_prompt = load_system_prompt(path)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"simulator.system_prompt_file: cannot read {path}: {exc}") from exc
+    from ..startup import NO_DOCS_MARK, simulates_without_docs
+
+    # allowed only with simulator.allow_without_docs (the start-up checks refuse it otherwise)
+    origin_suffix = NO_DOCS_MARK if cfg.allow_without_docs and simulates_without_docs(settings) else ""
     return Simulator(
         build_chat_client(settings, api_base=api_base),
         style=cfg.style,
-        system_prompt=system_prompt,
+        system_prompt=system_prompt_for(settings),
         docs=docs if docs is not None else tool_docs_for(settings),
         max_examples=cfg.max_examples,
         examples_budget_chars=cfg.examples_budget_chars,
         structured_output=cfg.structured_output,
         structured_max_chars=cfg.structured_max_chars,
         max_concurrency=cfg.max_concurrency,
+        parse_retries=parse_retries_for(settings),
+        redactor=redactor_for(settings),
+        origin_suffix=origin_suffix,
         validity=cfg.validity,
+    )
+
+
+def system_prompt_for(settings: Settings, style: str | None = None) -> SystemPrompt:
+    """The system prompt of ``style`` (default: ``simulator.style``) under ``simulator.system_prompt_file``."""
+    cfg = settings.simulator
+    path = settings.resolve(cfg.system_prompt_file) if cfg.system_prompt_file else None
+    try:
+        return resolve_system_prompt(style or cfg.style, path)
+    except PromptFileError as exc:
+        raise ConfigError(f"simulator.system_prompt_file: {exc}") from None
+
+
+def parse_retries_for(settings: Settings) -> int:
+    cfg = settings.simulator
+    if cfg.parse_retries is not None:
+        return cfg.parse_retries
+    return 0 if cfg.style in MIRRORAPI_STYLES else 3
+
+
+def prompt_warning(settings: Settings) -> str | None:
+    """The start-up warning for a MirrorAPI style running on the built-in prompt, else ``None``."""
+    cfg = settings.simulator
+    if cfg.style not in MIRRORAPI_STYLES or cfg.system_prompt_file:
+        return None
+    if not (cfg.enabled or settings.real.shadow_simulate):
+        return None
+    return (
+        f"simulator.style {cfg.style!r} runs on this project's built-in system prompt, but the MirrorAPI models "
+        "were trained on StableToolBench's SFT_SYSTEM / COT_SYSTEM: set simulator.system_prompt_file to "
+        "StableToolBench's server/system_prompts.py (or the folder of a StableToolBench checkout) for the "
+        "prompt the model expects"
     )

@@ -20,6 +20,8 @@ from typing import Any, Literal, Mapping, Sequence
 
 import urllib3
 
+from ..secrets import Redactor
+
 log = logging.getLogger(__name__)
 
 #: longest backoff between two tries, whatever ``Retry-After`` says
@@ -56,6 +58,8 @@ class Completion:
     model: str
     """The model name the server reported (falls back to the requested one)."""
     tries: int = 1
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 class _Endpoint:
@@ -97,7 +101,7 @@ class ChatClient:
         if not bases:
             raise ValueError("at least one endpoint is needed")
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        self._api_key = api_key or ""
+        self._redactor = Redactor([api_key] if api_key else [])
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self._endpoints = [_Endpoint(b, pool_size, headers) for b in bases]
@@ -119,7 +123,7 @@ class ChatClient:
 
     def _redact(self, text: str) -> str:
         # an error body may echo the key back ("Incorrect API key provided: ...")
-        return text.replace(self._api_key, "***") if self._api_key else text
+        return self._redactor.text(text)
 
     # -- choosing an endpoint -----------------------------------------------------------------
 
@@ -226,17 +230,24 @@ class ChatClient:
             raise _error("the answer is not a chat completion", endpoint, retryable=False, status=status) from None
         if not isinstance(content, str):
             content = str(content)
+        usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
         return Completion(
             content=content,
             finish_reason=str(choice.get("finish_reason") or ""),
             endpoint=endpoint.name,
             model=str(payload.get("model") or self.model),
             tries=tries,
+            prompt_tokens=_count(usage.get("prompt_tokens")),
+            completion_tokens=_count(usage.get("completion_tokens")),
         )
 
     def close(self) -> None:
         for endpoint in self._endpoints:
             endpoint.pool.close()
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _error(detail: str, endpoint: _Endpoint, *, retryable: bool, status: int | None = None) -> ChatError:

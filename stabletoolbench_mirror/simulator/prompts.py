@@ -1,18 +1,25 @@
 """The chat messages sent to the simulator model, per prompt style.
 
-``mirrorapi-sft`` / ``mirrorapi-cot``
+``mirrorapi-sft`` / ``mirrorapi-cot`` / ``mirrorapi-cache``
     MirrorAPI's layout: a system prompt, then one user turn
     ``API doc:\\n{api_doc}\\n\\nRequest:\\n{request}`` where ``api_doc`` is Python's ``str()``
     of a dict with the keys ``api_name, api_description, required_parameters,
     optional_parameters, tool_description, tool_name, tool_category`` (in that order) and
     ``request`` is ``str()`` of the parsed input without any ``toolbench_key``.
+    ``mirrorapi-cache`` (the MirrorAPI-Cache model) differs only in ``api_name``: the
+    standardized API name, as upstream's ``main_mirrorapi_cache.py`` sends it, instead of
+    the doc's display name.
 ``gpt-fewshot``
     StableToolBench's GPT-simulator style for any chat model: the API doc, up to
     ``max_examples`` cached answers of the same API (the ones whose input is most like the
     current one, within a character budget), then the input; the model answers a JSON object.
+    Inside a session the user turn starts with the task and the session's last calls (:mod:`.history`).
+``world-model``
+    This project's prompt for stateful simulation inside a session (:mod:`.history`).
 
 The default system prompts are this project's own text; ``system_prompt_file`` replaces
-them with a user's file, sent verbatim (e.g. MirrorAPI's exact training prompts).
+them with a user's file (see :mod:`.prompt_files`: a text file sent verbatim, or
+StableToolBench's ``system_prompts.py`` read as a syntax tree).
 """
 
 from __future__ import annotations
@@ -23,10 +30,13 @@ from typing import Any, Sequence
 from rapidfuzz import fuzz
 
 from ..call import ToolCall
+from ..keys import plain_key
+from ..naming import standardize
 from ..records import Record
 from ..tooldocs import ApiDoc
 
-STYLES = ("mirrorapi-sft", "mirrorapi-cot", "gpt-fewshot")
+MIRRORAPI_STYLES = ("mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache")
+STYLES = (*MIRRORAPI_STYLES, "gpt-fewshot", "world-model")
 MIRRORAPI_USER_TEMPLATE = "API doc:\n{api_doc}\n\nRequest:\n{request}"
 API_DOC_KEYS = (
     "api_name",
@@ -93,27 +103,53 @@ values that follow from the input. Keep it reasonably short (roughly 100 to 200 
 when they are empty or errors, ignore them and answer on your own.
 - Nothing outside the JSON object."""
 
+# world-model: this project's prompt for stateful simulation (see .history for its user turn)
+WORLD_MODEL_SYSTEM_PROMPT = """\
+You are the environment behind the tools an agent uses to solve a task. Each message gives \
+the task, the documentation of one API, the calls the agent already made in this session \
+with the answers they got (oldest first), and one new call. Answer the new call exactly as \
+the real API would, given everything that happened before it.
+
+Keep the world consistent across the session:
+- What an earlier call created (a record, an order, a meeting, an account, an id, a token) \
+exists now, with the values it was created with.
+- What an earlier call changed shows its new values; what an earlier call deleted is gone, \
+and reading it gets the API's not-found answer.
+- Ids, names, numbers, dates and totals already shown stay the same; new ids do not clash \
+with earlier ones.
+- A call that needs something never created, or a token never issued, gets the error the \
+API would give.
+- Only the listed calls happened; do not assume others.
+
+Reply with one JSON object, exactly:
+{"error": "", "response": "<the API's output>"}
+
+- "error" stays empty unless the call cannot be served; then give a short error message.
+- "response" is the API's output as text, usually a JSON body, with concrete values.
+- Nothing outside the JSON object."""
+
 DEFAULT_SYSTEM_PROMPTS = {
     "mirrorapi-sft": SFT_SYSTEM_PROMPT,
     "mirrorapi-cot": COT_SYSTEM_PROMPT,
+    "mirrorapi-cache": SFT_SYSTEM_PROMPT,
     "gpt-fewshot": GPT_SYSTEM_PROMPT,
+    "world-model": WORLD_MODEL_SYSTEM_PROMPT,
 }
 
 
-def load_system_prompt(path: str) -> str:
-    """A system prompt file's text, verbatim (no stripping, no templating)."""
-    with open(path, encoding="utf-8", newline="") as handle:
-        return handle.read()
-
-
-def api_doc_dict(call: ToolCall, doc: ApiDoc | None) -> dict[str, Any]:
+def api_doc_dict(call: ToolCall, doc: ApiDoc | None, style: str = "mirrorapi-sft") -> dict[str, Any]:
     """The ``api_doc`` dict of MirrorAPI's prompt, keys in its training order.
 
     Without a doc the simulator still gets the API, tool and category names.
+    ``mirrorapi-cache`` names the API by its standardized name (upstream's cache server).
     """
+    if style == "mirrorapi-cache":
+        api_name = standardize(call.names.api_name)
+    else:
+        api_name = doc.name if doc is not None else call.api_name
     if doc is None:
         return {
-            "api_name": call.api_name,
+            "api_name": api_name,
             "api_description": "",
             "required_parameters": [],
             "optional_parameters": [],
@@ -122,7 +158,7 @@ def api_doc_dict(call: ToolCall, doc: ApiDoc | None) -> dict[str, Any]:
             "tool_category": call.names.category,
         }
     return {
-        "api_name": doc.name,
+        "api_name": api_name,
         "api_description": doc.description,
         "required_parameters": doc.required_parameters,
         "optional_parameters": doc.optional_parameters,
@@ -145,14 +181,15 @@ def request_value(call: ToolCall) -> Any:
     return value
 
 
-def mirrorapi_user_turn(call: ToolCall, doc: ApiDoc | None) -> str:
-    return MIRRORAPI_USER_TEMPLATE.format(api_doc=str(api_doc_dict(call, doc)), request=str(request_value(call)))
+def mirrorapi_user_turn(call: ToolCall, doc: ApiDoc | None, style: str = "mirrorapi-sft") -> str:
+    return MIRRORAPI_USER_TEMPLATE.format(api_doc=str(api_doc_dict(call, doc, style)), request=str(request_value(call)))
 
 
-def mirrorapi_messages(system_prompt: str, call: ToolCall, doc: ApiDoc | None) -> list[dict[str, str]]:
+def mirrorapi_messages(system_prompt: str, call: ToolCall, doc: ApiDoc | None, style: str = "mirrorapi-sft") -> list[dict[str, str]]:
+    """The messages of a MirrorAPI style: the live prompt, and the training export's first two turns."""
     return [
         {"role": "system", "content": system_prompt},
-        {"role": "user", "content": mirrorapi_user_turn(call, doc)},
+        {"role": "user", "content": mirrorapi_user_turn(call, doc, style)},
     ]
 
 
@@ -169,24 +206,27 @@ def choose_examples(call: ToolCall, records: Sequence[Record], max_examples: int
     if max_examples <= 0 or budget_chars <= 0 or not records:
         return []
     seen: set[str] = set()
-    candidates: list[tuple[float, int, Record]] = []
+    candidates: list[tuple[float, int, str, Record]] = []
+    # keys recorded inside a session carry a history hash (see keys.session_key): compare and show the input only
+    own = plain_key(call.key)
     for position, record in enumerate(records):
-        if record.key == call.key or record.key in seen:
+        key = plain_key(record.key)
+        if key == own or key in seen:
             continue
-        seen.add(record.key)
-        candidates.append((fuzz.ratio(call.key, record.key), position, record))
+        seen.add(key)
+        candidates.append((fuzz.ratio(own, key), position, key, record))
     candidates.sort(key=lambda c: (-c[0], c[1]))
     chosen: list[tuple[str, Any]] = []
     used = 0
-    for _score, _position, record in candidates:
+    for _score, _position, key, record in candidates:
         try:
             answer = record.answer
         except ValueError:
             continue
-        size = example_chars(record.key, answer)
+        size = example_chars(key, answer)
         if used + size > budget_chars:
             continue
-        chosen.append((record.key, answer))
+        chosen.append((key, answer))
         used += size
         if len(chosen) >= max_examples:
             break

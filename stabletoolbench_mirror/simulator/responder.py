@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Sequence
 
 from .. import protocol
 from ..call import ToolCall
+from ..logs import clip
 from ..real.validity import classify
 from ..records import Record, Source
 from ..responders import Attempt
+from ..secrets import Redactor
 from ..tooldocs import ToolDocs
-from . import prompts
-from .client import ChatClient, ChatError
-from .parsing import parse_output
+from . import history, prompts
+from .client import ChatClient, ChatError, Completion
+from .parsing import Parsed, parse_output
+from .prompt_files import SystemPrompt, built_in_prompt
+
+#: longest rationale kept on a record (characters)
+MAX_RATIONALE_CHARS = 100_000
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +31,8 @@ class Simulator:
 
     * a parsed answer that passes the validity rules (``validity``) -> ``Attempt(answer,
       origin=<model>)``, recorded by the layer;
-    * unparsable output -> no answer, fallback ``Failed to generate fake response``;
+    * unparsable output -> no answer, fallback ``Failed to generate fake response`` (served and
+      recorded as a failure record, so a later call may try again);
     * a parsed answer the validity rules reject (``{"error": "Rate limit exceeded"}``,
       ``"Unauthorized error..."``) -> no answer, fallback the parsed answer itself;
     * no completion at all (connection refused, timeout, HTTP 5xx/429 after the retries) ->
@@ -38,20 +46,30 @@ class Simulator:
         client: ChatClient,
         *,
         style: str = "mirrorapi-sft",
-        system_prompt: str | None = None,
+        system_prompt: str | SystemPrompt | None = None,
         docs: ToolDocs | None = None,
         max_examples: int = 5,
         examples_budget_chars: int = 2048,
         structured_output: bool = False,
         structured_max_chars: int | None = None,
         max_concurrency: int = 64,
+        parse_retries: int = 0,
+        redactor: Redactor | None = None,
+        origin_suffix: str = "",
         validity: str = "strict",
     ) -> None:
         if style not in prompts.STYLES:
             raise ValueError(f"unknown simulator style {style!r}")
         self.client = client
         self.style = style
-        self.system_prompt = prompts.DEFAULT_SYSTEM_PROMPTS[style] if system_prompt is None else system_prompt
+        if system_prompt is None:
+            system_prompt = built_in_prompt(style)
+        elif isinstance(system_prompt, str):
+            system_prompt = SystemPrompt(system_prompt, "given")
+        self.prompt: SystemPrompt = system_prompt
+        self.system_prompt = system_prompt.text
+        self.parse_retries = max(0, int(parse_retries))
+        """Further completions asked for when an output cannot be parsed (seed + 1, + 2, ...)."""
         self.docs = docs
         self.max_examples = max_examples
         self.examples_budget_chars = examples_budget_chars
@@ -59,6 +77,12 @@ class Simulator:
             prompts.structured_output_fields(style == "mirrorapi-cot", structured_max_chars) if structured_output else {}
         )
         self._slots = threading.BoundedSemaphore(max_concurrency)
+        self._counter_lock = threading.Lock()
+        self._counters = {"parse_retries": 0, "parse_retry_successes": 0}
+        self.redactor = redactor or Redactor()
+        """Configured keys: an endpoint may echo its key (its ``Authorization`` header) into an answer."""
+        self.origin_suffix = origin_suffix
+        """Marks the records' origin, e.g. `` [no tool docs]`` when simulating without any doc."""
         if validity not in VALIDITY_RULES:
             raise ValueError(f"unknown simulator validity rules {validity!r}")
         self.validity = validity
@@ -66,69 +90,163 @@ class Simulator:
     @property
     def origin(self) -> str:
         """What the records name as their origin: the model (never the endpoint's key)."""
-        return self.client.model
+        return self.client.model + self.origin_suffix
 
     @property
     def wants_examples(self) -> bool:
         return self.style == "gpt-fewshot" and self.max_examples > 0
 
     def messages(self, call: ToolCall, examples: Sequence[Record] = ()) -> list[dict[str, str]]:
-        """The chat messages this simulator sends for ``call``."""
+        """The chat messages this simulator sends for ``call``.
+
+        Inside a session, ``gpt-fewshot`` and ``world-model`` also carry the task and the last
+        calls of the session (:mod:`.history`); MirrorAPI styles never do.
+        """
         doc = self.docs.find(call.names) if self.docs is not None else None
+        if self.style == "world-model":
+            return history.world_model_messages(self.system_prompt, call, doc)
         if self.style == "gpt-fewshot":
-            return prompts.gpt_fewshot_messages(
-                self.system_prompt,
+            return history.with_session(
                 call,
-                doc,
-                examples,
-                max_examples=self.max_examples,
-                budget_chars=self.examples_budget_chars,
+                prompts.gpt_fewshot_messages(
+                    self.system_prompt,
+                    call,
+                    doc,
+                    examples,
+                    max_examples=self.max_examples,
+                    budget_chars=self.examples_budget_chars,
+                ),
             )
-        return prompts.mirrorapi_messages(self.system_prompt, call, doc)
+        return prompts.mirrorapi_messages(self.system_prompt, call, doc, self.style)
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
         messages = self.messages(call, examples)
-        with self._slots:
-            try:
-                completion = self.client.complete(messages, self.extra)
-            except ChatError as exc:
-                log.warning("simulator gave no answer for %s: %s", call.namespace, exc.detail)
-                return Attempt(None, self.origin, detail=f"simulator unavailable: {exc.detail}")
-        attempt = judge_output(completion.content, self.origin, self.validity)
-        if attempt.answer is None:
+        redactor = self.redactor.plus(call.toolbench_key)
+        retries = 0
+        while True:
+            extra = self.extra
+            seed = self.client.seed
+            if retries and seed is not None:
+                # the same seed at the same temperature would give the same output again
+                seed = seed + retries
+                extra = {**self.extra, "seed": seed}
+            started = time.perf_counter()
+            with self._slots:
+                try:
+                    completion = self.client.complete(messages, extra)
+                except ChatError as exc:
+                    log.warning("simulator gave no answer for %s: %s", clip(call.api), clip(exc.detail, 500))
+                    return Attempt(None, self.origin, detail=f"simulator unavailable: {exc.detail}")
+            latency = time.perf_counter() - started
+            parsed = parse_output(completion.content)
+            if parsed.answer is not None or retries >= self.parse_retries:
+                break
+            retries += 1
+            self._count_retry()
+            log.info("simulator output for %s cannot be parsed; asking again (%d/%d)", clip(call.api), retries, self.parse_retries)
+        if parsed.answer is None:
             log.warning(
-                "simulator output for %s: %s (finish_reason %s, %d chars): %r",
-                call.namespace,
-                attempt.detail,
+                "simulator output for %s cannot be parsed (finish_reason %s, %d chars): %r",
+                clip(call.api),
                 completion.finish_reason or "?",
                 len(completion.content),
-                completion.content[:300],
+                redactor.text(completion.content[:300]),
             )
-        return attempt
+            return Attempt(
+                None,
+                self.origin,
+                detail="simulator output not parsable",
+                fallback=protocol.simulation_failed_answer(),
+            )
+        if parsed.method != "json":
+            log.info("simulator output for %s parsed by the %s extractor", clip(call.api), parsed.method)
+        rejected = invalid(parsed.answer, self.origin, self.validity)
+        if rejected is not None:
+            log.warning("simulated answer for %s rejected: %s", clip(call.api), rejected.detail)
+            return Attempt(None, self.origin, detail=rejected.detail, fallback=redactor.data(rejected.fallback))
+        if retries:
+            self._count_retry(success=True)
+        # no key reaches the store, even when the endpoint echoes one (in the answer or its rationale)
+        meta = self.generation_meta(completion, parsed, seed, latency, retries)
+        return Attempt(redactor.data(parsed.answer), self.origin, meta=redactor.data(meta))
+
+    def generation_meta(self, completion: Completion, parsed: Parsed, seed: int | None, latency_s: float, retries: int) -> dict[str, Any]:
+        """What the generation knew, kept on the record beside the served answer (never served)."""
+        meta: dict[str, Any] = {
+            "style": self.style,
+            "model": completion.model,
+            "prompt_sha256": self.prompt.sha256,
+            "temperature": self.client.temperature,
+            "seed": seed,
+            "finish_reason": completion.finish_reason,
+            "prompt_tokens": completion.prompt_tokens,
+            "completion_tokens": completion.completion_tokens,
+            "latency_s": round(latency_s, 6),
+        }
+        if retries:
+            meta["parse_retries"] = retries
+        if parsed.mechanism:
+            meta["mechanism_of_the_api"] = parsed.mechanism
+        before = text_before_answer(completion.content)
+        if before:
+            meta["text_before_answer"] = before
+        # a lone surrogate (a "\ud800" escape in the server's JSON) cannot be stored as UTF-8
+        return {k: _clean(v) if isinstance(v, str) else v for k, v in meta.items()}
+
+    # -- counters (read by /stats) ------------------------------------------------------------
+
+    def _count_retry(self, success: bool = False) -> None:
+        with self._counter_lock:
+            self._counters["parse_retry_successes" if success else "parse_retries"] += 1
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """For ``/stats``: ``parse_retries`` (completions asked for again) and ``parse_retry_successes`` (answers a retry gave)."""
+        with self._counter_lock:
+            return {"simulator": dict(self._counters)}
 
     def close(self) -> None:
         self.client.close()
+
+
+def text_before_answer(content: str) -> str:
+    """What a model wrote before its JSON answer (a reasoning preamble), without code-fence markers."""
+    brace = content.find("{")
+    if brace <= 0:
+        return ""
+    before = content[:brace].strip()
+    if before.endswith("```json") or before.endswith("```"):
+        before = before[: before.rfind("```")].rstrip()
+    return before
+
+
+def _clean(text: str) -> str:
+    # a lone surrogate cannot be stored as UTF-8; a runaway output must not bloat the record
+    return text[:MAX_RATIONALE_CHARS].encode("utf-8", "replace").decode("utf-8")
 
 
 #: ``simulator.validity``: the real path's rules (:mod:`..real.validity`) applied to simulated answers
 VALIDITY_RULES = ("strict", "compatible", "off")
 
 
-def judge_output(text: str, origin: str, validity: str = "strict") -> Attempt:
-    """A simulator's raw output as an :class:`Attempt`: parsed, then checked by the validity rules.
+def invalid(answer: Any, origin: str, validity: str = "strict") -> Attempt | None:
+    """``None`` when a parsed simulated answer may be recorded, else the failed :class:`Attempt`.
 
-    ``strict`` and ``compatible`` are :func:`~..real.validity.classify`'s two rule sets (the
-    real API's ``strict_validity`` true / false); ``off`` records every parsed answer, as
-    StableToolBench's own simulator does.  An answer the rules reject is served as it is
-    (the agent sees the error the model wrote) and is not a usable answer.
+    ``strict`` and ``compatible`` are :func:`~..real.validity.classify`'s two rule sets (the real
+    API's ``strict_validity`` true / false); ``off`` records every parsed answer, as
+    StableToolBench's own simulator does.  A rejected answer is served as the model wrote it
+    (the agent sees the error it describes) and is not a usable answer.
     """
+    if validity == "off":
+        return None
+    verdict = classify(answer, strict=validity == "strict")
+    if verdict.valid:
+        return None
+    return Attempt(None, origin, detail=f"invalid simulated answer: {verdict.reason}", fallback=answer)
+
+
+def judge_output(text: str, origin: str, validity: str = "strict") -> Attempt:
+    """A simulator's raw output as an :class:`Attempt`: parsed, then checked by the validity rules."""
     parsed = parse_output(text)
     if parsed.answer is None:
         return Attempt(None, origin, detail="simulator output not parsable", fallback=protocol.simulation_failed_answer())
-    if validity != "off":
-        verdict = classify(parsed.answer, strict=validity == "strict")
-        if not verdict.valid:
-            return Attempt(None, origin, detail=f"invalid simulated answer: {verdict.reason}", fallback=parsed.answer)
-    if parsed.method != "json":
-        log.info("simulator output parsed by the %s extractor", parsed.method)
-    return Attempt(parsed.answer, origin)
+    return invalid(parsed.answer, origin, validity) or Attempt(parsed.answer, origin)

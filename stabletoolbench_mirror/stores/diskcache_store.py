@@ -8,12 +8,14 @@ import os
 import sqlite3
 import threading
 import time
-from typing import Iterator
+from collections import Counter
+from typing import Iterable, Iterator
 
 import diskcache
 
+from ..logs import clip
 from ..records import Record
-from .base import Store, StoreError
+from .base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from .filelock import ByteRangeLocks
 from .leases import MAX_LOCK_WAIT_S
 
@@ -21,18 +23,32 @@ log = logging.getLogger(__name__)
 
 _ENTRY = "e"
 _CANONICAL = "c"
+_NAMESPACE = "n"
+_COUNT = "s"
+#: present when the counters below were kept since the store was empty (so they count everything)
+_COUNTED = f"{_COUNT}\x00counted"
+_SCAN_PAGE = 1000
+_MAX_KNOWN_APIS = 100_000
 
 
-def _entry_key(namespace: str, key: str) -> str:
-    return f"{_ENTRY}\x00{namespace}\x00{key}"
+def _entry_key(api: str, key: str) -> str:
+    return f"{_ENTRY}\x00{_no_nul(api)}\x00{key}"
 
 
-def _canonical_key(namespace: str, canonical: str) -> str:
-    return f"{_CANONICAL}\x00{namespace}\x00{canonical}"
+def _canonical_key(api: str, canonical: str) -> str:
+    return f"{_CANONICAL}\x00{_no_nul(api)}\x00{canonical}"
 
 
-def _is_failure(raw: str) -> bool:
-    return Record.from_json(raw).is_failure
+def _no_nul(api: str) -> str:
+    # the first NUL after the kind ends the API, so ``(api, key)`` -> diskcache key is
+    # one-to-one only while APIs hold no NUL (``/virtual`` refuses control characters in names)
+    if "\x00" in api:
+        raise ValueError(f"an API must not contain NUL: {api[:200]!r}")
+    return api
+
+
+def _count_key(*parts: str) -> str:
+    return "\x00".join((_COUNT, *parts))
 
 
 class DiskcacheStore(Store):
@@ -55,27 +71,38 @@ class DiskcacheStore(Store):
         self.path = os.fspath(path)
         self.lock_poll_s = float(lock_poll_s)
         self._write_lock = threading.Lock()
+        self._known_apis: set[str] = set()
+        """APIs known to have their key already (they are never removed): no write to find out again."""
         try:
             os.makedirs(self.path, exist_ok=True)
             # no eviction: a response cache that forgets is not reproducible
-            self._cache = diskcache.Cache(self.path, eviction_policy="none", size_limit=2**62, timeout=60)
+            self._cache = diskcache.Cache(self.path, eviction_policy="none", size_limit=2**62, cull_limit=0, timeout=60)
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
-        except (OSError, sqlite3.Error) as exc:
+            if _COUNTED not in self._cache and self._first_key(_ENTRY) is None:
+                # an empty store: the counters kept from now on count every record
+                self._cache.add(_COUNTED, 1)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
             raise StoreError(f"cannot open diskcache store at {self.path}: {exc}") from exc
 
-    def get(self, namespace: str, key: str) -> Record | None:
+    def _first_key(self, kind: str) -> str | None:
+        row = self._cache._sql(  # noqa: SLF001 - diskcache exposes no prefix query
+            "SELECT key FROM Cache WHERE raw = 1 AND key > ? AND key < ? ORDER BY key LIMIT 1", (kind + "\x00", kind + "\x01")
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def get(self, api: str, key: str) -> Record | None:
         try:
-            raw = self._cache.get(_entry_key(namespace, key))
+            raw = self._cache.get(_entry_key(api, key))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
         return None if raw is None else Record.from_json(raw)
 
-    def get_canonical(self, namespace: str, canonical: str) -> Record | None:
+    def get_canonical(self, api: str, canonical: str) -> Record | None:
         try:
-            key = self._cache.get(_canonical_key(namespace, canonical))
+            key = self._cache.get(_canonical_key(api, canonical))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
-        return None if key is None else self.get(namespace, key)
+        return None if key is None else self.get(api, key)
 
     def add(self, record: Record, canonical: str | None) -> bool:
         # one writer at a time per process: threads queue on a lock instead of on SQLite's busy loop
@@ -83,30 +110,152 @@ class DiskcacheStore(Store):
             return self._add(record, canonical)
 
     def _add(self, record: Record, canonical: str | None) -> bool:
-        entry = _entry_key(record.namespace, record.key)
         try:
-            # one SQLite transaction: the decision and the writes are atomic across processes
-            with self._cache.transact():
-                current = self._cache.get(entry)
-                written = current is None or (not record.is_failure and _is_failure(current))
-                if written:
-                    # the entry goes first: a canonical pointer never points at nothing
-                    self._cache.set(entry, record.to_json())
-                if canonical is not None:
-                    pointer = _canonical_key(record.namespace, canonical)
-                    target = self._cache.get(pointer)
-                    if target is None or (target != record.key and not record.is_failure and self._points_at_failure(record.namespace, target)):
-                        self._cache.set(pointer, record.key)
-            return written
-        except (OSError, sqlite3.Error) as exc:
+            # one transaction: the entry, its canonical pointer and the counters, or nothing
+            with self._cache.transact(retry=True):
+                added = self._add_in_transaction(record, canonical)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
             raise StoreError(f"diskcache write failed: {exc}") from exc
+        self._remember_apis((record,))
+        return added
 
-    def _points_at_failure(self, namespace: str, key: str) -> bool:
-        raw = self._cache.get(_entry_key(namespace, key))
-        return raw is None or _is_failure(raw)
+    def _add_in_transaction(self, record: Record, canonical: str | None, deltas: Counter[str] | None = None) -> bool:
+        """Add one record; count it in ``deltas`` when given (the caller applies them in the same transaction)."""
+        cache = self._cache
+        entry = _entry_key(record.api, record.key)
+        raw = cache.get(entry)
+        # add-if-absent, except that a usable answer replaces a failure record
+        replaced = None if raw is None or record.is_failure else Record.from_json(raw)
+        if replaced is not None and not replaced.is_failure:
+            replaced = None
+        added = raw is None or replaced is not None
+        if added:
+            cache.set(entry, record.to_json())
+        if canonical is not None:
+            pointer = _canonical_key(record.api, canonical)
+            target = cache.get(pointer)
+            # a canonical key names the first record, unless that is a failure and this an answer
+            if target is None or (target != record.key and not record.is_failure and self._holds_failure(record.api, target)):
+                cache.set(pointer, record.key)
+        if added:
+            counts = deltas if deltas is not None else Counter()
+            if replaced is not None:
+                counts[_count_key("source", replaced.source)] -= 1
+                counts[_count_key("origin", origin_key(replaced))] -= 1
+                counts[_count_key("outcome", "failure")] -= 1
+                counts[_count_key("outcome", "replaced")] += 1
+            else:
+                counts[_count_key("entries")] += 1
+                counts[_count_key("category", record.api.split("/", 1)[0])] += 1
+            counts[_count_key("source", record.source)] += 1
+            counts[_count_key("origin", origin_key(record))] += 1
+            if record.is_failure:
+                counts[_count_key("outcome", "failure")] += 1
+            if record.api not in self._known_apis:
+                if cache.add(f"{_NAMESPACE}\x00{record.api}", 1):
+                    counts[_count_key("apis")] += 1
+            if deltas is None:
+                self._apply(counts)
+        return added
 
-    def sample(self, namespace: str, limit: int) -> Iterator[Record]:
-        prefix = _entry_key(namespace, "")
+    def _holds_failure(self, api: str, key: str) -> bool:
+        """Whether ``key``'s entry is a failure record (or missing)."""
+        raw = self._cache.get(_entry_key(api, key))
+        return raw is None or Record.from_json(raw).is_failure
+
+    def _apply(self, deltas: Counter[str]) -> None:
+        for key, delta in deltas.items():
+            self._cache.incr(key, delta)
+
+    def _remember_apis(self, records: Iterable[Record]) -> None:
+        """After a commit: these APIs have their key now (so later adds skip the write that checks it)."""
+        if len(self._known_apis) >= _MAX_KNOWN_APIS:
+            self._known_apis.clear()
+        self._known_apis.update(r.api for r in records)
+
+    def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
+        """Add records in one transaction (bulk import): one commit, and each counter updated once."""
+        items = list(items)
+        with self._write_lock:
+            try:
+                with self._cache.transact(retry=True):
+                    deltas: Counter[str] = Counter()
+                    added = [self._add_in_transaction(record, canonical, deltas) for record, canonical in items]
+                    self._apply(deltas)
+            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+                raise StoreError(f"diskcache write failed: {exc}") from exc
+            self._remember_apis(record for record, _ in items)
+        return added
+
+    def counts(self) -> StoreCounts | None:
+        """The store's counters (no scan), or ``None`` when they were not kept since the store was empty."""
+        try:
+            if _COUNTED not in self._cache:
+                return None
+            out = StoreCounts(entries=0, apis=0)
+            for key, value in self._scan_values(_COUNT):
+                parts = key.split("\x00")
+                if parts[1:] == ["entries"]:
+                    out.entries = int(value)
+                elif parts[1:] == ["apis"]:
+                    out.apis = int(value)
+                elif len(parts) == 3:
+                    getattr(out, f"by_{parts[1]}")[parts[2]] = int(value)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+        out.disk_bytes = self._disk_bytes()
+        return out
+
+    def _disk_bytes(self) -> int:
+        total = 0
+        for folder, _dirs, files in os.walk(self.path):
+            for name in files:
+                try:
+                    total += os.path.getsize(os.path.join(folder, name))
+                except OSError:
+                    pass
+        return total
+
+    def _scan_values(self, kind: str, start: str | None = None, stop: str | None = None) -> Iterator[tuple[str, object]]:
+        """``(key, value)`` of the keys of one kind in key order, a page of rows at a time."""
+        low = start if start is not None else kind + "\x00"
+        high = stop if stop is not None else kind + "\x01"
+        disk = self._cache._disk  # noqa: SLF001 - values are read with diskcache's own decoder
+        inclusive = start is not None
+        while True:
+            rows = self._cache._sql(  # noqa: SLF001
+                f"SELECT key, mode, filename, value FROM Cache WHERE raw = 1 AND key {'>=' if inclusive else '>'} ? AND key < ?"
+                " ORDER BY key LIMIT ?",
+                (low, high, _SCAN_PAGE),
+            ).fetchall()
+            for key, mode, filename, value in rows:
+                try:
+                    yield key, disk.fetch(mode, filename, value, False)
+                except OSError:  # its file was removed meanwhile
+                    continue
+            if len(rows) < _SCAN_PAGE:
+                return
+            low, inclusive = rows[-1][0], False
+
+    def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
+        """``(api, records)`` in api order, one API in memory at a time (a key-range scan)."""
+        current: str | None = None
+        group: list[Record] = []
+        try:
+            for _key, raw in self._scan_values(_ENTRY):
+                record = Record.from_json(raw)
+                if record.api != current:
+                    if group:
+                        yield current, _recording_order(group)  # type: ignore[misc]
+                    current, group = record.api, []
+                group.append(record)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+        if group:
+            yield current, _recording_order(group)  # type: ignore[misc]
+
+    def sample(self, api: str, limit: int) -> Iterator[Record]:
+        prefix = _entry_key(api, "")
         try:
             # a key-range scan over diskcache's SQLite table (string keys are stored raw)
             rows = self._cache._sql(  # noqa: SLF001 - diskcache exposes no prefix query
@@ -121,19 +270,19 @@ class DiskcacheStore(Store):
                 yield Record.from_json(raw)
 
     @contextlib.contextmanager
-    def flight_lock(self, namespace: str, canonical: str) -> Iterator[None]:
+    def flight_lock(self, api: str, canonical: str) -> Iterator[None]:
         """A byte-range lock on ``cache.db-flightlock`` in the store folder (see :mod:`.filelock`).
 
         Shared by every process that opens this folder on this host; the kernel drops it when
         its holder exits, even on ``kill -9``.  A waiter polls every ``lock_poll_s`` and goes
         ahead without it after :data:`~.leases.MAX_LOCK_WAIT_S`.
         """
-        name = f"{namespace}\x00{canonical}"
+        name = f"{api}\x00{canonical}"
         deadline = time.monotonic() + MAX_LOCK_WAIT_S
         try:
             while (offset := self._locks.try_acquire(name)) is None:
                 if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, MAX_LOCK_WAIT_S)
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(api), MAX_LOCK_WAIT_S)
                     break
                 time.sleep(self.lock_poll_s)
         except OSError as exc:
@@ -145,17 +294,26 @@ class DiskcacheStore(Store):
                 try:
                     self._locks.release(offset)
                 except OSError as exc:  # pragma: no cover - unlocking an open file does not fail
-                    log.warning("single-flight lock for %s not released: %s", namespace, exc)
+                    log.warning("single-flight lock for %s not released: %s", clip(api), exc)
 
     def __iter__(self) -> Iterator[Record]:
-        for k in self._cache.iterkeys():
-            if isinstance(k, str) and k.startswith(_ENTRY + "\x00"):
-                raw = self._cache.get(k)
-                if raw is not None:
-                    yield Record.from_json(raw)
+        try:
+            for _key, raw in self._scan_values(_ENTRY):
+                yield Record.from_json(raw)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
 
     def __len__(self) -> int:
-        return sum(1 for k in self._cache.iterkeys() if isinstance(k, str) and k.startswith(_ENTRY + "\x00"))
+        counts = self.counts()
+        if counts is not None:
+            return counts.entries
+        try:
+            (n,) = self._cache._sql(  # noqa: SLF001
+                "SELECT COUNT(*) FROM Cache WHERE raw = 1 AND key > ? AND key < ?", (_ENTRY + "\x00", _ENTRY + "\x01")
+            ).fetchone()
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+        return int(n)
 
     def close(self) -> None:
         self._locks.close()

@@ -2,13 +2,16 @@
 
 Layout under a key prefix ``P`` (so several caches can share one Redis database):
 
-* ``P:e:<namespace>``: a hash, upstream key -> record JSON (never pickles);
-* ``P:c:<namespace>``: a hash, canonical key -> upstream key;
-* ``P:namespaces``: a set of the namespaces that hold records;
+* ``P:e:<api>``: a hash, upstream key -> record JSON (never pickles);
+* ``P:c:<api>``: a hash, canonical key -> upstream key;
+* ``P:namespaces``: a set of the APIs that hold records (the name is older than the word "API" here);
+* ``P:counts``: a hash of counters kept by every add (``entries``, ``source:<s>``,
+  ``category:<c>``, ``origin:<o>``), complete when it has ``counted`` (set by the first add
+  into an empty store), so ``cache stats`` needs no scan;
 * ``P:lock:<sha256>``: the cross-host single-flight locks (strings with an expiry).
 
 A record is added by one Lua script (``HSETNX`` of the entry, of the canonical pointer
-and ``SADD`` of the namespace), which Redis runs atomically: the first writer of a key
+and ``SADD`` of the api), which Redis runs atomically: the first writer of a key
 wins on every host, and nobody ever sees a pointer without its entry.
 
 Every Redis problem (refused or lost connection, timeout, ``OOM``/``READONLY``/``MISCONF``
@@ -22,13 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -38,27 +40,42 @@ from redis.exceptions import RedisError
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
+from ..logs import clip
 from ..records import Record
-from .base import Store, StoreError
+from .base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
 
 log = logging.getLogger(__name__)
 
-# KEYS: entries hash, canonical hash, namespaces set; ARGV: key, record JSON, namespace, canonical or "",
-# "1" when the record is a failure record.  Add-if-absent, except that a usable answer replaces a
-# failure record, and a canonical pointer naming a failure (or nothing) moves to a usable answer.
+# KEYS: entries hash, canonical hash, apis set, counts hash;
+# ARGV: key, record JSON, api, canonical or "", source, category, origin or "", "1" for a failure record.
+# Add-if-absent, except that a usable answer replaces a failure record (its counts move to the answer),
+# and a canonical pointer naming a failure (or nothing) moves to a usable answer.
 _ADD_SCRIPT = """
+local function decode(raw)
+  if not raw then return nil end
+  local ok, data = pcall(cjson.decode, raw)
+  if ok and type(data) == 'table' then return data end
+  return nil
+end
 local function is_failure(raw)
   if not raw then return true end
-  local ok, data = pcall(cjson.decode, raw)
-  return ok and type(data) == 'table' and data['outcome'] == 'failure'
+  local data = decode(raw)
+  return data ~= nil and data['outcome'] == 'failure'
 end
-local failure = ARGV[5] == '1'
+if redis.call('SCARD', KEYS[3]) == 0 then
+  redis.call('HSETNX', KEYS[4], 'counted', 1)
+end
+local failure = ARGV[8] == '1'
 local current = redis.call('HGET', KEYS[1], ARGV[1])
-local written = 0
-if (not current) or ((not failure) and is_failure(current)) then
+local replaced = nil
+if current and (not failure) and is_failure(current) then
+  replaced = decode(current)
+end
+local added = 0
+if (not current) or replaced then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  written = 1
+  added = 1
 end
 if ARGV[4] ~= '' then
   local target = redis.call('HGET', KEYS[2], ARGV[4])
@@ -66,10 +83,30 @@ if ARGV[4] ~= '' then
     redis.call('HSET', KEYS[2], ARGV[4], ARGV[1])
   end
 end
-if written == 1 then
+if added == 1 then
   redis.call('SADD', KEYS[3], ARGV[3])
+  if replaced then
+    -- the failure's counts move to the answer (origin as origin_key() groups it)
+    local source = tostring(replaced['source'])
+    local origin = tostring(replaced['origin'] or '')
+    if source == 'imported' then origin = string.match(origin, '^[^/]*') end
+    redis.call('HINCRBY', KEYS[4], 'source:' .. source, -1)
+    redis.call('HINCRBY', KEYS[4], 'origin:' .. source .. ':' .. origin, -1)
+    redis.call('HINCRBY', KEYS[4], 'outcome:failure', -1)
+    redis.call('HINCRBY', KEYS[4], 'outcome:replaced', 1)
+  else
+    redis.call('HINCRBY', KEYS[4], 'entries', 1)
+    redis.call('HINCRBY', KEYS[4], 'category:' .. ARGV[6], 1)
+  end
+  redis.call('HINCRBY', KEYS[4], 'source:' .. ARGV[5], 1)
+  if ARGV[7] ~= '' then
+    redis.call('HINCRBY', KEYS[4], 'origin:' .. ARGV[7], 1)
+  end
+  if failure then
+    redis.call('HINCRBY', KEYS[4], 'outcome:failure', 1)
+  end
 end
-return written
+return added
 """
 
 # a lock is renewed or deleted only by the holder of its token
@@ -104,13 +141,13 @@ class RecordMemory:
 
     Sound because usable answers never change once written (add-if-absent): a key, once
     found, names the same answer for good on every host.  Absent keys and failure records
-    (which a usable answer may replace, and whose canonical pointers may move) are never
-    remembered.
+    (which an answer may replace, and whose canonical pointers may move) are never remembered.
+    Only what a hit serves is kept (not ``meta`` or ``replaced``).
     """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max(0, int(max_bytes))
-        self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, str, str, float, str], int]] = OrderedDict()
+        self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, str, str, float], int]] = OrderedDict()
         self._pointers: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -121,11 +158,8 @@ class RecordMemory:
             if item is None:
                 return None
             self._records.move_to_end(where)
-        key, body, source, origin, created_at, replaced = item[0]
-        return Record(
-            namespace=where[0], key=key, body=body, source=source, origin=origin, created_at=created_at,  # type: ignore[arg-type]
-            replaced=json.loads(replaced) if replaced else None,
-        )
+        key, body, source, origin, created_at = item[0]
+        return Record(api=where[0], key=key, body=body, source=source, origin=origin, created_at=created_at)
 
     def pointer(self, where: tuple[str, str]) -> str | None:
         with self._lock:
@@ -140,9 +174,15 @@ class RecordMemory:
         # a memory of many records then costs the collector (and so the latency tail) nothing
         if record.is_failure:
             return
-        replaced = json.dumps(record.replaced, ensure_ascii=False, separators=(",", ":")) if record.replaced is not None else ""
-        fields = (record.key, record.body, record.source, record.origin, record.created_at, replaced)
+        fields = (record.key, record.body, record.source, record.origin, record.created_at)
         self._insert(self._records, where, fields, len(record.body) + len(record.key) + len(record.origin) + 200)
+
+    def unpoint(self, where: tuple[str, str]) -> None:
+        """Forget a canonical pointer (it names a failure record, so it may move)."""
+        with self._lock:
+            item = self._pointers.pop(where, None)
+            if item is not None:
+                self._bytes -= item[1]
 
     def point(self, where: tuple[str, str], key: str) -> None:
         self._insert(self._pointers, where, key, len(key) + len(where[1]) + 100)
@@ -175,7 +215,6 @@ class RedisStore(Store):
     """
 
     kind = "redis"
-    reads_async = True
 
     def __init__(
         self,
@@ -205,7 +244,8 @@ class RedisStore(Store):
         self._add = self._client.register_script(_ADD_SCRIPT)
         self._renew = self._client.register_script(_RENEW_SCRIPT)
         self._release = self._client.register_script(_RELEASE_SCRIPT)
-        self._namespaces = f"{prefix}:namespaces"
+        self._apis_key = f"{prefix}:namespaces"  # the set of APIs (its name predates the word)
+        self._counts = f"{prefix}:counts"
         self._memory = RecordMemory(memory_bytes)
         self._leases = LeaseKeeper(self.lock_ttl_s)
 
@@ -221,14 +261,14 @@ class RedisStore(Store):
 
     # -- keys -------------------------------------------------------------------------------------
 
-    def _entries(self, namespace: str) -> str:
-        return f"{self.prefix}:e:{namespace}"
+    def _entries(self, api: str) -> str:
+        return f"{self.prefix}:e:{api}"
 
-    def _canonicals(self, namespace: str) -> str:
-        return f"{self.prefix}:c:{namespace}"
+    def _canonicals(self, api: str) -> str:
+        return f"{self.prefix}:c:{api}"
 
-    def _lock_name(self, namespace: str, canonical: str) -> str:
-        digest = hashlib.sha256(f"{namespace}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
+    def _lock_name(self, api: str, canonical: str) -> str:
+        digest = hashlib.sha256(f"{api}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
         return f"{self.prefix}:lock:{digest}"
 
     def _failed(self, what: str, exc: Exception) -> StoreError:
@@ -243,9 +283,9 @@ class RedisStore(Store):
 
     # -- Store ------------------------------------------------------------------------------------
 
-    def recall(self, namespace: str, key: str) -> Record | None:
+    def recall(self, api: str, key: str) -> Record | None:
         """The record of this key if this process has it in memory (no I/O), else ``None``."""
-        return self._memory.get((namespace, key))
+        return self._memory.get((api, key))
 
     def _async_client(self) -> "redis.asyncio.Redis":
         loop = asyncio.get_running_loop()
@@ -254,81 +294,125 @@ class RedisStore(Store):
             self._aloop = loop
         return self._aclient
 
-    async def aget(self, namespace: str, key: str) -> Record | None:
-        record = self._memory.get((namespace, key))
-        if record is not None:
-            return record
-        try:
-            raw = await self._async_client().hget(self._entries(namespace), key)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            raise self._failed("read", exc) from exc
+    # Each read has a sync and an async form (the server reads on its event loop); both go
+    # through recall / _remember / _point, so the memory-then-Redis order is written once.
+
+    def _remember(self, api: str, key: str, raw: str | None) -> Record | None:
         if raw is None:
             return None
         record = self._decode(raw)
-        self._memory.put((namespace, key), record)
+        self._memory.put((api, key), record)
         return record
 
-    async def aget_canonical(self, namespace: str, canonical: str) -> Record | None:
-        key = self._memory.pointer((namespace, canonical))
-        if key is None:
-            try:
-                key = await self._async_client().hget(self._canonicals(namespace), canonical)
-            except (RedisError, OSError, asyncio.TimeoutError) as exc:
-                raise self._failed("read", exc) from exc
-            if key is None:
-                return None
-            record = await self.aget(namespace, key)
-            if record is not None and not record.is_failure:
-                self._memory.point((namespace, canonical), key)
-            return record
-        return await self.aget(namespace, key)
+    def _point(self, api: str, canonical: str, key: str | None) -> str | None:
+        if key is not None:
+            self._memory.point((api, canonical), key)
+        return key
 
-    def get(self, namespace: str, key: str) -> Record | None:
-        record = self._memory.get((namespace, key))
+    def get(self, api: str, key: str) -> Record | None:
+        record = self.recall(api, key)
         if record is not None:
             return record
         try:
-            raw = self._client.hget(self._entries(namespace), key)
+            raw = self._client.hget(self._entries(api), key)
         except RedisError as exc:
             raise self._failed("read", exc) from exc
-        if raw is None:
-            return None
-        record = self._decode(raw)
-        self._memory.put((namespace, key), record)
-        return record
+        return self._remember(api, key, raw)
 
-    def get_canonical(self, namespace: str, canonical: str) -> Record | None:
-        key = self._memory.pointer((namespace, canonical))
+    async def aget(self, api: str, key: str) -> Record | None:
+        record = self.recall(api, key)
+        if record is not None:
+            return record
+        try:
+            raw = await self._async_client().hget(self._entries(api), key)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            raise self._failed("read", exc) from exc
+        return self._remember(api, key, raw)
+
+    def get_canonical(self, api: str, canonical: str) -> Record | None:
+        key = self._memory.pointer((api, canonical))
         if key is None:
             try:
-                key = self._client.hget(self._canonicals(namespace), canonical)
+                key = self._point(api, canonical, self._client.hget(self._canonicals(api), canonical))
             except RedisError as exc:
                 raise self._failed("read", exc) from exc
-            if key is None:
-                return None
-            record = self.get(namespace, key)
-            if record is not None and not record.is_failure:
-                self._memory.point((namespace, canonical), key)
-            return record
-        return self.get(namespace, key)
+        return self._pointed(api, canonical, None if key is None else self.get(api, key))
+
+    def _pointed(self, api: str, canonical: str, record: Record | None) -> Record | None:
+        if record is not None and record.is_failure:
+            self._memory.unpoint((api, canonical))
+        return record
+
+    async def aget_canonical(self, api: str, canonical: str) -> Record | None:
+        key = self._memory.pointer((api, canonical))
+        if key is None:
+            try:
+                key = self._point(api, canonical, await self._async_client().hget(self._canonicals(api), canonical))
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                raise self._failed("read", exc) from exc
+        return self._pointed(api, canonical, None if key is None else await self.aget(api, key))
+
+    def _add_call(self, record: Record, canonical: str | None) -> dict[str, Any]:
+        ns = record.api
+        origin = origin_key(record)
+        return {
+            "keys": [self._entries(ns), self._canonicals(ns), self._apis_key, self._counts],
+            "args": [record.key, record.to_json(), ns, canonical or "", record.source, ns.split("/", 1)[0], origin,
+                     "1" if record.is_failure else "0"],
+        }
 
     def add(self, record: Record, canonical: str | None) -> bool:
-        ns = record.namespace
         try:
-            added = self._add(
-                keys=[self._entries(ns), self._canonicals(ns), self._namespaces],
-                args=[record.key, record.to_json(), ns, canonical or "", "1" if record.is_failure else "0"],
-            )
+            added = self._add(**self._add_call(record, canonical))
         except RedisError as exc:
             raise self._failed("write", exc) from exc
         return int(added) == 1
 
-    def sample(self, namespace: str, limit: int) -> Iterator[Record]:
+    def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
+        """Adds sent in one pipeline (one round trip per batch); each add is still its own atomic script."""
+        items = list(items)
+        if not items:
+            return []
+        try:
+            self._client.script_load(_ADD_SCRIPT)
+            pipe = self._client.pipeline(transaction=False)
+            for record, canonical in items:
+                self._add(**self._add_call(record, canonical), client=pipe)
+            return [int(added) == 1 for added in pipe.execute()]
+        except RedisError as exc:
+            raise self._failed("write", exc) from exc
+
+    def counts(self) -> StoreCounts | None:
+        try:
+            raw = self._client.hgetall(self._counts)
+            apis = int(self._client.scard(self._apis_key))
+            memory = self._client.info("memory").get("used_memory")
+        except RedisError as exc:
+            raise self._failed("read", exc) from exc
+        if "counted" not in raw and apis:
+            return None  # records written before counters were kept: cache stats scans instead
+        out = StoreCounts(entries=int(raw.get("entries", 0)), apis=apis, memory_bytes=int(memory) if memory else None)
+        for name, value in raw.items():
+            kind, _, what = name.partition(":")
+            if what and kind in ("source", "category", "origin", "outcome"):
+                getattr(out, f"by_{kind}")[what] = int(value)
+        return out
+
+    def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
+        for ns in self.apis():
+            try:
+                group = [self._decode(raw) for _key, raw in self._client.hscan_iter(self._entries(ns), count=500)]
+            except RedisError as exc:
+                raise self._failed("read", exc) from exc
+            if group:
+                yield ns, _recording_order(group)
+
+    def sample(self, api: str, limit: int) -> Iterator[Record]:
         if limit <= 0:
             return
         try:
             values = []
-            for _key, raw in self._client.hscan_iter(self._entries(namespace), count=max(int(limit), 10)):
+            for _key, raw in self._client.hscan_iter(self._entries(api), count=max(int(limit), 10)):
                 values.append(raw)
                 if len(values) >= limit:
                     break
@@ -337,14 +421,14 @@ class RedisStore(Store):
         for raw in values:
             yield self._decode(raw)
 
-    def namespaces(self) -> list[str]:
+    def apis(self) -> list[str]:
         try:
-            return sorted(self._client.smembers(self._namespaces))
+            return sorted(self._client.smembers(self._apis_key))
         except RedisError as exc:
             raise self._failed("read", exc) from exc
 
     def __iter__(self) -> Iterator[Record]:
-        for ns in self.namespaces():
+        for ns in self.apis():
             try:
                 rows = list(self._client.hscan_iter(self._entries(ns), count=500))
             except RedisError as exc:
@@ -353,7 +437,10 @@ class RedisStore(Store):
                 yield self._decode(raw)
 
     def __len__(self) -> int:
-        names = self.namespaces()
+        counts = self.counts()
+        if counts is not None:
+            return counts.entries
+        names = self.apis()
         try:
             pipe = self._client.pipeline(transaction=False)
             for ns in names:
@@ -363,7 +450,7 @@ class RedisStore(Store):
             raise self._failed("read", exc) from exc
 
     @contextlib.contextmanager
-    def flight_lock(self, namespace: str, canonical: str) -> Iterator[None]:
+    def flight_lock(self, api: str, canonical: str) -> Iterator[None]:
         """Hold a Redis lock (``SET NX PX`` with a random token) while filling a miss.
 
         Other hosts asking for the same call wait, then find the recorded answer.  The lock
@@ -373,14 +460,14 @@ class RedisStore(Store):
         A waiter goes ahead without the lock after :data:`~.leases.MAX_LOCK_WAIT_S` (the
         add-if-absent write still keeps one answer).
         """
-        name = self._lock_name(namespace, canonical)
+        name = self._lock_name(api, canonical)
         token = uuid.uuid4().hex
         ttl_ms = max(1, int(self.lock_ttl_s * 1000))
         deadline = time.monotonic() + MAX_LOCK_WAIT_S
         try:
             while not (acquired := bool(self._client.set(name, token, nx=True, px=ttl_ms))):
                 if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", namespace, MAX_LOCK_WAIT_S)
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(api), MAX_LOCK_WAIT_S)
                     break
                 time.sleep(self.lock_poll_s)
         except RedisError as exc:
@@ -405,7 +492,7 @@ class RedisStore(Store):
         finally:
             self._leases.drop(lease)
             if not release():
-                log.warning("single-flight lock for %s not released now (Redis unavailable); retrying in the background", namespace)
+                log.warning("single-flight lock for %s not released now (Redis unavailable); retrying in the background", clip(api))
                 self._leases.release_later(release)
 
     def ping(self) -> None:

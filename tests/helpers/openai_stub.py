@@ -1,15 +1,19 @@
 """A real OpenAI-compatible chat-completions server on 127.0.0.1, scripted by tests and benchmarks.
 
 It speaks the subset of the protocol vLLM's server offers that the simulator uses:
-``POST /v1/chat/completions`` and ``GET /v1/models``.  Every request body is
-recorded.  Behaviour is scripted per request by a *responder* function that gets
-the decoded request body and returns a :class:`Reply`:
+``POST /v1/chat/completions``, ``POST /v1/embeddings`` and ``GET /v1/models``.  Every
+request body is recorded (embedding requests in ``embedding_requests``).  Chat behaviour
+is scripted per request by a *responder* function that gets the decoded request body and
+returns a :class:`Reply`:
 
 * ``Reply(content="...")``: a normal completion whose message content is the text;
 * ``Reply(status=500)`` / ``Reply(status=429)``: an error status with an OpenAI-style error body;
 * ``Reply(delay_s=2.0, ...)``: answer after a delay (slow answers, timeouts);
 * ``Reply(hang=True)``: accept the request and never answer (a hung socket);
 * ``Reply(close=True)``: drop the connection without an answer.
+
+With ``with_headers=True`` the responder also gets the request's headers (e.g. to echo
+``Authorization`` back, as some endpoints do).
 
 Runs as a raw ASGI app under uvicorn, in a thread (tests) or its own process
 (``python -m tests.helpers.openai_stub --port P --latency-ms 50`` for benchmarks).
@@ -45,6 +49,17 @@ class Reply:
 
 
 Responder = Callable[[dict[str, Any]], Reply]
+#: with ``OpenAIStub(..., with_headers=True)``: the body and the request headers (lower-case names)
+HeaderResponder = Callable[[dict[str, Any], dict[str, str]], Reply]
+Embedder = Callable[[str], list[float]]
+
+
+def letter_embedder(text: str) -> list[float]:
+    """A deterministic toy embedding: counts of the letters a-z and of everything else."""
+    counts = [0.0] * 27
+    for ch in text.lower():
+        counts[ord(ch) - 97 if "a" <= ch <= "z" else 26] += 1.0
+    return counts
 
 
 def echo_responder(body: dict[str, Any]) -> Reply:
@@ -63,8 +78,19 @@ def echo_prompt_responder(body: dict[str, Any]) -> Reply:
 class OpenAIStub:
     """The stub server; use as a context manager, ``.api_base`` is the ``/v1`` URL."""
 
-    def __init__(self, responder: Responder = echo_responder, *, port: int | None = None, model: str = "MirrorAPI") -> None:
+    def __init__(
+        self,
+        responder: Responder | HeaderResponder = echo_responder,
+        *,
+        port: int | None = None,
+        model: str = "MirrorAPI",
+        with_headers: bool = False,
+        embedder: Embedder = letter_embedder,
+    ) -> None:
         self.responder = responder
+        self.with_headers = with_headers
+        self.embedder = embedder
+        self.embedding_requests: list[dict[str, Any]] = []
         self.model = model
         self.port = port or free_port()
         self.api_base = f"http://127.0.0.1:{self.port}/v1"
@@ -88,6 +114,14 @@ class OpenAIStub:
         if method == "GET" and path == "/v1/models":
             await _send_json(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "stub"}]})
             return
+        if method == "POST" and path == "/v1/embeddings":
+            request = json.loads(body)
+            with self._lock:
+                self.embedding_requests.append(request)
+            inputs = request["input"] if isinstance(request["input"], list) else [request["input"]]
+            data = [{"object": "embedding", "index": i, "embedding": self.embedder(text)} for i, text in enumerate(inputs)]
+            await _send_json(send, 200, {"object": "list", "data": data, "model": request.get("model", self.model)})
+            return
         if method != "POST" or path != "/v1/chat/completions":
             await _send_json(send, 404, {"error": {"message": f"no route {method} {path}", "type": "NotFound"}})
             return
@@ -96,10 +130,11 @@ class OpenAIStub:
         except ValueError:
             await _send_json(send, 400, {"error": {"message": "body is not JSON", "type": "BadRequestError"}})
             return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         with self._lock:
             self.requests.append(request)
-            self.headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
-        reply = self.responder(request)
+            self.headers.append(headers)
+        reply = self.responder(request, headers) if self.with_headers else self.responder(request)  # type: ignore[call-arg]
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         if reply.hang:

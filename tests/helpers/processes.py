@@ -24,13 +24,13 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, what: str, log: Path) -> None:
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, what: str, log: Path, headers: dict[str, str] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited ({proc.returncode}): {log.read_text(errors='replace')[-3000:]}")
         try:
-            if requests.get(url, timeout=1).ok:
+            if requests.get(url, headers=headers, timeout=1).ok:
                 return
         except requests.RequestException:
             pass
@@ -87,8 +87,15 @@ class StubProcess:
 class ServeProcess:
     """``stabletoolbench-mirror serve --config FILE --workers N`` in its own process group."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any], *, workers: int = 1, port: int | None = None) -> None:
+    def __init__(
+        self, workdir: Path, config: dict[str, Any], *, workers: int = 1, port: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        """``env``: extra environment variables (e.g. ``STM_*`` keys) on top of a clean environment."""
         self.port = port or free_port()
+        self.env = env or {}
+        token = self.env.get("STM_AUTH_TOKEN")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        """What a request to this server needs (the bearer token of ``STM_AUTH_TOKEN``)."""
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
         self.config_file = workdir / f"server-{self.port}.yml"
@@ -99,8 +106,10 @@ class ServeProcess:
     def start(self, timeout_s: float = 60.0) -> "ServeProcess":
         args = [sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(self.config_file), "--workers", str(self.workers)]
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(args, cwd=REPO, env=_clean_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_http(self.url + "/health", self.proc, timeout_s, "mirror server", self.log)
+            self.proc = subprocess.Popen(
+                args, cwd=REPO, env={**_clean_env(), **self.env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        _wait_http(self.url + "/health", self.proc, timeout_s, "mirror server", self.log, self.headers)
         if self.workers > 1:
             deadline = time.monotonic() + timeout_s
             while len(self.worker_pids()) < self.workers:

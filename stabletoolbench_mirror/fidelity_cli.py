@@ -1,0 +1,281 @@
+"""``stabletoolbench-mirror fidelity``: score a simulator (or a second recorded set) against real answers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from . import protocol
+from .cli_common import add_config_arguments, settings_from_args
+from .fidelity import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_json
+from .keys import canonical_from_upstream_key
+
+#: few-shot examples looked at per call (the call's own answer is left out of them)
+EXAMPLE_POOL = 20
+
+
+class FidelityInputError(ValueError):
+    """A reference or candidate source that cannot be used."""
+
+
+# -- references -----------------------------------------------------------------------------------
+
+
+def _answer_of(observed: Any, text: bool) -> Any:
+    if not text:
+        return observed
+    try:
+        answer = json.loads(observed)
+    except ValueError:
+        raise FidelityInputError("the observation is not a whole JSON answer (cut at the client's 1,024 characters?)") from None
+    if not isinstance(answer, dict):
+        raise FidelityInputError("the observation is not a JSON object")
+    return answer
+
+
+def pairs_from_expectations(expectations: Any, problems: list[str]) -> list[Pair]:
+    """Pairs (reference only) from ``check``'s expectations: calls files and answer files."""
+    from pydantic import ValidationError
+
+    from .call import ToolCall
+    from .protocol import ToolInputParseError, VirtualRequest
+
+    pairs = []
+    for exp in expectations:
+        try:
+            call = ToolCall.from_request(VirtualRequest.model_validate(exp.payload))
+            reference = _answer_of(exp.observed, exp.text)
+        except ValidationError as exc:
+            problems.append(f"{exp.location}: not a /virtual payload: {exc.errors(include_url=False)[0]['msg']}")
+            continue
+        except ToolInputParseError:
+            problems.append(f"{exp.location}: tool_input is not JSON")
+            continue
+        except FidelityInputError as exc:
+            problems.append(f"{exp.location}: {exc}")
+            continue
+        pairs.append(Pair(call.api, call.key, reference, origin=exp.location, call=call))
+    return pairs
+
+
+def pairs_from_store(store: Any, problems: list[str], *, progress: bool) -> list[Pair]:
+    """Pairs (reference only) from the store's ``real`` records, in a stable order."""
+    from tqdm import tqdm
+
+    from .record_calls import call_of_record
+
+    pairs = []
+    for record in tqdm(store, desc="read store", unit="entry", disable=not progress):
+        if record.source != "real":
+            continue
+        call = call_of_record(record)
+        if call is None:
+            problems.append(f"{record.api} {record.key[:100]}: the record's key is not a Python literal")
+            continue
+        pairs.append(Pair(record.api, record.key, record.answer, origin="store", call=call))
+    pairs.sort(key=lambda p: (p.api, p.key))
+    return pairs
+
+
+# -- candidates -----------------------------------------------------------------------------------
+
+
+def attach_candidates(pairs: list[Pair], candidates: dict[tuple[str, str], Any], what: str, problems: list[str]) -> list[Pair]:
+    """Give each pair the candidate of its call (matched by API and canonical input); drop the others."""
+    kept = []
+    for pair in pairs:
+        found = candidates.get((pair.api, pair.call.canonical))
+        if found is None:
+            problems.append(f"{pair.origin}: {pair.api} {pair.key[:100]}: no answer in {what}")
+            continue
+        pair.candidate = found
+        kept.append(pair)
+    return kept
+
+
+def candidates_from_calls(paths: list[str], problems: list[str]) -> dict[tuple[str, str], Any]:
+    from .check import load_calls_jsonl
+
+    found: dict[tuple[str, str], Any] = {}
+    for path in paths:
+        for pair in pairs_from_expectations(load_calls_jsonl(path), problems):
+            found.setdefault((pair.api, pair.call.canonical), pair.reference)
+    return found
+
+
+def candidates_from_shadow(pairs: list[Pair], shadow: Any) -> dict[tuple[str, str], Any]:
+    found: dict[tuple[str, str], Any] = {}
+    for pair in pairs:
+        record = shadow.get(pair.api, pair.key) or shadow.get_canonical(pair.api, pair.call.canonical)
+        if record is not None:
+            found[(pair.api, pair.call.canonical)] = record.answer
+    return found
+
+
+class SimulatorCandidate:
+    """The configured simulator, asked directly (never the cache); records only with ``record=True``."""
+
+    def __init__(self, simulator: Any, store: Any, frozen: list[Any], *, record: bool = False) -> None:
+        self.simulator = simulator
+        self.store = store
+        self.frozen = frozen
+        self.record = record
+
+    def examples(self, call: Any) -> list[Any]:
+        """Cached answers of the same API for a few-shot prompt, without the call's own answer."""
+        found = list(self.store.sample(call.api, EXAMPLE_POOL)) if self.store is not None else []
+        for frozen in self.frozen:
+            found += frozen.sample(call.api, EXAMPLE_POOL)
+        return [r for r in found if r.key != call.key and canonical_from_upstream_key(r.key) != call.canonical]
+
+    def __call__(self, pair: Pair) -> Any:
+        from .records import Record
+
+        call = pair.call
+        examples = self.examples(call) if getattr(self.simulator, "wants_examples", False) else []
+        attempt = self.simulator.respond(call, examples)
+        if attempt.answer is not None:
+            if self.record and self.store is not None:
+                self.store.add(Record.from_answer(call.api, call.key, attempt.answer, "simulated", attempt.origin, attempt.meta), call.canonical)
+            return attempt.answer
+        if attempt.fallback is not None:
+            return attempt.fallback
+        return protocol.miss_answer(call.api, "the simulator gave no usable answer")
+
+
+# -- the command --------------------------------------------------------------------------------------
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from .answers import function_index
+    from .check import load_answer_expectations, load_calls_jsonl
+
+    if not (args.calls or args.answers or args.from_store):
+        print("error: give the reference answers: --calls FILE.jsonl, --answers PATH or --from-store", file=sys.stderr)
+        return 2
+    if args.shadow and not args.from_store:
+        print("error: --shadow scores the shadow store against the store's real records: add --from-store", file=sys.stderr)
+        return 2
+    if args.shadow and args.candidate_calls:
+        print("error: --shadow and --candidate-calls are two different candidates: give one", file=sys.stderr)
+        return 2
+    try:
+        import rouge_score  # noqa: F401
+        import sacrebleu  # noqa: F401
+    except ImportError as exc:
+        print(f"error: fidelity needs sacrebleu and rouge-score: pip install 'stabletoolbench-mirror[fidelity]' ({exc})", file=sys.stderr)
+        return 2
+    if args.concurrency < 1:
+        print("error: --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    settings = settings_from_args(args)
+    progress = not args.quiet
+    report = FidelityReport()
+    problems = report.problems
+    store = None
+    closers: list[Any] = []
+    try:
+        try:
+            pairs: list[Pair] = []
+            for path in args.calls or []:
+                pairs += pairs_from_expectations(load_calls_jsonl(path), problems)
+            if args.answers:
+                tools = args.tools_folder or (settings.resolve(settings.tools_folder) if settings.tools_folder else None)
+                found, bad = load_answer_expectations(args.answers, function_index(args.queries or [], tools))
+                problems.extend(bad)
+                pairs += pairs_from_expectations(found, problems)
+            needs_store = args.from_store or not (args.candidate_calls or args.shadow)
+            if needs_store:
+                from .factory import build_store
+
+                store = build_store(settings)
+                closers.append(store)
+            if args.from_store:
+                pairs += pairs_from_store(store, problems, progress=progress)
+            if args.category:
+                wanted = set(args.category)
+                pairs = [p for p in pairs if p.category in wanted]
+            if args.limit is not None:
+                pairs = pairs[: args.limit]
+            candidate = None
+            if args.candidate_calls:
+                pairs = attach_candidates(pairs, candidates_from_calls(args.candidate_calls, problems), "--candidate-calls", problems)
+            elif args.shadow:
+                from .shadow import build_shadow_store
+
+                shadow = build_shadow_store(settings)
+                closers.append(shadow)
+                pairs = attach_candidates(pairs, candidates_from_shadow(pairs, shadow), "the shadow store", problems)
+            else:
+                from .simulator import build_simulator
+                from .stores import FrozenCache
+
+                simulator = build_simulator(settings)
+                closers.append(simulator)
+                frozen = [FrozenCache(settings.resolve(p)) for p in settings.frozen_caches]
+                candidate = SimulatorCandidate(simulator, store, frozen, record=args.record)
+        except ValueError as exc:  # CheckInputError, QueryFileError, the answer files' function index
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        key = os.environ.get(args.api_key_env) if args.api_key_env else None
+        embeddings = judge = None
+        if args.embeddings_api_base:
+            embeddings = EmbeddingClient(args.embeddings_api_base, args.embeddings_model, api_key=key)
+            closers.append(embeddings)
+        if args.judge_api_base:
+            judge = Judge(args.judge_api_base, args.judge_model, api_key=key)
+            closers.append(judge)
+        report.pairs = score_pairs(
+            pairs, candidate=candidate, embeddings=embeddings, judge=judge, concurrency=args.concurrency, progress=progress
+        )
+    finally:
+        for closer in reversed(closers):
+            closer.close()
+    data = report.to_json()
+    print("\n".join(report.lines(data)))
+    if args.json:
+        write_json(args.json, data)
+    if args.html:
+        from pathlib import Path
+
+        Path(args.html).write_text(report.html(), encoding="utf-8")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "fidelity",
+        help="score a simulator against real answers (exact, JSON, BLEU, ROUGE-L, optional embeddings and judge)",
+        description="Score candidate answers against reference (real) answers, per call, per category and overall. "
+        "References: --calls, --answers or --from-store (the store's real records). Candidates: the configured "
+        "simulator asked directly (default; never the cache, nothing recorded unless --record), --candidate-calls, "
+        "or the shadow store (--from-store --shadow).",
+    )
+    ref = parser.add_argument_group("reference answers")
+    ref.add_argument("--calls", action="append", metavar="FILE.jsonl", help='JSONL of {"payload", "observed"} lines (repeatable)')
+    ref.add_argument("--answers", action="append", metavar="PATH", help="StableToolBench answer files or folders (repeatable)")
+    ref.add_argument("--queries", action="append", metavar="PATH", help="query files mapping answer-file function names to APIs")
+    ref.add_argument("--tools-folder", help="a tools folder, also used to map function names (default: 'tools_folder')")
+    ref.add_argument("--from-store", action="store_true", help="the store's real records")
+    ref.add_argument("--category", action="append", help="only this category (standardised name; repeatable)")
+    ref.add_argument("--limit", type=int, help="score at most this many calls")
+    cand = parser.add_argument_group("candidate answers (default: the simulator of --config, asked directly)")
+    cand.add_argument("--candidate-calls", action="append", metavar="FILE.jsonl", help="a second recorded set, matched by API and input")
+    cand.add_argument("--shadow", action="store_true", help="the shadow store's answers (real.shadow_simulate), with --from-store")
+    cand.add_argument("--record", action="store_true", help="record the simulator's answers in the store (default: nothing is recorded)")
+    cand.add_argument("--concurrency", type=int, default=4, help="calls scored at once (default 4)")
+    extra = parser.add_argument_group("optional metrics")
+    extra.add_argument("--embeddings-api-base", metavar="URL", help="an OpenAI-compatible /v1 base for embedding cosine similarity")
+    extra.add_argument("--embeddings-model", default="embedding", help="its model name")
+    extra.add_argument("--judge-api-base", metavar="URL", help="an OpenAI-compatible /v1 base for an LLM judge (score 1-5)")
+    extra.add_argument("--judge-model", default="judge", help="its model name")
+    extra.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key of those endpoints")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", metavar="OUT", help="write the full report as JSON")
+    out.add_argument("--html", metavar="OUT", help="write a self-contained HTML report with a histogram per metric")
+    out.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_config_arguments(parser)
+    parser.set_defaults(func=cmd_fidelity)

@@ -1,0 +1,141 @@
+"""One home for secrets: which values are secret, and how they are kept out of text and data.
+
+A *secret* is a configured key (``auth_token``, ``real.toolbench_key``, ``real.rapidapi_key``,
+``simulator.api_key``, the password of ``store.url``) or the ``toolbench_key`` a request
+carries.  None may reach the store, a log line, ``/stats``, a snapshot or an export:
+
+* :class:`Redactor` replaces every known secret value by :data:`MASK`, in text
+  (:meth:`Redactor.text`) and in JSON-like data, object keys included
+  (:meth:`Redactor.data`): the real API and simulator answers pass through it before they
+  are recorded, so an endpoint that echoes its key (or its ``Authorization`` header) is
+  recorded with ``***`` instead;
+* :func:`mask_fields` masks the values of fields and headers named like secrets
+  (``api_key``, ``Authorization``, ``X-RapidAPI-Key``, ...) in nested dicts;
+* :func:`public_settings` is the settings as data with both applied and user:password
+  removed from URLs (what a snapshot manifest shows).
+
+Values shorter than :data:`MIN_LENGTH` characters are not searched for in text (a key of
+``"a"`` would mask every ``a``); they are still masked where a field names them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from .config import Settings
+
+MASK = "***"
+MIN_LENGTH = 4
+#: settings fields and request fields whose value is a secret
+SECRET_FIELDS = frozenset({"auth_token", "toolbench_key", "rapidapi_key", "api_key"})
+#: HTTP headers that carry one (compared in lower case)
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-rapidapi-key", "toolbench_key", "api-key", "x-api-key"})
+
+
+class Redactor:
+    """Replaces known secret values by :data:`MASK` (longest first, so a key that contains another goes whole)."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._secrets: tuple[str, ...] = ()
+        self.add(secrets)
+
+    def add(self, secrets: Iterable[str]) -> None:
+        found = set(self._secrets) | {s for s in secrets if isinstance(s, str) and len(s) >= MIN_LENGTH}
+        self._secrets = tuple(sorted(found, key=len, reverse=True))
+
+    def __bool__(self) -> bool:
+        return bool(self._secrets)
+
+    def plus(self, *extra: str) -> "Redactor":
+        """This redactor and ``extra`` (e.g. the ``toolbench_key`` of one request)."""
+        more = [s for s in extra if s and len(s) >= MIN_LENGTH and s not in self._secrets]
+        if not more:
+            return self
+        return Redactor(self._secrets + tuple(more))
+
+    def text(self, value: str) -> str:
+        for secret in self._secrets:
+            if secret in value:
+                value = value.replace(secret, MASK)
+        return value
+
+    def data(self, value: Any) -> Any:
+        """``value`` with every secret in its strings (and object keys) replaced; other values unchanged."""
+        if not self._secrets:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {self.text(k) if isinstance(k, str) else k: self.data(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.data(v) for v in value]
+        return value
+
+
+def secret_values(settings: "Settings") -> list[str]:
+    """Every secret value ``settings`` holds: the keys and token, and the password of ``store.url``."""
+    found = [
+        v.get_secret_value()
+        for v in (settings.auth_token, settings.real.toolbench_key, settings.real.rapidapi_key, settings.simulator.api_key)
+        if v is not None and v.get_secret_value()
+    ]
+    password = _url_password(settings.store.url) if settings.store.url else None
+    if password:
+        found.append(password)
+    return found
+
+
+def redactor_for(settings: "Settings") -> Redactor:
+    return Redactor(secret_values(settings))
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a field or header of this name holds a secret."""
+    lowered = name.lower()
+    return lowered in SECRET_FIELDS or lowered in SECRET_HEADERS
+
+
+def mask_fields(value: Any) -> Any:
+    """Nested dicts with the value of each secret-named field or header masked (``None`` stays ``None``)."""
+    if isinstance(value, Mapping):
+        return {k: (MASK if v else v) if isinstance(k, str) and is_secret_name(k) else mask_fields(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask_fields(v) for v in value]
+    return value
+
+
+def strip_userinfo(url: str) -> str:
+    """``url`` with any ``user:password@`` replaced by :data:`MASK`."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if not parts.netloc or "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, f"{MASK}@{host}", parts.path, parts.query, parts.fragment))
+
+
+def public_settings(settings: "Settings") -> dict[str, Any]:
+    """The settings as JSON data without any secret: secret fields masked, URL passwords and key values removed."""
+    redactor = redactor_for(settings)
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, str):
+            return redactor.text(strip_userinfo(value) if "://" in value else value)
+        return value
+
+    return clean(mask_fields(settings.model_dump(mode="json")))
+
+
+def _url_password(url: str) -> str | None:
+    try:
+        return urlsplit(url).password
+    except ValueError:
+        return None

@@ -1,0 +1,106 @@
+"""No key reaches the store, the log, /stats, an export or a snapshot, even when the simulator's endpoint
+echoes its Authorization header (and the prompt) into its answers.  Real HTTP, the CLI server process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.conftest import REPO
+from tests.helpers.live import free_port
+from tests.helpers.openai_stub import OpenAIStub, Reply
+from tests.helpers.processes import ServeProcess
+
+SIM_KEY = "sk-SIMKEY-0c9e77d1a2"
+AUTH_TOKEN = "AUTHTOKEN-55e1b0f3"
+TOOLBENCH_KEY = "TBKEY-CONFIG-a81d2c9e"
+RAPID_KEY = "RAPIDKEY-6f0a9d3b"
+REQUEST_KEY = "TBKEY-REQUEST-3e4f5a6b"
+KEYS = (SIM_KEY, AUTH_TOKEN, TOOLBENCH_KEY, RAPID_KEY, REQUEST_KEY)
+KEY_ENV = {
+    "STM_SIMULATOR__API_KEY": SIM_KEY,
+    "STM_AUTH_TOKEN": AUTH_TOKEN,
+    "STM_REAL__TOOLBENCH_KEY": TOOLBENCH_KEY,
+    "STM_REAL__RAPIDAPI_KEY": RAPID_KEY,
+}
+
+
+def echoing_endpoint(body: dict[str, Any], headers: dict[str, str]) -> Reply:
+    """An endpoint that quotes its Authorization header (and the prompt) in every way it can."""
+    auth = headers.get("authorization", "")
+    prompt = body["messages"][-1]["content"]
+    kind = next((k for k in ("text", "object", "error", "unparsable", "refused") if f"'{k}'" in prompt), "text")
+    if kind == "text":
+        return Reply(content=json.dumps({"error": "", "response": f"you called me with {auth}; prompt: {prompt}"}))
+    if kind == "object":
+        return Reply(content=json.dumps({"error": "", "response": {"auth": auth, auth: "as a key", "list": [auth, {"deep": auth}]}}))
+    if kind == "error":
+        return Reply(content=json.dumps({"error": f"bad key {auth}", "response": ""}))
+    if kind == "unparsable":
+        return Reply(content=f"not json at all, {auth}")
+    return Reply(status=401, message=f"Incorrect API key provided: {auth}")
+
+
+def files_containing(folder: Path, needles: tuple[str, ...]) -> list[str]:
+    hits = []
+    for path in folder.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            hits += [f"{path}: {n}" for n in needles if n.encode() in data]
+    return hits
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
+    env.update(KEY_ENV, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "stabletoolbench_mirror", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_an_echoed_simulator_key_is_never_recorded_logged_exported_or_counted(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    with OpenAIStub(echoing_endpoint, with_headers=True) as stub:
+        config = {
+            "log_level": "debug",
+            "store": {"path": str(work / "store")},
+            # the real API is configured (its keys are loaded) but down: every miss goes on to the simulator
+            "real": {"enabled": True, "relay_url": f"http://127.0.0.1:{free_port()}/relay"},
+            "simulator": {"enabled": True, "api_base": stub.api_base, "max_retries": 0, "allow_without_docs": True},
+        }
+        with ServeProcess(work, config, env=KEY_ENV) as server:
+            served = []
+            for n, kind in enumerate(["text", "object", "error", "unparsable", "refused"]):
+                for key in (REQUEST_KEY, ""):
+                    payload = {"category": "Data", "tool_name": "Echo", "api_name": "Echo", "tool_input": json.dumps({"kind": kind, "n": n, "k": bool(key)}), "toolbench_key": key}
+                    reply = requests.post(server.url + "/virtual", json=payload, headers=server.headers, timeout=30)
+                    assert reply.status_code == 200, reply.text
+                    served.append(reply)
+            stats = requests.get(server.url + "/stats", headers=server.headers, timeout=5).text
+            health = requests.get(server.url + "/health", headers=server.headers, timeout=5).text
+            log_text = server.log.read_text(errors="replace")
+        # the endpoint really got the key, and echoed it: its absence below means something
+        assert stub.headers and all(h["authorization"] == f"Bearer {SIM_KEY}" for h in stub.headers)
+    assert served[0].headers["X-STM-Outcome"] == "recorded" and "you called me with Bearer ***" in served[0].json()["response"]
+    assert served[2].json()["response"]["auth"] == "Bearer ***" and "Bearer ***" in served[2].json()["response"]
+    assert json.loads(stats)["recorded"] >= 6  # text, object and error answers were recorded (scrubbed)
+    assert "DEBUG" in log_text and "cannot be parsed" in log_text  # the log is at debug and saw the unparsable output
+
+    exported = cli("cache", "export", str(work / "export"), "--store-path", str(work / "store"), "-q", cwd=work)
+    assert exported.returncode == 0, exported.stderr
+    snapshot = cli("snapshot", str(work / "snap"), "--config", str(server.config_file), "-q", cwd=work)
+    assert snapshot.returncode == 0, snapshot.stderr
+    cache_stats = cli("cache", "stats", "--json", "--store-path", str(work / "store"), cwd=work)
+    manifest = json.loads((work / "snap" / "manifest.json").read_text())
+    assert manifest["entries"] >= 6 and manifest["settings"]["simulator"]["api_key"] == "***"
+
+    # the store, the server log, the export, the snapshot (files and manifest): no key anywhere
+    assert files_containing(work, KEYS) == []
+    for text in [stats, health, cache_stats.stdout, *(r.text for r in served), *(str(dict(r.headers)) for r in served)]:
+        for key in KEYS:
+            assert key not in text

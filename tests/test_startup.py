@@ -1,0 +1,480 @@
+"""Start-up checks (issue 10 items 11-15, 17): what a configuration points at is checked before serving.
+
+Each test runs the real command line (``serve``, ``cache import``, ``doctor``) in its own process,
+against real folders, a real OpenAI-compatible stub and a real relay stub on 127.0.0.1, or a
+closed port where an endpoint must be dead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import requests
+
+from stabletoolbench_mirror.config import UPSTREAM_DEFAULT_API_BASE, load_settings
+from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.startup import NO_DOCS_MARK, count_tree, frozen_cache_problem
+from stabletoolbench_mirror.stores import DiskcacheStore
+from stabletoolbench_mirror.upstream_layout import write_cache_file
+
+from tests.helpers.api_host import ApiHost, relay_reply
+from tests.helpers.live import free_port
+from tests.helpers.openai_stub import OpenAIStub
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: StableToolBench's server/config.yml as shipped (upstream commit 9fd0a3c), with its relay address
+#: replaced by a closed local port: empty api_key and api_base, a log_file
+UPSTREAM_CONFIG = """api_key:
+api_base:
+model: gpt-4-turbo
+temperature: 0
+toolbench_url: http://127.0.0.1:{relay_port}/rapidapi
+tools_folder: "./tools"
+cache_folder: "./tool_response_cache"
+is_save: true
+port: {port}
+log_file: "./server.log"
+"""
+
+CALL = {"category": "Data", "tool_name": "Demo Tool", "api_name": "search", "tool_input": '{"q": "x"}', "strip": "", "toolbench_key": ""}
+ANSWER = {"error": "", "response": "frozen answer for x"}
+
+
+def flat(text: str) -> str:
+    """``text`` with runs of spaces made one (the summary aligns its labels)."""
+    return re.sub(r" +", " ", text)
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (connections are refused)."""
+    return free_port()
+
+
+def make_server_folder(root: Path) -> Path:
+    """An upstream ``server/`` folder: ``tool_response_cache/`` (2 API files, 3 entries) and ``tools/`` (1 tool, 2 APIs)."""
+    server = root / "server"
+    cache = server / "tool_response_cache"
+    write_cache_file(cache / "Data" / "demo_tool_for_Data" / "search.json", {"{'q': 'x'}": ANSWER, "{'q': 'y'}": {"error": "", "response": "y"}})
+    write_cache_file(cache / "Data" / "demo_tool_for_Data" / "lookup.json", {"{}": {"error": "", "response": "z"}})
+    tools = server / "tools" / "Data"
+    tools.mkdir(parents=True)
+    doc = {"tool_name": "Demo Tool", "tool_description": "demo", "api_list": [
+        {"name": "search", "description": "search things", "method": "GET", "required_parameters": [], "optional_parameters": []},
+        {"name": "lookup", "description": "look up", "method": "GET", "required_parameters": [], "optional_parameters": []},
+    ]}
+    (tools / "demo_tool.json").write_text(json.dumps(doc))
+    return server
+
+
+def env() -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("STM_") and k != "OPENAI_API_KEY"}
+    clean["PYTHONPATH"] = str(REPO) + os.pathsep + clean.get("PYTHONPATH", "")
+    return clean
+
+
+def cli(*args: str, cwd: Path, extra_env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stabletoolbench_mirror", *args],
+        cwd=cwd, env={**env(), **(extra_env or {})}, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def write_config(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(data))  # JSON is YAML
+    return path
+
+
+class Served:
+    """``serve`` in its own process group; ``output`` is what it printed."""
+
+    def __init__(self, args: list[str], cwd: Path, port: int, extra_env: dict[str, str] | None = None) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = cwd / f"serve-{port}.out"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "stabletoolbench_mirror", "serve", *args],
+                cwd=cwd, env={**env(), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.proc.poll() is None, f"serve exited ({self.proc.returncode}):\n{self.output}"
+            try:
+                if requests.get(self.url + "/health", timeout=1).ok:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline, f"serve did not answer:\n{self.output}"
+            time.sleep(0.05)
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=20)
+
+
+@pytest.fixture
+def served() -> Iterator[Any]:
+    started: list[Served] = []
+
+    def start(*args: str, cwd: Path, port: int, extra_env: dict[str, str] | None = None) -> Served:
+        s = Served(list(args), cwd, port, extra_env)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+# -- item 11: frozen cache paths -------------------------------------------------------------------
+
+
+def serve_refused(tmp_path: Path, config: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    cfg = write_config(tmp_path / "server_config.yml", {"port": free_port(), "store": {"path": str(tmp_path / "store")}, **config})
+    return cli("serve", "--config", str(cfg), cwd=tmp_path, timeout=60)
+
+
+def test_serve_refuses_a_missing_frozen_cache_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "no_such_cache"
+    result = serve_refused(tmp_path, {"frozen_caches": [str(missing)]})
+    assert result.returncode == 2, result.stderr
+    assert f"error: frozen_caches[0]: {missing} does not exist" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "configured, where, suggested",
+    [
+        ("server", "below", "server/tool_response_cache"),  # one level too high
+        ("server/tool_response_cache/Data", "above", "server/tool_response_cache"),  # one level too deep
+        ("server/tool_response_cache/Data/demo_tool_for_Data", "above", "server/tool_response_cache"),  # two too deep
+        ("server/tools", "beside it", "server/tool_response_cache"),  # the tools folder instead
+    ],
+)
+def test_serve_refuses_a_frozen_cache_one_level_off_and_suggests_the_tree(tmp_path: Path, configured: str, where: str, suggested: str) -> None:
+    make_server_folder(tmp_path)
+    result = serve_refused(tmp_path, {"frozen_caches": [str(tmp_path / configured)]})
+    assert result.returncode == 2, result.stderr
+    assert (
+        f"error: frozen_caches[0]: {tmp_path / configured} has no cache files (<Category>/<tool>_for_<Category>/<api>.json); "
+        f"the folder {where}, {tmp_path / suggested}, looks like a tool_response_cache tree: use that path"
+    ) in result.stderr
+    assert "not starting" in result.stderr
+
+
+def test_a_folder_with_no_tree_near_it_says_so(tmp_path: Path) -> None:
+    (tmp_path / "empty" / "deeper").mkdir(parents=True)
+    problem = frozen_cache_problem(tmp_path / "empty" / "deeper")
+    layout = "(<Category>/<tool>_for_<Category>/<api>.json)"
+    assert problem == f"{tmp_path / 'empty' / 'deeper'} has no cache files {layout}, nor has any folder just below or above it"
+
+
+def test_cache_import_of_a_folder_without_cache_files_fails_with_the_hint(tmp_path: Path) -> None:
+    server = make_server_folder(tmp_path)
+    result = cli("cache", "import", str(server), "--store-path", str(tmp_path / "store"), "-q", cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"the folder below, {server / 'tool_response_cache'}, looks like a tool_response_cache tree: use that path" in result.stderr
+    # nothing was imported: the store was not even created
+    assert not (tmp_path / "store").exists()
+    ok = cli("cache", "import", str(server / "tool_response_cache"), "--store-path", str(tmp_path / "store"), "-q", cwd=tmp_path)
+    assert ok.returncode == 0 and "entries read:     3" in ok.stdout
+
+
+def test_the_reference_cache_is_counted_from_its_files(reference_dir: Path, tmp_path: Path) -> None:
+    tree = reference_dir / "cache"
+    expected_entries = sum(len(json.loads(p.read_text())) for p in tree.glob("*/*/*.json"))
+    count = count_tree(tree)
+    assert (count.files, count.entries) == (len(list(tree.glob("*/*/*.json"))), expected_entries)
+    # a copy one level down (as in upstream's server/ folder) is found from above
+    shutil.copytree(tree, tmp_path / "server" / "tool_response_cache")
+    assert frozen_cache_problem(tmp_path / "server").endswith(
+        f"the folder below, {tmp_path / 'server' / 'tool_response_cache'}, looks like a tool_response_cache tree: use that path"
+    )
+    # a large tree is listed but its entries are not counted at start
+    assert count_tree(tree, count_entries=False).entries is None
+
+
+# -- item 12: StableToolBench's own config.yml ----------------------------------------------------
+
+
+def test_upstream_config_as_shipped_loads(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(UPSTREAM_CONFIG.format(relay_port=9, port=8080))
+    s = load_settings(cfg, environ={})
+    assert s.simulator.enabled and s.simulator.style == "gpt-fewshot" and s.simulator.model == "gpt-4-turbo"
+    # empty means not set: upstream's OpenAI client then talks to OpenAI with OPENAI_API_KEY
+    assert s.simulator.api_base == UPSTREAM_DEFAULT_API_BASE and s.simulator.api_key is None
+    assert load_settings(cfg, environ={"OPENAI_API_KEY": "sk-from-env"}).simulator.api_key.get_secret_value() == "sk-from-env"
+    assert s.real.enabled and s.real.relay_url == "http://127.0.0.1:9/rapidapi"
+    assert s.frozen_caches == ["./tool_response_cache"] and s.tools_folder == "./tools" and s.save is True
+    assert s.log_file == "./server.log" and s.resolve(s.log_file) == str(tmp_path / "server.log")
+
+
+def test_upstream_earlier_config_as_shipped_loads(tmp_path: Path) -> None:
+    """Upstream's earlier config.yml named the relay ``rapidapi_url``."""
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(
+        "api_key: sk-file\napi_base: http://127.0.0.1:9/v1\nmodel: gpt-4-turbo-preview\ntemperature: 0\n"
+        "rapidapi_url: http://127.0.0.1:9/rapidapi\ntools_folder: \"./tools\"\nis_save: true\ncache_folder: \"./tool_response_cache\"\n"
+    )
+    s = load_settings(cfg, environ={"OPENAI_API_KEY": "sk-env"})
+    assert s.real.enabled and s.real.relay_url == "http://127.0.0.1:9/rapidapi"
+    assert s.simulator.api_base == "http://127.0.0.1:9/v1" and s.simulator.api_key.get_secret_value() == "sk-file"
+
+
+def test_upstream_config_yml_alone_in_the_folder_is_used_and_said(tmp_path: Path, served: Any) -> None:
+    server = make_server_folder(tmp_path)
+    port = free_port()
+    (server / "config.yml").write_text(UPSTREAM_CONFIG.format(relay_port=closed_port(), port=port))
+    with OpenAIStub(model="gpt-4-turbo") as stub:
+        # the shipped file's api_base is empty (OpenAI): this test talks to a local stub instead
+        s = served(cwd=server, port=port, extra_env={"STM_SIMULATOR__API_BASE": stub.api_base})
+        hit = requests.post(s.url + "/virtual", json=CALL, timeout=10)
+        assert hit.json() == ANSWER and hit.headers["x-stm-outcome"] == "hit"
+        output = s.output
+    assert "config.yml + STM_* environment (StableToolBench's config.yml: no server_config.yml in this folder)" in output
+    # the log file is honoured: the start-up summary is in it
+    log_text = (server / "server.log").read_text()
+    assert "StableToolBench's config.yml" in log_text and "frozen cache 0" in log_text
+
+
+def test_a_config_yml_that_is_not_upstreams_is_not_used_and_the_start_says_why(tmp_path: Path) -> None:
+    (tmp_path / "config.yml").write_text("database: postgres\nreplicas: 3\n")
+    result = cli("doctor", "--no-probe", cwd=tmp_path)
+    expected = "./config.yml not used: unknown keys database, replicas: not StableToolBench's server config; pass --config config.yml to use it"
+    assert expected in result.stdout
+    assert f"warning: config: {expected}" in result.stdout
+
+
+# -- items 13-15: tool docs, endpoints, the summary ------------------------------------------------
+
+
+def test_simulator_without_tools_folder_refuses_to_start(tmp_path: Path) -> None:
+    result = serve_refused(tmp_path, {"simulator": {"enabled": True, "api_base": f"http://127.0.0.1:{closed_port()}/v1"}})
+    assert result.returncode == 2
+    assert "error: tools_folder: is not set, but simulator.enabled is true" in result.stderr
+    assert "set simulator.allow_without_docs: true" in result.stderr
+    (tmp_path / "tools").mkdir()
+    result = serve_refused(tmp_path, {"tools_folder": str(tmp_path / "tools"), "simulator": {"enabled": True}})
+    assert result.returncode == 2
+    assert f"error: tools_folder: gives no tool docs: {tmp_path / 'tools'} has no tool docs (<Category>/<tool>.json)" in result.stderr
+
+
+def test_simulating_without_docs_when_allowed_warns_once_and_marks_records(tmp_path: Path, served: Any) -> None:
+    port = free_port()
+    with OpenAIStub() as stub:
+        cfg = write_config(tmp_path / "c.yml", {
+            "port": port, "store": {"path": str(tmp_path / "store")},
+            "simulator": {"enabled": True, "api_base": stub.api_base, "allow_without_docs": True, "max_retries": 0},
+        })
+        s = served("--config", str(cfg), cwd=tmp_path, port=port)
+        answer = requests.post(s.url + "/virtual", json=CALL, timeout=10)
+        assert answer.status_code == 200 and answer.headers["x-stm-outcome"] == "recorded"
+        assert s.output.count("warning: simulator.allow_without_docs: simulating without tool docs") == 1
+        s.stop()
+    with DiskcacheStore(tmp_path / "store") as store:
+        [record] = list(store)
+    assert record.source == "simulated" and record.origin == "MirrorAPI" + NO_DOCS_MARK
+
+
+def test_records_made_with_tool_docs_are_not_marked(tmp_path: Path) -> None:
+    server = make_server_folder(tmp_path)
+    with OpenAIStub() as stub:
+        settings = load_settings(write_config(tmp_path / "c.yml", {
+            "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
+            "simulator": {"enabled": True, "api_base": stub.api_base, "allow_without_docs": True, "max_retries": 0},
+        }), environ={})
+        layer = build_layer(settings)
+        try:
+            assert layer.handle_payload(CALL).kind == "recorded"
+            [record] = list(layer.store)
+        finally:
+            layer.close()
+    assert record.origin == "MirrorAPI"
+
+
+def test_dead_endpoints_are_a_warning_at_start_and_the_summary_says_what_was_loaded(tmp_path: Path, served: Any) -> None:
+    server = make_server_folder(tmp_path)
+    port, dead_sim, dead_relay = free_port(), closed_port(), closed_port()
+    cfg = write_config(tmp_path / "c.yml", {
+        "port": port, "store": {"path": str(tmp_path / "store")},
+        "frozen_caches": [str(server / "tool_response_cache")], "tools_folder": str(server / "tools"),
+        "real": {"enabled": True, "relay_url": f"http://127.0.0.1:{dead_relay}/rapidapi"},
+        "simulator": {"enabled": True, "api_base": f"http://127.0.0.1:{dead_sim}/v1"},
+    })
+    s = served("--config", str(cfg), cwd=tmp_path, port=port)
+    assert requests.post(s.url + "/virtual", json=CALL, timeout=10).json() == ANSWER
+    out = flat(s.output)
+    assert f"config: {cfg}" in out and "mode: record" in out
+    assert f"store: diskcache at {tmp_path / 'store'}" in out
+    assert f"frozen cache 0: {server / 'tool_response_cache'}: 2 files, 1 tool, 1 category, 3 entries" in out
+    assert f"tools folder: {server / 'tools'}: 1 tool, 2 APIs, 1 category" in out
+    assert f"real API: relay http://127.0.0.1:{dead_relay}/rapidapi: NOT ANSWERING (connection refused)" in out
+    assert f"simulator endpoint: http://127.0.0.1:{dead_sim}/v1: NOT ANSWERING (connection refused)" in out
+    assert f"warning: simulator.api_base: http://127.0.0.1:{dead_sim}/v1 does not answer (connection refused)" in out
+    assert f"warning: real.relay_url: http://127.0.0.1:{dead_relay}/rapidapi does not answer (connection refused)" in out
+
+
+def test_live_endpoints_are_reported_as_answering(tmp_path: Path, served: Any) -> None:
+    server = make_server_folder(tmp_path)
+    port = free_port()
+    with OpenAIStub(model="served-model") as stub, ApiHost(lambda r: relay_reply("", "ok")) as relay:
+        cfg = write_config(tmp_path / "c.yml", {
+            "port": port, "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
+            "real": {"enabled": True, "relay_url": relay.url + "/rapidapi", "toolbench_key": "tbk-secret-0001"},
+            "simulator": {"enabled": True, "api_base": stub.api_base, "model": "MirrorAPI", "api_key": "sk-sim-0001"},
+        })
+        s = served("--config", str(cfg), cwd=tmp_path, port=port)
+        out = flat(s.output)
+        assert f"real API: relay {relay.url}/rapidapi: answered (HTTP 200)" in out
+        assert f"simulator endpoint: {stub.api_base}: answered (HTTP 200, does not list 'MirrorAPI')" in out
+        assert f"warning: simulator.model: 'MirrorAPI' is not among the models {stub.api_base} serves (served-model)" in out
+        assert "tbk-secret-0001" not in out and "sk-sim-0001" not in out
+        # the relay probe is one GET with no key
+        assert [r.method for r in relay.received] == ["GET"] and "tbk-secret-0001" not in str(relay.received)
+
+
+# -- item 17: doctor -------------------------------------------------------------------------------
+
+
+def test_doctor_passes_a_good_config_and_changes_nothing(tmp_path: Path) -> None:
+    server = make_server_folder(tmp_path)
+    cfg = write_config(tmp_path / "c.yml", {
+        "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(server / "tool_response_cache")],
+        "tools_folder": str(server / "tools"),
+    })
+    result = cli("doctor", "--config", str(cfg), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no errors, 0 warning(s)" in result.stdout
+    assert f"store: diskcache at {tmp_path / 'store'}: does not exist yet (created at the first start)" in flat(result.stdout)
+    assert not (tmp_path / "store").exists()
+
+
+def test_doctor_reports_every_error_and_exits_non_zero(tmp_path: Path) -> None:
+    make_server_folder(tmp_path)
+    cfg = write_config(tmp_path / "c.yml", {
+        "store": {"path": str(tmp_path / "store")},
+        "frozen_caches": [str(tmp_path / "server"), str(tmp_path / "missing")],
+        "simulator": {"enabled": True, "api_base": f"http://127.0.0.1:{closed_port()}/v1"},
+    })
+    result = cli("doctor", "--config", str(cfg), cwd=tmp_path)
+    assert result.returncode == 1
+    out = result.stdout
+    assert f"error: frozen_caches[0]: {tmp_path / 'server'} has no cache files" in out
+    assert f"error: frozen_caches[1]: {tmp_path / 'missing'} does not exist" in out
+    assert "error: tools_folder: is not set, but simulator.enabled is true" in out
+    assert "does not answer (connection refused)" in out
+    assert "3 error(s), 1 warning(s)" in out
+    bad_log = write_config(tmp_path / "log.yml", {"store": {"path": str(tmp_path / "store")}, "log_file": str(tmp_path / "no" / "dir" / "x.log")})
+    result = cli("doctor", "--config", str(bad_log), "--no-probe", cwd=tmp_path)
+    assert result.returncode == 1 and f"error: log_file: {tmp_path / 'no' / 'dir' / 'x.log'} cannot be written" in result.stdout
+
+
+# -- README: the troubleshooting section quotes the exact messages --------------------------------
+
+
+def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
+    readme = (REPO / "README.md").read_text()
+    data = tmp_path / "data"
+    make_server_folder(data)
+    quoted = {
+        "one level too high": frozen_cache_problem(data / "server"),
+        "missing": frozen_cache_problem(data / "tool_response_cache"),
+    }
+    for what, message in quoted.items():
+        assert message is not None
+        shown = f"error: frozen_caches[0]: {message}".replace(str(tmp_path), "")
+        assert shown in readme, f"README does not quote the {what} message: {shown}"
+    (tmp_path / "config.yml").write_text("database: postgres\nreplicas: 3\n")
+    out = cli("doctor", "--no-probe", cwd=tmp_path).stdout
+    warning = next(line for line in out.splitlines() if line.startswith("warning: config: "))
+    assert warning in readme
+    assert "config: config.yml (StableToolBench's config.yml: no server_config.yml in this folder)" in readme
+
+
+# -- item 14: warm stops early on a dead dependency, and says why each call failed ------------------
+
+
+def warm_config(tmp_path: Path, api_base: str) -> Path:
+    server = make_server_folder(tmp_path)
+    return write_config(tmp_path / "warm.yml", {
+        "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
+        "simulator": {"enabled": True, "api_base": api_base, "max_retries": 0, "connect_timeout_s": 1},
+    })
+
+
+def payload_file(tmp_path: Path, n: int) -> Path:
+    path = tmp_path / "payloads.jsonl"
+    path.write_text("".join(json.dumps({**CALL, "tool_input": json.dumps({"q": f"x{i}"})}) + "\n" for i in range(n)))
+    return path
+
+
+def test_warm_stops_early_when_its_first_calls_all_fail_for_one_cause(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    result = cli("warm", "--config", str(warm_config(tmp_path, dead)), "--payloads", str(payload_file(tmp_path, 40)),
+                 "--concurrency", "1", "--quiet", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    out = result.stdout
+    assert "5 calls made in" in out  # not 40
+    assert "stopped early: the first 5 calls all failed with the same cause: failed: simulated: simulator unavailable: connection failed" in out
+    assert "fix it and run the same command again" in out
+    # the cause is in every FAILED line, and the start already warned about the endpoint
+    failed = [line for line in out.splitlines() if line.startswith("FAILED ")]
+    assert len(failed) == 5 and all("simulated: simulator unavailable: connection failed" in line and "refused" in line for line in failed)
+    assert f"warning: simulator.api_base: {dead} does not answer (connection refused)" in result.stderr
+
+
+def test_warm_stops_early_across_worker_processes(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    result = cli("warm", "--config", str(warm_config(tmp_path, dead)), "--payloads", str(payload_file(tmp_path, 400)),
+                 "--processes", "2", "--concurrency", "4", "--quiet", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    made = int(re.search(r"(\d+) calls made in", result.stdout).group(1))
+    assert 5 <= made < 400 and "stopped early: the first 5 calls all failed with the same cause" in result.stdout
+
+
+def test_warm_goes_on_when_a_first_call_succeeds_and_failed_lines_carry_the_cause(tmp_path: Path) -> None:
+    from tests.helpers.openai_stub import Reply
+
+    def responder(body: dict[str, Any]) -> Reply:
+        # the first call of the run answers; the others get HTTP 500
+        return Reply() if "'x0'" in str(body["messages"][-1]["content"]) else Reply(status=500, message="model crashed")
+
+    with OpenAIStub(responder) as stub:
+        result = cli("warm", "--config", str(warm_config(tmp_path, stub.api_base)), "--payloads", str(payload_file(tmp_path, 12)),
+                     "--concurrency", "1", "--quiet", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "12 calls made in" in result.stdout and "stopped early" not in result.stdout
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED ")]
+    cause = ": failed: simulated: simulator unavailable: HTTP 500: model crashed (answered: API not working error..."
+    assert len(failed) == 11 and all(cause in line for line in failed)
+
+
+def test_first_calls_stop_only_when_all_failed_alike() -> None:
+    from stabletoolbench_mirror.warm.runner import FirstCalls
+
+    watch = FirstCalls(3)
+    assert [watch.see(False, f"refused <conn object at 0x{i:x}>") for i in range(3)] == [None, None, "refused <conn object at 0x2>"]
+    watch = FirstCalls(3)
+    assert [watch.see(*c) for c in [(False, "a"), (False, "b"), (False, "a"), (False, "a")]] == [None] * 4
+    watch = FirstCalls(3)
+    assert [watch.see(*c) for c in [(False, "a"), (True, ""), (False, "a"), (False, "a")]] == [None] * 4
+    assert FirstCalls(0).see(False, "a") is None
