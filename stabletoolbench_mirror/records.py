@@ -49,7 +49,7 @@ class Record:
     """For a failure record: why no usable answer was found (a rule or error, never the answer's text)."""
     tried: tuple[str, ...] = ()
     """For a failure record: the responders asked, as ``source:origin``, in order."""
-    replaced: Mapping[str, Any] | None = None
+    replaced: Mapping[str, Any] | None = field(default=None, compare=False)
     """For an answer that replaced a failure record (``record`` mode, ``record.retry_failures``): that
     failure's provenance (``body``, ``source``, ``origin``, ``created_at``, ``reason``, ``tried``)."""
 

@@ -102,7 +102,7 @@ def test_import_and_stats_keep_failures_failures(tmp_path: Path) -> None:
         result = cli("cache", "import", str(source), "--store-path", str(tmp_path / "imported"), "-q", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
     with DiskcacheStore(tmp_path / "imported") as store:
-        kinds = {(r.namespace.rsplit("/", 1)[1], r.key): r.is_failure for r in store}
+        kinds = {(r.api.rsplit("/", 1)[1], r.key): r.is_failure for r in store}
     assert kinds == {("lookup", "{'n': 1}"): False, ("lookup", "{'n': 2}"): True, ("lookup", "{'n': 3}"): False,
                      ("lookup", "{'n': 4}"): True, ("other", "{'m': 1}"): True, ("other", "{'m': 2}"): False}
     stats = json.loads(cli("cache", "stats", "--json", "--store-path", str(tmp_path / "imported"), cwd=tmp_path).stdout)

@@ -280,7 +280,7 @@ def test_a_usable_answer_replaces_a_failure_record_and_nothing_replaces_an_answe
     assert store.add(fail(key, text="API not working error..."), "c") is False  # the first failure stays
     assert store.get(NS, key).answer["error"] == "Failed to generate fake response"  # type: ignore[union-attr]
     answer = rec(key, "usable")
-    answer = Record(answer.namespace, answer.key, answer.body, answer.source, answer.origin, replaced=got.provenance())
+    answer = Record(answer.api, answer.key, answer.body, answer.source, answer.origin, replaced=got.provenance())
     assert store.add(answer, "c") is True
     now = store.get(NS, key)
     assert now is not None and not now.is_failure and now.answer["response"] == "usable"
@@ -291,6 +291,9 @@ def test_a_usable_answer_replaces_a_failure_record_and_nothing_replaces_an_answe
     assert store.add(fail(key), "c") is False and store.add(rec(key, "second"), "c") is False
     assert store.get(NS, key) == now
     assert len(store) == 1 and [r.key for r in store] == [key]
+    counts = store.counts()  # kept on every write: the failure's counts moved to the answer
+    assert counts is not None and counts.entries == 1 and counts.by_source == {"simulated": 1}
+    assert counts.by_origin == {"simulated:test": 1} and counts.by_outcome == {"replaced": 1}
 
 
 def test_a_canonical_pointer_moves_from_a_failure_to_an_answer_of_another_key(store: Store) -> None:

@@ -199,7 +199,7 @@ class DiskcacheStore(Store):
                     out.entries = int(value)
                 elif parts[1:] == ["apis"]:
                     out.apis = int(value)
-                elif len(parts) == 3:
+                elif len(parts) == 3 and int(value):  # a count a replaced failure record took to 0 is left out
                     getattr(out, f"by_{parts[1]}")[parts[2]] = int(value)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc

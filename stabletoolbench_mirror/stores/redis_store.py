@@ -394,7 +394,8 @@ class RedisStore(Store):
         out = StoreCounts(entries=int(raw.get("entries", 0)), apis=apis, memory_bytes=int(memory) if memory else None)
         for name, value in raw.items():
             kind, _, what = name.partition(":")
-            if what and kind in ("source", "category", "origin", "outcome"):
+            # a count a replaced failure record took to 0 is left out
+            if what and kind in ("source", "category", "origin", "outcome") and int(value):
                 getattr(out, f"by_{kind}")[what] = int(value)
         return out
 
