@@ -356,15 +356,41 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _config_key(loc: tuple[Any, ...]) -> str:
+    """The settings key an error is about: ``simulator.api_base``, ``frozen_caches[1]``.
+
+    pydantic adds the members of a union to the location (``api_base.str``, ``api_base.list[str]``):
+    below a field that is not a section, only list indexes are kept.
+    """
+    model: Any = Settings
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        elif model is not None:
+            key += ("." if key else "") + str(part)
+            field = model.model_fields.get(part)
+            annotation = field.annotation if field is not None else None
+            model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return key or "(top level)"
+
+
 def _format_error(exc: ValidationError, source: str) -> str:
-    lines = []
+    """One line per key: ``unknown key``, or ``invalid value`` with every reason given (a union gives several)."""
+    lines: dict[tuple[str, str], list[str]] = {}
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        key = _config_key(tuple(err["loc"]))
         if err["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown key '{key}'")
-        else:
-            lines.append(f"{source}: invalid value for '{key}': {err['msg']} (got {err.get('input')!r})")
-    return "\n".join(lines)
+            lines.setdefault((key, ""), [])
+            continue
+        got = "an empty value" if err.get("input") is None else repr(err.get("input"))
+        reasons = lines.setdefault((key, got), [])
+        if err["msg"] not in reasons:
+            reasons.append(err["msg"])
+    return "\n".join(
+        f"{source}: invalid value for '{key}': {', or '.join(reasons)} (got {got})" if got else f"{source}: unknown key '{key}'"
+        for (key, got), reasons in lines.items()
+    )
 
 
 def load_settings(

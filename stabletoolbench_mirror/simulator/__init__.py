@@ -11,7 +11,7 @@ from .client import ChatClient, ChatError, Completion
 from .parsing import Parsed, parse_output
 from .prompt_files import PromptFileError, SystemPrompt, resolve_system_prompt
 from .prompts import MIRRORAPI_STYLES
-from .responder import Simulator, judge_output
+from .responder import Simulator
 
 __all__ = [
     "ChatClient",
@@ -23,7 +23,6 @@ __all__ = [
     "build_chat_client",
     "build_simulator",
     "parse_output",
-    "judge_output",
     "prompt_warning",
     "system_prompt_for",
 ]

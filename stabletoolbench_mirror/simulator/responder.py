@@ -243,10 +243,3 @@ def invalid(answer: Any, origin: str, validity: str = "strict") -> Attempt | Non
         return None
     return Attempt(None, origin, detail=f"invalid simulated answer: {verdict.reason}", fallback=answer)
 
-
-def judge_output(text: str, origin: str, validity: str = "strict") -> Attempt:
-    """A simulator's raw output as an :class:`Attempt`: parsed, then checked by the validity rules."""
-    parsed = parse_output(text)
-    if parsed.answer is None:
-        return Attempt(None, origin, detail="simulator output not parsable", fallback=protocol.simulation_failed_answer())
-    return invalid(parsed.answer, origin, validity) or Attempt(parsed.answer, origin)

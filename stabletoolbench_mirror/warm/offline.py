@@ -20,12 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .call import ToolCall
-from .config import Mode, Settings
-from .factory import build_layer
-from .records import Record, Source
-from .responders import Attempt
-from .tooldocs import tool_docs_for
+from .. import protocol
+from ..call import ToolCall
+from ..config import Mode, Settings
+from ..factory import build_layer
+from ..records import Record, Source
+from ..responders import Attempt
+from ..secrets import Redactor
+from ..tooldocs import tool_docs_for
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class BatchingSimulator:
         batch_size: int = 256,
         linger_s: float = 0.05,
         wants_examples: bool = False,
+        redactor: Redactor | None = None,
         validity: str = "strict",
     ) -> None:
         if batch_size < 1:
@@ -75,7 +78,9 @@ class BatchingSimulator:
         self.batch_size = batch_size
         self.linger_s = linger_s
         self.wants_examples = wants_examples
+        self.redactor = redactor or Redactor()
         self.validity = validity
+        """``simulator.validity``: the rules a parsed answer must pass to be recorded as usable."""
         self.batches: list[int] = []
         """The size of every batch generated (for reports and tests)."""
         self._queue: list[_Pending] = []
@@ -85,7 +90,8 @@ class BatchingSimulator:
         self._worker.start()
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
-        from .simulator import judge_output
+        from ..simulator import parse_output
+        from ..simulator.responder import invalid
 
         pending = _Pending(self._render(call, examples))
         with self._cond:
@@ -96,7 +102,12 @@ class BatchingSimulator:
         pending.done.wait()
         if pending.error is not None:
             return Attempt(None, self.origin, detail=f"offline engine failed: {pending.error}")
-        return judge_output(pending.text or "", self.origin, self.validity)
+        parsed = parse_output(pending.text or "")
+        if parsed.answer is None:
+            return Attempt(None, self.origin, detail="simulator output not parsable", fallback=protocol.simulation_failed_answer())
+        # like the HTTP simulator: no key reaches the store, should the model ever write one
+        answer = self.redactor.plus(call.toolbench_key).data(parsed.answer)
+        return invalid(answer, self.origin, self.validity) or Attempt(answer, self.origin)
 
     def _take_batch(self) -> list[_Pending] | None:
         with self._cond:
@@ -217,7 +228,7 @@ def _load(vllm: Any, settings: Settings, model: str, llm_options: dict[str, Any]
     if cfg.seed is not None:
         sampling["seed"] = cfg.seed
     if cfg.structured_output:
-        from .simulator.prompts import response_schema
+        from ..simulator.prompts import response_schema
 
         sampling.update(_structured_params(vllm, response_schema(cfg.style == "mirrorapi-cot", cfg.structured_max_chars)))
     params = vllm.SamplingParams(**sampling)
@@ -238,7 +249,7 @@ def offline_layer(
     generate: GenerateFn | None = None,
 ) -> tuple[Any, None]:
     """A warming layer whose simulator is a :class:`BatchingSimulator` over vLLM (or ``generate``)."""
-    from .simulator import build_simulator
+    from ..simulator import build_simulator
 
     if generate is None:
         if not model:
@@ -248,11 +259,13 @@ def offline_layer(
     renderer = build_simulator(settings, docs=docs)
     renderer.close()  # only its prompt rendering is used: no HTTP client is needed
     origin = model or settings.simulator.model
-    batcher = BatchingSimulator(renderer.messages, generate, origin=origin, batch_size=concurrency, wants_examples=renderer.wants_examples,
-                                validity=settings.simulator.validity)
+    batcher = BatchingSimulator(
+        renderer.messages, generate, origin=origin, batch_size=concurrency, wants_examples=renderer.wants_examples, redactor=renderer.redactor,
+        validity=settings.simulator.validity
+    )
     responders: list[Any] = []
     if settings.real.enabled:
-        from .real import build_real_responder
+        from ..real import build_real_responder
 
         responders.append(build_real_responder(settings, docs=docs))
     responders.append(batcher)
