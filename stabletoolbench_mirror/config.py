@@ -93,7 +93,7 @@ class RealConfig(_Section):
     its answer in the shadow store (never served) for ``fidelity --from-store --shadow``."""
 
 
-SimulatorStyle = Literal["mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache", "gpt-fewshot"]
+SimulatorStyle = Literal["mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache", "gpt-fewshot", "world-model"]
 
 
 class SimulatorConfig(_Section):
@@ -129,6 +129,8 @@ class SimulatorConfig(_Section):
     examples_budget_chars: int = Field(default=2048, ge=0)
     max_concurrency: int = Field(default=64, ge=1)
     """Simulator calls in flight at once from one process."""
+    history: int = Field(default=8, ge=0)
+    """In a session (``gpt-fewshot`` and ``world-model``): the task and the last N calls and answers go in the prompt."""
     allow_without_docs: bool = False
     """Simulate without a readable ``tools_folder`` (else the start is refused); such records are marked."""
 
@@ -166,6 +168,19 @@ class LimitsConfig(_Section):
     """An idle kept-alive connection is closed after this long."""
 
 
+class SessionsConfig(_Section):
+    """Sessions (``X-STM-Session``, ``/sessions``): kept in the store beside the records."""
+
+    idle_expiry_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """A session nobody called for this long is forgotten (its recorded answers stay)."""
+    max_calls: int = Field(default=500, ge=1)
+    """Calls one session may hold; more are refused with an error answer."""
+    max_state_bytes: int = Field(default=1_048_576, ge=2)
+    """Largest local-tool state (as JSON) one session may keep."""
+    max_task_chars: int = Field(default=20_000, ge=0)
+    """Longest ``task`` text accepted by ``POST /sessions``."""
+
+
 class Settings(_Section):
     mode: Mode = Mode.RECORD
     host: str = "127.0.0.1"
@@ -173,7 +188,7 @@ class Settings(_Section):
     auth_token: Optional[SecretStr] = None
     store: StoreConfig = Field(default_factory=StoreConfig)
     frozen_caches: list[str] = Field(default_factory=list)
-    frozen_memory_mb: float = Field(default=256, gt=0)
+    frozen_memory_mb: float = Field(default=320, gt=0)
     """Memory for the indexes of frozen cache files (keys and answer offsets); the least recently used
     files are dropped beyond it and re-read when needed."""
     allow_symlinks: bool = False
@@ -184,6 +199,11 @@ class Settings(_Section):
     real: RealConfig = Field(default_factory=RealConfig)
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    local_tools: list[str] = Field(default_factory=list)
+    """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
+    local_tools_timeout_s: float = Field(default=10.0, gt=0)
+    """A local tool running longer than this gets an error answer (its thread cannot be killed)."""
     workers: int = Field(default=1, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_file: Optional[str] = None
@@ -325,15 +345,41 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _config_key(loc: tuple[Any, ...]) -> str:
+    """The settings key an error is about: ``simulator.api_base``, ``frozen_caches[1]``.
+
+    pydantic adds the members of a union to the location (``api_base.str``, ``api_base.list[str]``):
+    below a field that is not a section, only list indexes are kept.
+    """
+    model: Any = Settings
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        elif model is not None:
+            key += ("." if key else "") + str(part)
+            field = model.model_fields.get(part)
+            annotation = field.annotation if field is not None else None
+            model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return key or "(top level)"
+
+
 def _format_error(exc: ValidationError, source: str) -> str:
-    lines = []
+    """One line per key: ``unknown key``, or ``invalid value`` with every reason given (a union gives several)."""
+    lines: dict[tuple[str, str], list[str]] = {}
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        key = _config_key(tuple(err["loc"]))
         if err["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown key '{key}'")
-        else:
-            lines.append(f"{source}: invalid value for '{key}': {err['msg']} (got {err.get('input')!r})")
-    return "\n".join(lines)
+            lines.setdefault((key, ""), [])
+            continue
+        got = "an empty value" if err.get("input") is None else repr(err.get("input"))
+        reasons = lines.setdefault((key, got), [])
+        if err["msg"] not in reasons:
+            reasons.append(err["msg"])
+    return "\n".join(
+        f"{source}: invalid value for '{key}': {', or '.join(reasons)} (got {got})" if got else f"{source}: unknown key '{key}'"
+        for (key, got), reasons in lines.items()
+    )
 
 
 def load_settings(

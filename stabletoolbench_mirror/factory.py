@@ -6,13 +6,19 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+from typing import TYPE_CHECKING, Sequence
 
 from .config import ConfigError, Mode, Settings
 from .layer import MirrorLayer
 from .responders import Responder
 from .stores import DiskcacheStore, FrozenCache, Store
 from .tooldocs import ToolDocs, tool_docs_for
+
+if TYPE_CHECKING:
+    from .local_tools import LocalTools
+    from .sessions import Sessions
+    from .stores.sessions import SessionStore
 
 
 def build_store(settings: Settings) -> Store:
@@ -73,6 +79,7 @@ def build_layer(
     ``warm``'s look at what is cached already).
     """
     owned = store is None
+    build_local_tools(settings)  # a local_tools file that cannot be imported stops the start before anything opens
     store = build_store(settings) if store is None else store
     try:
         return MirrorLayer(
@@ -83,8 +90,51 @@ def build_layer(
             save=settings.save,
             max_pending_misses=max_pending_misses or settings.limits.max_pending_misses,
             pending_timeout_s=settings.limits.queue_timeout_s,
+            sessions=build_sessions(settings, store),
+            local_tools=build_local_tools(settings),
         )
     except BaseException:
         if owned:
             store.close()
         raise
+
+
+# -- sessions and local tools ---------------------------------------------------------------------
+
+
+def build_session_store(settings: Settings) -> "SessionStore":
+    """Where sessions are kept: beside the records (``<store.path>/sessions``, or the same Redis)."""
+    from .stores.sessions import DiskcacheSessionStore, RedisSessionStore
+
+    cfg = settings.store
+    ttl = settings.sessions.idle_expiry_s
+    if cfg.kind == "redis":
+        if not cfg.url:
+            raise ConfigError("store.url: required when store.kind is 'redis'")
+        return RedisSessionStore(cfg.url, ttl, prefix=cfg.prefix, timeout_s=cfg.timeout_s)
+    return DiskcacheSessionStore(os.path.join(settings.resolve(cfg.path), "sessions"), ttl)
+
+
+def build_sessions(settings: Settings, store: Store) -> "Sessions":
+    """Sessions kept beside ``store``; the calls of one session are serialised by the store's lock."""
+    from .sessions import LOCK_NAMESPACE, Sessions
+
+    return Sessions(
+        build_session_store(settings),
+        lambda session_id: store.flight_lock(LOCK_NAMESPACE, session_id),
+        settings.sessions,
+        history=settings.simulator.history,
+    )
+
+
+def build_local_tools(settings: Settings) -> "LocalTools | None":
+    """The local tools of the ``local_tools`` files (only those files are imported), or ``None``."""
+    if not settings.local_tools:
+        return None
+    from .local_tools import LocalTools
+
+    return LocalTools.load(
+        [settings.resolve(p) for p in settings.local_tools],
+        timeout_s=settings.local_tools_timeout_s,
+        max_state_bytes=settings.sessions.max_state_bytes,
+    )

@@ -2,6 +2,11 @@
 
 ``server -> MirrorLayer.prepare -> lookup (store, frozen caches) -> (real API, simulator) -> store.add``
 
+A call to a local tool (``local_tools``) skips the lookup: the tool always runs, and its answer
+is recorded.  A call inside a session (``X-STM-Session``) takes the same path through
+:meth:`MirrorLayer.handle_call`, with the session's history hash in its keys and the session's
+state for local tools (see :mod:`.sessions`).
+
 The layer returns an :class:`~.outcomes.Outcome` and counts nothing: the server counts each
 request once, from its final outcome.
 """
@@ -18,12 +23,14 @@ from pydantic import ValidationError
 from . import protocol
 from .call import ToolCall
 from .config import Mode
+from .local_tools import LocalTool, LocalTools
 from .logs import clip
 from .naming import resolve_names
 from .outcomes import Outcome, OutcomeKind
 from .protocol import ToolInputParseError, VirtualRequest, parse_tool_input
 from .records import Record
 from .responders import Attempt, Responder
+from .sessions import SessionError, Sessions
 from .singleflight import SingleFlight
 from .stats import Stats
 from .stores import CacheTier, FrozenCache, Store, StoreError
@@ -48,6 +55,8 @@ class MirrorLayer:
         max_pending_misses: int = 256,
         pending_timeout_s: float = 600.0,
         stats: Stats | None = None,
+        sessions: Sessions | None = None,
+        local_tools: LocalTools | None = None,
     ) -> None:
         try:
             self.mode = Mode(mode)
@@ -65,6 +74,8 @@ class MirrorLayer:
         self._max_pending = max_pending_misses
         self._pending = threading.BoundedSemaphore(max_pending_misses)
         self.pending_timeout_s = pending_timeout_s
+        self.sessions = sessions
+        self.local_tools = local_tools if local_tools is not None and len(local_tools) else None
         self._probes = tuple(_lookup_order(self.tiers))
 
     # -- entry points -------------------------------------------------------------------------
@@ -110,8 +121,14 @@ class MirrorLayer:
         """Misses of this process waiting for the real API or the simulator now (filling or sharing)."""
         return self._max_pending - self._pending._value  # noqa: SLF001 - the semaphore's own count
 
+    def runs_locally(self, call: ToolCall) -> bool:
+        """Whether ``call`` is one of the local tools (it always runs: never answered from the cache)."""
+        return self.local_tools is not None and self.local_tools.find(call) is not None
+
     def cached(self, call: ToolCall) -> Outcome | None:
-        """The cached answer as a hit, or ``None`` when it is not cached or the store fails."""
+        """The cached answer as a hit, or ``None`` when it is not cached, is a local tool's, or the store fails."""
+        if self.runs_locally(call):
+            return None
         try:
             record = self.lookup(call)
         except StoreError:
@@ -125,14 +142,32 @@ class MirrorLayer:
         ``None`` when the answer is not cached or the store fails (the full path then
         answers, with the store's error if it persists).
         """
+        if self.runs_locally(call):
+            return None
         try:
             record = await self.lookup_async(call)
         except StoreError:
             return None
         return None if record is None else _served(call, record, OutcomeKind.HIT)
 
-    def handle_call(self, call: ToolCall) -> Outcome:
-        """Answer ``call``: the cache, else the real API and the simulator (single flight), recorded."""
+    def handle_call(self, call: ToolCall, session: str | None = None) -> Outcome:
+        """Answer ``call`` (inside ``session`` when given): see :meth:`answer`."""
+        if session is None:
+            return self.answer(call, {})
+        if self.sessions is None:
+            return _rejected(422, "sessions are not available on this server")
+        try:
+            return self.sessions.run(session, call, self.answer)
+        except SessionError as exc:
+            return _rejected(exc.status, exc.message)
+        except StoreError as exc:
+            return self._store_error(call, exc)
+
+    def answer(self, call: ToolCall, state: dict) -> Outcome:
+        """A local tool's answer (it may change ``state``), else the cache, else the real API and the simulator, recorded."""
+        tool = self.local_tools.find(call) if self.local_tools is not None else None
+        if tool is not None:
+            return self._local(tool, call, state)
         try:
             record = self.lookup(call)
         except StoreError as exc:
@@ -233,6 +268,27 @@ class MirrorLayer:
             fallback = protocol.miss_answer(call.api, "the real API and the simulator gave no usable answer")
         return Outcome(protocol.encode_answer(fallback), OutcomeKind.FAILED, api=call.api, problems=tuple(problems))
 
+    def _local(self, tool: LocalTool, call: ToolCall, state: dict) -> Outcome:
+        """Run a local tool; its answer is recorded (``source: local``) but never served from the cache.
+
+        A failed run (raised, timed out, not JSON) is a ``local`` outcome without a source: its
+        error answer is served, nothing is recorded and ``state`` is left as it was.
+        """
+        assert self.local_tools is not None
+        result = self.local_tools.run(tool, call, state)
+        if result.answer is None:
+            body = protocol.encode_answer(self.local_tools.error_answer(tool, result.detail))
+            return Outcome(body, OutcomeKind.LOCAL, api=call.api, problems=(f"local: {result.detail}",))
+        state.clear()
+        state.update(result.state or {})
+        record = Record.from_answer(call.api, call.key, result.answer, "local", tool.origin)
+        if self.save and self.mode is Mode.RECORD:
+            try:
+                self.store.add(record, call.canonical)
+            except StoreError as exc:  # the tool ran (its state changed): its answer is served anyway
+                log.warning("local tool answer for %s not recorded: %s", clip(call.api), clip(exc, 500))
+        return _served(call, record, OutcomeKind.LOCAL)
+
     def _store_error(self, call: ToolCall, exc: StoreError) -> Outcome:
         log.error("store error for %s: %s", clip(call.api), clip(exc, 500))
         outcome = _rejected(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}", OutcomeKind.STORE_ERROR)
@@ -241,6 +297,8 @@ class MirrorLayer:
     def close(self) -> None:
         for responder in self.responders:
             responder.close()
+        if self.sessions is not None:
+            self.sessions.close()
         for tier in self.tiers:
             tier.close()
 

@@ -9,10 +9,10 @@ from typing import Any, Literal, Mapping
 
 from .protocol import encode_answer
 
-Source = Literal["real", "simulated", "imported", "frozen"]
+Source = Literal["real", "simulated", "imported", "local", "frozen"]
 """``real`` and ``simulated`` answers were recorded here, ``imported`` ones copied into the store
-by ``cache import``; ``frozen`` marks an answer read from a frozen cache tree (never stored)."""
-SOURCES: tuple[str, ...] = ("real", "simulated", "imported", "frozen")
+by ``cache import``, ``local`` ones made by a local tool; ``frozen`` marks an answer read from a frozen cache tree (never stored)."""
+SOURCES: tuple[str, ...] = ("real", "simulated", "imported", "local", "frozen")
 RECORD_VERSION = 2
 """Version 2 names the API ``api``; version 1 (still read) named it ``namespace``."""
 

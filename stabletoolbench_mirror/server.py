@@ -21,17 +21,18 @@ from typing import Any, AsyncIterator
 import anyio
 import anyio.to_thread
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from . import __version__, protocol
+from . import __version__, protocol, sessions
 from .admission import Admission, Refused
 from .config import Settings
 from .factory import build_layer
 from .layer import MirrorLayer
 from .outcomes import Outcome, OutcomeKind
 from .logs import clip
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class _Front:
             return
         try:
             try:
-                outcome = await self._virtual(body)
+                outcome = await self._virtual(body, _session_header(scope))
             except Exception:  # a bug, never bad input: still a JSON answer, and logged with its trace
                 log.exception("internal error while answering /virtual")
                 outcome = _error(500, "stabletoolbench-mirror: internal error (see the server log)", OutcomeKind.ERROR)
@@ -162,7 +163,7 @@ class _Front:
             message = f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)"
             return _error(408, message, OutcomeKind.REFUSED, "limits.body_timeout_s")
 
-    async def _virtual(self, body: bytes) -> Outcome:
+    async def _virtual(self, body: bytes, session: str | None | Outcome = None) -> Outcome:
         try:
             payload = json.loads(body.decode("utf-8"))
         except UnicodeDecodeError:
@@ -171,16 +172,34 @@ class _Front:
             return _error(400, "request body is not JSON")
         if not isinstance(payload, dict):
             return _error(422, "request body must be a JSON object")
+        if isinstance(session, Outcome):
+            return session
         layer = self.layer
         prepared = layer.prepare(payload)
         if isinstance(prepared, Outcome):
             return prepared
+        if session is not None or layer.runs_locally(prepared):
+            # a session's calls and local tools read and write state: always in a worker thread
+            return await anyio.to_thread.run_sync(layer.handle_call, prepared, session)
         # hits are answered on the event loop (a local store at once, Redis through its async
         # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
         hit = await layer.cached_async(prepared)
         if hit is not None:
             return hit
         return await anyio.to_thread.run_sync(layer.handle_call, prepared)
+
+
+def _session_header(scope: dict[str, Any]) -> str | None | Outcome:
+    """The ``X-STM-Session`` id of a request, ``None`` without one, or the 422 answer to a bad one."""
+    for name, value in scope.get("headers", ()):
+        if name == sessions.HEADER.encode():
+            try:
+                session_id = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return _error(422, f"{sessions.HEADER}: not UTF-8")
+            problem = sessions.id_problem(session_id)
+            return _error(422, f"{sessions.HEADER}: {problem}") if problem else session_id
+    return None
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -282,10 +301,21 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
             }
         )
 
+    worker = {"x-stm-worker": str(os.getpid())}
+
     @app.get("/stats")
     async def stats() -> JSONResponse:
-        return JSONResponse({**layer.stats.snapshot(), **_responder_stats(layer)})
+        # with --workers N the counts of every worker are read from their shared files: off the loop
+        snapshot = await anyio.to_thread.run_sync(layer.stats.snapshot)
+        return JSONResponse({**snapshot, **_responder_stats(layer)}, headers=worker)
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Every counter in the Prometheus text format, summed over all workers."""
+        body = await anyio.to_thread.run_sync(layer.stats.exposition)
+        return Response(body, media_type=METRICS_CONTENT_TYPE, headers=worker)
+
+    _add_session_routes(app, layer, settings)
     _answer_unknown_routes(app)
     return app
 
@@ -336,6 +366,73 @@ def _answer_unknown_routes(app: FastAPI) -> None:
         else:
             message = str(exc.detail)
         return JSONResponse(protocol.answer(message, ""), status_code=exc.status_code, headers=exc.headers)
+
+
+def _add_session_routes(app: FastAPI, layer: MirrorLayer, settings: Settings) -> None:
+    """``POST /sessions``, ``GET /sessions/{id}``, ``DELETE /sessions/{id}`` (see :mod:`.sessions`)."""
+    from .stores import StoreError
+
+    def fail(status: int, message: str) -> JSONResponse:
+        return JSONResponse(protocol.answer(message, ""), status_code=status)
+
+    def run(fn: Any, *args: Any) -> JSONResponse:
+        if layer.sessions is None:
+            return fail(404, "sessions are not available on this server")
+        try:
+            return fn(layer.sessions, *args)
+        except sessions.SessionError as exc:
+            return fail(exc.status, exc.message)
+        except StoreError as exc:
+            return fail(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}")
+
+    @app.post("/sessions")
+    async def create_session(request: Request) -> JSONResponse:
+        body = await _read_capped(request, settings.limits.max_body_bytes)
+        if isinstance(body, JSONResponse):
+            return body
+        task = ""
+        if body.strip():
+            try:
+                data = json.loads(body.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                return fail(400, "request body is not JSON")
+            if not isinstance(data, dict) or set(data) - {"task"} or not isinstance(data.get("task", ""), str):
+                return fail(422, 'the body of POST /sessions is {"task": "<free text>"} (optional)')
+            task = data.get("task", "")
+            if not protocol.is_encodable(task):
+                return fail(422, "task contains a lone UTF-16 surrogate")
+
+        def create(s: sessions.Sessions) -> JSONResponse:
+            doc = s.create(task)
+            return JSONResponse({"id": doc["id"], "task": doc["task"]}, status_code=201)
+
+        return await anyio.to_thread.run_sync(run, create)
+
+    @app.get("/sessions/{session_id:path}")
+    def get_session(session_id: str) -> JSONResponse:
+        return run(lambda s: JSONResponse(sessions.public_view(s.get(session_id))))
+
+    @app.delete("/sessions/{session_id:path}")
+    def delete_session(session_id: str) -> JSONResponse:
+        def delete(s: sessions.Sessions) -> JSONResponse:
+            s.delete(session_id)
+            return JSONResponse({"id": session_id, "deleted": True})
+
+        return run(delete)
+
+
+async def _read_capped(request: Any, limit: int) -> bytes | JSONResponse:
+    """The request body, or a 413 answer when it is larger than ``limit`` bytes."""
+    too_large = JSONResponse(protocol.answer(f"request body larger than {limit} bytes", ""), status_code=413)
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        return too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return too_large
+    return bytes(body)
 
 
 def app_from_environment() -> FastAPI:

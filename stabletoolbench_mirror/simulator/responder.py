@@ -14,7 +14,7 @@ from ..records import Record, Source
 from ..responders import Attempt
 from ..secrets import Redactor
 from ..tooldocs import ToolDocs
-from . import prompts
+from . import history, prompts
 from .client import ChatClient, ChatError, Completion
 from .parsing import Parsed, parse_output
 from .prompt_files import SystemPrompt, built_in_prompt
@@ -89,16 +89,25 @@ class Simulator:
         return self.style == "gpt-fewshot" and self.max_examples > 0
 
     def messages(self, call: ToolCall, examples: Sequence[Record] = ()) -> list[dict[str, str]]:
-        """The chat messages this simulator sends for ``call``."""
+        """The chat messages this simulator sends for ``call``.
+
+        Inside a session, ``gpt-fewshot`` and ``world-model`` also carry the task and the last
+        calls of the session (:mod:`.history`); MirrorAPI styles never do.
+        """
         doc = self.docs.find(call.names) if self.docs is not None else None
+        if self.style == "world-model":
+            return history.world_model_messages(self.system_prompt, call, doc)
         if self.style == "gpt-fewshot":
-            return prompts.gpt_fewshot_messages(
-                self.system_prompt,
+            return history.with_session(
                 call,
-                doc,
-                examples,
-                max_examples=self.max_examples,
-                budget_chars=self.examples_budget_chars,
+                prompts.gpt_fewshot_messages(
+                    self.system_prompt,
+                    call,
+                    doc,
+                    examples,
+                    max_examples=self.max_examples,
+                    budget_chars=self.examples_budget_chars,
+                ),
             )
         return prompts.mirrorapi_messages(self.system_prompt, call, doc, self.style)
 
