@@ -44,6 +44,7 @@ from .stores import CacheTier, FrozenCache, Store, StoreError
 
 log = logging.getLogger(__name__)
 
+
 class MirrorLayer:
     """Answers StableToolBench calls from the cache tiers, the real API or the simulator, and records them.
 
