@@ -201,7 +201,14 @@ class DiskcacheStore(Store):
         entry_keys = [_entry_key(record.api, record.key) for record, _ in items]
         pointer_keys = [_canonical_key(record.api, canonical) if canonical is not None else None for record, canonical in items]
         api_keys = [f"{_NAMESPACE}\x00{api}" for api in {record.api for record, _ in items} - self._known_apis]
-        present = self._present(entry_keys + [k for k in pointer_keys if k is not None] + api_keys)
+        record_keys = entry_keys + [k for k in pointer_keys if k is not None]
+        present = self._present(record_keys + api_keys)
+        if any(record.is_failure for record, _ in items) or not present.isdisjoint(record_keys):
+            # failure records, or keys already there (an answer may replace a failure): one by one
+            deltas: Counter[str] = Counter()
+            added = [self._add_in_transaction(record, canonical, deltas) for record, canonical in items]
+            self._apply(deltas)
+            return added
         disk = self._cache._disk  # noqa: SLF001 - values are stored with diskcache's own encoder
         now = time.time()
         rows: list[tuple[object, ...]] = []
@@ -211,8 +218,8 @@ class DiskcacheStore(Store):
             size, mode, filename, db_value = disk.store(value, False, key=key)
             rows.append((key, 1, now, None, now, 0, None, size, mode, filename, db_value))
 
-        added: list[bool] = []
-        deltas: Counter[str] = Counter()
+        added = []
+        deltas = Counter()
         for (record, _canonical), entry, pointer in zip(items, entry_keys, pointer_keys):
             is_new = entry not in present
             if is_new:
