@@ -130,6 +130,7 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 import requests  # noqa: E402
 
+from stabletoolbench_mirror.factory import build_layer  # noqa: E402
 from tests.helpers.openai_stub import OpenAIStub, Reply  # noqa: E402
 
 CALLS = 16
@@ -293,6 +294,11 @@ def test_a_failure_never_hides_a_usable_answer_for_the_same_call(simulator, serv
     for body in (spelled, other, spaced):
         assert replayer.post(body).json() == good
     assert replayer.post(typed).json()["error"] == "API not working error..."  # a miss, not another call's answer
+    in_process = build_layer(settings_factory(mode="replay"))  # the blocking path (check, warm) keeps the same rule
+    try:
+        assert in_process.handle_payload(spelled).answer == good and in_process.settled(in_process.prepare(spelled))
+    finally:
+        in_process.close()
     assert requests.get(replayer.url + "/stats", timeout=10).json()["failure_hits"] == 0
 
     # a frozen tier's usable answer wins over a failure record in the store for the same key
