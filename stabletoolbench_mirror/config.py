@@ -133,6 +133,10 @@ class SimulatorConfig(_Section):
     """In a session (``gpt-fewshot`` and ``world-model``): the task and the last N calls and answers go in the prompt."""
     allow_without_docs: bool = False
     """Simulate without a readable ``tools_folder`` (else the start is refused); such records are marked."""
+    validity: Literal["strict", "compatible", "off"] = "strict"
+    """The real API's validity rules applied to simulated answers: ``strict`` (``real.strict_validity``'s
+    rules), ``compatible`` (StableToolBench's substring rules) or ``off``.  A rejected answer is served
+    but recorded as a failure record (tried again in ``record`` mode)."""
 
     @field_validator("api_base")
     @classmethod
@@ -144,6 +148,12 @@ class SimulatorConfig(_Section):
     @property
     def endpoints(self) -> list[str]:
         return [self.api_base] if isinstance(self.api_base, str) else list(self.api_base)
+
+
+class RecordConfig(_Section):
+    retry_failures: bool = True
+    """In ``record`` mode, try a call whose record is a failure record again; a usable answer replaces it.
+    ``false``: serve failure records as recorded.  ``replay`` mode never retries."""
 
 
 class LimitsConfig(_Section):
@@ -199,6 +209,7 @@ class Settings(_Section):
     real: RealConfig = Field(default_factory=RealConfig)
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    record: RecordConfig = Field(default_factory=RecordConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     local_tools: list[str] = Field(default_factory=list)
     """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
