@@ -93,7 +93,8 @@ def test_shadow_answers_are_kept_apart_and_scored(tmp_path: Path, reference_dir:
     ]
     assert all(r.meta and r.meta["style"] == "mirrorapi-cot" for r in shadow_records)
     with DiskcacheStore(str(tmp_path / "store")) as store:
-        assert sorted(r.source for r in store) == ["real", "real", "real"]
+        # the three real answers, and the invalid one as a failure record (what the client was served)
+        assert sorted((r.source, r.is_failure) for r in store) == [("real", False)] * 3 + [("real", True)]
     assert Path(str(tmp_path / "store") + "-shadow").is_dir()
 
     out = tmp_path / "shadow.json"
