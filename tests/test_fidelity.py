@@ -271,7 +271,7 @@ def test_answer_files_as_reference(tmp_path, reference_dir, reference_calls) -> 
     queries.write_text(json.dumps([query(7, apis)]))
     calls = [
         ("songkick_artist_for_theclique", '{\n  "artist_id": "28003"\n}', observation_text(observed[artist])),
-        ("get_info_about_artist_for_theclique", '{\n  "parameter": "Lionel Messi"\n}', observation_text(observed[info])),  # longer than the cut
+        ("get_info_about_artist_for_theclique", '{\n  "parameter": "Lionel Messi"\n}', observation_text(observed[info], 100)),  # cut
     ]
     answers = tmp_path / "7_DFS_woFilter_w2.json"
     answers.write_text(json.dumps(dfs_answer("q", calls)))
