@@ -60,8 +60,11 @@ def pairs_from_expectations(expectations: Any, problems: list[str]) -> list[Pair
     return pairs
 
 
-def pairs_from_store(store: Any, problems: list[str], *, progress: bool) -> list[Pair]:
-    """Pairs (reference only) from the store's ``real`` records, in a stable order."""
+def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: Any = None) -> list[Pair]:
+    """Pairs (reference only) from the store's ``real`` records, in a stable order.
+
+    With ``docs``, a call gets its tool and API names as the docs spell them (as a client sends them).
+    """
     from tqdm import tqdm
 
     from .record_calls import call_of_record
@@ -70,7 +73,7 @@ def pairs_from_store(store: Any, problems: list[str], *, progress: bool) -> list
     for record in tqdm(store, desc="read store", unit="entry", disable=not progress):
         if record.source != "real":
             continue
-        call = call_of_record(record)
+        call = call_of_record(record, docs)
         if call is None:
             problems.append(f"{record.namespace} {record.key[:100]}: the record's key is not a Python literal")
             continue
@@ -194,7 +197,9 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
                 store = build_store(settings)
                 closers.append(store)
             if args.from_store:
-                pairs += pairs_from_store(store, problems, progress=progress)
+                from .tooldocs import tool_docs_for
+
+                pairs += pairs_from_store(store, problems, progress=progress, docs=tool_docs_for(settings))
             if args.category:
                 wanted = set(args.category)
                 pairs = [p for p in pairs if p.category in wanted]

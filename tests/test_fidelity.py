@@ -285,3 +285,24 @@ def test_answer_files_as_reference(tmp_path, reference_dir, reference_calls) -> 
     assert report["aggregate"]["n"] == len(calls) - len(cut)
     assert len(report["problems"]) == len(cut) and all("1,024" in p for p in report["problems"])
     assert report["aggregate"]["n"] >= 1 and report["aggregate"]["exact"] == 1.0
+
+
+def test_from_store_asks_the_simulator_with_the_live_prompt(tmp_path, reference_dir, reference_calls) -> None:
+    from tests.test_prompt_parity import upstream_messages, write_upstream_prompts
+
+    layout = json.loads((reference_dir / "mirrorapi_prompts.json").read_text())
+    prompts_file = write_upstream_prompts(tmp_path / "system_prompts.py", layout)
+    with DiskcacheStore(str(tmp_path / "store")) as store:
+        for item in reference_calls:
+            call = ToolCall.from_request(VirtualRequest.model_validate(item["payload"]))
+            store.add(Record.from_answer(call.namespace, call.key, item["observed"], "real", "relay"), call.canonical)
+        store.add(Record.from_answer("Data/x_for_Data/y", "{}", {"error": "", "response": "simulated"}, "simulated", "m"), "{}")
+    tools = reference_dir / "toolenv" / "tools"
+    with OpenAIStub() as sim:
+        config = write_config(tmp_path, tools_folder=str(tools), simulator={"api_base": sim.api_base, "system_prompt_file": str(prompts_file)})
+        out = tmp_path / "store.json"
+        assert main(["fidelity", "--config", str(config), "--from-store", "--quiet", "--json", str(out)]) == 0
+        sent = [json.dumps(r["messages"], ensure_ascii=False) for r in sim.requests]
+    assert json.loads(out.read_text())["aggregate"]["n"] == 16  # the real records only
+    live = {json.dumps(upstream_messages(layout, tools, item["payload"], "mirrorapi-sft"), ensure_ascii=False) for item in reference_calls}
+    assert len(sent) == 16 and set(sent) == live
