@@ -28,10 +28,10 @@ from stabletoolbench_mirror.upstream_layout import iter_cache_files, read_cache_
 
 def reference_answers(root: Path) -> list[tuple[str, str, dict]]:
     out = []
-    for namespace, path in iter_cache_files(root):
+    for api, path in iter_cache_files(root):
         for key, answer in read_cache_file(path).items():
             if isinstance(answer, dict):
-                out.append((namespace, key, answer))
+                out.append((api, key, answer))
     return out
 
 

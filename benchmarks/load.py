@@ -43,7 +43,7 @@ def fill(store: Store, entries: int) -> list[dict]:
         tool_input = {"item_id": str(i), "page": i % 7, "lang": "en"}
         call = ToolCall.of("Data", "Bench Tool", api, tool_input)
         body = {"error": "", "response": json.dumps({"item": i, "name": f"item number {i}", "tags": ["a", "b", "c"]})}
-        store.add(Record.from_answer(call.namespace, call.key, body, "simulated", "bench"), call.canonical)
+        store.add(Record.from_answer(call.api, call.key, body, "simulated", "bench"), call.canonical)
         payloads.append({"category": "Data", "tool_name": "Bench Tool", "api_name": api,
                          "tool_input": json.dumps(tool_input), "strip": "", "toolbench_key": ""})
     return payloads

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from .keys import canonical_from_upstream_key
 from .records import Record
 from .stores import Store
-from .upstream_layout import ENCODED_PREFIX, iter_cache_entries, iter_cache_files, namespace_path, write_cache_file
+from .upstream_layout import ENCODED_PREFIX, iter_cache_entries, iter_cache_files, api_path, write_cache_file
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,9 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
         batch.clear()
 
     with tqdm(total=len(files), desc="import", unit="file", disable=not progress) as bar:
-        for namespace, path in files:
+        for api, path in files:
             bar.update(1)
-            origin = f"import:{origin_root}/{namespace}.json"
+            origin = f"import:{origin_root}/{api}.json"
             try:
                 # the whole file is checked before any of it is written: a crafted file is left out entirely
                 entries = list(iter_cache_entries(path))
@@ -91,7 +91,7 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
             summary.files += 1
             for key, _answer, body in entries:
                 summary.entries += 1
-                record = Record(namespace=namespace, key=key, body=body, source="imported", origin=origin)
+                record = Record(api=api, key=key, body=body, source="imported", origin=origin)
                 batch.append((record, canonical_from_upstream_key(key)))
             if len(batch) >= IMPORT_BATCH:
                 flush()
@@ -125,7 +125,7 @@ class ExportSummary:
             out.append(f"encoded names:    {self.encoded_names} files (names unsafe as paths, written as %%...)")
         if self.left_out:
             out.append(f"LEFT OUT:         {self.left_out_entries} entries of {len(self.left_out)} APIs whose names are too long for a file name:")
-            out.extend(f"  {namespace[:300]} ({n} entries)" for namespace, n in list(self.left_out.items())[:limit])
+            out.extend(f"  {api[:300]} ({n} entries)" for api, n in list(self.left_out.items())[:limit])
             if len(self.left_out) > limit:
                 out.append(f"  ... and {len(self.left_out) - limit} more")
         return out
@@ -135,7 +135,7 @@ class ExportSummary:
 class ExportedFile:
     """One API of the store as written by :func:`iter_export`: its file, or ``None`` when it was left out."""
 
-    namespace: str
+    api: str
     records: list[Record]
     path: Path | None
 
@@ -149,12 +149,12 @@ def iter_export(store: Store, root: str | os.PathLike[str], *, progress: bool = 
     """Write the store as an upstream tree, one API file at a time (the only one in memory), yielding each as it is written."""
     counts = store.counts()
     with tqdm(total=counts.entries if counts else None, desc=desc, unit="entry", disable=not progress) as bar:
-        for namespace, group in store.iter_groups():
-            path = namespace_path(root, namespace)
+        for api, group in store.iter_groups():
+            path = api_path(root, api)
             if path is not None:
                 write_cache_file(path, {r.key: r.answer for r in group})
             bar.update(len(group))
-            yield ExportedFile(namespace, group, path)
+            yield ExportedFile(api, group, path)
 
 
 def export_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = True) -> ExportSummary:
@@ -169,7 +169,7 @@ def export_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
 
 def count(summary: ExportSummary, exported: ExportedFile) -> None:
     if exported.path is None:
-        summary.left_out[exported.namespace] = len(exported.records)
+        summary.left_out[exported.api] = len(exported.records)
         return
     summary.files += 1
     summary.entries += len(exported.records)
@@ -192,8 +192,8 @@ class Tally:
     def add(self, record: Record) -> None:
         self.entries += 1
         self.by_source[record.source] += 1
-        self.by_category[record.namespace.split("/", 1)[0]] += 1
-        self.apis.add(record.namespace)
+        self.by_category[record.api.split("/", 1)[0]] += 1
+        self.apis.add(record.api)
         self.origins[f"{record.source}:{_origin_group(record)}"] += 1
         if record.source == "simulated":
             self.models[record.origin] += 1
@@ -210,7 +210,7 @@ class Tally:
 
 
 def _origin_group(record: Record) -> str:
-    # an import's origin names each file ("import:<root>/<namespace>.json"): keep the root
+    # an import's origin names each file ("import:<root>/<api>.json"): keep the root
     if record.source == "imported":
         return record.origin.split("/", 1)[0]
     return record.origin

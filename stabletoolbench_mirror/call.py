@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
-from .keys import canonical_key, upstream_key
+from .keys import canonical_key, session_key, upstream_key
 from .naming import CallNames, resolve_names
 from .protocol import VirtualRequest, parse_tool_input
+
+if TYPE_CHECKING:
+    from .sessions import SessionContext
 
 
 @dataclass(frozen=True)
@@ -30,10 +33,16 @@ class ToolCall:
     strip: str = ""
     toolbench_key: str = field(default="", repr=False)
     """A secret: never logged, recorded or echoed."""
+    session: "SessionContext | None" = field(default=None, repr=False, compare=False)
+    """Inside a session: its task and recent history (for prompts); ``key`` and ``canonical`` then carry the history hash."""
+
+    def in_session(self, history: str, context: "SessionContext") -> "ToolCall":
+        """This call as made inside a session whose history hash is ``history`` (see :mod:`.keys`)."""
+        return replace(self, key=session_key(self.key, history), canonical=session_key(self.canonical, history), session=context)
 
     @property
-    def namespace(self) -> str:
-        return self.names.namespace
+    def api(self) -> str:
+        return self.names.api
 
     @classmethod
     def build(cls, request: VirtualRequest, tool_input: Any, names: CallNames | None = None) -> "ToolCall":

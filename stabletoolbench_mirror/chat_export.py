@@ -59,10 +59,10 @@ def unique_records(records: Iterable[Record], summary: ChatExportSummary, *, sou
     """The records that pass the filters, one per API and canonical input (the earliest), in a stable order."""
     chosen: dict[tuple[str, str], Record] = {}
     for record in records:
-        if (source is not None and record.source != source) or (categories and record.namespace.split("/", 1)[0] not in categories):
+        if (source is not None and record.source != source) or (categories and record.api.split("/", 1)[0] not in categories):
             summary.filtered += 1
             continue
-        identity = (record.namespace, canonical_from_upstream_key(record.key) or record.key)
+        identity = (record.api, canonical_from_upstream_key(record.key) or record.key)
         kept = chosen.get(identity)
         if kept is None:
             chosen[identity] = record
@@ -70,7 +70,7 @@ def unique_records(records: Iterable[Record], summary: ChatExportSummary, *, sou
         summary.duplicates += 1
         if (record.created_at, record.key) < (kept.created_at, kept.key):
             chosen[identity] = record
-    return sorted(chosen.values(), key=lambda r: (r.namespace, r.created_at, r.key))
+    return sorted(chosen.values(), key=lambda r: (r.api, r.created_at, r.key))
 
 
 def export_chat_jsonl(

@@ -18,6 +18,7 @@ report a user attaches to a score.
 from __future__ import annotations
 
 import argparse
+import enum
 import itertools
 import json
 import sys
@@ -30,13 +31,27 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol
 
 from .answers import DEFAULT_MAX_OBSERVATION_LENGTH, function_index, iter_answer_calls, observation_text
+from .cli_common import add_config_arguments, settings_from_args
+from .config import Mode, Settings
+from .factory import build_layer
+from .layer import MirrorLayer
 from .naming import resolve_names
+from .outcomes import OutcomeKind
 from .protocol import answer as make_answer
 from .protocol import encode_answer
 from .queries import QueryFileError, iter_jsonl
 
-IDENTICAL, DIFFERENT, MISS = "identical", "different", "miss"
-VERDICTS = (IDENTICAL, DIFFERENT, MISS)
+class Verdict(enum.StrEnum):
+    """What a replayed call gave, compared with what was observed."""
+
+    IDENTICAL = "identical"
+    DIFFERENT = "different"
+    MISS = "miss"
+    """Nothing recorded for the call (the target answered ``unanswered``)."""
+
+
+IDENTICAL, DIFFERENT, MISS = Verdict.IDENTICAL, Verdict.DIFFERENT, Verdict.MISS
+VERDICTS = tuple(Verdict)
 
 
 class CheckInputError(ValueError):
@@ -55,11 +70,11 @@ class Expectation:
     text: bool = False
 
     @property
-    def namespace(self) -> str:
+    def api(self) -> str:
         try:
             return resolve_names(
                 str(self.payload.get("category", "")), str(self.payload.get("tool_name", "")), str(self.payload.get("api_name", ""))
-            ).namespace
+            ).api
         except Exception:  # noqa: BLE001 - a malformed payload still gets a report line
             return "?"
 
@@ -166,7 +181,7 @@ class UrlTarget:
 class LayerTarget:
     """The mirror layer in this process."""
 
-    def __init__(self, layer: Any) -> None:
+    def __init__(self, layer: MirrorLayer) -> None:
         self.layer = layer
 
     def send(self, payload: dict[str, Any]) -> Reply:
@@ -190,8 +205,8 @@ def client_answer(reply: Reply) -> Any:
         return make_answer("request invalid, data error", "")
 
 
-def verdict(expectation: Expectation, reply: Reply, max_observation_length: int = DEFAULT_MAX_OBSERVATION_LENGTH) -> str:
-    if reply.outcome == "unanswered":
+def verdict(expectation: Expectation, reply: Reply, max_observation_length: int = DEFAULT_MAX_OBSERVATION_LENGTH) -> Verdict:
+    if reply.outcome == OutcomeKind.UNANSWERED:
         return MISS
     got = client_answer(reply)
     if expectation.text:
@@ -207,9 +222,9 @@ def verdict(expectation: Expectation, reply: Reply, max_observation_length: int 
 @dataclass
 class Mismatch:
     location: str
-    namespace: str
+    api: str
     tool_input: str
-    verdict: str
+    verdict: Verdict
     expected: str
     got: str
 
@@ -247,7 +262,7 @@ class CheckReport:
             "calls": self.calls,
             "totals": {v: totals[v] for v in VERDICTS},
             "identical_fraction": (totals[IDENTICAL] / self.calls) if self.calls else None,
-            "per_api": {ns: {v: c[v] for v in VERDICTS} for ns, c in sorted(self.per_api.items())},
+            "per_api": {api: {v: c[v] for v in VERDICTS} for api, c in sorted(self.per_api.items())},
             "mismatches": [m.__dict__ for m in self.mismatches],
             "mismatches_left_out": self.mismatches_left_out,
             "problems": self.problems,
@@ -258,16 +273,16 @@ class CheckReport:
         totals = self.totals
         n = self.calls
         share = f"{100.0 * totals[IDENTICAL] / n:.1f}%" if n else "n/a"
-        width = max([len(ns) for ns in self.per_api] + [3])
+        width = max([len(api) for api in self.per_api] + [3])
         out = [f"{'API':<{width}}  {'identical':>9}  {'different':>9}  {'miss':>5}"]
-        for ns, counts in sorted(self.per_api.items()):
-            out.append(f"{ns:<{width}}  {counts[IDENTICAL]:>9}  {counts[DIFFERENT]:>9}  {counts[MISS]:>5}")
+        for api, counts in sorted(self.per_api.items()):
+            out.append(f"{api:<{width}}  {counts[IDENTICAL]:>9}  {counts[DIFFERENT]:>9}  {counts[MISS]:>5}")
         out.append(f"{'total':<{width}}  {totals[IDENTICAL]:>9}  {totals[DIFFERENT]:>9}  {totals[MISS]:>5}")
         out.append(f"{n} calls: {totals[IDENTICAL]} identical ({share}), {totals[DIFFERENT]} different, {totals[MISS]} miss")
         if self.seconds:
             out.append(f"time: {self.seconds:.1f} s ({n / self.seconds:,.0f} calls/s)")
         for m in self.mismatches[:max_details]:
-            out.append(f"{m.verdict.upper()} {m.namespace} input={m.tool_input[:200]} ({m.location})")
+            out.append(f"{m.verdict.upper()} {m.api} input={m.tool_input[:200]} ({m.location})")
             if m.verdict == DIFFERENT:
                 out.append(f"    expected: {m.expected[:300]}")
                 out.append(f"    got:      {m.got[:300]}")
@@ -322,8 +337,8 @@ def run_check(
 
 def _judge(report: CheckReport, expectation: Expectation, reply: Reply, max_observation_length: int) -> None:
     result = verdict(expectation, reply, max_observation_length)
-    namespace = expectation.namespace
-    report.per_api[namespace][result] += 1
+    api = expectation.api
+    report.per_api[api][result] += 1
     if result == IDENTICAL:
         return
     if len(report.mismatches) >= MAX_MISMATCHES:
@@ -333,7 +348,7 @@ def _judge(report: CheckReport, expectation: Expectation, reply: Reply, max_obse
     report.mismatches.append(
         Mismatch(
             location=expectation.location,
-            namespace=namespace,
+            api=api,
             tool_input=str(expectation.payload.get("tool_input", "")),
             verdict=result,
             expected=expectation.observed if expectation.text else json.dumps(expectation.observed, ensure_ascii=False),
@@ -345,24 +360,16 @@ def _judge(report: CheckReport, expectation: Expectation, reply: Reply, max_obse
 # -- command line ---------------------------------------------------------------------------------
 
 
-def _layer(settings: Any) -> Any:
+def _layer(settings: Settings) -> MirrorLayer:
     """The in-process layer; in replay mode without responders (nothing may fill a miss anyway)."""
-    from .factory import build_frozen, build_store
-    from .layer import MirrorLayer
-
-    if settings.mode != "replay":
-        return MirrorLayer.from_settings(settings)
-    frozen = build_frozen(settings)
-    return MirrorLayer(build_store(settings), mode="replay", frozen=frozen)
+    return build_layer(settings, responders=[] if settings.mode is Mode.REPLAY else None)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .cli import settings_from_args
-
     if not args.calls and not args.answers:
         print("error: give --calls FILE.jsonl and/or --answers PATH", file=sys.stderr)
         return 2
-    settings = settings_from_args(args, mode=args.mode or "replay")
+    settings = settings_from_args(args, mode=args.mode or Mode.REPLAY)
     report = CheckReport()
     expectations: list[Iterable[Expectation]] = []
     total = 0
@@ -417,8 +424,6 @@ def _count_lines(path: str | Path) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_config_arguments
-
     parser = sub.add_parser(
         "check",
         help="replay recorded calls and report identical / different / miss per API",

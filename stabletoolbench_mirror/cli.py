@@ -13,7 +13,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .config import ConfigError, Settings, load_settings
+from .cli_common import add_config_arguments, settings_from_args
+from .config import ConfigError, Settings
 
 if TYPE_CHECKING:
     from .simulator.vllm_launch import VllmServer
@@ -24,23 +25,10 @@ COMMAND_MODULES: list[str] = [
     "stabletoolbench_mirror.warm",
     "stabletoolbench_mirror.snapshot",
     "stabletoolbench_mirror.check",
+    "stabletoolbench_mirror.sessions",
     "stabletoolbench_mirror.startup",
     "stabletoolbench_mirror.fidelity_cli",
 ]
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", help="config file (default: $STM_CONFIG or ./server_config.yml)")
-    parser.add_argument("--mode", choices=["replay", "record"], help="override 'mode'")
-    parser.add_argument("--store-path", help="override 'store.path' (diskcache folder)")
-
-
-def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
-    overrides: dict[str, Any] = {"mode": getattr(args, "mode", None)}
-    if getattr(args, "store_path", None):
-        overrides["store"] = {"path": os.path.abspath(args.store_path)}
-    overrides.update({k: v for k, v in extra.items() if v is not None})
-    return load_settings(args.config, overrides=overrides)
 
 
 # -- serve ---------------------------------------------------------------------------------------
@@ -129,12 +117,12 @@ def run_server(settings: Settings) -> int:
     _warn_about_prompt(settings)
 
     if settings.workers > 1:
-        from .layer import MirrorLayer
+        from .factory import build_layer
 
         # a store or simulator that cannot be built fails here, once, with a clear message,
         # rather than in every worker process
         try:
-            MirrorLayer.from_settings(settings).close()
+            build_layer(settings).close()
         except StoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -14,6 +14,8 @@ folder when there is no file).
 
 from __future__ import annotations
 
+import enum
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Union
@@ -33,6 +35,15 @@ NOT_SETTINGS_ENV_PREFIXES = ("STM_VLLM_", "STM_CI_")
 
 class ConfigError(ValueError):
     """A configuration problem, with the offending key in the message."""
+
+
+class Mode(enum.StrEnum):
+    """What a miss may do (see the README's mode table)."""
+
+    REPLAY = "replay"
+    """Answer only from the caches; a miss gets upstream's "API not working" answer."""
+    RECORD = "record"
+    """A miss goes to the real API, then the simulator; the answer is recorded."""
 
 
 class _Section(BaseModel):
@@ -82,7 +93,7 @@ class RealConfig(_Section):
     its answer in the shadow store (never served) for ``fidelity --from-store --shadow``."""
 
 
-SimulatorStyle = Literal["mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache", "gpt-fewshot"]
+SimulatorStyle = Literal["mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache", "gpt-fewshot", "world-model"]
 
 
 class SimulatorConfig(_Section):
@@ -118,6 +129,8 @@ class SimulatorConfig(_Section):
     examples_budget_chars: int = Field(default=2048, ge=0)
     max_concurrency: int = Field(default=64, ge=1)
     """Simulator calls in flight at once from one process."""
+    history: int = Field(default=8, ge=0)
+    """In a session (``gpt-fewshot`` and ``world-model``): the task and the last N calls and answers go in the prompt."""
     allow_without_docs: bool = False
     """Simulate without a readable ``tools_folder`` (else the start is refused); such records are marked."""
 
@@ -155,8 +168,21 @@ class LimitsConfig(_Section):
     """An idle kept-alive connection is closed after this long."""
 
 
+class SessionsConfig(_Section):
+    """Sessions (``X-STM-Session``, ``/sessions``): kept in the store beside the records."""
+
+    idle_expiry_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """A session nobody called for this long is forgotten (its recorded answers stay)."""
+    max_calls: int = Field(default=500, ge=1)
+    """Calls one session may hold; more are refused with an error answer."""
+    max_state_bytes: int = Field(default=1_048_576, ge=2)
+    """Largest local-tool state (as JSON) one session may keep."""
+    max_task_chars: int = Field(default=20_000, ge=0)
+    """Longest ``task`` text accepted by ``POST /sessions``."""
+
+
 class Settings(_Section):
-    mode: Literal["replay", "record"] = "record"
+    mode: Mode = Mode.RECORD
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     auth_token: Optional[SecretStr] = None
@@ -173,6 +199,11 @@ class Settings(_Section):
     real: RealConfig = Field(default_factory=RealConfig)
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    local_tools: list[str] = Field(default_factory=list)
+    """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
+    local_tools_timeout_s: float = Field(default=10.0, gt=0)
+    """A local tool running longer than this gets an error answer (its thread cannot be killed)."""
     workers: int = Field(default=1, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_file: Optional[str] = None
@@ -196,8 +227,10 @@ class Settings(_Section):
 
 UPSTREAM_CONFIG_FILE = "config.yml"
 #: every key of upstream's server/config.yml
-UPSTREAM_KEYS = ("api_key", "api_base", "model", "temperature", "toolbench_url", "tools_folder", "cache_folder", "is_save", "port", "log_file")
-_LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "api_base", "api_key", "model", "temperature")
+UPSTREAM_KEYS = (
+    "api_key", "api_base", "model", "temperature", "toolbench_url", "rapidapi_url", "tools_folder", "cache_folder", "is_save", "port", "log_file",
+)
+_LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "rapidapi_url", "api_base", "api_key", "model", "temperature")
 #: upstream's OpenAI client talks to OpenAI when ``api_base`` is empty
 UPSTREAM_DEFAULT_API_BASE = "https://api.openai.com/v1"
 
@@ -216,6 +249,9 @@ def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = 
         data["frozen_caches"] = frozen
     if "is_save" in data:
         data["save"] = data.pop("is_save")
+    if "rapidapi_url" in data:  # its name in upstream's earlier config.yml: the same relay
+        data.setdefault("toolbench_url", data["rapidapi_url"])
+        data.pop("rapidapi_url")
     if "toolbench_url" in data:
         real = dict(data.get("real") or {})
         real.setdefault("relay_url", data.pop("toolbench_url"))
@@ -370,4 +406,33 @@ def load_settings(
         raise ConfigError(_format_error(exc, source)) from None
     settings.base_dir = str(base_dir)
     settings.config_source = f"{source} ({note})" if note else source
+    return settings
+
+
+# -- handing settings to another process (``serve --workers N``, ``warm --processes N``) ------------
+
+
+def serialize_settings(settings: Settings) -> str:
+    """``settings`` as JSON, secrets included, for :func:`deserialize_settings` in a child process."""
+    data = settings.model_dump(mode="python")
+    data["base_dir"] = settings.base_dir
+
+    def reveal(value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            return value.get_secret_value()
+        if isinstance(value, dict):
+            return {k: reveal(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [reveal(v) for v in value]
+        return value
+
+    return json.dumps(reveal(data))
+
+
+def deserialize_settings(text: str) -> Settings:
+    """The settings :func:`serialize_settings` wrote."""
+    data = json.loads(text)
+    base_dir = data.pop("base_dir", ".")
+    settings = Settings(**data)
+    settings.base_dir = base_dir
     return settings

@@ -1,11 +1,24 @@
-"""Build the store and the responders a :class:`Settings` asks for."""
+"""Build what a :class:`Settings` asks for: the store, the frozen caches, the responders and the layer.
+
+:func:`build_layer` is the one place a :class:`~.layer.MirrorLayer` is assembled (the server,
+``warm``, ``warm --engine vllm-offline`` and ``check`` all use it).
+"""
 
 from __future__ import annotations
 
-from .config import ConfigError, Settings
+import os
+from typing import TYPE_CHECKING, Sequence
+
+from .config import ConfigError, Mode, Settings
+from .layer import MirrorLayer
 from .responders import Responder
 from .stores import DiskcacheStore, FrozenCache, Store
-from .tooldocs import tool_docs_for
+from .tooldocs import ToolDocs, tool_docs_for
+
+if TYPE_CHECKING:
+    from .local_tools import LocalTools
+    from .sessions import Sessions
+    from .stores.sessions import SessionStore
 
 
 def build_store(settings: Settings) -> Store:
@@ -30,10 +43,12 @@ def build_frozen(settings: Settings) -> list[FrozenCache]:
     return [FrozenCache(settings.resolve(p), memory_budget=budget, allow_symlinks=settings.allow_symlinks) for p in paths]
 
 
-def build_responders(settings: Settings) -> list[Responder]:
+def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> list[Responder]:
     """The miss chain in order: the real API (when enabled), then the simulator (when enabled)."""
     responders: list[Responder] = []
-    docs = tool_docs_for(settings)  # one registry, shared by the real API and the simulator
+    if not (settings.real.enabled or settings.simulator.enabled):
+        return responders
+    docs = docs if docs is not None else tool_docs_for(settings)  # one registry, shared by both
     if settings.real.enabled:
         from .real import build_real_responder
 
@@ -48,3 +63,78 @@ def build_responders(settings: Settings) -> list[Responder]:
 
         responders.append(build_simulator(settings, docs=docs))
     return responders
+
+
+def build_layer(
+    settings: Settings,
+    *,
+    store: Store | None = None,
+    mode: Mode | str | None = None,
+    responders: Sequence[Responder] | None = None,
+    max_pending_misses: int | None = None,
+) -> MirrorLayer:
+    """The layer ``settings`` describe; each keyword, when given, replaces what ``settings`` would build.
+
+    ``responders=[]`` gives a layer that answers from the caches only (``check`` in replay mode,
+    ``warm``'s look at what is cached already).
+    """
+    owned = store is None
+    build_local_tools(settings)  # a local_tools file that cannot be imported stops the start before anything opens
+    store = build_store(settings) if store is None else store
+    try:
+        return MirrorLayer(
+            store,
+            mode=Mode(mode if mode is not None else settings.mode),
+            frozen=build_frozen(settings),
+            responders=build_responders(settings) if responders is None else responders,
+            save=settings.save,
+            max_pending_misses=max_pending_misses or settings.limits.max_pending_misses,
+            pending_timeout_s=settings.limits.queue_timeout_s,
+            sessions=build_sessions(settings, store),
+            local_tools=build_local_tools(settings),
+        )
+    except BaseException:
+        if owned:
+            store.close()
+        raise
+
+
+# -- sessions and local tools ---------------------------------------------------------------------
+
+
+def build_session_store(settings: Settings) -> "SessionStore":
+    """Where sessions are kept: beside the records (``<store.path>/sessions``, or the same Redis)."""
+    from .stores.sessions import DiskcacheSessionStore, RedisSessionStore
+
+    cfg = settings.store
+    ttl = settings.sessions.idle_expiry_s
+    if cfg.kind == "redis":
+        if not cfg.url:
+            raise ConfigError("store.url: required when store.kind is 'redis'")
+        return RedisSessionStore(cfg.url, ttl, prefix=cfg.prefix, timeout_s=cfg.timeout_s)
+    return DiskcacheSessionStore(os.path.join(settings.resolve(cfg.path), "sessions"), ttl)
+
+
+def build_sessions(settings: Settings, store: Store) -> "Sessions":
+    """Sessions kept beside ``store``; the calls of one session are serialised by the store's lock."""
+    from .sessions import LOCK_NAMESPACE, Sessions
+
+    return Sessions(
+        build_session_store(settings),
+        lambda session_id: store.flight_lock(LOCK_NAMESPACE, session_id),
+        settings.sessions,
+        history=settings.simulator.history,
+    )
+
+
+def build_local_tools(settings: Settings) -> "LocalTools | None":
+    """The local tools of the ``local_tools`` files (only those files are imported), or ``None``."""
+    if not settings.local_tools:
+        return None
+    from .local_tools import LocalTools
+
+    return LocalTools.load(
+        [settings.resolve(p) for p in settings.local_tools],
+        timeout_s=settings.local_tools_timeout_s,
+        max_state_bytes=settings.sessions.max_state_bytes,
+    )

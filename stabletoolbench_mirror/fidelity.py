@@ -293,7 +293,7 @@ class Pair:
     """One call with its reference and candidate answers."""
 
     api: str
-    """The namespace ``<category>/<tool>_for_<category>/<api>``."""
+    """The api ``<category>/<tool>_for_<category>/<api>``."""
     key: str
     """The upstream key of the input."""
     reference: Any

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from . import protocol
+from .cli_common import add_config_arguments, settings_from_args
 from .fidelity import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_json
 from .keys import canonical_from_upstream_key
 
@@ -56,7 +57,7 @@ def pairs_from_expectations(expectations: Any, problems: list[str]) -> list[Pair
         except FidelityInputError as exc:
             problems.append(f"{exp.location}: {exc}")
             continue
-        pairs.append(Pair(call.namespace, call.key, reference, origin=exp.location, call=call))
+        pairs.append(Pair(call.api, call.key, reference, origin=exp.location, call=call))
     return pairs
 
 
@@ -75,9 +76,9 @@ def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: A
             continue
         call = call_of_record(record, docs)
         if call is None:
-            problems.append(f"{record.namespace} {record.key[:100]}: the record's key is not a Python literal")
+            problems.append(f"{record.api} {record.key[:100]}: the record's key is not a Python literal")
             continue
-        pairs.append(Pair(record.namespace, record.key, record.answer, origin="store", call=call))
+        pairs.append(Pair(record.api, record.key, record.answer, origin="store", call=call))
     pairs.sort(key=lambda p: (p.api, p.key))
     return pairs
 
@@ -128,9 +129,9 @@ class SimulatorCandidate:
 
     def examples(self, call: Any) -> list[Any]:
         """Cached answers of the same API for a few-shot prompt, without the call's own answer."""
-        found = list(self.store.sample(call.namespace, EXAMPLE_POOL)) if self.store is not None else []
+        found = list(self.store.sample(call.api, EXAMPLE_POOL)) if self.store is not None else []
         for frozen in self.frozen:
-            found += frozen.sample(call.namespace, EXAMPLE_POOL)
+            found += frozen.sample(call.api, EXAMPLE_POOL)
         return [r for r in found if r.key != call.key and canonical_from_upstream_key(r.key) != call.canonical]
 
     def __call__(self, pair: Pair) -> Any:
@@ -141,11 +142,11 @@ class SimulatorCandidate:
         attempt = self.simulator.respond(call, examples)
         if attempt.answer is not None:
             if self.record and self.store is not None:
-                self.store.add(Record.from_answer(call.namespace, call.key, attempt.answer, "simulated", attempt.origin, attempt.meta), call.canonical)
+                self.store.add(Record.from_answer(call.api, call.key, attempt.answer, "simulated", attempt.origin, attempt.meta), call.canonical)
             return attempt.answer
         if attempt.fallback is not None:
             return attempt.fallback
-        return protocol.miss_answer(call.namespace, "the simulator gave no usable answer")
+        return protocol.miss_answer(call.api, "the simulator gave no usable answer")
 
 
 # -- the command --------------------------------------------------------------------------------------
@@ -154,7 +155,6 @@ class SimulatorCandidate:
 def cmd_fidelity(args: argparse.Namespace) -> int:
     from .answers import function_index
     from .check import load_answer_expectations, load_calls_jsonl
-    from .cli import settings_from_args
 
     if not (args.calls or args.answers or args.from_store):
         print("error: give the reference answers: --calls FILE.jsonl, --answers PATH or --from-store", file=sys.stderr)
@@ -251,8 +251,6 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_config_arguments
-
     parser = sub.add_parser(
         "fidelity",
         help="score a simulator against real answers (exact, JSON, BLEU, ROUGE-L, optional embeddings and judge)",

@@ -75,3 +75,42 @@ def canonical_from_upstream_key(key: str) -> str | None:
         return canonical_key(value_from_upstream_key(key))
     except ValueError:
         return None
+
+
+# -- sessions ---------------------------------------------------------------------------------
+#
+# Inside a session (``X-STM-Session``) a call's record keys are its usual keys plus the
+# session's *history hash*: a SHA-256 chain over the session's task and every earlier
+# (call, answer) pair that was answered from a record or a local tool.  The same task and
+# the same earlier calls with the same answers give the same keys (a replay hits); any
+# other history gives other keys (an answer made in one state is never served in another).
+
+SESSION_KEY_MARK = " #history="
+HISTORY_HASH_CHARS = 32
+
+
+def history_start(task: str) -> str:
+    """The history hash of a session before its first call."""
+    return _sha256_hex(json.dumps(["stm-session-v1", task], ensure_ascii=False))
+
+
+def history_next(previous: str, api: str, canonical: str, body: str) -> str:
+    """The history hash after one more call (``canonical`` input) answered with ``body``."""
+    return _sha256_hex(json.dumps([previous, api, canonical, body], ensure_ascii=False))
+
+
+def session_key(key: str, history: str) -> str:
+    """A record key inside a session: the usual (upstream or canonical) key plus the history hash."""
+    return f"{key}{SESSION_KEY_MARK}{history[:HISTORY_HASH_CHARS]}"
+
+
+def plain_key(key: str) -> str:
+    """``key`` without a session's history suffix (the key as the agent's input gives it)."""
+    head, mark, tail = key.rpartition(SESSION_KEY_MARK)
+    return head if mark and len(tail) == HISTORY_HASH_CHARS else key
+
+
+def _sha256_hex(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -1,90 +1,81 @@
-"""The request path: cache layers, then the real API and the simulator, then the record.
+"""The request path: the cache tiers, then the real API and the simulator, then the record.
 
-``server -> MirrorLayer.handle -> (store, frozen caches) -> (real API, simulator) -> store.add``
+``server -> MirrorLayer.prepare -> lookup (store, frozen caches) -> (real API, simulator) -> store.add``
+
+A call to a local tool (``local_tools``) skips the lookup: the tool always runs, and its answer
+is recorded.  A call inside a session (``X-STM-Session``) takes the same path through
+:meth:`MirrorLayer.handle_call`, with the session's history hash in its keys and the session's
+state for local tools (see :mod:`.sessions`).
+
+The layer returns an :class:`~.outcomes.Outcome` and counts nothing: the server counts each
+request once, from its final outcome.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import replace
+from typing import Any, Iterator, Sequence
 
 from pydantic import ValidationError
 
 from . import protocol
 from .call import ToolCall
-from .config import Settings
+from .config import Mode
+from .local_tools import LocalTool, LocalTools
 from .logs import clip
 from .naming import resolve_names
+from .outcomes import Outcome, OutcomeKind
 from .protocol import ToolInputParseError, VirtualRequest, parse_tool_input
 from .records import Record
 from .responders import Attempt, Responder
+from .sessions import SessionError, Sessions
 from .singleflight import SingleFlight
 from .stats import Stats
-from .stores import FrozenCache, Store, StoreError
+from .stores import CacheTier, FrozenCache, Store, StoreError
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """What the layer answers: the JSON text to serve, its HTTP status and how it was produced."""
-
-    body: str
-    kind: str
-    """``hit``, ``recorded``, ``failed``, ``unanswered``, ``local``, ``rejected``, ``overloaded`` or ``store_error``."""
-    status: int = 200
-    source: str | None = None
-    """For ``hit`` and ``recorded``: ``real``, ``simulated`` or ``imported``."""
-    origin: str = ""
-
-    @property
-    def answer(self) -> Any:
-        return json.loads(self.body)
-
-
 class MirrorLayer:
-    """Answers StableToolBench calls from the cache, the real API or the simulator, and records them."""
+    """Answers StableToolBench calls from the cache tiers, the real API or the simulator, and records them.
+
+    Built by :func:`stabletoolbench_mirror.factory.build_layer` from the settings.
+    """
 
     def __init__(
         self,
         store: Store,
         *,
-        mode: str = "record",
+        mode: Mode | str = Mode.RECORD,
         frozen: Sequence[FrozenCache] = (),
         responders: Sequence[Responder] = (),
         save: bool = True,
         max_pending_misses: int = 256,
         pending_timeout_s: float = 600.0,
         stats: Stats | None = None,
+        sessions: Sessions | None = None,
+        local_tools: LocalTools | None = None,
     ) -> None:
-        if mode not in ("replay", "record"):
-            raise ValueError(f"unknown mode {mode!r}")
+        try:
+            self.mode = Mode(mode)
+        except ValueError:
+            raise ValueError(f"unknown mode {mode!r}") from None
         self.store = store
-        self.mode = mode
-        self.frozen = list(frozen)
+        self.frozen = tuple(frozen)
+        self.tiers: tuple[CacheTier, ...] = (store, *self.frozen)
+        """The cache tiers in lookup order: the store, then the frozen caches as listed."""
         self.responders = list(responders)
         self.save = save
         self.stats = stats or Stats()
+        """The server's counters (the server counts each request's final outcome here)."""
         self._flight: SingleFlight[Outcome] = SingleFlight()
+        self._max_pending = max_pending_misses
         self._pending = threading.BoundedSemaphore(max_pending_misses)
         self.pending_timeout_s = pending_timeout_s
-
-    @classmethod
-    def from_settings(cls, settings: Settings, *, store: Store | None = None) -> "MirrorLayer":
-        from .factory import build_frozen, build_responders, build_store
-
-        return cls(
-            store if store is not None else build_store(settings),
-            mode=settings.mode,
-            frozen=build_frozen(settings),
-            responders=build_responders(settings),
-            save=settings.save,
-            max_pending_misses=settings.limits.max_pending_misses,
-            pending_timeout_s=settings.limits.queue_timeout_s,
-        )
+        self.sessions = sessions
+        self.local_tools = local_tools if local_tools is not None and len(local_tools) else None
+        self._probes = tuple(_lookup_order(self.tiers))
 
     # -- entry points -------------------------------------------------------------------------
 
@@ -101,13 +92,12 @@ class MirrorLayer:
     def prepare(self, payload: Any) -> ToolCall | Outcome:
         """Validate a decoded body into a :class:`ToolCall`, or the final answer when none is needed.
 
-        Final answers (counted here): HTTP 422 for an invalid body, upstream's
-        ``Tool input parse error...`` and ``chat_with_user`` answers.  Cheap: no I/O.
+        Final answers: HTTP 422 for an invalid body, upstream's ``Tool input parse error...``
+        and ``chat_with_user`` answers.  Cheap: no I/O.
         """
         try:
             request = VirtualRequest.model_validate(payload)
         except ValidationError as exc:
-            self.stats.count("rejected")
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors(include_url=False)
             )
@@ -117,126 +107,122 @@ class MirrorLayer:
     def _prepare_request(self, request: VirtualRequest) -> ToolCall | Outcome:
         names = resolve_names(request.category, request.tool_name, request.api_name)
         # upstream answers chat_with_user before it parses the input
-        if names.api == protocol.CHAT_WITH_USER_API:
-            self.stats.count("local")
-            return Outcome(protocol.encode_answer(protocol.chat_with_user_answer()), "local")
+        if names.api_name == protocol.CHAT_WITH_USER_API:
+            return Outcome(protocol.encode_answer(protocol.chat_with_user_answer()), OutcomeKind.LOCAL, api=names.api)
         try:
             tool_input = parse_tool_input(request.tool_input)
         except ToolInputParseError:
-            self.stats.count("rejected")
-            return Outcome(protocol.encode_answer(protocol.parse_error_answer()), "rejected")
+            return Outcome(protocol.encode_answer(protocol.parse_error_answer()), OutcomeKind.REJECTED, api=names.api)
         return ToolCall.build(request, tool_input, names)
 
+    @property
+    def pending_misses(self) -> int:
+        """Misses of this process waiting for the real API or the simulator now (filling or sharing)."""
+        return self._max_pending - self._pending._value  # noqa: SLF001 - the semaphore's own count
+
+    def runs_locally(self, call: ToolCall) -> bool:
+        """Whether ``call`` is one of the local tools (it always runs: never answered from the cache)."""
+        return self.local_tools is not None and self.local_tools.find(call) is not None
+
     def cached(self, call: ToolCall) -> Outcome | None:
-        """The cached answer as a counted hit, or ``None`` (nothing counted) when it is not cached or the store fails."""
+        """The cached answer as a hit, or ``None`` when it is not cached, is a local tool's, or the store fails."""
+        if self.runs_locally(call):
+            return None
         try:
             record = self.lookup(call)
         except StoreError:
             return None
-        if record is None:
-            return None
-        return self._hit(call, record)
+        return None if record is None else _served(call, record, OutcomeKind.HIT)
 
     async def cached_async(self, call: ToolCall) -> Outcome | None:
-        """:meth:`cached` for the server's event loop: a local store is read at once, Redis through
-        its async client, and a frozen file not parsed yet is parsed in a thread (the loop goes on).
+        """:meth:`cached` for the server's event loop, through the tiers' async reads: a local store
+        is read at once, Redis through its async client, a frozen file not parsed yet in a thread.
 
-        ``None`` (nothing counted) when the answer is not cached or the store fails (the full
-        path then answers, with the store's error if it persists).
+        ``None`` when the answer is not cached or the store fails (the full path then
+        answers, with the store's error if it persists).
         """
-        store = self.store
-        if not store.reads_async and not store.is_local:
+        if self.runs_locally(call):
             return None
         try:
-            record = await self._lookup_async(call)
+            record = await self.lookup_async(call)
         except StoreError:
             return None
-        if record is None:
-            return None
-        return self._hit(call, record)
+        return None if record is None else _served(call, record, OutcomeKind.HIT)
 
-    def handle_call(self, call: ToolCall) -> Outcome:
-        """Answer ``call``: the cache, else the real API and the simulator (single flight), recorded."""
+    def handle_call(self, call: ToolCall, session: str | None = None) -> Outcome:
+        """Answer ``call`` (inside ``session`` when given): see :meth:`answer`."""
+        if session is None:
+            return self.answer(call, {})
+        if self.sessions is None:
+            return _rejected(422, "sessions are not available on this server")
+        try:
+            return self.sessions.run(session, call, self.answer)
+        except SessionError as exc:
+            return _rejected(exc.status, exc.message)
+        except StoreError as exc:
+            return self._store_error(call, exc)
+
+    def answer(self, call: ToolCall, state: dict) -> Outcome:
+        """A local tool's answer (it may change ``state``), else the cache, else the real API and the simulator, recorded."""
+        tool = self.local_tools.find(call) if self.local_tools is not None else None
+        if tool is not None:
+            return self._local(tool, call, state)
         try:
             record = self.lookup(call)
         except StoreError as exc:
             return self._store_error(call, exc)
         if record is not None:
-            return self._hit(call, record)
-        self.stats.count("misses", call.namespace)
-        if self.mode == "replay" or not self.responders:
-            reason = "replay mode" if self.mode == "replay" else "no real API or simulator configured"
-            log.info("miss %s key=%s (%s)", clip(call.namespace), clip(call.key), reason)
-            self.stats.count("unanswered", call.namespace)
-            return Outcome(protocol.encode_answer(protocol.miss_answer(call.namespace, reason)), "unanswered")
+            return _served(call, record, OutcomeKind.HIT)
+        if self.mode is Mode.REPLAY or not self.responders:
+            reason = "replay mode" if self.mode is Mode.REPLAY else "no real API or simulator configured"
+            log.info("miss %s key=%s (%s)", clip(call.api), clip(call.key), reason)
+            answer = protocol.encode_answer(protocol.miss_answer(call.api, reason))
+            return Outcome(answer, OutcomeKind.UNANSWERED, api=call.api)
         # more misses than limits.max_pending_misses wait for a turn (a refusal would become a tool error)
         if not self._pending.acquire(timeout=self.pending_timeout_s):
-            self.stats.count_failure("overloaded: waited limits.queue_timeout_s for a miss turn")
             log.warning("a miss waited %g s for a turn; raise limits.max_pending_misses or limits.queue_timeout_s", self.pending_timeout_s)
-            return _rejected(
-                503, f"stabletoolbench-mirror is overloaded: a miss waited {self.pending_timeout_s:g} s for a turn (limits.max_pending_misses)", "overloaded"
+            message = f"stabletoolbench-mirror is overloaded: a miss waited {self.pending_timeout_s:g} s for a turn (limits.max_pending_misses)"
+            return replace(
+                _rejected(503, message, OutcomeKind.REFUSED),
+                api=call.api,
+                limit="limits.max_pending_misses",
             )
         try:
-            outcome, _shared = self._flight.do((call.namespace, call.canonical), lambda: self._fill(call))
+            outcome, shared = self._flight.do((call.api, call.canonical), lambda: self._fill(call))
         except StoreError as exc:
             return self._store_error(call, exc)
         finally:
             self._pending.release()
-        return outcome
+        return _as_shared(outcome) if shared else outcome
 
     # -- the parts ----------------------------------------------------------------------------
 
     def lookup(self, call: ToolCall) -> Record | None:
-        """The cached record of ``call``: exact upstream key first, then the canonical key.
-
-        In each step the store comes before the frozen caches (in their listed order).
-        """
-        return (
-            self.store.get(call.namespace, call.key)
-            or self._frozen_exact(call)
-            or self.store.get_canonical(call.namespace, call.canonical)
-            or self._frozen_canonical(call)
-        )
-
-    async def _lookup_async(self, call: ToolCall) -> Record | None:
-        """:meth:`lookup` without blocking the event loop (same order)."""
-        store = self.store
-        if store.reads_async:
-            record = await store.aget(call.namespace, call.key)
-        else:
-            record = store.get(call.namespace, call.key)
-        for frozen in self.frozen:
+        """The cached record of ``call``, in the order of :func:`_lookup_order`."""
+        for get, _aget, exact in self._probes:
+            record = get(call.api, call.key if exact else call.canonical)
             if record is not None:
                 return record
-            record = await frozen.aget(call.namespace, call.key)
-        if record is not None:
-            return record
-        if store.reads_async:
-            record = await store.aget_canonical(call.namespace, call.canonical)
-        else:
-            record = store.get_canonical(call.namespace, call.canonical)
-        for frozen in self.frozen:
+        return None
+
+    async def lookup_async(self, call: ToolCall) -> Record | None:
+        """:meth:`lookup` through the tiers' async reads (same order)."""
+        for _get, aget, exact in self._probes:
+            record = await aget(call.api, call.key if exact else call.canonical)
             if record is not None:
                 return record
-            record = await frozen.aget_canonical(call.namespace, call.canonical)
-        return record
-
-    def _frozen_exact(self, call: ToolCall) -> Record | None:
-        return next((r for f in self.frozen if (r := f.get(call.namespace, call.key)) is not None), None)
-
-    def _frozen_canonical(self, call: ToolCall) -> Record | None:
-        return next((r for f in self.frozen if (r := f.get_canonical(call.namespace, call.canonical)) is not None), None)
+        return None
 
     def examples(self, call: ToolCall, limit: int = 20) -> list[Record]:
         """Cached answers of the same API, for few-shot simulators: the store's, then the frozen caches'."""
-        try:
-            found = list(self.store.sample(call.namespace, limit))
-        except StoreError:
-            found = []
-        for frozen in self.frozen:
+        found: list[Record] = []
+        for tier in self.tiers:
             if len(found) >= limit:
                 break
-            found += frozen.sample(call.namespace, limit - len(found))
+            try:
+                found += tier.sample(call.api, limit - len(found))
+            except StoreError:
+                continue
         return found
 
     def _fill(self, call: ToolCall) -> Outcome:
@@ -244,16 +230,17 @@ class MirrorLayer:
         # one); whoever waited on it then finds the answer by the re-lookup in _fill_locked
         if not self.save:
             return self._fill_locked(call)
-        with self.store.flight_lock(call.namespace, call.canonical):
+        with self.store.flight_lock(call.api, call.canonical):
             return self._fill_locked(call)
 
     def _fill_locked(self, call: ToolCall) -> Outcome:
         # another request (or process) may have recorded it while this one waited
         record = self.lookup(call)
         if record is not None:
-            return _served(record, "hit")
+            return _served(call, record, OutcomeKind.SHARED)
         fallback: Any = None
         examples: list[Record] | None = None
+        problems: list[str] = []
         for responder in self.responders:
             if examples is None:
                 # only a few-shot simulator reads examples (a store scan per miss otherwise)
@@ -264,42 +251,85 @@ class MirrorLayer:
                 # e.g. a "\ud800" escape in a model's JSON: it can be neither stored nor served as UTF-8
                 attempt = Attempt(None, attempt.origin, "answer contains a lone UTF-16 surrogate", attempt.fallback)
             if attempt.answer is None:
-                log.info("%s gave no usable answer for %s: %s", responder.source, clip(call.namespace), clip(attempt.detail, 500))
-                self.stats.count_failure(f"{responder.source}: {attempt.detail}")
+                log.info("%s gave no usable answer for %s: %s", responder.source, clip(call.api), clip(attempt.detail, 500))
+                problems.append(f"{responder.source}: {attempt.detail}")
                 if attempt.fallback is not None:
                     fallback = attempt.fallback
                 continue
-            record = Record.from_answer(call.namespace, call.key, attempt.answer, responder.source, attempt.origin, attempt.meta)
-            if self.save:
-                if not self.store.add(record, call.canonical):
-                    # someone else recorded first: everyone serves that one
-                    record = self.store.get(call.namespace, call.key) or record
-            self.stats.count("recorded", call.namespace, record.source)
-            return _served(record, "recorded")
-        self.stats.count("failed", call.namespace)
+            record = Record.from_answer(call.api, call.key, attempt.answer, responder.source, attempt.origin, attempt.meta)
+            kind = OutcomeKind.RECORDED
+            if self.save and not self.store.add(record, call.canonical):
+                # another process recorded first: everyone serves that one
+                record = self.store.get(call.api, call.key) or record
+                kind = OutcomeKind.SHARED
+            return replace(_served(call, record, kind), problems=tuple(problems))
         if fallback is None:
-            fallback = protocol.miss_answer(call.namespace, "the real API and the simulator gave no usable answer")
-        return Outcome(protocol.encode_answer(fallback), "failed")
+            fallback = protocol.miss_answer(call.api, "the real API and the simulator gave no usable answer")
+        return Outcome(protocol.encode_answer(fallback), OutcomeKind.FAILED, api=call.api, problems=tuple(problems))
 
-    def _hit(self, call: ToolCall, record: Record) -> Outcome:
-        """A counted cache hit."""
-        self.stats.count("hits", call.namespace, record.source)
-        return _served(record, "hit")
+    def _local(self, tool: LocalTool, call: ToolCall, state: dict) -> Outcome:
+        """Run a local tool; its answer is recorded (``source: local``) but never served from the cache.
+
+        A failed run (raised, timed out, not JSON) is a ``local`` outcome without a source: its
+        error answer is served, nothing is recorded and ``state`` is left as it was.
+        """
+        assert self.local_tools is not None
+        result = self.local_tools.run(tool, call, state)
+        if result.answer is None:
+            body = protocol.encode_answer(self.local_tools.error_answer(tool, result.detail))
+            return Outcome(body, OutcomeKind.LOCAL, api=call.api, problems=(f"local: {result.detail}",))
+        state.clear()
+        state.update(result.state or {})
+        record = Record.from_answer(call.api, call.key, result.answer, "local", tool.origin)
+        if self.save and self.mode is Mode.RECORD:
+            try:
+                self.store.add(record, call.canonical)
+            except StoreError as exc:  # the tool ran (its state changed): its answer is served anyway
+                log.warning("local tool answer for %s not recorded: %s", clip(call.api), clip(exc, 500))
+        return _served(call, record, OutcomeKind.LOCAL)
 
     def _store_error(self, call: ToolCall, exc: StoreError) -> Outcome:
-        log.error("store error for %s: %s", clip(call.namespace), clip(exc, 500))
-        self.stats.count("store_errors", call.namespace)
-        return _rejected(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}", "store_error")
+        log.error("store error for %s: %s", clip(call.api), clip(exc, 500))
+        outcome = _rejected(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}", OutcomeKind.STORE_ERROR)
+        return replace(outcome, api=call.api)
 
     def close(self) -> None:
         for responder in self.responders:
             responder.close()
-        self.store.close()
+        if self.sessions is not None:
+            self.sessions.close()
+        for tier in self.tiers:
+            tier.close()
 
 
-def _served(record: Record, kind: str) -> Outcome:
-    return Outcome(record.body, kind, source=record.source, origin=record.origin)
+def _lookup_order(tiers: Sequence[CacheTier]) -> Iterator[tuple[Any, Any, bool]]:
+    """The README's "Cache keys" order: the exact upstream key in every tier, then the canonical key.
+
+    Tiers come in their order (the store, then the frozen caches as listed).  Each step is
+    ``(get, aget, exact)``: the tier's sync and async reads, and whether they take the exact key.
+    """
+    for exact in (True, False):
+        for tier in tiers:
+            if exact:
+                yield tier.get, tier.aget, True
+            else:
+                yield tier.get_canonical, tier.aget_canonical, False
 
 
-def _rejected(status: int, message: str, kind: str = "rejected") -> Outcome:
+def _served(call: ToolCall, record: Record, kind: OutcomeKind) -> Outcome:
+    return Outcome(record.body, kind, source=record.source, origin=record.origin, api=call.api)
+
+
+def _as_shared(outcome: Outcome) -> Outcome:
+    """What a request that waited on another's miss gets: its answer, counted as ``shared``.
+
+    Failures stay ``failed`` (the waiter was served a failure too); the reasons are counted
+    with the request that asked the responders.
+    """
+    if outcome.kind in (OutcomeKind.RECORDED, OutcomeKind.SHARED):
+        return replace(outcome, kind=OutcomeKind.SHARED, problems=())
+    return replace(outcome, problems=())
+
+
+def _rejected(status: int, message: str, kind: OutcomeKind = OutcomeKind.REJECTED) -> Outcome:
     return Outcome(protocol.encode_answer(protocol.answer(message, "")), kind, status=status)

@@ -58,13 +58,13 @@ class CallNames:
     """Standardised tool name without the ``_for_<category>`` suffix."""
     tool_folder: str
     """Cache folder of the tool: ``<tool>_for_<category>``."""
-    api: str
-    """Standardised API name (the cache file is ``<api>.json``)."""
+    api_name: str
+    """Standardised API name (the cache file is ``<api_name>.json``)."""
 
     @property
-    def namespace(self) -> str:
-        """``<category>/<tool_folder>/<api>``: the upstream cache file of the call, minus ``.json``."""
-        return f"{self.category}/{self.tool_folder}/{self.api}"
+    def api(self) -> str:
+        """``<category>/<tool_folder>/<api_name>``: the API, named by its upstream cache file minus ``.json``."""
+        return f"{self.category}/{self.tool_folder}/{self.api_name}"
 
 
 def resolve_names(category: str, tool_name: str, api_name: str) -> CallNames:
@@ -82,7 +82,7 @@ def resolve_names(category: str, tool_name: str, api_name: str) -> CallNames:
     else:
         tool = standardize(tool_name)
         folder = tool + suffix
-    return CallNames(category=std_category, tool=tool, tool_folder=folder, api=api)
+    return CallNames(category=std_category, tool=tool, tool_folder=folder, api_name=api)
 
 
 def is_safe_path_component(name: str) -> bool:

@@ -49,8 +49,8 @@ def simulation_failed_answer() -> dict[str, Any]:
     return answer(SIMULATION_FAILED, "")
 
 
-def miss_answer(namespace: str, reason: str) -> dict[str, Any]:
-    return answer(MISS_ERROR, f"stabletoolbench-mirror: no recorded response for {namespace} ({reason}).")
+def miss_answer(api: str, reason: str) -> dict[str, Any]:
+    return answer(MISS_ERROR, f"stabletoolbench-mirror: no recorded response for {api} ({reason}).")
 
 
 def encode_answer(body: Any) -> str:

@@ -1,4 +1,4 @@
-"""The tool call a record answers, rebuilt from its namespace and upstream key (for fidelity and export)."""
+"""The tool call a record answers, rebuilt from its api and upstream key (for fidelity and export)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from .records import Record
 
 
 def call_of_record(record: Record, docs: Any = None) -> ToolCall | None:
-    """The call of ``record``, or ``None`` when its key is not a Python literal or its namespace does not round-trip.
+    """The call of ``record``, or ``None`` when its key is not a Python literal or its api does not round-trip.
 
     A record keeps only the standardised names of its call (``<category>/<tool>_for_<category>/<api>``).
     When ``docs`` (a :class:`~stabletoolbench_mirror.tooldocs.ToolDocs`) has the API, the call
     gets the tool and API names as the doc spells them, which is what a client sends (so a
     prompt built for it is the live prompt); otherwise the standardised names.
     """
-    parts = record.namespace.split("/")
+    parts = record.api.split("/")
     if len(parts) != 3:
         return None
     try:
@@ -25,11 +25,11 @@ def call_of_record(record: Record, docs: Any = None) -> ToolCall | None:
     except ValueError:
         return None
     call = ToolCall.of(parts[0], parts[1], parts[2], tool_input)
-    if call.namespace != record.namespace or call.key != record.key:
+    if call.api != record.api or call.key != record.key:
         return None
     doc = docs.find(call.names) if docs is not None else None
     if doc is not None and not doc.fuzzy:
         named = ToolCall.of(parts[0], doc.tool_name, doc.name, tool_input)
-        if named.namespace == record.namespace:
+        if named.api == record.api:
             return named
     return call

@@ -9,9 +9,12 @@ from typing import Any, Literal, Mapping
 
 from .protocol import encode_answer
 
-Source = Literal["real", "simulated", "imported"]
-SOURCES: tuple[str, ...] = ("real", "simulated", "imported")
-RECORD_VERSION = 1
+Source = Literal["real", "simulated", "imported", "local", "frozen"]
+"""``real`` and ``simulated`` answers were recorded here, ``imported`` ones copied into the store
+by ``cache import``, ``local`` ones made by a local tool; ``frozen`` marks an answer read from a frozen cache tree (never stored)."""
+SOURCES: tuple[str, ...] = ("real", "simulated", "imported", "local", "frozen")
+RECORD_VERSION = 2
+"""Version 2 names the API ``api``; version 1 (still read) named it ``namespace``."""
 
 
 @dataclass(frozen=True)
@@ -23,10 +26,10 @@ class Record:
     (``source``, ``origin``, ``created_at``) is kept beside it and never served, and so is
     ``meta``: what a simulated answer's generation knew (its rationale, style, model, prompt
     hash, sampling settings, finish reason, token counts, latency).  Only ``body`` is served,
-    and only ``namespace``, ``key`` and ``body`` enter a snapshot's content hash.
+    and only ``api``, ``key`` and ``body`` enter a snapshot's content hash.
     """
 
-    namespace: str
+    api: str
     """``<category>/<tool>_for_<category>/<api>``: the upstream cache file without ``.json``."""
     key: str
     """The upstream key, ``str(parsed_input)``."""
@@ -39,9 +42,9 @@ class Record:
 
     @classmethod
     def from_answer(
-        cls, namespace: str, key: str, answer: Any, source: Source, origin: str = "", meta: Mapping[str, Any] | None = None
+        cls, api: str, key: str, answer: Any, source: Source, origin: str = "", meta: Mapping[str, Any] | None = None
     ) -> "Record":
-        return cls(namespace=namespace, key=key, body=encode_answer(answer), source=source, origin=origin, meta=meta)
+        return cls(api=api, key=key, body=encode_answer(answer), source=source, origin=origin, meta=meta)
 
     @property
     def answer(self) -> Any:
@@ -50,7 +53,7 @@ class Record:
     def to_json(self) -> str:
         data: dict[str, Any] = {
             "v": RECORD_VERSION,
-            "namespace": self.namespace,
+            "api": self.api,
             "key": self.key,
             "body": self.body,
             "source": self.source,
@@ -68,10 +71,11 @@ class Record:
     @classmethod
     def from_json(cls, text: str | bytes) -> "Record":
         data = json.loads(text)
-        if data.get("v") != RECORD_VERSION:
-            raise ValueError(f"unsupported record version {data.get('v')!r}")
+        version = data.get("v")
+        if version not in (1, RECORD_VERSION):
+            raise ValueError(f"unsupported record version {version!r}")
         return cls(
-            namespace=data["namespace"],
+            api=data["api" if version == RECORD_VERSION else "namespace"],
             key=data["key"],
             body=data["body"],
             source=data["source"],

@@ -25,21 +25,19 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from . import __version__, protocol
+from . import __version__, protocol, sessions
 from .admission import Admission, Refused
 from .config import Settings
-from .layer import MirrorLayer, Outcome
+from .factory import build_layer
+from .layer import MirrorLayer
+from .outcomes import Outcome, OutcomeKind
 from .logs import clip
 
 log = logging.getLogger(__name__)
 
 
-def _error(status: int, message: str) -> Outcome:
-    return _rejected(status, message)
-
-
-def _rejected(status: int, message: str, kind: str = "rejected") -> Outcome:
-    return Outcome(protocol.encode_answer(protocol.answer(message, "")), kind, status=status)
+def _error(status: int, message: str, kind: OutcomeKind = OutcomeKind.REJECTED, limit: str | None = None) -> Outcome:
+    return Outcome(protocol.encode_answer(protocol.answer(message, "")), kind, status=status, limit=limit)
 
 
 async def _send(send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
@@ -100,32 +98,39 @@ class _Front:
             await self.app(scope, receive, send)
             return
         if scope["method"] != "POST":
-            await _send(send, _error(405, "use POST /virtual"), ((b"allow", b"POST"),))
+            await self._finish(send, _error(405, "use POST /virtual"), ((b"allow", b"POST"),))
             return
         # the body is read before a slot is taken: a client that stalls mid-body holds no slot,
         # and is cut off after limits.body_timeout_s
         body = await self._read_body(scope, receive)
         if isinstance(body, Outcome):
-            await _send(send, body, ((b"connection", b"close"),) if body.status == 408 else ())
+            await self._finish(send, body, ((b"connection", b"close"),) if body.status == 408 else ())
             return
         client = scope["client"][0] if scope.get("client") else "?"
         try:
             await self.admission.enter(client, len(body))
         except Refused as refusal:
-            self.layer.stats.count_refusal(refusal.setting)
             self.refusals.refused(503, str(refusal), refusal.setting)
             message = f"stabletoolbench-mirror is overloaded ({refusal}); the server's {refusal.setting} setting bounds this"
-            await _send(send, _rejected(503, message, "overloaded"), ((b"retry-after", b"5"),))
+            await self._finish(send, _error(503, message, OutcomeKind.REFUSED, refusal.setting), ((b"retry-after", b"5"),))
             return
         try:
             try:
-                outcome = await self._virtual(body)
+                outcome = await self._virtual(body, _session_header(scope))
             except Exception:  # a bug, never bad input: still a JSON answer, and logged with its trace
                 log.exception("internal error while answering /virtual")
-                outcome = _error(500, "stabletoolbench-mirror: internal error (see the server log)")
-            await _send(send, outcome)
+                outcome = _error(500, "stabletoolbench-mirror: internal error (see the server log)", OutcomeKind.ERROR)
+            await self._finish(send, outcome)
         finally:
             self.admission.leave(client)
+
+    async def _finish(self, send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        """Send the final answer of a ``/virtual`` request, counted here: once, by its outcome.
+
+        (A request without the right bearer token is refused before it counts.)
+        """
+        self.layer.stats.count(outcome)
+        await _send(send, outcome, extra_headers)
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         assert self.token is not None
@@ -153,11 +158,11 @@ class _Front:
                     if not message.get("more_body"):
                         return bytes(body)
         except TimeoutError:
-            self.layer.stats.count_refusal("limits.body_timeout_s")
             self.refusals.refused(408, "the request body did not arrive in time", "limits.body_timeout_s")
-            return _error(408, f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)")
+            message = f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)"
+            return _error(408, message, OutcomeKind.REFUSED, "limits.body_timeout_s")
 
-    async def _virtual(self, body: bytes) -> Outcome:
+    async def _virtual(self, body: bytes, session: str | None | Outcome = None) -> Outcome:
         try:
             payload = json.loads(body.decode("utf-8"))
         except UnicodeDecodeError:
@@ -166,16 +171,34 @@ class _Front:
             return _error(400, "request body is not JSON")
         if not isinstance(payload, dict):
             return _error(422, "request body must be a JSON object")
+        if isinstance(session, Outcome):
+            return session
         layer = self.layer
         prepared = layer.prepare(payload)
         if isinstance(prepared, Outcome):
             return prepared
+        if session is not None or layer.runs_locally(prepared):
+            # a session's calls and local tools read and write state: always in a worker thread
+            return await anyio.to_thread.run_sync(layer.handle_call, prepared, session)
         # hits are answered on the event loop (a local store at once, Redis through its async
         # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
         hit = await layer.cached_async(prepared)
         if hit is not None:
             return hit
         return await anyio.to_thread.run_sync(layer.handle_call, prepared)
+
+
+def _session_header(scope: dict[str, Any]) -> str | None | Outcome:
+    """The ``X-STM-Session`` id of a request, ``None`` without one, or the 422 answer to a bad one."""
+    for name, value in scope.get("headers", ()):
+        if name == sessions.HEADER.encode():
+            try:
+                session_id = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return _error(422, f"{sessions.HEADER}: not UTF-8")
+            problem = sessions.id_problem(session_id)
+            return _error(422, f"{sessions.HEADER}: {problem}") if problem else session_id
+    return None
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -233,7 +256,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
 def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     """The app serving ``layer`` (built from ``settings`` when not given; then closed with the app)."""
     owned = layer is None
-    layer = layer if layer is not None else MirrorLayer.from_settings(settings)
+    layer = layer if layer is not None else build_layer(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -281,6 +304,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     async def stats() -> JSONResponse:
         return JSONResponse({**layer.stats.snapshot(), **_responder_stats(layer)})
 
+    _add_session_routes(app, layer, settings)
     _answer_unknown_routes(app)
     return app
 
@@ -331,6 +355,73 @@ def _answer_unknown_routes(app: FastAPI) -> None:
         else:
             message = str(exc.detail)
         return JSONResponse(protocol.answer(message, ""), status_code=exc.status_code, headers=exc.headers)
+
+
+def _add_session_routes(app: FastAPI, layer: MirrorLayer, settings: Settings) -> None:
+    """``POST /sessions``, ``GET /sessions/{id}``, ``DELETE /sessions/{id}`` (see :mod:`.sessions`)."""
+    from .stores import StoreError
+
+    def fail(status: int, message: str) -> JSONResponse:
+        return JSONResponse(protocol.answer(message, ""), status_code=status)
+
+    def run(fn: Any, *args: Any) -> JSONResponse:
+        if layer.sessions is None:
+            return fail(404, "sessions are not available on this server")
+        try:
+            return fn(layer.sessions, *args)
+        except sessions.SessionError as exc:
+            return fail(exc.status, exc.message)
+        except StoreError as exc:
+            return fail(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}")
+
+    @app.post("/sessions")
+    async def create_session(request: Request) -> JSONResponse:
+        body = await _read_capped(request, settings.limits.max_body_bytes)
+        if isinstance(body, JSONResponse):
+            return body
+        task = ""
+        if body.strip():
+            try:
+                data = json.loads(body.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                return fail(400, "request body is not JSON")
+            if not isinstance(data, dict) or set(data) - {"task"} or not isinstance(data.get("task", ""), str):
+                return fail(422, 'the body of POST /sessions is {"task": "<free text>"} (optional)')
+            task = data.get("task", "")
+            if not protocol.is_encodable(task):
+                return fail(422, "task contains a lone UTF-16 surrogate")
+
+        def create(s: sessions.Sessions) -> JSONResponse:
+            doc = s.create(task)
+            return JSONResponse({"id": doc["id"], "task": doc["task"]}, status_code=201)
+
+        return await anyio.to_thread.run_sync(run, create)
+
+    @app.get("/sessions/{session_id:path}")
+    def get_session(session_id: str) -> JSONResponse:
+        return run(lambda s: JSONResponse(sessions.public_view(s.get(session_id))))
+
+    @app.delete("/sessions/{session_id:path}")
+    def delete_session(session_id: str) -> JSONResponse:
+        def delete(s: sessions.Sessions) -> JSONResponse:
+            s.delete(session_id)
+            return JSONResponse({"id": session_id, "deleted": True})
+
+        return run(delete)
+
+
+async def _read_capped(request: Any, limit: int) -> bytes | JSONResponse:
+    """The request body, or a 413 answer when it is larger than ``limit`` bytes."""
+    too_large = JSONResponse(protocol.answer(f"request body larger than {limit} bytes", ""), status_code=413)
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        return too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return too_large
+    return bytes(body)
 
 
 def app_from_environment() -> FastAPI:

@@ -104,18 +104,18 @@ class ShadowedResponder:
 
     def _simulate(self, call: ToolCall) -> None:
         try:
-            if self.shadow_store.get(call.namespace, call.key) is not None:
+            if self.shadow_store.get(call.api, call.key) is not None:
                 return
             # no few-shot examples: the real answer just recorded must not leak into its own shadow
             attempt = self.simulator.respond(call, [])
             if attempt.answer is None:
                 self._count("shadow_failed")
                 return
-            record = Record.from_answer(call.namespace, call.key, attempt.answer, "simulated", attempt.origin, attempt.meta)
+            record = Record.from_answer(call.api, call.key, attempt.answer, "simulated", attempt.origin, attempt.meta)
             self.shadow_store.add(record, call.canonical)
             self._count("shadow_recorded")
         except Exception as exc:  # noqa: BLE001 - shadow work must never hurt serving (a store error included)
-            log.warning("shadow simulation of %s failed: %s", call.namespace, exc)
+            log.warning("shadow simulation of %s failed: %s", call.api, exc)
             self._count("shadow_failed")
         finally:
             self._pending.release()

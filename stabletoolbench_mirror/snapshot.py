@@ -8,8 +8,8 @@ that produced the answers, the settings that produced it (secrets removed) and a
 compares.
 
 The content hash is SHA-256 over the *canonical entries*, one line per entry,
-``[namespace, upstream key, answer]`` as compact JSON (the answer in its served encoding,
-``{"error", "response"}`` in their order), lines sorted by ``(namespace, key)``.  It depends
+``[api, upstream key, answer]`` as compact JSON (the answer in its served encoding,
+``{"error", "response"}`` in their order), lines sorted by ``(api, key)``.  It depends
 on nothing but what is served: not on file order, entry order inside a file, indentation,
 recording times, provenance or the machine, so the same store snapshotted twice (or the same
 answers recorded in another order elsewhere) gives the same hash.
@@ -33,7 +33,9 @@ from tqdm import tqdm
 
 from . import __version__
 from .cache_tools import ExportSummary, Tally, count, iter_export
+from .cli_common import add_config_arguments, settings_from_args
 from .config import Settings
+from .factory import build_store
 from .protocol import encode_answer
 from .secrets import public_settings
 from .stores import Store
@@ -43,8 +45,8 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = "stabletoolbench-mirror-snapshot"
 FORMAT_VERSION = 1
 HASH_METHOD = (
-    "sha256 over UTF-8 lines json.dumps([namespace, key, answer_json], ensure_ascii=False, "
-    "separators=(',', ':')) + '\\n', sorted by (namespace, key); answer_json is the served compact encoding"
+    "sha256 over UTF-8 lines json.dumps([api, key, answer_json], ensure_ascii=False, "
+    "separators=(',', ':')) + '\\n', sorted by (api, key); answer_json is the served compact encoding"
 )
 
 
@@ -55,35 +57,35 @@ class SnapshotError(RuntimeError):
 # -- the content hash ------------------------------------------------------------------------------
 
 
-def entry_line(namespace: str, key: str, answer: Any) -> bytes:
+def entry_line(api: str, key: str, answer: Any) -> bytes:
     """The canonical line of one entry (see the module docstring)."""
-    text = json.dumps([namespace, key, encode_answer(answer)], ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps([api, key, encode_answer(answer)], ensure_ascii=False, separators=(",", ":"))
     return (text + "\n").encode("utf-8", "surrogatepass")
 
 
 class ContentHash:
-    """The content hash, fed one API at a time in namespace order (memory: one API's entries)."""
+    """The content hash, fed one API at a time in api order (memory: one API's entries)."""
 
     def __init__(self) -> None:
         self._digest = hashlib.sha256()
         self._last: str | None = None
 
-    def add_api(self, namespace: str, entries: Iterable[tuple[str, Any]]) -> None:
-        if self._last is not None and namespace <= self._last:
-            raise ValueError(f"APIs must come in namespace order: {namespace!r} after {self._last!r}")
-        self._last = namespace
+    def add_api(self, api: str, entries: Iterable[tuple[str, Any]]) -> None:
+        if self._last is not None and api <= self._last:
+            raise ValueError(f"APIs must come in api order: {api!r} after {self._last!r}")
+        self._last = api
         for key, answer in sorted(entries, key=lambda e: e[0]):
-            self._digest.update(entry_line(namespace, key, answer))
+            self._digest.update(entry_line(api, key, answer))
 
     def hexdigest(self) -> str:
         return "sha256:" + self._digest.hexdigest()
 
 
 def content_hash(entries: Iterable[tuple[str, str, Any]]) -> str:
-    """``sha256:<hex>`` over ``(namespace, key, answer)`` entries, in any order."""
+    """``sha256:<hex>`` over ``(api, key, answer)`` entries, in any order."""
     digest = ContentHash()
-    for namespace, group in groupby(sorted(entries, key=lambda e: (e[0], e[1])), key=lambda e: e[0]):
-        digest.add_api(namespace, ((key, answer) for _, key, answer in group))
+    for api, group in groupby(sorted(entries, key=lambda e: (e[0], e[1])), key=lambda e: e[0]):
+        digest.add_api(api, ((key, answer) for _, key, answer in group))
     return digest.hexdigest()
 
 
@@ -123,7 +125,7 @@ def write_snapshot(
             continue
         for record in exported.records:
             written.add(record)
-        digest.add_api(exported.namespace, ((r.key, r.answer) for r in exported.records))
+        digest.add_api(exported.api, ((r.key, r.answer) for r in exported.records))
     tally = written.to_json()
     manifest: dict[str, Any] = {
         "format": FORMAT,
@@ -174,18 +176,18 @@ class Verification:
 
 
 def tree_entries(root: str | os.PathLike[str], problems: list[str], *, progress: bool = False) -> Iterator[tuple[str, str, Any]]:
-    """``(namespace, key, answer)`` of every entry of an upstream tree, one API file at a time, in namespace order.
+    """``(api, key, answer)`` of every entry of an upstream tree, one API file at a time, in api order.
 
     Files that cannot be read are reported in ``problems`` and skipped.
     """
-    for namespace, path in tqdm(sorted(iter_cache_files(root)), desc="verify", unit="file", disable=not progress):
+    for api, path in tqdm(sorted(iter_cache_files(root)), desc="verify", unit="file", disable=not progress):
         try:
             data = read_cache_file(path)
         except (OSError, ValueError) as exc:
             problems.append(f"unreadable file {path}: {exc}")
             continue
         for key, answer in data.items():
-            yield namespace, key, answer
+            yield api, key, answer
 
 
 def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False, progress: bool = False) -> Verification:
@@ -209,12 +211,12 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
     digest = ContentHash()
     entries = files = 0
     by_category: Counter[str] = Counter()
-    for namespace, group in groupby(tree_entries(root, problems, progress=progress), key=lambda e: e[0]):
+    for api, group in groupby(tree_entries(root, problems, progress=progress), key=lambda e: e[0]):
         items = [(key, answer) for _, key, answer in group]
-        digest.add_api(namespace, items)
+        digest.add_api(api, items)
         files += 1
         entries += len(items)
-        by_category[namespace.split("/", 1)[0]] += len(items)
+        by_category[api.split("/", 1)[0]] += len(items)
     actual = digest.hexdigest()
     expected = manifest.get("content_hash")
     if actual != expected:
@@ -243,9 +245,6 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         print("\n".join(result.lines()))
         print(f"time: {_throughput(result.entries, time.perf_counter() - started)}")
         return 0 if result.ok else 1
-    from .cli import settings_from_args
-    from .factory import build_store
-
     settings = settings_from_args(args)
     try:
         with build_store(settings) as store:
@@ -263,8 +262,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     left_out = manifest["left_out"]
     if left_out:
         print(f"LEFT OUT:      {sum(left_out.values())} entries of {len(left_out)} APIs whose names are too long for a file name")
-        for namespace in list(left_out)[:20]:
-            print(f"  {namespace[:300]}")
+        for api in list(left_out)[:20]:
+            print(f"  {api[:300]}")
         if not args.skip_unsafe:
             print("the snapshot is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
             return 1
@@ -276,8 +275,6 @@ def _throughput(entries: int, seconds: float) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_config_arguments
-
     parser = sub.add_parser(
         "snapshot",
         help="freeze the store into an upstream tool_response_cache tree with a manifest.json",

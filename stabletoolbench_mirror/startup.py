@@ -512,7 +512,8 @@ def check_endpoints(settings: Settings, report: StartupReport, *, probe_endpoint
     report.add("simulator", f"{sim.style}, model '{sim.model}'")
     for i, endpoint in enumerate(sim.endpoints):
         found = results.get(f"simulator{i}")
-        report.add(f"simulator endpoint {i}" if len(sim.endpoints) > 1 else "simulator endpoint", found.describe() if found else f"{display_url(endpoint)} (not checked)")
+        label = f"simulator endpoint {i}" if len(sim.endpoints) > 1 else "simulator endpoint"
+        report.add(label, found.describe() if found else f"{display_url(endpoint)} (not checked)")
         if found is None:
             continue
         key = "simulator.api_base"
@@ -583,7 +584,11 @@ def inspect(
     check_tools_folder(settings, report, count_apis=True if full_counts else None)
     check_endpoints(settings, report, probe_endpoints=probe_endpoints)
     if settings.log_file:
-        report.add("log file", settings.resolve(settings.log_file))
+        path = Path(settings.resolve(settings.log_file))
+        report.add("log file", str(path))
+        writable = os.access(path, os.W_OK) if path.exists() else path.parent.is_dir() and os.access(path.parent, os.W_OK | os.X_OK)
+        if not writable or path.is_dir():
+            report.error("log_file", f"{path} cannot be written: check the folder exists and is writable")
     return report
 
 

@@ -1,12 +1,12 @@
-"""Counters behind ``GET /stats`` and ``cache stats``.
+"""Counters behind ``GET /stats``.
 
-Per request exactly one of ``hits``, ``misses``, ``rejected`` (bad input),
-``local`` (answered without the cache: ``chat_with_user``) or ``refused`` (turned away
-by a server limit: a full wait queue, a wait past ``limits.queue_timeout_s``, a body
-slower than ``limits.body_timeout_s``; by setting in ``refusals``) counts.  Each miss then
-ends as ``recorded`` (a real or simulated answer, stored), ``failed`` (the real
-API and simulator gave nothing usable; an unrecorded error answer) or
-``unanswered`` (nothing may fill it: ``replay`` mode or nothing configured).
+Every ``/virtual`` request ends in exactly one :class:`~.outcomes.OutcomeKind`, and
+:meth:`Stats.count` is called once per request, by the server, with that final outcome.
+So the outcome counters add up to ``requests``.  ``misses`` is not a counter of its own:
+it is the sum of the outcomes of requests that missed the cache (``recorded``,
+``shared``, ``failed``, ``unanswered``).  ``refusals`` counts the ``refused`` requests by
+the setting whose limit turned them away; ``failures`` the reasons responders gave no
+usable answer (once per responder call, not per request that shared it).
 """
 
 from __future__ import annotations
@@ -15,13 +15,29 @@ import threading
 from collections import Counter
 from typing import Any
 
+from .outcomes import Outcome, OutcomeKind
+
 MAX_TRACKED_APIS = 10_000
-#: namespaces are client text: the per-API table is also bounded by their total size
+#: API names are client text: the per-API table is also bounded by their total size
 MAX_TRACKED_API_BYTES = 4 * 1024 * 1024
 MAX_TRACKED_FAILURES = 200
 MAX_FAILURE_CHARS = 200
 _OTHER = "(other)"
-OUTCOMES = ("hits", "misses", "rejected", "local", "refused", "recorded", "failed", "unanswered", "store_errors")
+
+#: the ``/stats`` name of each outcome's counter
+COUNTER_NAMES: dict[OutcomeKind, str] = {
+    OutcomeKind.HIT: "hits",
+    OutcomeKind.RECORDED: "recorded",
+    OutcomeKind.SHARED: "shared",
+    OutcomeKind.FAILED: "failed",
+    OutcomeKind.UNANSWERED: "unanswered",
+    OutcomeKind.LOCAL: "local",
+    OutcomeKind.REJECTED: "rejected",
+    OutcomeKind.REFUSED: "refused",
+    OutcomeKind.STORE_ERROR: "store_errors",
+    OutcomeKind.ERROR: "errors",
+}
+MISSES = "misses"
 
 
 class Stats:
@@ -36,45 +52,42 @@ class Stats:
         self.refusals: Counter[str] = Counter()
         self._api_bytes = 0
 
-    def count(self, outcome: str, namespace: str | None = None, source: str | None = None) -> None:
-        assert outcome in OUTCOMES, outcome
+    def count(self, outcome: Outcome) -> None:
+        """Count one finished request by its final outcome (call it exactly once per request)."""
+        name = COUNTER_NAMES[outcome.kind]
         with self._lock:
-            self.counters[outcome] += 1
-            if source is not None:
-                self.by_source[source] += 1
-            if namespace is not None:
-                api = self.by_api.get(namespace)
-                if api is None:
-                    size = len(namespace.encode("utf-8", "surrogatepass"))
+            self.counters[name] += 1
+            if outcome.source is not None:
+                self.by_source[outcome.source] += 1
+            if outcome.limit is not None:
+                self.refusals[outcome.limit] += 1
+            if outcome.api is not None:
+                per_api = self.by_api.get(outcome.api)
+                if per_api is None:
+                    size = len(outcome.api.encode("utf-8", "surrogatepass"))
                     if len(self.by_api) < MAX_TRACKED_APIS and self._api_bytes + size <= MAX_TRACKED_API_BYTES:
-                        key, self._api_bytes = namespace, self._api_bytes + size
+                        key, self._api_bytes = outcome.api, self._api_bytes + size
                     else:
                         key = _OTHER
-                    api = self.by_api.setdefault(key, Counter())
-                api[outcome] += 1
-
-    def count_refusal(self, setting: str) -> None:
-        """A request turned away by a server limit (``setting`` names it) before the layer saw it."""
-        with self._lock:
-            self.counters["refused"] += 1
-            self.refusals[setting] += 1
-
-    def count_failure(self, detail: str) -> None:
-        with self._lock:
-            detail = detail[:MAX_FAILURE_CHARS]
-            if detail in self.failures or len(self.failures) < MAX_TRACKED_FAILURES:
-                self.failures[detail] += 1
-            else:
-                self.failures[_OTHER] += 1
+                    per_api = self.by_api.setdefault(key, Counter())
+                per_api[name] += 1
+                if outcome.kind.is_miss:
+                    per_api[MISSES] += 1
+            for problem in outcome.problems:
+                detail = problem[:MAX_FAILURE_CHARS]
+                if detail in self.failures or len(self.failures) < MAX_TRACKED_FAILURES:
+                    self.failures[detail] += 1
+                else:
+                    self.failures[_OTHER] += 1
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            out: dict[str, Any] = {
-                "requests": sum(self.counters[k] for k in ("hits", "misses", "rejected", "local", "refused")),
-            }
-            out.update({k: self.counters[k] for k in OUTCOMES})
+            counters = {name: self.counters[name] for name in COUNTER_NAMES.values()}
+            out: dict[str, Any] = {"requests": sum(counters.values())}
+            out.update(counters)
+            out[MISSES] = sum(counters[COUNTER_NAMES[kind]] for kind in OutcomeKind if kind.is_miss)
             out["by_source"] = dict(sorted(self.by_source.items()))
             out["refusals"] = dict(sorted(self.refusals.items()))
             out["failures"] = dict(self.failures.most_common())
-            out["by_api"] = {ns: dict(c) for ns, c in sorted(self.by_api.items())}
+            out["by_api"] = {api: dict(c) for api, c in sorted(self.by_api.items())}
             return out

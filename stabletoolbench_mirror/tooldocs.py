@@ -276,7 +276,7 @@ class ToolDocs:
 
     def find(self, names: CallNames) -> ApiDoc | None:
         """The doc of the API ``names`` resolve to, or ``None`` when no doc matches."""
-        return self.find_by_names(names.category, names.tool, names.api)
+        return self.find_by_names(names.category, names.tool, names.api_name)
 
     def find_by_names(self, category: str, tool: str, api: str) -> ApiDoc | None:
         """Look up by standardised category, tool (without ``_for_...``) and API names."""

@@ -53,21 +53,21 @@ def decode_name(component: str) -> str:
     return unquote_to_bytes(component[len(ENCODED_PREFIX) :]).decode("utf-8", "surrogatepass")
 
 
-def split_namespace(namespace: str) -> tuple[str, str, str] | None:
-    """``(category, tool folder, api)``; the category and API never hold a ``/``, a raw tool folder may."""
-    category, sep, rest = namespace.partition("/")
-    tool, sep2, api = rest.rpartition("/")
+def split_api(api: str) -> tuple[str, str, str] | None:
+    """``(category, tool folder, api name)``; the category and API name never hold a ``/``, a raw tool folder may."""
+    category, sep, rest = api.partition("/")
+    tool, sep2, api_name = rest.rpartition("/")
     if not (sep and sep2):
         return None
-    return category, tool, api
+    return category, tool, api_name
 
 
-def namespace_path(root: str | os.PathLike[str], namespace: str) -> Path | None:
-    """The cache file of ``namespace`` under ``root`` (names encoded as needed); ``None`` if it cannot have one.
+def api_path(root: str | os.PathLike[str], api: str) -> Path | None:
+    """The cache file of ``api`` under ``root`` (names encoded as needed); ``None`` if it cannot have one.
 
     The path never leaves ``root``: every part is one plain folder or file name.
     """
-    parts = split_namespace(namespace)
+    parts = split_api(api)
     if parts is None:
         return None
     names = [encode_name(p) for p in parts]
@@ -91,7 +91,7 @@ def check_inside(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> 
 def iter_cache_files(
     root: str | os.PathLike[str], *, allow_symlinks: bool = True, refused: list[str] | None = None
 ) -> Iterator[tuple[str, Path]]:
-    """``(namespace, path)`` of every API file of an upstream tree, sorted, walked without reading a file.
+    """``(api, path)`` of every API file of an upstream tree, sorted, walked without reading a file.
 
     With ``allow_symlinks=False`` a folder or file whose real path is outside ``root`` is left
     out with a warning (and its message appended to ``refused`` when given).

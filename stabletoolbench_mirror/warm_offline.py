@@ -22,9 +22,11 @@ from typing import Any, Callable, Sequence
 
 from . import protocol
 from .call import ToolCall
-from .config import Settings
+from .config import Mode, Settings
+from .factory import build_layer
 from .records import Record, Source
 from .responders import Attempt
+from .tooldocs import tool_docs_for
 
 log = logging.getLogger(__name__)
 
@@ -238,15 +240,14 @@ def offline_layer(
     generate: GenerateFn | None = None,
 ) -> tuple[Any, None]:
     """A warming layer whose simulator is a :class:`BatchingSimulator` over vLLM (or ``generate``)."""
-    from .factory import build_frozen, build_store
-    from .layer import MirrorLayer
     from .simulator import build_simulator
 
     if generate is None:
         if not model:
             raise OfflineEngineError("--engine vllm-offline needs --model PATH (a local model folder or a model name)")
         generate = vllm_generate(settings, model, llm_options)
-    renderer = build_simulator(settings)
+    docs = tool_docs_for(settings)  # one registry, shared by the real API and the prompt renderer
+    renderer = build_simulator(settings, docs=docs)
     renderer.close()  # only its prompt rendering is used: no HTTP client is needed
     origin = model or settings.simulator.model
     batcher = BatchingSimulator(renderer.messages, generate, origin=origin, batch_size=concurrency, wants_examples=renderer.wants_examples)
@@ -254,14 +255,12 @@ def offline_layer(
     if settings.real.enabled:
         from .real import build_real_responder
 
-        responders.append(build_real_responder(settings))
+        responders.append(build_real_responder(settings, docs=docs))
     responders.append(batcher)
-    layer = MirrorLayer(
-        build_store(settings),
-        mode="record",
-        frozen=build_frozen(settings),
+    layer = build_layer(
+        settings,
+        mode=Mode.RECORD,
         responders=responders,
-        save=settings.save,
         max_pending_misses=max(settings.limits.max_pending_misses, concurrency),
     )
     return layer, None

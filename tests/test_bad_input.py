@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from pathlib import Path
@@ -28,6 +29,9 @@ def guarded(tmp_path: Path, serve, settings_factory):
     (frozen / "a.json").write_text(json.dumps({"{}": {"error": "", "response": "x"}}))
     server = serve(settings_factory(mode="record", frozen_caches=[str(tmp_path / "frozen")]))
     outside = tmp_path.parent
+    # an earlier test's SQLite connections still waiting for garbage collection would checkpoint their
+    # store (in a sibling folder) during this test: let them go first
+    gc.collect()
     before = {k: v for k, v in _tree(outside).items() if not k.startswith(str(tmp_path / "store"))}
     yield server
     after = {k: v for k, v in _tree(outside).items() if not k.startswith(str(tmp_path / "store"))}

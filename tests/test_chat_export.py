@@ -64,7 +64,7 @@ def test_prompt_turns_equal_the_live_prompt(style, setup, tmp_path, reference_ca
         for item in reference_calls:
             call = ToolCall.from_request(VirtualRequest.model_validate(item["payload"]))
             server.post(item["payload"])
-            live[(call.namespace, call.key)] = (stub.requests[-1]["messages"], item)
+            live[(call.api, call.key)] = (stub.requests[-1]["messages"], item)
     assert len(lines) == len(live) == 16  # one line per distinct recorded call
     by_prompt = {json.dumps(line["messages"][:2], ensure_ascii=False): line for line in lines}
     for messages, item in live.values():

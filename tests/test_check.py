@@ -13,7 +13,7 @@ import yaml
 
 from stabletoolbench_mirror.answers import observation_text
 from stabletoolbench_mirror.check import Expectation, LayerTarget, run_check
-from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.factory import build_layer
 from tests.helpers.answer_files import api, cot_answer, dfs_answer, param, query
 
 
@@ -112,7 +112,7 @@ def test_observation_texts_compare_after_the_clients_cut(settings_factory, tmp_p
     tree.mkdir(parents=True)
     long_answer = {"error": "", "response": "z" * 3000}
     (tree / "api.json").write_text(json.dumps({"{'a': 1}": long_answer}))
-    layer = MirrorLayer.from_settings(settings_factory(mode="replay", frozen_caches=[str(tmp_path / "tree")]))
+    layer = build_layer(settings_factory(mode="replay", frozen_caches=[str(tmp_path / "tree")]))
     payload = {"category": "Data", "tool_name": "t", "api_name": "api", "tool_input": '{"a": 1}'}
     expectations = [
         Expectation(payload, observation_text(long_answer), "cut", text=True),

@@ -139,7 +139,7 @@ def test_fidelity_metrics_match_sacrebleu_and_rouge(tmp_path, reference_dir, ref
     assert len(rows) == 16
     for i, (row, item, (_content, candidate)) in enumerate(zip(rows, reference_calls, scripted)):
         call = ToolCall.from_request(VirtualRequest.model_validate(item["payload"]))
-        assert row["api"] == call.namespace and row["key"] == call.key
+        assert row["api"] == call.api and row["key"] == call.key
         assert row["reference"] == item["observed"] and row["candidate"] == candidate
         for metric, value in expected_scores(item["observed"], candidate).items():
             assert row[metric] == (None if value is None else pytest.approx(value, abs=1e-9)), (i, metric)
@@ -197,7 +197,7 @@ def test_the_calls_own_answer_never_reaches_a_few_shot_prompt(tmp_path, referenc
             if isinstance(call.tool_input, dict) and len(call.tool_input) > 1:
                 # the same input in another key order: another upstream key, the same canonical key
                 reordered = dict(reversed(list(call.tool_input.items())))
-                store.add(Record.from_answer(call.namespace, str(reordered), item["observed"], "real"), call.canonical)
+                store.add(Record.from_answer(call.api, str(reordered), item["observed"], "real"), call.canonical)
     with OpenAIStub() as sim:
         config = write_config(
             tmp_path,
@@ -215,7 +215,7 @@ def test_the_calls_own_answer_never_reaches_a_few_shot_prompt(tmp_path, referenc
         assert f"input: {call.key}\n" not in examples
         if texts.count(own) == 1:
             assert own not in examples
-        others = {c.key for c in calls if c.namespace == call.namespace and c.canonical != call.canonical}
+        others = {c.key for c in calls if c.api == call.api and c.canonical != call.canonical}
         for key in others:
             assert f"input: {key}\n" in examples  # the other calls of the API are examples: the check above is not vacuous
             others_seen += 1
@@ -295,7 +295,7 @@ def test_from_store_asks_the_simulator_with_the_live_prompt(tmp_path, reference_
     with DiskcacheStore(str(tmp_path / "store")) as store:
         for item in reference_calls:
             call = ToolCall.from_request(VirtualRequest.model_validate(item["payload"]))
-            store.add(Record.from_answer(call.namespace, call.key, item["observed"], "real", "relay"), call.canonical)
+            store.add(Record.from_answer(call.api, call.key, item["observed"], "real", "relay"), call.canonical)
         store.add(Record.from_answer("Data/x_for_Data/y", "{}", {"error": "", "response": "simulated"}, "simulated", "m"), "{}")
     tools = reference_dir / "toolenv" / "tools"
     with OpenAIStub() as sim:

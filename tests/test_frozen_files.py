@@ -207,17 +207,17 @@ def test_memory_budget_evicts_and_reloads_byte_identical(tmp_path: Path) -> None
     per_file = one_file.memory_used
     cache = FrozenCache(tmp_path / "frozen", memory_budget=per_file * 3)
     for _ in range(2):
-        for (namespace, key), body in expected.items():
-            record = cache.get(namespace, key)
+        for (api, key), body in expected.items():
+            record = cache.get(api, key)
             assert record is not None and record.body == body
             assert cache.memory_used <= cache.memory_budget + per_file
     assert cache.evictions >= 12  # every pass over 12 files with room for 3 evicts
     assert len(cache.memory()) and cache.memory()["files"] <= 4
     # canonical lookups after eviction: same bytes
-    for (namespace, key), body in list(expected.items())[::7]:
+    for (api, key), body in list(expected.items())[::7]:
         from stabletoolbench_mirror.keys import canonical_from_upstream_key
 
-        record = cache.get_canonical(namespace, canonical_from_upstream_key(key))
+        record = cache.get_canonical(api, canonical_from_upstream_key(key))
         assert record is not None and record.body == body
 
 
@@ -225,8 +225,8 @@ def test_memory_budget_over_http(tmp_path: Path, settings_factory, serve) -> Non
     expected = budget_tree(tmp_path / "frozen")
     server = serve(settings_factory(mode="replay", frozen_caches=[str(tmp_path / "frozen")], frozen_memory_mb=0.01))
     for _ in range(2):
-        for (namespace, key), body in expected.items():
-            api = namespace.rsplit("/", 1)[1]
+        for (api, key), body in expected.items():
+            api = api.rsplit("/", 1)[1]
             import ast
 
             r = server.post(payload(api, ast.literal_eval(key)))

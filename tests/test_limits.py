@@ -13,6 +13,7 @@ from typing import Any
 import requests
 
 from stabletoolbench_mirror import protocol
+from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.layer import MirrorLayer
 from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore
@@ -126,8 +127,7 @@ def test_pending_misses_are_bounded_they_wait_and_hits_are_still_served(tmp_path
 
 def test_a_miss_waiting_past_the_queue_timeout_is_refused(tmp_path: Path, serve, settings_factory) -> None:
     settings = settings_factory(limits={"max_pending_misses": 1, "max_in_flight_per_client": 100, "queue_timeout_s": 0.5})
-    layer = MirrorLayer.from_settings(settings, store=DiskcacheStore(tmp_path / "s"))
-    layer.responders = [KeyedResponder(delay_s=2.0)]
+    layer = build_layer(settings, store=DiskcacheStore(tmp_path / "s"), responders=[KeyedResponder(delay_s=2.0)])
     server = serve(settings, layer)
     results = sorted(post_all(server.url, [payload(1), payload(2)]), key=lambda r: r[2])
     status, body, elapsed = results[0]

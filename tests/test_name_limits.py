@@ -18,6 +18,7 @@ import requests
 from stabletoolbench_mirror import logs, stats as stats_module, tooldocs as tooldocs_module
 from stabletoolbench_mirror.layer import MirrorLayer
 from stabletoolbench_mirror.naming import resolve_names
+from stabletoolbench_mirror.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.protocol import MAX_NAME_CHARS
 from stabletoolbench_mirror.stats import Stats
 from stabletoolbench_mirror.stores import DiskcacheStore
@@ -76,15 +77,15 @@ def test_control_characters_in_names_get_422(keyed_server, field: str, char: str
 
 
 def test_names_with_nul_cannot_collide_in_the_diskcache_key(keyed_server, tmp_path: Path) -> None:
-    """Two different calls whose (namespace, key) joined with NUL would be the same diskcache key."""
+    """Two different calls whose (api, key) joined with NUL would be the same diskcache key."""
     server, layer = keyed_server
-    # namespace "Data/t_for_Data/api" + key "zz_for_Data/k\0K"  vs  namespace "Data/t_for_Data/api\0zz_for_Data/k" + key "K"
+    # api "Data/t_for_Data/api" + key "zz_for_Data/k\0K"  vs  api "Data/t_for_Data/api\0zz_for_Data/k" + key "K"
     first = {**GOOD, "category": "Data", "tool_name": "t_for_Data", "api_name": "api", "tool_input": json.dumps("zz_for_Data/k\x00K")}
     second = {**GOOD, "category": "Data", "tool_name": "t_for_Data/api\x00zz_for_Data", "api_name": "k", "tool_input": json.dumps("K")}
     assert server.post(first).status_code == 200
     r = server.post(second)
     assert r.status_code == 422 and "U+0000" in r.json()["error"]
-    # the store itself refuses a namespace it could not key one-to-one
+    # the store itself refuses a api it could not key one-to-one
     with pytest.raises(ValueError, match="NUL"):
         layer.store.get("Data/t_for_Data/api\x00zz_for_Data/k", "K")
 
@@ -148,7 +149,7 @@ def test_per_api_counters_are_bounded_by_size(monkeypatch: pytest.MonkeyPatch) -
     stats = Stats()
     for i in range(1000):
         names = resolve_names("C" * 1000, f"{i:04d}" + "T" * 1000, "A" * 1000)
-        stats.count("misses", names.namespace)
+        stats.count(Outcome("{}", OutcomeKind.UNANSWERED, api=names.api))
     tracked = [ns for ns in stats.by_api if ns != "(other)"]
     assert sum(len(ns.encode()) for ns in tracked) <= 100_000
     assert 0 < len(tracked) < 1000
@@ -218,5 +219,5 @@ def test_a_recorded_call_is_unaffected_by_the_limits(keyed_server) -> None:
     body = {**GOOD, "category": "Artificial_Intelligence_Machine_Learning", "tool_name": "Temu.com Shopping API (Realtime api scrapper from temu.com)"}
     r = server.post(body)
     names = resolve_names(body["category"], body["tool_name"], body["api_name"])
-    assert r.status_code == 200 and r.json() == expected_answer(names.namespace, "{'q': 1}")
+    assert r.status_code == 200 and r.json() == expected_answer(names.api, "{'q': 1}")
 

@@ -81,8 +81,8 @@ def test_standardize_category(raw: str, expected: str) -> None:
 def test_resolve_names(category: str, tool: str, api: str, folder: str, api_std: str) -> None:
     names = resolve_names(category, tool, api)
     assert names.tool_folder == folder
-    assert names.api == api_std
-    assert names.namespace == f"{standardize_category(category)}/{folder}/{api_std}"
+    assert names.api_name == api_std
+    assert names.api == f"{standardize_category(category)}/{folder}/{api_std}"
 
 
 @pytest.mark.parametrize("raw, expected", [("id", "is_id"), ("Page-Size", "page_size"), ("from", "is_from"), ("q", "q")])
@@ -107,7 +107,7 @@ def test_reference_queries_map_onto_reference_tool_docs(reference_dir: Path) -> 
                 assert doc_file.is_file(), (api["category_name"], api["tool_name"], doc_file)
                 doc = json.loads(doc_file.read_text())
                 assert doc["standardized_name"] == names.tool
-                assert names.api in {change_name(standardize(a["name"])) for a in doc["api_list"]}
+                assert names.api_name in {change_name(standardize(a["name"])) for a in doc["api_list"]}
                 seen += 1
     assert seen > 2000
 
@@ -116,4 +116,4 @@ def test_reference_cache_layout_matches_resolve_names(reference_dir: Path, refer
     for call in reference_calls:
         p = call["payload"]
         names = resolve_names(p["category"], p["tool_name"], p["api_name"])
-        assert (reference_dir / "cache" / names.category / names.tool_folder / f"{names.api}.json").is_file()
+        assert (reference_dir / "cache" / names.category / names.tool_folder / f"{names.api_name}.json").is_file()

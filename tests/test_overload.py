@@ -38,9 +38,9 @@ def distinct_default_payloads(reference_dir: Path) -> list[dict[str, Any]]:
     payloads = []
     for item in calls:
         call = item.call
-        if (call.namespace, call.key) in seen:
+        if (call.api, call.key) in seen:
             continue
-        seen.add((call.namespace, call.key))
+        seen.add((call.api, call.key))
         payloads.append({"category": call.category, "tool_name": call.tool_name, "api_name": call.api_name,
                          "tool_input": json.dumps(call.tool_input), "strip": "truncate", "toolbench_key": ""})
     return payloads
@@ -73,7 +73,7 @@ def test_256_concurrent_clients_misses_then_hits_all_http_200(tmp_path: Path) ->
                "strip": "", "toolbench_key": ""} for i in range(2000)]
     with StubProcess(tmp_path, latency_ms=50, echo_prompt=False) as stub:
         config = {"mode": "record", "store": {"kind": "diskcache", "path": str(tmp_path / "store")},
-                  "simulator": {"enabled": True, "api_base": stub.api_base, "max_retries": 0}}
+                  "simulator": {"enabled": True, "api_base": stub.api_base, "max_retries": 0, "allow_without_docs": True}}
         with ServeProcess(tmp_path, config) as server:  # default limits
             first = send_all(server.url + "/virtual", misses, concurrency=256, timeout_s=300)
             second = send_all(server.url + "/virtual", misses + misses, concurrency=256, timeout_s=300)

@@ -99,7 +99,7 @@ def test_default_calls_keys_match_what_the_agent_sends(tmp_path: Path) -> None:
     calls, problems = default_calls([tmp_path])
     assert len(calls) == 2 and calls[0].call.key == calls[1].call.key
     call = calls[0].call
-    assert call.namespace == "Data/theclique_for_Data/transfermarkt_search"
+    assert call.api == "Data/theclique_for_Data/transfermarkt_search"
     # the agent's later call, as its arguments text, resolves to the same key
     from stabletoolbench_mirror.protocol import parse_tool_input
 
@@ -124,8 +124,8 @@ def test_query_file_errors_name_the_file(tmp_path: Path) -> None:
 def test_reference_query_files_give_one_default_call_per_api(reference_dir: Path) -> None:
     calls, problems = default_calls([reference_dir / "solvable_queries"])
     assert not problems
-    distinct = {(c.call.namespace, c.call.canonical) for c in calls}
-    apis = {c.call.namespace for c in calls}
+    distinct = {(c.call.api, c.call.canonical) for c in calls}
+    apis = {c.call.api for c in calls}
     assert len(distinct) == len(apis) == 2490
 
 

@@ -11,7 +11,7 @@ import pytest
 from stabletoolbench_mirror import protocol
 from stabletoolbench_mirror.call import ToolCall
 from stabletoolbench_mirror.config import ConfigError, Settings
-from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.real import build_real_responder
 
 from tests.conftest import make_settings
@@ -64,7 +64,7 @@ def rapid(tmp_path: Path):
             tools_folder=str(tmp_path / "tools"),
             real={"enabled": True, "backend": "rapidapi", "rapidapi_key": KEY, "rapidapi_base_url": host.url},
         )
-        layer = MirrorLayer.from_settings(settings)
+        layer = build_layer(settings)
         yield settings, layer, host
         layer.close()
 
@@ -87,7 +87,7 @@ def test_get_fills_path_and_query_with_the_docs_names(rapid, serve) -> None:
     assert sent.headers["x-rapidapi-key"] == KEY
     assert sent.headers["x-rapidapi-host"] == "demo-orders.p.rapidapi.com"
     assert sent.body == b""
-    record = layer.store.get(ToolCall.of("Commerce", "Demo Orders", "Get Order", {"is_id": "A/42", "page_size": 5}).namespace, "{'is_id': 'A/42', 'page_size': 5}")
+    record = layer.store.get(ToolCall.of("Commerce", "Demo Orders", "Get Order", {"is_id": "A/42", "page_size": 5}).api, "{'is_id': 'A/42', 'page_size': 5}")
     assert record is not None and record.source == "real" and record.origin == host.url
 
 

@@ -13,6 +13,7 @@ import requests
 from stabletoolbench_mirror import protocol
 from stabletoolbench_mirror.call import ToolCall
 from stabletoolbench_mirror.config import ConfigError
+from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.layer import MirrorLayer
 from stabletoolbench_mirror.real import build_real_responder
 from stabletoolbench_mirror.server import create_app
@@ -46,9 +47,9 @@ def payload(tool_input: Any, **extra: Any) -> dict[str, Any]:
     return body
 
 
-def namespace_and_key(tool_input: Any) -> tuple[str, str]:
+def api_and_key(tool_input: Any) -> tuple[str, str]:
     call = ToolCall.of("Data", "Keyword Analysis", "QueryKeywords", tool_input)
-    return call.namespace, call.key
+    return call.api, call.key
 
 
 class Mirror:
@@ -63,7 +64,7 @@ def start_mirror(tmp: Path, host: ApiHost, **overrides: Any) -> Iterator[Mirror]
     real = {"enabled": True, "backend": "relay", "relay_url": host.url + "/relay", "connect_timeout_s": 1, "read_timeout_s": 2}
     real.update(overrides.pop("real", {}))
     settings = make_settings(tmp, real=real, **overrides)
-    layer = MirrorLayer.from_settings(settings)
+    layer = build_layer(settings)
     with UvicornThread(create_app(settings, layer)) as server:
         yield Mirror(server, layer, host)
     layer.close()
@@ -95,7 +96,7 @@ def test_valid_relay_answers_are_recorded_as_real_and_replayed(relay_only: Mirro
     assert r.status_code == 200
     assert r.headers["X-STM-Outcome"] == "recorded" and r.headers["X-STM-Source"] == "real"
     assert r.json() == ROWS[row].body
-    record = relay_only.layer.store.get(*namespace_and_key({"row": row}))
+    record = relay_only.layer.store.get(*api_and_key({"row": row}))
     assert record is not None and record.source == "real"
     assert record.origin == relay_only.host.url + "/relay"
     assert relay_only.host.count == before + 1
@@ -119,7 +120,7 @@ def test_invalid_relay_answers_give_the_miss_error_without_a_simulator(relay_onl
     assert answer["error"] == protocol.MISS_ERROR
     assert "no recorded response" in answer["response"]
     assert relay_only.host.count == before + 1
-    assert relay_only.layer.store.get(*namespace_and_key({"row": row})) is None
+    assert relay_only.layer.store.get(*api_and_key({"row": row})) is None
     failures = requests.get(relay_only.server.url + "/stats", timeout=5).json()["failures"]
     assert any(k.startswith("real: ") for k in failures)
 
@@ -132,7 +133,7 @@ def test_invalid_relay_answers_fall_through_to_the_simulator(relay_then_simulato
     assert r.status_code == 200
     assert r.headers["X-STM-Outcome"] == "recorded" and r.headers["X-STM-Source"] == "simulated"
     assert mirror.host.count == before_relay + 1 and stub.count == before_sim + 1
-    record = mirror.layer.store.get(*namespace_and_key({"row": row}))
+    record = mirror.layer.store.get(*api_and_key({"row": row}))
     assert record is not None and record.source == "simulated"
     assert all(rec.source != "real" for rec in mirror.layer.store)
 

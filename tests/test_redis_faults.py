@@ -26,7 +26,7 @@ def payload(i: int) -> dict[str, Any]:
             "strip": "", "toolbench_key": ""}
 
 
-def namespace(i: int) -> str:
+def api(i: int) -> str:
     return f"Data/fault_tool_for_Data/api_{i % 5}"
 
 
@@ -102,7 +102,7 @@ class LoadClient(threading.Thread):
                 r = session.post(self.url + "/virtual", json=payload(i), timeout=30)
                 outage = is_outage_answer(r)
                 if not outage:
-                    assert r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
+                    assert r.json() == expected_answer(api(i), f"{{'n': {i}}}")
                 self.sent.append(Sent(i, fresh, (before, self.phase()), outage))
                 n += 1
         except BaseException as exc:  # reported by the test, not lost with the thread
@@ -114,7 +114,7 @@ def test_redis_restart_mid_run_errors_while_down_then_serves(own_redis: RedisSer
     session = requests.Session()
     for i in range(20):
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
-        assert r.status_code == 200 and r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
+        assert r.status_code == 200 and r.json() == expected_answer(api(i), f"{{'n': {i}}}")
     for i in range(20):  # read back (a hit): the server now remembers these answers
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
         assert r.headers["x-stm-outcome"] == "hit"
@@ -145,7 +145,7 @@ def test_redis_restart_mid_run_errors_while_down_then_serves(own_redis: RedisSer
             assert is_outage_answer(r)
         # answers this server has already read stay available from its memory of them
         r = session.post(server.url + "/virtual", json=payload(5), timeout=10)
-        assert r.status_code == 200 and r.json() == expected_answer(namespace(5), "{'n': 5}")
+        assert r.status_code == 200 and r.json() == expected_answer(api(5), "{'n': 5}")
         wait_for(lambda: seen(lambda s: not s.fresh and not s.outage and s.phases == ("down", "down")),
                  "a load client got a remembered answer while Redis was down")
     finally:
@@ -166,7 +166,7 @@ def test_redis_restart_mid_run_errors_while_down_then_serves(own_redis: RedisSer
     for i in list(range(20)) + [99_999, 123_456]:
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
         assert r.status_code == 200, r.text
-        assert r.json() == expected_answer(namespace(i), f"{{'n': {i}}}")
+        assert r.json() == expected_answer(api(i), f"{{'n': {i}}}")
     assert layer.stats.snapshot()["store_errors"] >= 4
     # nothing half-written: every canonical pointer names an entry
     check_pointers(own_redis.url, "faults")
@@ -214,7 +214,7 @@ def test_redis_memory_full_refuses_writes_serves_hits_and_recovers(own_redis: Re
     finally:
         admin.config_set("maxmemory", 0)
     r = server.post(payload(50))
-    assert r.status_code == 200 and r.json() == expected_answer(namespace(50), "{'n': 50}")
+    assert r.status_code == 200 and r.json() == expected_answer(api(50), "{'n': 50}")
     admin.close()
 
 
@@ -233,7 +233,7 @@ def test_redis_read_only_replica_refuses_writes_and_recovers(own_redis: RedisSer
     finally:
         admin.execute_command("REPLICAOF", "NO", "ONE")
     r = server.post(payload(60))
-    assert r.status_code == 200 and r.json() == expected_answer(namespace(60), "{'n': 60}")
+    assert r.status_code == 200 and r.json() == expected_answer(api(60), "{'n': 60}")
     admin.close()
 
 

@@ -87,10 +87,10 @@ def assert_store_holds(store: Store, sent: list[dict[str, Any]], expect: Expecta
     assert len(store) == len(sent)
     for payload in sent:
         call = expect.call(payload)
-        record = store.get(call.namespace, call.key)
-        assert record is not None, f"lost: {call.namespace} {call.key}"
+        record = store.get(call.api, call.key)
+        assert record is not None, f"lost: {call.api} {call.key}"
         assert record.body == expect.body(payload) and record.source == "simulated"
-        assert store.get_canonical(call.namespace, call.canonical) == record
+        assert store.get_canonical(call.api, call.canonical) == record
 
 
 def assert_diskcache_sound(path: Path) -> None:
@@ -202,13 +202,15 @@ def test_kill_9_of_a_worker_under_load_loses_no_acknowledged_answer(tmp_path: Pa
             assert all(a.status == 200 for a in after)
     acknowledged = [a for a in results if a.status == 200]
     print(f"kill -9 under load: {len(acknowledged)} acknowledged, {sum(a.status == 0 for a in results)} broken by the kill")
-    assert len(acknowledged) > 100 and time.monotonic() > killed_at
+    # the load ran across the kill: answers were acknowledged both before it and after it
+    before = sum(a.finished_at < killed_at for a in acknowledged)
+    assert before > 50 and len(acknowledged) - before > 50, (before, len(acknowledged) - before)
     assert {a.status for a in results} <= {200, 0}, {a.status for a in results}
     assert_diskcache_sound(tmp_path / "store")
     with DiskcacheStore(tmp_path / "store") as store:
         for a in acknowledged:
             call = expect.call(sent[a.index])
-            record = store.get(call.namespace, call.key)
+            record = store.get(call.api, call.key)
             assert record is not None, f"acknowledged answer lost: {call.key}"
             assert record.body == a.body.decode() == expect.body(sent[a.index])
         for record in store:  # whatever else is there is whole and right
@@ -364,7 +366,7 @@ def test_kill_9_of_a_warm_worker_loses_no_acknowledged_answer(tmp_path: Path, ex
     with DiskcacheStore(tmp_path / "store") as store:
         for payload in acknowledged:
             call = expect.call(payload)
-            record = store.get(call.namespace, call.key)
+            record = store.get(call.api, call.key)
             assert record is not None, f"acknowledged by warm but lost: {call.key}"
             assert record.body == expect.body(payload)
         for record in store:

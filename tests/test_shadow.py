@@ -12,7 +12,7 @@ import requests
 from stabletoolbench_mirror.call import ToolCall
 from stabletoolbench_mirror.cli import main
 from stabletoolbench_mirror.config import load_settings
-from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.responders import Attempt
 from stabletoolbench_mirror.server import create_app
 from stabletoolbench_mirror.shadow import ShadowedResponder, build_shadow_store
@@ -64,7 +64,7 @@ def test_shadow_answers_are_kept_apart_and_scored(tmp_path: Path, reference_dir:
             )
         )
         settings = load_settings(config, environ={})
-        layer = MirrorLayer.from_settings(settings)
+        layer = build_layer(settings)
         with UvicornThread(create_app(settings, layer)) as server:
             served = {q: server.post(payload(q)) for q in ("cats", "dogs", "birds")}
             for q, answer in served.items():

@@ -12,21 +12,22 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 import requests
 
 from stabletoolbench_mirror import protocol
+from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.layer import MirrorLayer
 from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.simulator.prompts import COT_SYSTEM_PROMPT, SFT_SYSTEM_PROMPT
-from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
+from stabletoolbench_mirror.stores import DiskcacheStore
 
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub, Reply
 
-NAMESPACE = "Data/keyword_analysis_for_Data/popularsitesforquery"
+API = "Data/keyword_analysis_for_Data/popularsitesforquery"
 MODEL = "mirror-test-model"
 API_KEY = "sk-simulator-secret-123"
 TOOLBENCH_KEY = "tb-user-secret-456"
@@ -86,7 +87,7 @@ def mirror(serve, settings_factory, tools_folder: Path, tmp_path: Path) -> Itera
     """Start a mirror server whose simulator talks to ``api_base``; returns (server, layer)."""
     layers: list[MirrorLayer] = []
 
-    def start(api_base: str | list[str], **simulator: Any):
+    def start(api_base: str | list[str], frozen_caches: Sequence[str] = (), **simulator: Any):
         cfg = {
             "enabled": True,
             "api_base": api_base,
@@ -98,8 +99,8 @@ def mirror(serve, settings_factory, tools_folder: Path, tmp_path: Path) -> Itera
             "connect_timeout_s": 1.0,
         }
         cfg.update(simulator)
-        settings = settings_factory(simulator=cfg, tools_folder=str(tools_folder))
-        layer = MirrorLayer.from_settings(settings)
+        settings = settings_factory(simulator=cfg, tools_folder=str(tools_folder), frozen_caches=list(frozen_caches))
+        layer = build_layer(settings)
         layers.append(layer)
         return serve(settings, layer), layer
 
@@ -135,7 +136,7 @@ def test_valid_json_answer_is_recorded_and_replayed(mirror) -> None:
         assert first.headers["X-STM-Outcome"] == "recorded"
         assert first.headers["X-STM-Source"] == "simulated"
         (record,) = records(layer)
-        assert (record.namespace, record.key) == (NAMESPACE, "{'q': 'birthday party ideas'}")
+        assert (record.api, record.key) == (API, "{'q': 'birthday party ideas'}")
         assert (record.source, record.origin) == ("simulated", MODEL)
         assert record.body == first.text
 
@@ -147,7 +148,7 @@ def test_valid_json_answer_is_recorded_and_replayed(mirror) -> None:
         s = stats(server)
         assert (s["misses"], s["recorded"], s["hits"], s["failed"]) == (1, 1, 1, 0)
         assert s["by_source"] == {"simulated": 2}
-        assert s["by_api"][NAMESPACE] == {"misses": 1, "recorded": 1, "hits": 1}
+        assert s["by_api"][API] == {"misses": 1, "recorded": 1, "hits": 1}
 
         # the request the model server got: the model, the key as a bearer token, the defaults
         sent = stub.requests[0]
@@ -427,7 +428,7 @@ def test_gpt_fewshot_uses_the_most_similar_cached_examples(mirror, tmp_path: Pat
             ("cheap flights to rome", "flights.com"),
             ("birthday cake recipes", "cakes.com"),
         ]:
-            store.add(Record.from_answer(NAMESPACE, str({"q": q}), {"error": "", "response": answer}, "real", "test"), None)
+            store.add(Record.from_answer(API, str({"q": q}), {"error": "", "response": answer}, "real", "test"), None)
         other = "Data/other_for_Data/api"
         store.add(Record.from_answer(other, str({"q": "birthday party ideas!"}), {"error": "", "response": "other-api.com"}, "real"), None)
 
@@ -447,7 +448,7 @@ def test_gpt_fewshot_respects_the_character_budget(mirror) -> None:
         server, layer = mirror(stub.api_base, style="gpt-fewshot", max_examples=5, examples_budget_chars=300)
         for i in range(5):
             layer.store.add(
-                Record.from_answer(NAMESPACE, str({"q": f"query {i}"}), {"error": "", "response": f"answer-{i}-" + "x" * 100}, "real"),
+                Record.from_answer(API, str({"q": f"query {i}"}), {"error": "", "response": f"answer-{i}-" + "x" * 100}, "real"),
                 None,
             )
         server.post(payload(q="query 9"))
@@ -463,8 +464,7 @@ def test_gpt_fewshot_draws_examples_from_frozen_caches(mirror, tmp_path: Path) -
         json.dumps({str({"q": "birthday ideas"}): {"error": "", "response": "from-the-frozen-cache.com"}})
     )
     with OpenAIStub() as stub:
-        server, layer = mirror(stub.api_base, style="gpt-fewshot")
-        layer.frozen.append(FrozenCache(tmp_path / "frozen"))
+        server, layer = mirror(stub.api_base, style="gpt-fewshot", frozen_caches=[str(tmp_path / "frozen")])
         server.post(payload(q="birthday party ideas"))
         assert "from-the-frozen-cache.com" in stub.requests[0]["messages"][1]["content"]
 
@@ -472,7 +472,7 @@ def test_gpt_fewshot_draws_examples_from_frozen_caches(mirror, tmp_path: Path) -
 def test_mirrorapi_styles_send_no_examples(mirror) -> None:
     with OpenAIStub() as stub:
         server, layer = mirror(stub.api_base)
-        layer.store.add(Record.from_answer(NAMESPACE, str({"q": "other"}), {"error": "", "response": "cached-example"}, "real"), None)
+        layer.store.add(Record.from_answer(API, str({"q": "other"}), {"error": "", "response": "cached-example"}, "real"), None)
         server.post(payload())
         assert "cached-example" not in json.dumps(stub.requests[0])
 

@@ -42,12 +42,12 @@ def test_same_store_twice_same_hash_and_order_independent(tmp_path: Path) -> Non
     assert first["content_hash"] == second["content_hash"]
     assert first["content_hash"].startswith("sha256:")
     # the same answers recorded in another order (other times) in another store
-    reordered = [Record(r.namespace, r.key, r.body, r.source, r.origin, created_at=1e9 - i) for i, r in enumerate(RECORDS)]
+    reordered = [Record(r.api, r.key, r.body, r.source, r.origin, created_at=1e9 - i) for i, r in enumerate(RECORDS)]
     with fill(tmp_path / "s2", reversed(reordered)) as other:
         third = write_snapshot(other, tmp_path / "snap3")
     assert third["content_hash"] == first["content_hash"]
     # any change to what is served changes it
-    changed = RECORDS[:-1] + [Record.from_answer(RECORDS[-1].namespace, RECORDS[-1].key, {"error": "", "response": "x"}, "imported")]
+    changed = RECORDS[:-1] + [Record.from_answer(RECORDS[-1].api, RECORDS[-1].key, {"error": "", "response": "x"}, "imported")]
     with fill(tmp_path / "s3", changed) as changed_store:
         assert write_snapshot(changed_store, tmp_path / "snap4")["content_hash"] != first["content_hash"]
     assert content_hash([]) != first["content_hash"]
@@ -66,7 +66,7 @@ def test_manifest_counts_models_and_served_tree(tmp_path: Path) -> None:
     # the tree is an upstream cache: served as a frozen layer it gives the recorded bytes
     frozen = FrozenCache(tmp_path / "snap")
     for record in RECORDS:
-        assert frozen.get(record.namespace, record.key).body == record.body
+        assert frozen.get(record.api, record.key).body == record.body
     assert verify_snapshot(tmp_path / "snap").ok
 
 

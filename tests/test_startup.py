@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from stabletoolbench_mirror.config import UPSTREAM_DEFAULT_API_BASE, load_settings
-from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.startup import NO_DOCS_MARK, count_tree, frozen_cache_problem
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream_layout import write_cache_file
@@ -183,7 +183,8 @@ def test_serve_refuses_a_frozen_cache_one_level_off_and_suggests_the_tree(tmp_pa
 def test_a_folder_with_no_tree_near_it_says_so(tmp_path: Path) -> None:
     (tmp_path / "empty" / "deeper").mkdir(parents=True)
     problem = frozen_cache_problem(tmp_path / "empty" / "deeper")
-    assert problem == f"{tmp_path / 'empty' / 'deeper'} has no cache files (<Category>/<tool>_for_<Category>/<api>.json), nor has any folder just below or above it"
+    layout = "(<Category>/<tool>_for_<Category>/<api>.json)"
+    assert problem == f"{tmp_path / 'empty' / 'deeper'} has no cache files {layout}, nor has any folder just below or above it"
 
 
 def test_cache_import_of_a_folder_without_cache_files_fails_with_the_hint(tmp_path: Path) -> None:
@@ -225,6 +226,18 @@ def test_upstream_config_as_shipped_loads(tmp_path: Path) -> None:
     assert s.real.enabled and s.real.relay_url == "http://127.0.0.1:9/rapidapi"
     assert s.frozen_caches == ["./tool_response_cache"] and s.tools_folder == "./tools" and s.save is True
     assert s.log_file == "./server.log" and s.resolve(s.log_file) == str(tmp_path / "server.log")
+
+
+def test_upstream_earlier_config_as_shipped_loads(tmp_path: Path) -> None:
+    """Upstream's earlier config.yml named the relay ``rapidapi_url``."""
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(
+        "api_key: sk-file\napi_base: http://127.0.0.1:9/v1\nmodel: gpt-4-turbo-preview\ntemperature: 0\n"
+        "rapidapi_url: http://127.0.0.1:9/rapidapi\ntools_folder: \"./tools\"\nis_save: true\ncache_folder: \"./tool_response_cache\"\n"
+    )
+    s = load_settings(cfg, environ={"OPENAI_API_KEY": "sk-env"})
+    assert s.real.enabled and s.real.relay_url == "http://127.0.0.1:9/rapidapi"
+    assert s.simulator.api_base == "http://127.0.0.1:9/v1" and s.simulator.api_key.get_secret_value() == "sk-file"
 
 
 def test_upstream_config_yml_alone_in_the_folder_is_used_and_said(tmp_path: Path, served: Any) -> None:
@@ -289,7 +302,7 @@ def test_records_made_with_tool_docs_are_not_marked(tmp_path: Path) -> None:
             "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
             "simulator": {"enabled": True, "api_base": stub.api_base, "allow_without_docs": True, "max_retries": 0},
         }), environ={})
-        layer = MirrorLayer.from_settings(settings)
+        layer = build_layer(settings)
         try:
             assert layer.handle_payload(CALL).kind == "recorded"
             [record] = list(layer.store)
@@ -370,6 +383,9 @@ def test_doctor_reports_every_error_and_exits_non_zero(tmp_path: Path) -> None:
     assert "error: tools_folder: is not set, but simulator.enabled is true" in out
     assert "does not answer (connection refused)" in out
     assert "3 error(s), 1 warning(s)" in out
+    bad_log = write_config(tmp_path / "log.yml", {"store": {"path": str(tmp_path / "store")}, "log_file": str(tmp_path / "no" / "dir" / "x.log")})
+    result = cli("doctor", "--config", str(bad_log), "--no-probe", cwd=tmp_path)
+    assert result.returncode == 1 and f"error: log_file: {tmp_path / 'no' / 'dir' / 'x.log'} cannot be written" in result.stdout
 
 
 # -- README: the troubleshooting section quotes the exact messages --------------------------------
@@ -392,3 +408,73 @@ def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
     warning = next(line for line in out.splitlines() if line.startswith("warning: config: "))
     assert warning in readme
     assert "config: config.yml (StableToolBench's config.yml: no server_config.yml in this folder)" in readme
+
+
+# -- item 14: warm stops early on a dead dependency, and says why each call failed ------------------
+
+
+def warm_config(tmp_path: Path, api_base: str) -> Path:
+    server = make_server_folder(tmp_path)
+    return write_config(tmp_path / "warm.yml", {
+        "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
+        "simulator": {"enabled": True, "api_base": api_base, "max_retries": 0, "connect_timeout_s": 1},
+    })
+
+
+def payload_file(tmp_path: Path, n: int) -> Path:
+    path = tmp_path / "payloads.jsonl"
+    path.write_text("".join(json.dumps({**CALL, "tool_input": json.dumps({"q": f"x{i}"})}) + "\n" for i in range(n)))
+    return path
+
+
+def test_warm_stops_early_when_its_first_calls_all_fail_for_one_cause(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    result = cli("warm", "--config", str(warm_config(tmp_path, dead)), "--payloads", str(payload_file(tmp_path, 40)),
+                 "--concurrency", "1", "--quiet", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    out = result.stdout
+    assert "5 calls made in" in out  # not 40
+    assert "stopped early: the first 5 calls all failed with the same cause: failed: simulated: simulator unavailable: connection failed" in out
+    assert "fix it and run the same command again" in out
+    # the cause is in every FAILED line, and the start already warned about the endpoint
+    failed = [line for line in out.splitlines() if line.startswith("FAILED ")]
+    assert len(failed) == 5 and all("simulated: simulator unavailable: connection failed" in line and "refused" in line for line in failed)
+    assert f"warning: simulator.api_base: {dead} does not answer (connection refused)" in result.stderr
+
+
+def test_warm_stops_early_across_worker_processes(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    result = cli("warm", "--config", str(warm_config(tmp_path, dead)), "--payloads", str(payload_file(tmp_path, 400)),
+                 "--processes", "2", "--concurrency", "4", "--quiet", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    made = int(re.search(r"(\d+) calls made in", result.stdout).group(1))
+    assert 5 <= made < 400 and "stopped early: the first 5 calls all failed with the same cause" in result.stdout
+
+
+def test_warm_goes_on_when_a_first_call_succeeds_and_failed_lines_carry_the_cause(tmp_path: Path) -> None:
+    from tests.helpers.openai_stub import Reply
+
+    def responder(body: dict[str, Any]) -> Reply:
+        # the first call of the run answers; the others get HTTP 500
+        return Reply() if "'x0'" in str(body["messages"][-1]["content"]) else Reply(status=500, message="model crashed")
+
+    with OpenAIStub(responder) as stub:
+        result = cli("warm", "--config", str(warm_config(tmp_path, stub.api_base)), "--payloads", str(payload_file(tmp_path, 12)),
+                     "--concurrency", "1", "--quiet", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "12 calls made in" in result.stdout and "stopped early" not in result.stdout
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED ")]
+    cause = ": failed: simulated: simulator unavailable: HTTP 500: model crashed (answered: API not working error..."
+    assert len(failed) == 11 and all(cause in line for line in failed)
+
+
+def test_first_calls_stop_only_when_all_failed_alike() -> None:
+    from stabletoolbench_mirror.warm.runner import FirstCalls
+
+    watch = FirstCalls(3)
+    assert [watch.see(False, f"refused <conn object at 0x{i:x}>") for i in range(3)] == [None, None, "refused <conn object at 0x2>"]
+    watch = FirstCalls(3)
+    assert [watch.see(*c) for c in [(False, "a"), (False, "b"), (False, "a"), (False, "a")]] == [None] * 4
+    watch = FirstCalls(3)
+    assert [watch.see(*c) for c in [(False, "a"), (True, ""), (False, "a"), (False, "a")]] == [None] * 4
+    assert FirstCalls(0).see(False, "a") is None

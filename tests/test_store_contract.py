@@ -71,12 +71,12 @@ def test_sample_iter_len(store: Store) -> None:
         store.add(rec(f"{{'i': {i}}}", f"r{i}"), f"c{i}")
     store.add(rec("{'z': 0}", "elsewhere", ns="Other/t_for_Other/b"), "cz")
     sample = list(store.sample(NS, 5))
-    assert len(sample) == 5 and all(r.namespace == NS for r in sample)
+    assert len(sample) == 5 and all(r.api == NS for r in sample)
     assert len({r.key for r in sample}) == 5
     assert len(list(store.sample(NS, 100))) == 12
     assert list(store.sample("No/such_for_No/api", 5)) == []
     assert len(store) == 13
-    assert sorted(r.key for r in store if r.namespace == NS) == sorted(f"{{'i': {i}}}" for i in range(12))
+    assert sorted(r.key for r in store if r.api == NS) == sorted(f"{{'i': {i}}}" for i in range(12))
 
 
 def test_values_are_json_not_pickles(store: Store, spec: dict[str, Any]) -> None:
@@ -225,7 +225,7 @@ def test_two_layers_on_one_store_simulate_a_call_once(spec: dict[str, Any]) -> N
         t.join(20)
     assert sum(r.calls for r in responders) == 1
     assert len(outcomes) == 8 and len({o.body for o in outcomes}) == 1
-    assert outcomes[0].answer == expected_answer(call.namespace, call.key)
+    assert outcomes[0].answer == expected_answer(call.api, call.key)
     for layer in layers:
         layer.close()
 

@@ -54,13 +54,13 @@ def scanned(store: Store) -> dict[str, Any]:
     by_source: Counter[str] = Counter()
     by_category: Counter[str] = Counter()
     origins: Counter[str] = Counter()
-    namespaces = set()
+    apis = set()
     for r in store:
         by_source[r.source] += 1
-        by_category[r.namespace.split("/", 1)[0]] += 1
-        namespaces.add(r.namespace)
+        by_category[r.api.split("/", 1)[0]] += 1
+        apis.add(r.api)
         origins[origin_key(r)] += 1
-    return {"entries": sum(by_source.values()), "apis": len(namespaces), "by_source": dict(by_source),
+    return {"entries": sum(by_source.values()), "apis": len(apis), "by_source": dict(by_source),
             "by_category": dict(by_category), "origins": dict(origins)}
 
 
@@ -86,10 +86,10 @@ def test_iter_groups_one_api_at_a_time_in_order(store: Store) -> None:
     store.add_many(records(120))
     groups = list(store.iter_groups())
     names = [ns for ns, _ in groups]
-    assert names == sorted(set(names)) and len(names) == len({r.namespace for r in store})
+    assert names == sorted(set(names)) and len(names) == len({r.api for r in store})
     assert sum(len(g) for _, g in groups) == 120
     for ns, group in groups:
-        assert all(r.namespace == ns for r in group)
+        assert all(r.api == ns for r in group)
         assert [r.created_at for r in group] == sorted(r.created_at for r in group)
 
 
@@ -101,8 +101,8 @@ def test_a_store_written_before_counters_is_scanned(tmp_path: Path) -> None:
 
     with diskcache.Cache(str(tmp_path / "old"), eviction_policy="none") as raw:  # written as the old code did
         for record, canonical in records(30):
-            raw.add(_entry_key(record.namespace, record.key), record.to_json())
-            raw.add(_canonical_key(record.namespace, canonical), record.key)
+            raw.add(_entry_key(record.api, record.key), record.to_json())
+            raw.add(_canonical_key(record.api, canonical), record.key)
     with DiskcacheStore(tmp_path / "old") as store:
         assert store.counts() is None
         stats = store_stats(store)
@@ -132,4 +132,4 @@ def test_export_streams_the_same_tree(store: Store, tmp_path: Path) -> None:
     for ns, path in iter_cache_files(tmp_path / "out"):
         for key, answer in read_cache_file(path).items():
             seen[(ns, key)] = answer
-    assert seen == {(r.namespace, r.key): r.answer for r in store}
+    assert seen == {(r.api, r.key): r.answer for r in store}

@@ -44,7 +44,7 @@ def body(category: str, tool: str, api: str, n: int = 0) -> dict:
 
 def store_content(path: Path) -> dict[tuple[str, str], str]:
     with DiskcacheStore(path) as store:
-        return {(r.namespace, r.key): r.body for r in store}
+        return {(r.api, r.key): r.body for r in store}
 
 
 def test_encoded_names_round_trip() -> None:

@@ -38,7 +38,8 @@ def clean_env() -> dict[str, str]:
 def config(tmp_path: Path, stub: OpenAIStub, **extra: Any) -> Path:
     data: dict[str, Any] = {
         "store": {"path": str(tmp_path / "store")},
-        "simulator": {"enabled": True, "api_base": stub.api_base, "max_retries": 0, "read_timeout_s": 30},
+        # no tool docs: warm's own start-up checks want that said explicitly
+        "simulator": {"enabled": True, "api_base": stub.api_base, "max_retries": 0, "read_timeout_s": 30, "allow_without_docs": True},
     }
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):
@@ -63,7 +64,7 @@ def subset(reference_dir: Path, tmp_path: Path, count: int) -> Path:
 def distinct_calls(folder: Path) -> dict[tuple[str, str], Any]:
     calls, problems = default_calls([folder])
     assert not problems
-    return {(c.call.namespace, c.call.canonical): c.call for c in calls}
+    return {(c.call.api, c.call.canonical): c.call for c in calls}
 
 
 def records(store_path: Path) -> list[Record]:
@@ -84,8 +85,8 @@ def test_warm_from_reference_queries_records_each_default_call_once(reference_di
         assert f"queries    {len(expected):>8} {len(expected):>8} {0:>8} {0:>8}" in first.stdout
         saved = records(tmp_path / "store")
         assert len(saved) == len(expected)
-        assert {(r.namespace, r.key) for r in saved} == {(c.namespace, c.key) for c in expected.values()}
-        assert {r.source for r in saved} == {"simulated"} and {r.origin for r in saved} == {"MirrorAPI"}
+        assert {(r.api, r.key) for r in saved} == {(c.api, c.key) for c in expected.values()}
+        assert {r.source for r in saved} == {"simulated"} and {r.origin for r in saved} == {"MirrorAPI [no tool docs]"}
         # each prompt carried the default call's standardised, typed input
         prompts = [m["content"] for body in stub.requests for m in body["messages"] if m["role"] == "user"]
         for call in expected.values():
@@ -168,13 +169,13 @@ def test_interrupted_warm_resumes_without_duplicates(processes: int, reference_d
         assert stub.count - calls_before == len(expected) - len(after_kill)
     final = records(store_path)
     assert len(final) == len(expected)
-    assert len({(r.namespace, r.key) for r in final}) == len(expected)
-    assert {(r.namespace, r.key) for r in final} == {(c.namespace, c.key) for c in expected.values()}
+    assert len({(r.api, r.key) for r in final}) == len(expected)
+    assert {(r.api, r.key) for r in final} == {(c.api, c.key) for c in expected.values()}
     for record in final:
         assert record.answer["error"] == "" and record.answer["response"].startswith("simulated answer")
     # entries recorded before the kill are untouched
-    before = {(r.namespace, r.key): r for r in after_kill}
-    assert all(before[(r.namespace, r.key)] == r for r in final if (r.namespace, r.key) in before)
+    before = {(r.api, r.key): r for r in after_kill}
+    assert all(before[(r.api, r.key)] == r for r in final if (r.api, r.key) in before)
 
 
 def test_answer_files_and_payloads_failures_listed_not_recorded(tmp_path: Path) -> None:

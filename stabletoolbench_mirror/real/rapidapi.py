@@ -54,7 +54,7 @@ def exact_doc_finder(docs: ToolDocs) -> DocFinder:
         if doc is None:
             return None
         if doc.fuzzy:
-            log.info("rapidapi: %s only matches the doc of %s/%s fuzzily; no real call", clip(call.namespace), doc.tool_name, doc.name)
+            log.info("rapidapi: %s only matches the doc of %s/%s fuzzily; no real call", clip(call.api), doc.tool_name, doc.name)
             return None
         return doc.as_api_entry()
 

@@ -20,7 +20,7 @@ def relay_body(call: ToolCall, toolbench_key: str) -> dict[str, Any]:
     return {
         "category": call.names.category,
         "tool_name": relay_tool_name(call.tool_name),
-        "api_name": call.names.api,
+        "api_name": call.names.api_name,
         "tool_input": call.tool_input,
         "strip": "",
         "toolbench_key": toolbench_key,

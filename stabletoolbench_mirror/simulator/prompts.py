@@ -13,6 +13,9 @@
     StableToolBench's GPT-simulator style for any chat model: the API doc, up to
     ``max_examples`` cached answers of the same API (the ones whose input is most like the
     current one, within a character budget), then the input; the model answers a JSON object.
+    Inside a session the user turn starts with the task and the session's last calls (:mod:`.history`).
+``world-model``
+    This project's prompt for stateful simulation inside a session (:mod:`.history`).
 
 The default system prompts are this project's own text; ``system_prompt_file`` replaces
 them with a user's file (see :mod:`.prompt_files`: a text file sent verbatim, or
@@ -27,12 +30,13 @@ from typing import Any, Sequence
 from rapidfuzz import fuzz
 
 from ..call import ToolCall
+from ..keys import plain_key
 from ..naming import standardize
 from ..records import Record
 from ..tooldocs import ApiDoc
 
 MIRRORAPI_STYLES = ("mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache")
-STYLES = (*MIRRORAPI_STYLES, "gpt-fewshot")
+STYLES = (*MIRRORAPI_STYLES, "gpt-fewshot", "world-model")
 MIRRORAPI_USER_TEMPLATE = "API doc:\n{api_doc}\n\nRequest:\n{request}"
 API_DOC_KEYS = (
     "api_name",
@@ -99,11 +103,37 @@ values that follow from the input. Keep it reasonably short (roughly 100 to 200 
 when they are empty or errors, ignore them and answer on your own.
 - Nothing outside the JSON object."""
 
+# world-model: this project's prompt for stateful simulation (see .history for its user turn)
+WORLD_MODEL_SYSTEM_PROMPT = """\
+You are the environment behind the tools an agent uses to solve a task. Each message gives \
+the task, the documentation of one API, the calls the agent already made in this session \
+with the answers they got (oldest first), and one new call. Answer the new call exactly as \
+the real API would, given everything that happened before it.
+
+Keep the world consistent across the session:
+- What an earlier call created (a record, an order, a meeting, an account, an id, a token) \
+exists now, with the values it was created with.
+- What an earlier call changed shows its new values; what an earlier call deleted is gone, \
+and reading it gets the API's not-found answer.
+- Ids, names, numbers, dates and totals already shown stay the same; new ids do not clash \
+with earlier ones.
+- A call that needs something never created, or a token never issued, gets the error the \
+API would give.
+- Only the listed calls happened; do not assume others.
+
+Reply with one JSON object, exactly:
+{"error": "", "response": "<the API's output>"}
+
+- "error" stays empty unless the call cannot be served; then give a short error message.
+- "response" is the API's output as text, usually a JSON body, with concrete values.
+- Nothing outside the JSON object."""
+
 DEFAULT_SYSTEM_PROMPTS = {
     "mirrorapi-sft": SFT_SYSTEM_PROMPT,
     "mirrorapi-cot": COT_SYSTEM_PROMPT,
     "mirrorapi-cache": SFT_SYSTEM_PROMPT,
     "gpt-fewshot": GPT_SYSTEM_PROMPT,
+    "world-model": WORLD_MODEL_SYSTEM_PROMPT,
 }
 
 
@@ -114,7 +144,7 @@ def api_doc_dict(call: ToolCall, doc: ApiDoc | None, style: str = "mirrorapi-sft
     ``mirrorapi-cache`` names the API by its standardized name (upstream's cache server).
     """
     if style == "mirrorapi-cache":
-        api_name = standardize(call.names.api)
+        api_name = standardize(call.names.api_name)
     else:
         api_name = doc.name if doc is not None else call.api_name
     if doc is None:
@@ -176,24 +206,27 @@ def choose_examples(call: ToolCall, records: Sequence[Record], max_examples: int
     if max_examples <= 0 or budget_chars <= 0 or not records:
         return []
     seen: set[str] = set()
-    candidates: list[tuple[float, int, Record]] = []
+    candidates: list[tuple[float, int, str, Record]] = []
+    # keys recorded inside a session carry a history hash (see keys.session_key): compare and show the input only
+    own = plain_key(call.key)
     for position, record in enumerate(records):
-        if record.key == call.key or record.key in seen:
+        key = plain_key(record.key)
+        if key == own or key in seen:
             continue
-        seen.add(record.key)
-        candidates.append((fuzz.ratio(call.key, record.key), position, record))
+        seen.add(key)
+        candidates.append((fuzz.ratio(own, key), position, key, record))
     candidates.sort(key=lambda c: (-c[0], c[1]))
     chosen: list[tuple[str, Any]] = []
     used = 0
-    for _score, _position, record in candidates:
+    for _score, _position, key, record in candidates:
         try:
             answer = record.answer
         except ValueError:
             continue
-        size = example_chars(record.key, answer)
+        size = example_chars(key, answer)
         if used + size > budget_chars:
             continue
-        chosen.append((record.key, answer))
+        chosen.append((key, answer))
         used += size
         if len(chosen) >= max_examples:
             break

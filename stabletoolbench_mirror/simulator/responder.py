@@ -14,7 +14,7 @@ from ..records import Record, Source
 from ..responders import Attempt
 from ..secrets import Redactor
 from ..tooldocs import ToolDocs
-from . import prompts
+from . import history, prompts
 from .client import ChatClient, ChatError, Completion
 from .parsing import Parsed, parse_output
 from .prompt_files import SystemPrompt, built_in_prompt
@@ -89,16 +89,25 @@ class Simulator:
         return self.style == "gpt-fewshot" and self.max_examples > 0
 
     def messages(self, call: ToolCall, examples: Sequence[Record] = ()) -> list[dict[str, str]]:
-        """The chat messages this simulator sends for ``call``."""
+        """The chat messages this simulator sends for ``call``.
+
+        Inside a session, ``gpt-fewshot`` and ``world-model`` also carry the task and the last
+        calls of the session (:mod:`.history`); MirrorAPI styles never do.
+        """
         doc = self.docs.find(call.names) if self.docs is not None else None
+        if self.style == "world-model":
+            return history.world_model_messages(self.system_prompt, call, doc)
         if self.style == "gpt-fewshot":
-            return prompts.gpt_fewshot_messages(
-                self.system_prompt,
+            return history.with_session(
                 call,
-                doc,
-                examples,
-                max_examples=self.max_examples,
-                budget_chars=self.examples_budget_chars,
+                prompts.gpt_fewshot_messages(
+                    self.system_prompt,
+                    call,
+                    doc,
+                    examples,
+                    max_examples=self.max_examples,
+                    budget_chars=self.examples_budget_chars,
+                ),
             )
         return prompts.mirrorapi_messages(self.system_prompt, call, doc, self.style)
 
@@ -118,7 +127,7 @@ class Simulator:
                 try:
                     completion = self.client.complete(messages, extra)
                 except ChatError as exc:
-                    log.warning("simulator gave no answer for %s: %s", clip(call.namespace), clip(exc.detail, 500))
+                    log.warning("simulator gave no answer for %s: %s", clip(call.api), clip(exc.detail, 500))
                     return Attempt(None, self.origin, detail=f"simulator unavailable: {exc.detail}")
             latency = time.perf_counter() - started
             parsed = parse_output(completion.content)
@@ -126,11 +135,11 @@ class Simulator:
                 break
             retries += 1
             self._count_retry()
-            log.info("simulator output for %s cannot be parsed; asking again (%d/%d)", clip(call.namespace), retries, self.parse_retries)
+            log.info("simulator output for %s cannot be parsed; asking again (%d/%d)", clip(call.api), retries, self.parse_retries)
         if parsed.answer is None:
             log.warning(
                 "simulator output for %s cannot be parsed (finish_reason %s, %d chars): %r",
-                clip(call.namespace),
+                clip(call.api),
                 completion.finish_reason or "?",
                 len(completion.content),
                 redactor.text(completion.content[:300]),
@@ -142,7 +151,7 @@ class Simulator:
                 fallback=protocol.simulation_failed_answer(),
             )
         if parsed.method != "json":
-            log.info("simulator output for %s parsed by the %s extractor", clip(call.namespace), parsed.method)
+            log.info("simulator output for %s parsed by the %s extractor", clip(call.api), parsed.method)
         if retries:
             self._count_retry(success=True)
         # no key reaches the store, even when the endpoint echoes one (in the answer or its rationale)

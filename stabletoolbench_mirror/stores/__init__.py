@@ -1,7 +1,7 @@
-"""Cache backends: the writable :class:`Store` (diskcache, Redis) and read-only frozen trees."""
+"""Cache tiers: the writable :class:`Store` (diskcache, Redis) and read-only frozen trees."""
 
-from .base import Store, StoreCounts, StoreError
+from .base import CacheTier, Store, StoreCounts, StoreError
 from .diskcache_store import DiskcacheStore
 from .frozen import FrozenCache
 
-__all__ = ["Store", "StoreCounts", "StoreError", "DiskcacheStore", "FrozenCache"]
+__all__ = ["CacheTier", "Store", "StoreCounts", "StoreError", "DiskcacheStore", "FrozenCache"]

@@ -1,4 +1,4 @@
-"""The store interface every cache backend implements."""
+"""The interfaces of the caches: :class:`CacheTier` (every cache) and :class:`Store` (the writable one)."""
 
 from __future__ import annotations
 
@@ -41,39 +41,66 @@ def _recording_order(records: list["Record"]) -> list["Record"]:
     return records
 
 
-class Store(abc.ABC):
-    """A persistent map from ``(namespace, upstream key)`` to a :class:`Record`.
+class CacheTier(abc.ABC):
+    """One place answers may be found: the writable store or a frozen upstream tree.
+
+    The layer looks a call up in every tier, in the order the README's "Cache keys" section
+    gives: the exact upstream key in each tier, then the canonical key in each tier (see
+    :meth:`stabletoolbench_mirror.layer.MirrorLayer.lookup`).  Implementations raise
+    :class:`StoreError` for backend failures.
+    """
+
+    #: a short name for logs, ``/health`` and stats
+    kind: str = "tier"
+    #: lookups touch only local files (no network)
+    is_local: bool = False
+
+    @abc.abstractmethod
+    def get(self, api: str, key: str) -> Record | None:
+        """The record under exactly this upstream key."""
+
+    @abc.abstractmethod
+    def get_canonical(self, api: str, canonical: str) -> Record | None:
+        """A record whose input has this canonical key."""
+
+    @abc.abstractmethod
+    def sample(self, api: str, limit: int) -> Iterable[Record]:
+        """Up to ``limit`` records of one API (few-shot examples)."""
+
+    async def aget(self, api: str, key: str) -> Record | None:
+        """:meth:`get` for the server's event loop.  The default reads at once (right for local
+        reads that take microseconds); tiers that read over the network or parse files override it."""
+        return self.get(api, key)
+
+    async def aget_canonical(self, api: str, canonical: str) -> Record | None:
+        """:meth:`get_canonical` for the server's event loop (see :meth:`aget`)."""
+        return self.get_canonical(api, canonical)
+
+    def close(self) -> None:  # noqa: B027 - most tiers hold nothing to release
+        """Release the tier's resources."""
+
+
+class Store(CacheTier):
+    """A persistent map from ``(api, upstream key)`` to a :class:`Record`: the writable tier.
 
     Each record is also findable by its canonical key (see :mod:`stabletoolbench_mirror.keys`).
     Writes are add-if-absent: the first record for a key wins and is never torn or
     overwritten, so concurrent writers (threads, processes, hosts) agree on one answer.
-    Implementations raise :class:`StoreError` for backend failures.
     """
 
-    #: a short name for logs and stats
-    kind: str = "store"
-    #: lookups touch only local files (no network): the server may run them on its event loop
-    is_local: bool = False
-
-    @abc.abstractmethod
-    def get(self, namespace: str, key: str) -> Record | None:
-        """The record stored under exactly this upstream key."""
-
-    @abc.abstractmethod
-    def get_canonical(self, namespace: str, canonical: str) -> Record | None:
-        """A record whose input has this canonical key."""
+    kind = "store"
 
     @abc.abstractmethod
     def add(self, record: Record, canonical: str | None) -> bool:
         """Store ``record`` unless its key is present; return whether it was added."""
 
-    def sample(self, namespace: str, limit: int) -> Iterator[Record]:
-        """Up to ``limit`` records of one namespace (few-shot examples); backends may do better than a scan."""
+    def sample(self, api: str, limit: int) -> Iterator[Record]:
+        """Up to ``limit`` records of one API; backends may do better than this scan."""
         count = 0
         for record in self:
             if count >= limit:
                 return
-            if record.namespace == namespace:
+            if record.api == api:
                 count += 1
                 yield record
 
@@ -86,29 +113,18 @@ class Store(abc.ABC):
         return None
 
     def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
-        """``(namespace, records)`` in namespace order, each group in recording order.
+        """``(api, records)`` in api order, each group in recording order.
 
         Backends that can read one API at a time override this, so that an export or a
         snapshot holds one API in memory, not the whole store.  The default groups in memory.
         """
         groups: dict[str, list[Record]] = defaultdict(list)
         for record in self:
-            groups[record.namespace].append(record)
-        for namespace in sorted(groups):
-            yield namespace, _recording_order(groups[namespace])
+            groups[record.api].append(record)
+        for api in sorted(groups):
+            yield api, _recording_order(groups[api])
 
-    #: the store offers :meth:`aget` / :meth:`aget_canonical`, for the server's event loop (remote stores)
-    reads_async: bool = False
-
-    async def aget(self, namespace: str, key: str) -> Record | None:
-        """:meth:`get` without blocking an event loop (only when :attr:`reads_async`)."""
-        raise NotImplementedError
-
-    async def aget_canonical(self, namespace: str, canonical: str) -> Record | None:
-        """:meth:`get_canonical` without blocking an event loop (only when :attr:`reads_async`)."""
-        raise NotImplementedError
-
-    def flight_lock(self, namespace: str, canonical: str) -> ContextManager[None]:
+    def flight_lock(self, api: str, canonical: str) -> ContextManager[None]:
         """A lock held while one miss is filled, shared with other processes (and hosts) using the store.
 
         While one holder asks the real API or the simulator, others wait, then find the
@@ -125,9 +141,6 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def __len__(self) -> int:
         """The number of records."""
-
-    def close(self) -> None:  # pragma: no cover - trivial default
-        """Release the backend's resources."""
 
     def __enter__(self) -> "Store":
         return self

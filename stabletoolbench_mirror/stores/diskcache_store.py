@@ -29,20 +29,20 @@ _COUNTED = f"{_COUNT}\x00counted"
 _SCAN_PAGE = 1000
 
 
-def _entry_key(namespace: str, key: str) -> str:
-    return f"{_ENTRY}\x00{_no_nul(namespace)}\x00{key}"
+def _entry_key(api: str, key: str) -> str:
+    return f"{_ENTRY}\x00{_no_nul(api)}\x00{key}"
 
 
-def _canonical_key(namespace: str, canonical: str) -> str:
-    return f"{_CANONICAL}\x00{_no_nul(namespace)}\x00{canonical}"
+def _canonical_key(api: str, canonical: str) -> str:
+    return f"{_CANONICAL}\x00{_no_nul(api)}\x00{canonical}"
 
 
-def _no_nul(namespace: str) -> str:
-    # the first NUL after the kind ends the namespace, so ``(namespace, key)`` -> diskcache key is
-    # one-to-one only while namespaces hold no NUL (``/virtual`` refuses control characters in names)
-    if "\x00" in namespace:
-        raise ValueError(f"a namespace must not contain NUL: {namespace[:200]!r}")
-    return namespace
+def _no_nul(api: str) -> str:
+    # the first NUL after the kind ends the API, so ``(api, key)`` -> diskcache key is
+    # one-to-one only while APIs hold no NUL (``/virtual`` refuses control characters in names)
+    if "\x00" in api:
+        raise ValueError(f"an API must not contain NUL: {api[:200]!r}")
+    return api
 
 
 def _count_key(*parts: str) -> str:
@@ -86,19 +86,19 @@ class DiskcacheStore(Store):
         ).fetchone()
         return None if row is None else row[0]
 
-    def get(self, namespace: str, key: str) -> Record | None:
+    def get(self, api: str, key: str) -> Record | None:
         try:
-            raw = self._cache.get(_entry_key(namespace, key))
+            raw = self._cache.get(_entry_key(api, key))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
         return None if raw is None else Record.from_json(raw)
 
-    def get_canonical(self, namespace: str, canonical: str) -> Record | None:
+    def get_canonical(self, api: str, canonical: str) -> Record | None:
         try:
-            key = self._cache.get(_canonical_key(namespace, canonical))
+            key = self._cache.get(_canonical_key(api, canonical))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
-        return None if key is None else self.get(namespace, key)
+        return None if key is None else self.get(api, key)
 
     def add(self, record: Record, canonical: str | None) -> bool:
         # one writer at a time per process: threads queue on a lock instead of on SQLite's busy loop
@@ -115,15 +115,15 @@ class DiskcacheStore(Store):
 
     def _add_in_transaction(self, record: Record, canonical: str | None) -> bool:
         cache = self._cache
-        added = cache.add(_entry_key(record.namespace, record.key), record.to_json())
+        added = cache.add(_entry_key(record.api, record.key), record.to_json())
         if canonical is not None:
-            cache.add(_canonical_key(record.namespace, canonical), record.key)
+            cache.add(_canonical_key(record.api, canonical), record.key)
         if added:
             cache.incr(_count_key("entries"))
             cache.incr(_count_key("source", record.source))
-            cache.incr(_count_key("category", record.namespace.split("/", 1)[0]))
+            cache.incr(_count_key("category", record.api.split("/", 1)[0]))
             cache.incr(_count_key("origin", origin_key(record)))
-            if cache.add(f"{_NAMESPACE}\x00{record.namespace}", 1):
+            if cache.add(f"{_NAMESPACE}\x00{record.api}", 1):
                 cache.incr(_count_key("apis"))
         return bool(added)
 
@@ -187,24 +187,24 @@ class DiskcacheStore(Store):
             low, inclusive = rows[-1][0], False
 
     def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
-        """``(namespace, records)`` in namespace order, one API in memory at a time (a key-range scan)."""
+        """``(api, records)`` in api order, one API in memory at a time (a key-range scan)."""
         current: str | None = None
         group: list[Record] = []
         try:
             for _key, raw in self._scan_values(_ENTRY):
                 record = Record.from_json(raw)
-                if record.namespace != current:
+                if record.api != current:
                     if group:
                         yield current, _recording_order(group)  # type: ignore[misc]
-                    current, group = record.namespace, []
+                    current, group = record.api, []
                 group.append(record)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
         if group:
             yield current, _recording_order(group)  # type: ignore[misc]
 
-    def sample(self, namespace: str, limit: int) -> Iterator[Record]:
-        prefix = _entry_key(namespace, "")
+    def sample(self, api: str, limit: int) -> Iterator[Record]:
+        prefix = _entry_key(api, "")
         try:
             # a key-range scan over diskcache's SQLite table (string keys are stored raw)
             rows = self._cache._sql(  # noqa: SLF001 - diskcache exposes no prefix query
@@ -219,19 +219,19 @@ class DiskcacheStore(Store):
                 yield Record.from_json(raw)
 
     @contextlib.contextmanager
-    def flight_lock(self, namespace: str, canonical: str) -> Iterator[None]:
+    def flight_lock(self, api: str, canonical: str) -> Iterator[None]:
         """A byte-range lock on ``cache.db-flightlock`` in the store folder (see :mod:`.filelock`).
 
         Shared by every process that opens this folder on this host; the kernel drops it when
         its holder exits, even on ``kill -9``.  A waiter polls every ``lock_poll_s`` and goes
         ahead without it after :data:`~.leases.MAX_LOCK_WAIT_S`.
         """
-        name = f"{namespace}\x00{canonical}"
+        name = f"{api}\x00{canonical}"
         deadline = time.monotonic() + MAX_LOCK_WAIT_S
         try:
             while (offset := self._locks.try_acquire(name)) is None:
                 if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(namespace), MAX_LOCK_WAIT_S)
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(api), MAX_LOCK_WAIT_S)
                     break
                 time.sleep(self.lock_poll_s)
         except OSError as exc:
@@ -243,7 +243,7 @@ class DiskcacheStore(Store):
                 try:
                     self._locks.release(offset)
                 except OSError as exc:  # pragma: no cover - unlocking an open file does not fail
-                    log.warning("single-flight lock for %s not released: %s", clip(namespace), exc)
+                    log.warning("single-flight lock for %s not released: %s", clip(api), exc)
 
     def __iter__(self) -> Iterator[Record]:
         try:

@@ -34,7 +34,8 @@ from pathlib import Path
 from ..keys import canonical_from_upstream_key
 from ..protocol import encode_answer
 from ..records import Record
-from ..upstream_layout import OutsideTree, check_inside, count_cache_files, encode_name, iter_cache_spans, split_namespace
+from .base import CacheTier
+from ..upstream_layout import OutsideTree, check_inside, count_cache_files, encode_name, iter_cache_spans, split_api
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,13 @@ def _ident(st: os.stat_result) -> tuple[int, int, int]:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-class FrozenCache:
-    """One upstream tree, read-only, with a memory budget for its file indexes."""
+class FrozenCache(CacheTier):
+    """One upstream tree, read-only, with a memory budget for its file indexes.
 
+    A cache tier whose answers are served with ``source: frozen``.
+    """
+
+    kind = "frozen"
     is_local = True
 
     def __init__(
@@ -142,8 +147,8 @@ class FrozenCache:
         return {"files": len(self._files), "bytes": self.memory_used + self.bodies_used, "budget": self.memory_budget,
                 "answers_kept": len(self._bodies), "loads": self.loads, "evictions": self.evictions}
 
-    def _path(self, namespace: str) -> str | None:
-        parts = split_namespace(namespace)
+    def _path(self, api: str) -> str | None:
+        parts = split_api(api)
         if parts is None:
             return None
         category, tool, api = (encode_name(p) for p in parts)
@@ -153,43 +158,43 @@ class FrozenCache:
 
     # -- loading -------------------------------------------------------------------------------
 
-    def _state(self, namespace: str) -> _Index | None | _NeedsLoad:
-        """The fresh index of ``namespace``, ``None`` (nothing to serve) or :data:`NEEDS_LOAD`; only stats the file."""
-        path = self._path(namespace)
+    def _state(self, api: str) -> _Index | None | _NeedsLoad:
+        """The fresh index of ``api``, ``None`` (nothing to serve) or :data:`NEEDS_LOAD`; only stats the file."""
+        path = self._path(api)
         if path is None:
             return None
         try:
             ident = _ident(os.stat(path))
         except OSError:
-            if namespace in self._files:
-                self._drop(namespace)
+            if api in self._files:
+                self._drop(api)
             return None
-        index = self._files.get(namespace)
+        index = self._files.get(api)
         if index is not None and index.ident == ident:
             with self._lock:
-                if namespace in self._files:
-                    self._files.move_to_end(namespace)
+                if api in self._files:
+                    self._files.move_to_end(api)
             return index
-        if self._refused.get(namespace) == ident:
+        if self._refused.get(api) == ident:
             return None
         return NEEDS_LOAD
 
-    def _index(self, namespace: str) -> _Index | None:
-        """The index of ``namespace``, parsing the file when needed (blocking: call it off the event loop)."""
-        state = self._state(namespace)
+    def _index(self, api: str) -> _Index | None:
+        """The index of ``api``, parsing the file when needed (blocking: call it off the event loop)."""
+        state = self._state(api)
         if not isinstance(state, _NeedsLoad):
             return state
-        with self._load_locks[hash(namespace) % _LOAD_STRIPES]:
-            state = self._state(namespace)  # another thread may have loaded it meanwhile
+        with self._load_locks[hash(api) % _LOAD_STRIPES]:
+            state = self._state(api)  # another thread may have loaded it meanwhile
             if not isinstance(state, _NeedsLoad):
                 return state
-            path = self._path(namespace)
+            path = self._path(api)
             assert path is not None
             try:
                 index = self._parse(path)
             except (OSError, ValueError) as exc:
                 try:
-                    self._refused[namespace] = _ident(os.stat(path))
+                    self._refused[api] = _ident(os.stat(path))
                 except OSError:
                     pass
                 if isinstance(exc, OutsideTree):
@@ -197,8 +202,8 @@ class FrozenCache:
                 else:
                     log.warning("frozen cache file skipped: %s", exc if str(path) in str(exc) else f"{path}: {exc}")
                 return None
-            self._refused.pop(namespace, None)
-            self._insert(namespace, index)
+            self._refused.pop(api, None)
+            self._insert(api, index)
             return index
 
     def _parse(self, path: str) -> _Index:
@@ -244,36 +249,36 @@ class FrozenCache:
             entries[key] = number
         return _Index(path, ident, entries, spans, cost)
 
-    def _insert(self, namespace: str, index: _Index) -> None:
+    def _insert(self, api: str, index: _Index) -> None:
         with self._lock:
-            old = self._files.pop(namespace, None)
+            old = self._files.pop(api, None)
             if old is not None:
                 self.memory_used -= old.cost
-            self._files[namespace] = index
+            self._files[api] = index
             self.memory_used += index.cost
             self.loads += 1
-            self._evict(keep=namespace)
+            self._evict(keep=api)
 
     def _evict(self, keep: str) -> None:
         # least recently used first; the file just needed stays even when it alone exceeds the budget
         while self.memory_used > self.memory_budget - self.bodies_budget and len(self._files) > 1:
-            namespace, index = next(iter(self._files.items()))
-            if namespace == keep:
-                self._files.move_to_end(namespace)
+            api, index = next(iter(self._files.items()))
+            if api == keep:
+                self._files.move_to_end(api)
                 continue
-            del self._files[namespace]
+            del self._files[api]
             self.memory_used -= index.cost
             self.evictions += 1
 
-    def _drop(self, namespace: str) -> None:
+    def _drop(self, api: str) -> None:
         with self._lock:
-            index = self._files.pop(namespace, None)
+            index = self._files.pop(api, None)
             if index is not None:
                 self.memory_used -= index.cost
 
-    def _canonical(self, namespace: str, index: _Index) -> dict[str, str]:
+    def _canonical(self, api: str, index: _Index) -> dict[str, str]:
         if index.canonical is None:
-            with self._load_locks[hash(namespace) % _LOAD_STRIPES]:
+            with self._load_locks[hash(api) % _LOAD_STRIPES]:
                 if index.canonical is None:
                     canonical: dict[str, str] = {}
                     for key in index.entries:
@@ -284,18 +289,18 @@ class FrozenCache:
                     with self._lock:
                         extra = sum(len(k) + _CANONICAL_OVERHEAD for k in canonical)
                         index.cost += extra
-                        if self._files.get(namespace) is index:
+                        if self._files.get(api) is index:
                             self.memory_used += extra
-                            self._evict(keep=namespace)
+                            self._evict(keep=api)
         return index.canonical
 
     # -- answers -------------------------------------------------------------------------------
 
-    def _body(self, namespace: str, index: _Index, key: str) -> str | None:
+    def _body(self, api: str, index: _Index, key: str) -> str | None:
         number = index.entries.get(key)
         if number is None:
             return None
-        where = (namespace, key)
+        where = (api, key)
         kept = self._bodies.get(where)
         if kept is not None and kept[0] == index.ident:
             with self._lock:
@@ -305,9 +310,9 @@ class FrozenCache:
         raw = self._read(index, number)
         if raw is None:
             # changed since it was indexed (the stat that chose this index raced with a rewrite)
-            self._drop(namespace)
-            fresh = self._index(namespace)
-            return None if fresh is None or fresh is index else self._body(namespace, fresh, key)
+            self._drop(api)
+            fresh = self._index(api)
+            return None if fresh is None or fresh is index else self._body(api, fresh, key)
         body = encode_answer(json.loads(raw.decode("utf-8")))
         self._keep(where, index.ident, body)
         return body
@@ -345,56 +350,56 @@ class FrozenCache:
                 (_ns, key), (_ident, dropped) = self._bodies.popitem(last=False)
                 self.bodies_used -= len(dropped) + len(key) + _BODY_OVERHEAD
 
-    def _record(self, namespace: str, key: str, body: str) -> Record:
-        return Record(namespace=namespace, key=key, body=body, source="imported", origin=self.origin, created_at=0.0)
+    def _record(self, api: str, key: str, body: str) -> Record:
+        return Record(api=api, key=key, body=body, source="frozen", origin=self.origin, created_at=0.0)
 
-    def _lookup(self, namespace: str, index: _Index | None, key: str) -> Record | None:
+    def _lookup(self, api: str, index: _Index | None, key: str) -> Record | None:
         if index is None:
             return None
-        body = self._body(namespace, index, key)
-        return None if body is None else self._record(namespace, key, body)
+        body = self._body(api, index, key)
+        return None if body is None else self._record(api, key, body)
 
-    def get(self, namespace: str, key: str) -> Record | None:
-        return self._lookup(namespace, self._index(namespace), key)
+    def get(self, api: str, key: str) -> Record | None:
+        return self._lookup(api, self._index(api), key)
 
-    def get_canonical(self, namespace: str, canonical: str) -> Record | None:
-        index = self._index(namespace)
+    def get_canonical(self, api: str, canonical: str) -> Record | None:
+        index = self._index(api)
         if index is None:
             return None
-        key = self._canonical(namespace, index).get(canonical)
-        return None if key is None else self._lookup(namespace, index, key)
+        key = self._canonical(api, index).get(canonical)
+        return None if key is None else self._lookup(api, index, key)
 
-    async def aget(self, namespace: str, key: str) -> Record | None:
+    async def aget(self, api: str, key: str) -> Record | None:
         """:meth:`get` for the event loop: an indexed file is read at once, a file to parse in a thread."""
-        state = self._state(namespace)
+        state = self._state(api)
         if isinstance(state, _NeedsLoad):
             import anyio.to_thread
 
-            return await anyio.to_thread.run_sync(self.get, namespace, key)
-        return self._lookup(namespace, state, key)
+            return await anyio.to_thread.run_sync(self.get, api, key)
+        return self._lookup(api, state, key)
 
-    async def aget_canonical(self, namespace: str, canonical: str) -> Record | None:
+    async def aget_canonical(self, api: str, canonical: str) -> Record | None:
         """:meth:`get_canonical` for the event loop (parsing and the canonical index in a thread)."""
-        state = self._state(namespace)
+        state = self._state(api)
         if isinstance(state, _NeedsLoad) or (state is not None and state.canonical is None):
             import anyio.to_thread
 
-            return await anyio.to_thread.run_sync(self.get_canonical, namespace, canonical)
+            return await anyio.to_thread.run_sync(self.get_canonical, api, canonical)
         if state is None:
             return None
         key = state.canonical.get(canonical) if state.canonical is not None else None
-        return None if key is None else self._lookup(namespace, state, key)
+        return None if key is None else self._lookup(api, state, key)
 
-    def sample(self, namespace: str, limit: int) -> list[Record]:
+    def sample(self, api: str, limit: int) -> list[Record]:
         """Up to ``limit`` entries of one API file, in file order (few-shot examples)."""
-        index = self._index(namespace)
+        index = self._index(api)
         if index is None or limit <= 0:
             return []
         out: list[Record] = []
         for key in index.entries:
             if len(out) >= limit:
                 break
-            record = self._lookup(namespace, index, key)
+            record = self._lookup(api, index, key)
             if record is not None:
                 out.append(record)
         return out

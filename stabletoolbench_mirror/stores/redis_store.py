@@ -2,16 +2,16 @@
 
 Layout under a key prefix ``P`` (so several caches can share one Redis database):
 
-* ``P:e:<namespace>``: a hash, upstream key -> record JSON (never pickles);
-* ``P:c:<namespace>``: a hash, canonical key -> upstream key;
-* ``P:namespaces``: a set of the namespaces that hold records;
+* ``P:e:<api>``: a hash, upstream key -> record JSON (never pickles);
+* ``P:c:<api>``: a hash, canonical key -> upstream key;
+* ``P:namespaces``: a set of the APIs that hold records (the name is older than the word "API" here);
 * ``P:counts``: a hash of counters kept by every add (``entries``, ``source:<s>``,
   ``category:<c>``, ``origin:<o>``), complete when it has ``counted`` (set by the first add
   into an empty store), so ``cache stats`` needs no scan;
 * ``P:lock:<sha256>``: the cross-host single-flight locks (strings with an expiry).
 
 A record is added by one Lua script (``HSETNX`` of the entry, of the canonical pointer
-and ``SADD`` of the namespace), which Redis runs atomically: the first writer of a key
+and ``SADD`` of the api), which Redis runs atomically: the first writer of a key
 wins on every host, and nobody ever sees a pointer without its entry.
 
 Every Redis problem (refused or lost connection, timeout, ``OOM``/``READONLY``/``MISCONF``
@@ -47,8 +47,8 @@ from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
 
 log = logging.getLogger(__name__)
 
-# KEYS: entries hash, canonical hash, namespaces set, counts hash;
-# ARGV: key, record JSON, namespace, canonical or "", source, category, origin or ""
+# KEYS: entries hash, canonical hash, apis set, counts hash;
+# ARGV: key, record JSON, api, canonical or "", source, category, origin or ""
 _ADD_SCRIPT = """
 if redis.call('SCARD', KEYS[3]) == 0 then
   redis.call('HSETNX', KEYS[4], 'counted', 1)
@@ -117,7 +117,7 @@ class RecordMemory:
                 return None
             self._records.move_to_end(where)
         key, body, source, origin, created_at = item[0]
-        return Record(namespace=where[0], key=key, body=body, source=source, origin=origin, created_at=created_at)
+        return Record(api=where[0], key=key, body=body, source=source, origin=origin, created_at=created_at)
 
     def pointer(self, where: tuple[str, str]) -> str | None:
         with self._lock:
@@ -164,7 +164,6 @@ class RedisStore(Store):
     """
 
     kind = "redis"
-    reads_async = True
 
     def __init__(
         self,
@@ -194,7 +193,7 @@ class RedisStore(Store):
         self._add = self._client.register_script(_ADD_SCRIPT)
         self._renew = self._client.register_script(_RENEW_SCRIPT)
         self._release = self._client.register_script(_RELEASE_SCRIPT)
-        self._namespaces = f"{prefix}:namespaces"
+        self._apis_key = f"{prefix}:namespaces"  # the set of APIs (its name predates the word)
         self._counts = f"{prefix}:counts"
         self._memory = RecordMemory(memory_bytes)
         self._leases = LeaseKeeper(self.lock_ttl_s)
@@ -211,14 +210,14 @@ class RedisStore(Store):
 
     # -- keys -------------------------------------------------------------------------------------
 
-    def _entries(self, namespace: str) -> str:
-        return f"{self.prefix}:e:{namespace}"
+    def _entries(self, api: str) -> str:
+        return f"{self.prefix}:e:{api}"
 
-    def _canonicals(self, namespace: str) -> str:
-        return f"{self.prefix}:c:{namespace}"
+    def _canonicals(self, api: str) -> str:
+        return f"{self.prefix}:c:{api}"
 
-    def _lock_name(self, namespace: str, canonical: str) -> str:
-        digest = hashlib.sha256(f"{namespace}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
+    def _lock_name(self, api: str, canonical: str) -> str:
+        digest = hashlib.sha256(f"{api}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
         return f"{self.prefix}:lock:{digest}"
 
     def _failed(self, what: str, exc: Exception) -> StoreError:
@@ -233,9 +232,9 @@ class RedisStore(Store):
 
     # -- Store ------------------------------------------------------------------------------------
 
-    def recall(self, namespace: str, key: str) -> Record | None:
+    def recall(self, api: str, key: str) -> Record | None:
         """The record of this key if this process has it in memory (no I/O), else ``None``."""
-        return self._memory.get((namespace, key))
+        return self._memory.get((api, key))
 
     def _async_client(self) -> "redis.asyncio.Redis":
         loop = asyncio.get_running_loop()
@@ -244,63 +243,64 @@ class RedisStore(Store):
             self._aloop = loop
         return self._aclient
 
-    async def aget(self, namespace: str, key: str) -> Record | None:
-        record = self._memory.get((namespace, key))
-        if record is not None:
-            return record
-        try:
-            raw = await self._async_client().hget(self._entries(namespace), key)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            raise self._failed("read", exc) from exc
+    # Each read has a sync and an async form (the server reads on its event loop); both go
+    # through recall / _remember / _point, so the memory-then-Redis order is written once.
+
+    def _remember(self, api: str, key: str, raw: str | None) -> Record | None:
         if raw is None:
             return None
         record = self._decode(raw)
-        self._memory.put((namespace, key), record)
+        self._memory.put((api, key), record)
         return record
 
-    async def aget_canonical(self, namespace: str, canonical: str) -> Record | None:
-        key = self._memory.pointer((namespace, canonical))
-        if key is None:
-            try:
-                key = await self._async_client().hget(self._canonicals(namespace), canonical)
-            except (RedisError, OSError, asyncio.TimeoutError) as exc:
-                raise self._failed("read", exc) from exc
-            if key is None:
-                return None
-            self._memory.point((namespace, canonical), key)
-        return await self.aget(namespace, key)
+    def _point(self, api: str, canonical: str, key: str | None) -> str | None:
+        if key is not None:
+            self._memory.point((api, canonical), key)
+        return key
 
-    def get(self, namespace: str, key: str) -> Record | None:
-        record = self._memory.get((namespace, key))
+    def get(self, api: str, key: str) -> Record | None:
+        record = self.recall(api, key)
         if record is not None:
             return record
         try:
-            raw = self._client.hget(self._entries(namespace), key)
+            raw = self._client.hget(self._entries(api), key)
         except RedisError as exc:
             raise self._failed("read", exc) from exc
-        if raw is None:
-            return None
-        record = self._decode(raw)
-        self._memory.put((namespace, key), record)
-        return record
+        return self._remember(api, key, raw)
 
-    def get_canonical(self, namespace: str, canonical: str) -> Record | None:
-        key = self._memory.pointer((namespace, canonical))
+    async def aget(self, api: str, key: str) -> Record | None:
+        record = self.recall(api, key)
+        if record is not None:
+            return record
+        try:
+            raw = await self._async_client().hget(self._entries(api), key)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            raise self._failed("read", exc) from exc
+        return self._remember(api, key, raw)
+
+    def get_canonical(self, api: str, canonical: str) -> Record | None:
+        key = self._memory.pointer((api, canonical))
         if key is None:
             try:
-                key = self._client.hget(self._canonicals(namespace), canonical)
+                key = self._point(api, canonical, self._client.hget(self._canonicals(api), canonical))
             except RedisError as exc:
                 raise self._failed("read", exc) from exc
-            if key is None:
-                return None
-            self._memory.point((namespace, canonical), key)
-        return self.get(namespace, key)
+        return None if key is None else self.get(api, key)
+
+    async def aget_canonical(self, api: str, canonical: str) -> Record | None:
+        key = self._memory.pointer((api, canonical))
+        if key is None:
+            try:
+                key = self._point(api, canonical, await self._async_client().hget(self._canonicals(api), canonical))
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                raise self._failed("read", exc) from exc
+        return None if key is None else await self.aget(api, key)
 
     def _add_call(self, record: Record, canonical: str | None) -> dict[str, Any]:
-        ns = record.namespace
+        ns = record.api
         origin = origin_key(record)
         return {
-            "keys": [self._entries(ns), self._canonicals(ns), self._namespaces, self._counts],
+            "keys": [self._entries(ns), self._canonicals(ns), self._apis_key, self._counts],
             "args": [record.key, record.to_json(), ns, canonical or "", record.source, ns.split("/", 1)[0], origin],
         }
 
@@ -328,7 +328,7 @@ class RedisStore(Store):
     def counts(self) -> StoreCounts | None:
         try:
             raw = self._client.hgetall(self._counts)
-            apis = int(self._client.scard(self._namespaces))
+            apis = int(self._client.scard(self._apis_key))
             memory = self._client.info("memory").get("used_memory")
         except RedisError as exc:
             raise self._failed("read", exc) from exc
@@ -342,7 +342,7 @@ class RedisStore(Store):
         return out
 
     def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
-        for ns in self.namespaces():
+        for ns in self.apis():
             try:
                 group = [self._decode(raw) for _key, raw in self._client.hscan_iter(self._entries(ns), count=500)]
             except RedisError as exc:
@@ -350,12 +350,12 @@ class RedisStore(Store):
             if group:
                 yield ns, _recording_order(group)
 
-    def sample(self, namespace: str, limit: int) -> Iterator[Record]:
+    def sample(self, api: str, limit: int) -> Iterator[Record]:
         if limit <= 0:
             return
         try:
             values = []
-            for _key, raw in self._client.hscan_iter(self._entries(namespace), count=max(int(limit), 10)):
+            for _key, raw in self._client.hscan_iter(self._entries(api), count=max(int(limit), 10)):
                 values.append(raw)
                 if len(values) >= limit:
                     break
@@ -364,14 +364,14 @@ class RedisStore(Store):
         for raw in values:
             yield self._decode(raw)
 
-    def namespaces(self) -> list[str]:
+    def apis(self) -> list[str]:
         try:
-            return sorted(self._client.smembers(self._namespaces))
+            return sorted(self._client.smembers(self._apis_key))
         except RedisError as exc:
             raise self._failed("read", exc) from exc
 
     def __iter__(self) -> Iterator[Record]:
-        for ns in self.namespaces():
+        for ns in self.apis():
             try:
                 rows = list(self._client.hscan_iter(self._entries(ns), count=500))
             except RedisError as exc:
@@ -383,7 +383,7 @@ class RedisStore(Store):
         counts = self.counts()
         if counts is not None:
             return counts.entries
-        names = self.namespaces()
+        names = self.apis()
         try:
             pipe = self._client.pipeline(transaction=False)
             for ns in names:
@@ -393,7 +393,7 @@ class RedisStore(Store):
             raise self._failed("read", exc) from exc
 
     @contextlib.contextmanager
-    def flight_lock(self, namespace: str, canonical: str) -> Iterator[None]:
+    def flight_lock(self, api: str, canonical: str) -> Iterator[None]:
         """Hold a Redis lock (``SET NX PX`` with a random token) while filling a miss.
 
         Other hosts asking for the same call wait, then find the recorded answer.  The lock
@@ -403,14 +403,14 @@ class RedisStore(Store):
         A waiter goes ahead without the lock after :data:`~.leases.MAX_LOCK_WAIT_S` (the
         add-if-absent write still keeps one answer).
         """
-        name = self._lock_name(namespace, canonical)
+        name = self._lock_name(api, canonical)
         token = uuid.uuid4().hex
         ttl_ms = max(1, int(self.lock_ttl_s * 1000))
         deadline = time.monotonic() + MAX_LOCK_WAIT_S
         try:
             while not (acquired := bool(self._client.set(name, token, nx=True, px=ttl_ms))):
                 if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(namespace), MAX_LOCK_WAIT_S)
+                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(api), MAX_LOCK_WAIT_S)
                     break
                 time.sleep(self.lock_poll_s)
         except RedisError as exc:
@@ -435,7 +435,7 @@ class RedisStore(Store):
         finally:
             self._leases.drop(lease)
             if not release():
-                log.warning("single-flight lock for %s not released now (Redis unavailable); retrying in the background", clip(namespace))
+                log.warning("single-flight lock for %s not released now (Redis unavailable); retrying in the background", clip(api))
                 self._leases.release_later(release)
 
     def ping(self) -> None:

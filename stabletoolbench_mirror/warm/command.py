@@ -7,11 +7,14 @@ import sys
 from typing import Any, Callable, Sequence
 
 from ..answers import function_index
+from ..cli_common import add_config_arguments, settings_from_args
+from ..config import Mode
 from ..layer import MirrorLayer
+from ..logs import setup_logging
 from .inputs import add_answers, add_payloads, add_queries
 from .plan import WarmInputError, WarmPlan, WarmReport
 from .pool import default_processes, run_warm_processes
-from .runner import Handler, run_warm, warm_layer, warm_settings
+from .runner import STOP_AFTER_FAILURES, Handler, run_warm, warm_layer, warm_settings
 
 
 class UsageError(ValueError):
@@ -27,14 +30,17 @@ def cmd_warm(args: argparse.Namespace) -> int:
 
 
 def _warm(args: argparse.Namespace) -> int:
-    from ..cli import settings_from_args
-    from ..logs import setup_logging
+    from ..startup import start_checks
 
     _check_arguments(args)
     settings = warm_settings(settings_from_args(args), args.concurrency)
     setup_logging("warning" if not args.verbose else "info", settings.secrets())
     if not settings.save:
         raise UsageError("'save' is false: warming would record nothing")
+    # the start-up checks of serve: wrong paths and a simulator without tool docs stop here;
+    # endpoints that do not answer are a warning (the first calls then show it: see --stop-after-failures)
+    if not start_checks(settings, probe_endpoints=args.engine != "vllm-offline" and not args.dry_run):
+        return 2
     layer, handler, processes = _engine(args, settings)
     try:
         plan = build_plan(args, settings, layer.prepare)
@@ -53,7 +59,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         args.concurrency = 256 if args.engine == "vllm-offline" else 8
     if args.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
-    if args.mode == "replay":
+    if args.mode == Mode.REPLAY:
         raise UsageError("warm records answers; it cannot run in replay mode")
     if args.engine == "vllm-offline" and args.processes not in (None, 1):
         raise UsageError("--engine vllm-offline runs in one process (vLLM batches the calls)")
@@ -96,10 +102,13 @@ def build_plan(args: argparse.Namespace, settings: Any, prepare: Callable[[Any],
 def _run(args: argparse.Namespace, settings: Any, layer: MirrorLayer, handler: Handler | None, plan: WarmPlan, processes: int) -> WarmReport:
     if args.dry_run:
         return run_warm(layer, cached_only(layer, plan), concurrency=1, progress=False)
+    stop_after = args.stop_after_failures
     if processes > 1:
         layer.close()  # the workers open their own store connections; none is carried across fork
-        return run_warm_processes(settings, plan, concurrency=args.concurrency, processes=processes, progress=not args.quiet)
-    return run_warm(layer, plan, concurrency=args.concurrency, progress=not args.quiet, handler=handler)
+        return run_warm_processes(
+            settings, plan, concurrency=args.concurrency, processes=processes, progress=not args.quiet, stop_after_failures=stop_after
+        )
+    return run_warm(layer, plan, concurrency=args.concurrency, progress=not args.quiet, handler=handler, stop_after_failures=stop_after)
 
 
 def _print_report(args: argparse.Namespace, report: WarmReport) -> int:
@@ -120,6 +129,8 @@ def _print_report(args: argparse.Namespace, report: WarmReport) -> int:
                 fh.write(failure.to_json() + "\n")
     if report.interrupted:
         return 130
+    if report.stopped:
+        return 2
     return 1 if report.failures else 0
 
 
@@ -147,8 +158,6 @@ def cached_only(layer: MirrorLayer, plan: WarmPlan) -> WarmPlan:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..cli import add_config_arguments
-
     parser = sub.add_parser(
         "warm",
         help="fill the store from query files, answer files or payloads before a run",
@@ -171,6 +180,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--vllm-option", action="append", metavar="KEY=VALUE", help="extra vllm.LLM() argument, e.g. max_model_len=8192 (repeatable)")
     parser.add_argument("--failures", metavar="FILE.jsonl", help="write the failed calls here (usable again as --payloads)")
     parser.add_argument("--show-failures", type=int, default=20, help="failures to print (default 20)")
+    parser.add_argument(
+        "--stop-after-failures", type=int, default=STOP_AFTER_FAILURES, metavar="N",
+        help=f"stop early when the first N calls all fail for the same cause (default {STOP_AFTER_FAILURES}; 0: never)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="count the calls and what is cached; call nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.add_argument("--verbose", "-v", action="store_true", help="log more, list skipped calls")

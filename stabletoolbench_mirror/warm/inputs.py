@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 from ..answers import iter_answer_calls
 from ..call import ToolCall
+from ..outcomes import OutcomeKind
 from ..queries import FunctionIndex, QueryFileError, default_calls, iter_jsonl
 from .plan import WarmInputError, WarmPlan
 
@@ -74,7 +75,7 @@ def add_payload(plan: WarmPlan, input_kind: str, location: str, payload: Any, pr
 
 def refusal_reason(outcome: Any) -> str:
     """Why the server answers a body without the cache (an :class:`~stabletoolbench_mirror.layer.Outcome`)."""
-    if outcome.kind == "local":
+    if outcome.kind is OutcomeKind.LOCAL:
         return "chat_with_user is answered locally"
     try:
         error = str(outcome.answer.get("error", "")).strip()

@@ -83,7 +83,7 @@ class WarmPlan:
     _seen: set[tuple[str, str]] = field(default_factory=set, repr=False)
 
     def add(self, input_kind: str, location: str, call: ToolCall) -> bool:
-        ident = (call.namespace, call.canonical)
+        ident = (call.api, call.canonical)
         if ident in self._seen:
             return False
         self._seen.add(ident)
@@ -107,6 +107,8 @@ class WarmReport:
     elapsed_s: float = 0.0
     attempted: int = 0
     interrupted: bool = False
+    stopped: str = ""
+    """Why the run stopped early (its first calls all failed for one cause), or empty."""
 
     @property
     def total(self) -> KindCounts:
@@ -126,4 +128,6 @@ class WarmReport:
         rows.append(f"{self.attempted} calls made in {self.elapsed_s:.1f} s ({rate:.1f} calls/s)")
         if self.interrupted:
             rows.append("interrupted: run the same command again to resume")
+        if self.stopped:
+            rows.append(f"stopped early: {self.stopped}")
         return "\n".join(rows)

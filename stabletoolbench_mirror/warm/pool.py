@@ -21,7 +21,6 @@ import time
 from typing import Any
 
 from ..config import Settings
-from ..factory import build_frozen, build_store
 from ..layer import MirrorLayer
 from .plan import WarmItem, WarmPlan, WarmReport
 from .runner import SWITCH_INTERVAL_S, Tracker, make_call, split, warm_layer
@@ -83,7 +82,7 @@ def _worker_main(settings: Settings, threads: int, tasks: Any, results: Any, sto
 
 def lookup_layer(settings: Settings) -> MirrorLayer:
     """The store and frozen caches of ``settings``, without responders: what is cached already."""
-    return MirrorLayer(build_store(settings), frozen=build_frozen(settings))
+    return warm_layer(settings, responders=[])
 
 
 class _Pool:
@@ -152,6 +151,8 @@ class _Pool:
     def run(self, tracker: Tracker) -> None:
         """Until every call is answered or no worker is left."""
         while len(self.answered) < len(self.todo):
+            if self.stop.is_set():  # stopped early: the workers finish the calls in hand
+                return
             if sum(self.drain(i, tracker) for i in range(len(self.workers))):
                 continue
             if not self.hand_over(tracker):
@@ -178,7 +179,9 @@ class _Pool:
                     tracker.done(item, None, "a worker process exited before making this call", made=False)
 
 
-def run_warm_processes(settings: Settings, plan: WarmPlan, *, concurrency: int, processes: int, progress: bool = True) -> WarmReport:
+def run_warm_processes(
+    settings: Settings, plan: WarmPlan, *, concurrency: int, processes: int, progress: bool = True, stop_after_failures: int = 0
+) -> WarmReport:
     """Like :func:`~.runner.run_warm` with the calls spread over ``processes`` worker processes."""
     layer = lookup_layer(settings)
     try:
@@ -191,12 +194,12 @@ def run_warm_processes(settings: Settings, plan: WarmPlan, *, concurrency: int, 
     interrupted = False
     try:
         pool.start()
-        tracker = Tracker(counts, len(todo), progress)
+        tracker = Tracker(counts, len(todo), progress, stop_after_failures=stop_after_failures, stop=pool.stop)
         pool.run(tracker)
     except KeyboardInterrupt:
         interrupted = True
         pool.stop.set()
     finally:
         tracker = tracker or Tracker(counts, len(todo), False)
-        pool.wind_down(tracker, interrupted=interrupted)
+        pool.wind_down(tracker, interrupted=interrupted or bool(tracker.stopped))
     return tracker.report(plan, started, interrupted)

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
 from ..call import ToolCall
-from ..layer import MirrorLayer, Outcome
+from ..config import Mode, Settings
+from ..factory import build_layer
+from ..layer import MirrorLayer
+from ..outcomes import Outcome, OutcomeKind
+from ..responders import Responder
 from ..stores import StoreError
 from .plan import (
     Failure,
@@ -32,18 +37,21 @@ Handler = Callable[[ToolCall], Outcome]
 SWITCH_INTERVAL_S = 0.001
 
 
-def warm_settings(settings: Any, concurrency: int) -> Any:
+def warm_settings(settings: Settings, concurrency: int) -> Settings:
     """The settings for a warming layer: record mode, room for ``concurrency`` misses in flight."""
     limits = settings.limits.model_copy(update={"max_pending_misses": max(settings.limits.max_pending_misses, concurrency)})
     simulator = settings.simulator.model_copy(update={"max_concurrency": max(settings.simulator.max_concurrency, concurrency)})
-    updated = settings.model_copy(update={"mode": "record", "limits": limits, "simulator": simulator})
+    updated = settings.model_copy(update={"mode": Mode.RECORD, "limits": limits, "simulator": simulator})
     updated.base_dir = settings.base_dir
     return updated
 
 
-def warm_layer(settings: Any) -> MirrorLayer:
-    """The layer ``warm`` uses: the server's chain from ``settings`` (see :func:`warm_settings`)."""
-    return MirrorLayer.from_settings(settings)
+def warm_layer(settings: Settings, *, responders: Sequence[Responder] | None = None) -> MirrorLayer:
+    """The layer ``warm`` uses: the server's chain from ``settings`` (see :func:`warm_settings`).
+
+    ``responders=[]``: the caches only, to find what is cached already.
+    """
+    return build_layer(settings, responders=responders)
 
 
 def split(layer: MirrorLayer, plan: WarmPlan) -> tuple[dict[str, KindCounts], list[WarmItem]]:
@@ -63,42 +71,103 @@ def split(layer: MirrorLayer, plan: WarmPlan) -> tuple[dict[str, KindCounts], li
 
 
 def failure_reason(outcome: Outcome) -> str:
+    """Why a call failed: what each responder said (the cause), and the answer served."""
     try:
         answer = outcome.answer
         text = f"{answer.get('error', '')} {answer.get('response', '')}".strip()
     except (ValueError, AttributeError):
         text = outcome.body
+    problems = outcome.problems
+    if problems:
+        return f"{outcome.kind}: {'; '.join(problems)}"[:800] + f" (answered: {text[:300]})"
     return f"{outcome.kind}: {text[:300]}"
 
 
-def make_call(handle: Handler, call: ToolCall) -> tuple[Any, str]:
+#: the outcomes that leave the call's answer in the store
+ANSWERED = (OutcomeKind.RECORDED, OutcomeKind.HIT, OutcomeKind.SHARED)
+
+
+def make_call(handle: Handler, call: ToolCall) -> tuple[OutcomeKind | None, str]:
     """``(outcome kind, failure reason)`` of one call; ``(None, why)`` when it raised."""
     try:
         outcome = handle(call)
     except Exception as exc:  # noqa: BLE001 - one bad call must not end the run
-        log.exception("warming %s failed", call.namespace)
+        log.exception("warming %s failed", call.api)
         return None, f"error: {type(exc).__name__}: {exc}"
-    done = outcome.kind in ("recorded", "hit")
-    return outcome.kind, "" if done else failure_reason(outcome)
+    return outcome.kind, "" if outcome.kind in ANSWERED else failure_reason(outcome)
+
+
+#: ``warm --stop-after-failures`` default: a run whose first this many calls all fail for one cause stops
+STOP_AFTER_FAILURES = 5
+
+
+class FirstCalls:
+    """Watches the first ``n`` calls of a run: when every one failed for the same cause, the run should stop.
+
+    A dead simulator or relay otherwise costs every call its timeouts and retries.  One success,
+    or two different causes, among the first ``n`` and the run goes on to the end.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = max(0, n)
+        self.seen = 0
+        self.cause: str | None = None
+
+    @staticmethod
+    def _same(reason: str) -> str:
+        # object addresses in exception texts differ from call to call
+        return re.sub(r"0x[0-9a-fA-F]+", "0x", reason)
+
+    def see(self, ok: bool, reason: str) -> str | None:
+        """Count one finished call; the cause once the first ``n`` all failed for it, else ``None``."""
+        if self.seen >= self.n:
+            return None
+        self.seen += 1
+        if ok or (self.cause is not None and self._same(reason) != self.cause):
+            self.seen = self.n  # decided: the run goes on
+            return None
+        self.cause = self._same(reason)
+        return reason if self.seen == self.n else None
 
 
 class Tracker:
-    """Counts outcomes and drives the progress bar (thread-safe)."""
+    """Counts outcomes and drives the progress bar (thread-safe); sets ``stop`` when the first calls all fail alike."""
 
-    def __init__(self, counts: dict[str, KindCounts], total: int, progress: bool) -> None:
+    def __init__(
+        self,
+        counts: dict[str, KindCounts],
+        total: int,
+        progress: bool,
+        *,
+        stop_after_failures: int = 0,
+        stop: Any = None,
+    ) -> None:
         self.counts = counts
         self.failures: list[Failure] = []
         self.attempted = 0
+        self.stopped = ""
+        # (a run no longer than that has nothing to save by stopping)
+        self._first = FirstCalls(stop_after_failures if 0 < stop_after_failures < total else 0)
+        self._stop = stop
         self._lock = threading.Lock()
         self._bar = tqdm(total=total, desc="warm", unit="call", disable=not progress, dynamic_ncols=True, smoothing=0.1)
 
-    def done(self, item: WarmItem, kind: Any, reason: str, *, made: bool = True) -> None:
+    def done(self, item: WarmItem, kind: OutcomeKind | None, reason: str, *, made: bool = True) -> None:
         with self._lock:
+            cause = self._first.see(not reason, reason) if made else None
+            if cause is not None:
+                self.stopped = (
+                    f"the first {self._first.n} calls all failed with the same cause: {cause}\n"
+                    "fix it and run the same command again (calls already recorded are skipped)"
+                )
+                if self._stop is not None:
+                    self._stop.set()
             self.attempted += 1 if made else 0
             c = self.counts[item.input_kind]
-            if kind == "recorded":
+            if kind is OutcomeKind.RECORDED:
                 c.new += 1
-            elif kind == "hit":
+            elif kind in (OutcomeKind.HIT, OutcomeKind.SHARED):
+                # cached already, or recorded meanwhile by another process
                 c.cached += 1
             else:
                 c.failed += 1
@@ -115,7 +184,8 @@ class Tracker:
             skipped=list(plan.skipped),
             elapsed_s=time.monotonic() - started,
             attempted=self.attempted,
-            interrupted=interrupted,
+            interrupted=interrupted and not self.stopped,
+            stopped=self.stopped,
         )
 
 
@@ -143,14 +213,18 @@ def run_warm(
     handler: Handler | None = None,
     stop: threading.Event | None = None,
     switch_interval_s: float | None = SWITCH_INTERVAL_S,
+    stop_after_failures: int = 0,
 ) -> WarmReport:
-    """Make every call of ``plan`` that the layer cannot answer yet, ``concurrency`` at a time, in this process."""
+    """Make every call of ``plan`` that the layer cannot answer yet, ``concurrency`` at a time, in this process.
+
+    ``stop_after_failures``: stop early when the first this many calls all fail for the same cause.
+    """
     handle = handler or layer.handle_call
     counts, todo = split(layer, plan)
     stop = stop or threading.Event()
     queue_lock = threading.Lock()
     queue = iter(todo)
-    tracker = Tracker(counts, len(todo), progress)
+    tracker = Tracker(counts, len(todo), progress, stop_after_failures=stop_after_failures, stop=stop)
     started = time.monotonic()
 
     def work() -> None:

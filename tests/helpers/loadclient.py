@@ -24,6 +24,8 @@ class Answer:
     outcome: str = ""
     body: bytes = b""
     error: str = ""
+    finished_at: float = 0.0
+    """``time.monotonic()`` when the answer was complete (or the connection failed)."""
 
     @property
     def ok(self) -> bool:
@@ -86,12 +88,12 @@ def send_all(
                     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
                 writer.write(head + body)
                 status, headers, data = await asyncio.wait_for(_read_answer(reader), timeout_s)  # type: ignore[arg-type]
-                answers[i] = Answer(i, status, headers.get("x-stm-outcome", ""), data)
+                answers[i] = Answer(i, status, headers.get("x-stm-outcome", ""), data, finished_at=time.monotonic())
                 if headers.get("connection", "").lower() == "close":
                     writer.close()
                     reader = writer = None
             except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError, IndexError) as exc:
-                answers[i] = Answer(i, 0, error=f"{type(exc).__name__}: {exc}")
+                answers[i] = Answer(i, 0, error=f"{type(exc).__name__}: {exc}", finished_at=time.monotonic())
                 if writer is not None:
                     writer.close()
                 reader = writer = None

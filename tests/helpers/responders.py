@@ -17,8 +17,8 @@ from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.responders import Attempt
 
 
-def expected_answer(namespace: str, key: str) -> dict[str, Any]:
-    return {"error": "", "response": f"answer for {namespace} {key}"}
+def expected_answer(api: str, key: str) -> dict[str, Any]:
+    return {"error": "", "response": f"answer for {api} {key}"}
 
 
 class KeyedResponder:
@@ -44,7 +44,7 @@ class KeyedResponder:
         finally:
             with self._lock:
                 self.active -= 1
-        return Attempt(expected_answer(call.namespace, call.key), self.origin)
+        return Attempt(expected_answer(call.api, call.key), self.origin)
 
     def close(self) -> None:
         pass

@@ -33,9 +33,9 @@ def add_many(spec: dict[str, Any], writer: int, keys: int, start_at: float) -> l
     return won
 
 
-def hold_lock_forever(spec: dict[str, Any], namespace: str, canonical: str, ready: Any) -> None:
+def hold_lock_forever(spec: dict[str, Any], api: str, canonical: str, ready: Any) -> None:
     """Take the flight lock, say so, and never let go (the test kills this process)."""
     store = open_store(spec)
-    with store.flight_lock(namespace, canonical):
+    with store.flight_lock(api, canonical):
         ready.set()
         time.sleep(3600)

@@ -1,0 +1,28 @@
+"""Command-line helpers every command module shares: the config options and the settings they give.
+
+Command modules (``cli``, ``warm``, ``snapshot``, ``check``) import this module; nothing
+imports :mod:`stabletoolbench_mirror.cli`, which only assembles the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from .config import Mode, Settings, load_settings
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", help="config file (default: $STM_CONFIG or ./server_config.yml)")
+    parser.add_argument("--mode", choices=[m.value for m in Mode], help="override 'mode'")
+    parser.add_argument("--store-path", help="override 'store.path' (diskcache folder)")
+
+
+def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
+    """The settings of ``--config``, with ``--mode``, ``--store-path`` and ``extra`` (when not ``None``) on top."""
+    overrides: dict[str, Any] = {"mode": getattr(args, "mode", None)}
+    if getattr(args, "store_path", None):
+        overrides["store"] = {"path": os.path.abspath(args.store_path)}
+    overrides.update({k: v for k, v in extra.items() if v is not None})
+    return load_settings(args.config, overrides=overrides)

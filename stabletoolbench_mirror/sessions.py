@@ -1,0 +1,291 @@
+"""Sessions: a client's calls as one trajectory, with a task, a history and a local-tool state.
+
+A client opts in with the header ``X-STM-Session: <id>`` on ``POST /virtual`` (an unknown
+id starts a session), or asks ``POST /sessions`` for a new id.  Inside a session:
+
+* a call's record keys carry the session's history hash (see :mod:`.keys`), so the same
+  trajectory replays byte for byte and a call made in another state is not served an
+  answer made for a different one;
+* the simulator's prompt carries the task and the last ``simulator.history`` calls;
+* local tools get the session's ``state`` dict, saved after each call.
+
+A session is one JSON document in the store (:mod:`.stores.sessions`), rewritten after
+each call and forgotten after ``sessions.idle_expiry_s`` without calls.  The calls of one
+session run one at a time (the record store's cross-process lock), so its history is a
+sequence.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+import unicodedata
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Protocol
+
+from .call import ToolCall
+from .config import SessionsConfig
+from .keys import history_next, history_start
+from .stores.sessions import DOC_VERSION, SessionStore
+
+log = logging.getLogger(__name__)
+
+HEADER = "x-stm-session"
+MAX_ID_CHARS = 128
+#: the record store's lock name space that serialises the calls of one session
+LOCK_NAMESPACE = "stm-session"
+
+
+class SessionError(Exception):
+    """A session request that cannot be served: an HTTP status and a message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def id_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a session id (``None`` when it can): 1-128 characters, no control characters."""
+    if not value:
+        return "a session id must not be empty"
+    if len(value) > MAX_ID_CHARS:
+        return f"a session id has at most {MAX_ID_CHARS} characters (got {len(value)})"
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+        return "a session id must not contain control characters"
+    return None
+
+
+def check_id(value: str) -> str:
+    """``value`` when it is a valid session id; else :class:`SessionError` (422)."""
+    problem = id_problem(value)
+    if problem is not None:
+        raise SessionError(422, problem)
+    return value
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class HistoryItem:
+    """One earlier call of a session, as a prompt shows it."""
+
+    api: str
+    api_name: str
+    tool_input: Any
+    answer: Any
+
+
+@dataclass(frozen=True)
+class SessionContext:
+    """What a simulator prompt sees of a session: the task and the last calls (oldest first)."""
+
+    task: str
+    history: tuple[HistoryItem, ...]
+
+
+def new_doc(session_id: str, task: str = "") -> dict[str, Any]:
+    now = time.time()
+    return {
+        "v": DOC_VERSION,
+        "id": session_id,
+        "task": task,
+        "created_at": now,
+        "updated_at": now,
+        "history": history_start(task),
+        "state": {},
+        "calls": [],
+    }
+
+
+def context_of(doc: dict[str, Any], window: int) -> SessionContext:
+    steps = [s for s in doc["calls"] if s.get("in_history")]
+    recent = steps[-window:] if window > 0 else []
+    return SessionContext(
+        task=doc.get("task", ""),
+        history=tuple(HistoryItem(s["api"], s["api_name"], s["tool_input"], s["answer"]) for s in recent),
+    )
+
+
+# -- the session logic ----------------------------------------------------------------------------
+
+
+class Served(Protocol):
+    """What the layer answers a call with (its :class:`~.layer.Outcome`)."""
+
+    body: str
+    kind: str
+    status: int
+    source: str | None
+    origin: str
+
+
+Answer = Callable[[ToolCall, dict], Served]
+"""Answers a call inside a session; may change the state dict it is given (local tools)."""
+
+
+class Sessions:
+    """Creates, reads and deletes sessions, and runs a call inside one."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        lock: Callable[[str], ContextManager[None]],
+        config: SessionsConfig | None = None,
+        *,
+        history: int = 8,
+    ) -> None:
+        self.store = store
+        self.lock = lock
+        self.config = config or SessionsConfig()
+        self.history = history
+
+    def create(self, task: str = "") -> dict[str, Any]:
+        if len(task) > self.config.max_task_chars:
+            raise SessionError(422, f"task: at most {self.config.max_task_chars} characters (got {len(task)})")
+        doc = new_doc(new_id(), task)
+        if not self.store.create(doc):  # pragma: no cover - 122 random bits
+            raise SessionError(409, "session id already taken; retry")
+        return doc
+
+    def get(self, session_id: str) -> dict[str, Any]:
+        doc = self.store.load(check_id(session_id))
+        if doc is None:
+            raise SessionError(404, f"no session {session_id!r} (unknown, deleted or expired)")
+        return doc
+
+    def delete(self, session_id: str) -> None:
+        if not self.store.delete(check_id(session_id)):
+            raise SessionError(404, f"no session {session_id!r} (unknown, deleted or expired)")
+
+    def run(self, session_id: str, call: ToolCall, answer: Answer) -> Served:
+        """Answer ``call`` inside the session (started when unknown) and add it to the trajectory.
+
+        :class:`SessionError` when the session is full; :class:`~.stores.StoreError` when the store fails.
+        """
+        check_id(session_id)
+        with self.lock(session_id):
+            doc = self.store.load(session_id)
+            if doc is None:
+                doc = new_doc(session_id)
+                if not self.store.create(doc):  # started by another process meanwhile
+                    doc = self.store.load(session_id) or doc
+            if len(doc["calls"]) >= self.config.max_calls:
+                raise SessionError(409, f"session {session_id!r} is full: it holds sessions.max_calls={self.config.max_calls} calls")
+            history = doc["history"]
+            state = copy.deepcopy(doc["state"])
+            outcome = answer(call.in_session(history, context_of(doc, self.history)), state)
+            if outcome.status != 200:
+                return outcome  # not an answer to the call (overloaded, store down): not part of the trajectory
+            # answers from a record or a local tool (they have a source) make the history; failures do not
+            counts = outcome.source is not None
+            try:
+                parsed = json.loads(outcome.body)
+            except ValueError:  # pragma: no cover - every body is JSON
+                parsed = outcome.body
+            doc["calls"].append(
+                {
+                    "category": call.category,
+                    "tool_name": call.tool_name,
+                    "api_name": call.api_name,
+                    "api": call.api,
+                    "tool_input": _without_key(call.tool_input),
+                    "answer": parsed,
+                    "source": outcome.source,
+                    "origin": outcome.origin,
+                    "outcome": outcome.kind,
+                    "in_history": counts,
+                    "history": history,
+                    "at": time.time(),
+                }
+            )
+            if counts:
+                doc["history"] = history_next(history, call.api, call.canonical, outcome.body)
+            doc["state"] = state
+            doc["updated_at"] = time.time()
+            if not self.store.replace(doc):
+                log.info("session %r was deleted while a call ran; its answer is served, not kept", session_id)
+            return outcome
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _without_key(tool_input: Any) -> Any:
+    # a toolbench_key inside the input is a secret: never kept in a session (nor shown to a prompt)
+    if isinstance(tool_input, dict) and "toolbench_key" in tool_input:
+        return {k: v for k, v in tool_input.items() if k != "toolbench_key"}
+    return tool_input
+
+
+def public_view(doc: dict[str, Any]) -> dict[str, Any]:
+    """A session as ``GET /sessions/{id}`` and the export show it."""
+    return {
+        "id": doc["id"],
+        "task": doc.get("task", ""),
+        "created_at": doc.get("created_at"),
+        "updated_at": doc.get("updated_at"),
+        "calls": doc.get("calls", []),
+        "state": doc.get("state", {}),
+    }
+
+
+# -- sessions export ------------------------------------------------------------------------------
+
+
+def export_sessions(store: SessionStore, out_path: str, *, progress: bool = True) -> int:
+    """Write every session as one JSON line (task, calls, answers, provenance); the number written.
+
+    The file appears whole or not at all (written beside it, then renamed).
+    """
+    from tqdm import tqdm
+
+    tmp = f"{out_path}.tmp-{os.getpid()}"
+    written = 0
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            for doc in tqdm(store, total=len(store), desc="sessions", unit="session", disable=not progress):
+                out.write(json.dumps(public_view(doc), ensure_ascii=False) + "\n")
+                written += 1
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return written
+
+
+def cmd_sessions_export(args: Any) -> int:
+    import sys
+
+    from .cli_common import settings_from_args
+    from .factory import build_session_store
+
+    settings = settings_from_args(args)
+    store = build_session_store(settings)
+    try:
+        written = export_sessions(store, args.out, progress=not args.quiet)
+    except OSError as exc:
+        print(f"error: cannot write {args.out}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+    print(f"exported {written} sessions to {args.out}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    from .cli_common import add_config_arguments
+
+    sessions = sub.add_parser("sessions", help="trajectories of sessions (X-STM-Session)")
+    sessions_sub = sessions.add_subparsers(dest="sessions_command", required=True)
+    export = sessions_sub.add_parser("export", help="write every session as one JSON line: task, calls, answers, provenance")
+    export.add_argument("out", help="the .jsonl file to write")
+    add_config_arguments(export)
+    export.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    export.set_defaults(func=cmd_sessions_export)
