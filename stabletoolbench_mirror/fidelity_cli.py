@@ -215,12 +215,12 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
                 closers.append(shadow)
                 pairs = attach_candidates(pairs, candidates_from_shadow(pairs, shadow), "the shadow store", problems)
             else:
+                from .factory import build_frozen
                 from .simulator import build_simulator
-                from .stores import FrozenCache
 
                 simulator = build_simulator(settings)
                 closers.append(simulator)
-                frozen = [FrozenCache(settings.resolve(p)) for p in settings.frozen_caches]
+                frozen = build_frozen(settings)
                 candidate = SimulatorCandidate(simulator, store, frozen, record=args.record)
         except ValueError as exc:  # CheckInputError, QueryFileError, the answer files' function index
             print(f"error: {exc}", file=sys.stderr)
