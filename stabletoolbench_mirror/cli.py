@@ -129,8 +129,11 @@ def run_server(settings: Settings) -> int:
         from .handoff import SettingsHandoff
         from .server import uvicorn_options
 
-        # the workers read the settings (keys included) from a private file, never from the environment
-        with SettingsHandoff(settings, workers=settings.workers):
+        from .metrics import SharedCountsFolder
+
+        # the workers read the settings (keys included) from a private file, never from the environment;
+        # they add their counts up in a shared folder, so /stats and /metrics show every worker's
+        with SettingsHandoff(settings, workers=settings.workers), SharedCountsFolder():
             uvicorn.run(
                 "stabletoolbench_mirror.server:app_from_environment",
                 factory=True,

@@ -14,7 +14,7 @@ from .config import Mode, Settings, load_settings
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", help="config file (default: $STM_CONFIG or ./server_config.yml)")
+    parser.add_argument("--config", "-c", help="config file (default: $STM_CONFIG, ./server_config.yml, else StableToolBench's ./config.yml)")
     parser.add_argument("--mode", choices=[m.value for m in Mode], help="override 'mode'")
     parser.add_argument("--store-path", help="override 'store.path' (diskcache folder)")
 

@@ -188,7 +188,7 @@ class Settings(_Section):
     auth_token: Optional[SecretStr] = None
     store: StoreConfig = Field(default_factory=StoreConfig)
     frozen_caches: list[str] = Field(default_factory=list)
-    frozen_memory_mb: float = Field(default=256, gt=0)
+    frozen_memory_mb: float = Field(default=320, gt=0)
     """Memory for the indexes of frozen cache files (keys and answer offsets); the least recently used
     files are dropped beyond it and re-read when needed."""
     allow_symlinks: bool = False

@@ -41,6 +41,7 @@ FAMILIES = {
     "sources": Family("answers_by_source", "served cache hits and recorded answers by source", ("source",)),
     "apis": Family("api_requests", "/virtual requests by API and outcome (bounded: rare APIs are counted as '(other)')", ("api", "outcome")),
     "failures": Family("responder_failures", "real API and simulator attempts that gave no usable answer, by reason", ("reason",)),
+    "refusals": Family("refusals", "requests turned away by a server limit, by the setting to raise", ("setting",)),
 }
 
 

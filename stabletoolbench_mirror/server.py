@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator
 import anyio
 import anyio.to_thread
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -32,6 +32,7 @@ from .factory import build_layer
 from .layer import MirrorLayer
 from .outcomes import Outcome, OutcomeKind
 from .logs import clip
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -300,9 +301,19 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
             }
         )
 
+    worker = {"x-stm-worker": str(os.getpid())}
+
     @app.get("/stats")
     async def stats() -> JSONResponse:
-        return JSONResponse({**layer.stats.snapshot(), **_responder_stats(layer)})
+        # with --workers N the counts of every worker are read from their shared files: off the loop
+        snapshot = await anyio.to_thread.run_sync(layer.stats.snapshot)
+        return JSONResponse({**snapshot, **_responder_stats(layer)}, headers=worker)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Every counter in the Prometheus text format, summed over all workers."""
+        body = await anyio.to_thread.run_sync(layer.stats.exposition)
+        return Response(body, media_type=METRICS_CONTENT_TYPE, headers=worker)
 
     _add_session_routes(app, layer, settings)
     _answer_unknown_routes(app)

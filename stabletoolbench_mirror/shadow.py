@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from .call import ToolCall
 from .config import Settings
+from .logs import clip
 from .records import Record, Source
 from .responders import Attempt, Responder
 from .stores import Store
@@ -115,7 +116,7 @@ class ShadowedResponder:
             self.shadow_store.add(record, call.canonical)
             self._count("shadow_recorded")
         except Exception as exc:  # noqa: BLE001 - shadow work must never hurt serving (a store error included)
-            log.warning("shadow simulation of %s failed: %s", call.api, exc)
+            log.warning("shadow simulation of %s failed: %s", clip(call.api), clip(exc, 500))
             self._count("shadow_failed")
         finally:
             self._pending.release()

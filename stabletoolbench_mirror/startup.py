@@ -583,6 +583,7 @@ def inspect(
     check_frozen_caches(settings, report, count_entries=True if full_counts else None)
     check_tools_folder(settings, report, count_apis=True if full_counts else None)
     check_endpoints(settings, report, probe_endpoints=probe_endpoints)
+    check_local_tools(settings, report)
     if settings.log_file:
         path = Path(settings.resolve(settings.log_file))
         report.add("log file", str(path))
@@ -590,6 +591,19 @@ def inspect(
         if not writable or path.is_dir():
             report.error("log_file", f"{path} cannot be written: check the folder exists and is writable")
     return report
+
+
+def check_local_tools(settings: Settings, report: StartupReport) -> None:
+    """The ``local_tools`` files: listed, and each one present (they are imported when the layer is built)."""
+    if not settings.local_tools:
+        return
+    paths = [Path(settings.resolve(p)) for p in settings.local_tools]
+    report.add("local tools", f"{', '.join(str(p) for p in paths)} (timeout {settings.local_tools_timeout_s:g} s)")
+    for path in paths:
+        if not path.is_file():
+            report.error("local_tools", f"{path}: no such file")
+        elif path.suffix != ".py":
+            report.error("local_tools", f"{path}: not a .py file")
 
 
 def print_report(report: StartupReport, stream: Any = None) -> None:
@@ -614,10 +628,9 @@ def start_checks(settings: Settings, *, probe_endpoints: bool = True) -> bool:
 
 def cmd_doctor(args: Any) -> int:
     """``stabletoolbench-mirror doctor``: every start-up check, without serving; exit 1 on any error."""
-    from .config import load_settings
+    from .cli_common import settings_from_args
 
-    overrides = {"store": {"path": os.path.abspath(args.store_path)}} if args.store_path else None
-    settings = load_settings(args.config, overrides=overrides)
+    settings = settings_from_args(args)
     report = inspect(settings, probe_endpoints=not args.no_probe, open_store=True, full_counts=True)
     print(report.render("stabletoolbench-mirror doctor"))
     if report.errors:
@@ -628,13 +641,14 @@ def cmd_doctor(args: Any) -> int:
 
 
 def register(sub: Any) -> None:
+    from .cli_common import add_config_arguments
+
     parser = sub.add_parser(
         "doctor",
         help="check a configuration without serving (paths, tool docs, store, endpoints)",
         description="Run every start-up check: frozen caches (with a hint when a path is one level off), the tools "
         "folder, the store, the real API relay and the simulator endpoints. Exit status 1 on any error.",
     )
-    parser.add_argument("--config", "-c", help="config file (default: $STM_CONFIG, ./server_config.yml, else StableToolBench's ./config.yml)")
-    parser.add_argument("--store-path", help="override 'store.path' (diskcache folder)")
+    add_config_arguments(parser)
     parser.add_argument("--no-probe", action="store_true", help="do not contact the relay or the simulator")
     parser.set_defaults(func=cmd_doctor)

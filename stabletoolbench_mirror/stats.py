@@ -1,4 +1,4 @@
-"""Counters behind ``GET /stats``.
+"""Counters behind ``GET /stats`` and ``GET /metrics``.
 
 Every ``/virtual`` request ends in exactly one :class:`~.outcomes.OutcomeKind`, and
 :meth:`Stats.count` is called once per request, by the server, with that final outcome.
@@ -7,14 +7,18 @@ it is the sum of the outcomes of requests that missed the cache (``recorded``,
 ``shared``, ``failed``, ``unanswered``).  ``refusals`` counts the ``refused`` requests by
 the setting whose limit turned them away; ``failures`` the reasons responders gave no
 usable answer (once per responder call, not per request that shared it).
+
+The counts live in prometheus-client counters (:mod:`.metrics`): with ``serve --workers N``
+every worker adds to files in one shared folder, so ``/stats`` and ``/metrics`` show the sum
+over all workers whichever worker answers the read.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from typing import Any
 
+from .metrics import Counters
 from .outcomes import Outcome, OutcomeKind
 
 MAX_TRACKED_APIS = 10_000
@@ -41,53 +45,86 @@ MISSES = "misses"
 
 
 class Stats:
-    """Thread-safe counters; per-API and per-failure tables are capped (count and size) so random input cannot grow them."""
+    """Thread-safe counters; per-API and per-failure tables are capped (count and size) so random input cannot grow them.
+
+    The caps hold per process: this process tracks an API or a failure reason under its own
+    name while there is room, and counts the rest as ``(other)``.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.counters: Counter[str] = Counter()
-        self.by_source: Counter[str] = Counter()
-        self.by_api: dict[str, Counter[str]] = {}
-        self.failures: Counter[str] = Counter()
-        self.refusals: Counter[str] = Counter()
+        self.counters = Counters()
+        self._apis: set[str] = set()
         self._api_bytes = 0
+        self._failures: set[str] = set()
+
+    def _api_label(self, api: str) -> str:
+        if api in self._apis:
+            return api
+        with self._lock:
+            size = len(api.encode("utf-8", "surrogatepass"))
+            if len(self._apis) < MAX_TRACKED_APIS and self._api_bytes + size <= MAX_TRACKED_API_BYTES:
+                self._apis.add(api)
+                self._api_bytes += size
+                return api
+        return _OTHER
+
+    def _failure_label(self, problem: str) -> str:
+        detail = problem[:MAX_FAILURE_CHARS]
+        if detail in self._failures:
+            return detail
+        with self._lock:
+            if len(self._failures) < MAX_TRACKED_FAILURES:
+                self._failures.add(detail)
+                return detail
+        return _OTHER
 
     def count(self, outcome: Outcome) -> None:
         """Count one finished request by its final outcome (call it exactly once per request)."""
-        name = COUNTER_NAMES[outcome.kind]
-        with self._lock:
-            self.counters[name] += 1
-            if outcome.source is not None:
-                self.by_source[outcome.source] += 1
-            if outcome.limit is not None:
-                self.refusals[outcome.limit] += 1
-            if outcome.api is not None:
-                per_api = self.by_api.get(outcome.api)
-                if per_api is None:
-                    size = len(outcome.api.encode("utf-8", "surrogatepass"))
-                    if len(self.by_api) < MAX_TRACKED_APIS and self._api_bytes + size <= MAX_TRACKED_API_BYTES:
-                        key, self._api_bytes = outcome.api, self._api_bytes + size
-                    else:
-                        key = _OTHER
-                    per_api = self.by_api.setdefault(key, Counter())
-                per_api[name] += 1
-                if outcome.kind.is_miss:
-                    per_api[MISSES] += 1
-            for problem in outcome.problems:
-                detail = problem[:MAX_FAILURE_CHARS]
-                if detail in self.failures or len(self.failures) < MAX_TRACKED_FAILURES:
-                    self.failures[detail] += 1
-                else:
-                    self.failures[_OTHER] += 1
+        kind = outcome.kind.value
+        counters = self.counters
+        counters.inc("requests", kind)
+        if outcome.source is not None:
+            counters.inc("sources", outcome.source)
+        if outcome.limit is not None:
+            counters.inc("refusals", outcome.limit)
+        if outcome.api is not None:
+            counters.inc("apis", self._api_label(outcome.api), kind)
+        for problem in outcome.problems:
+            counters.inc("failures", self._failure_label(problem))
 
     def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            counters = {name: self.counters[name] for name in COUNTER_NAMES.values()}
-            out: dict[str, Any] = {"requests": sum(counters.values())}
-            out.update(counters)
-            out[MISSES] = sum(counters[COUNTER_NAMES[kind]] for kind in OutcomeKind if kind.is_miss)
-            out["by_source"] = dict(sorted(self.by_source.items()))
-            out["refusals"] = dict(sorted(self.refusals.items()))
-            out["failures"] = dict(self.failures.most_common())
-            out["by_api"] = {api: dict(c) for api, c in sorted(self.by_api.items())}
-            return out
+        """The counts of every worker together, in ``/stats``'s shape."""
+        totals = self.counters.totals()
+        by_kind = {OutcomeKind(labels[0]): int(n) for labels, n in totals["requests"].items() if labels[0] in _KINDS}
+        counters = {name: by_kind.get(kind, 0) for kind, name in COUNTER_NAMES.items()}
+        out: dict[str, Any] = {"requests": sum(counters.values())}
+        out.update(counters)
+        out[MISSES] = sum(n for kind, n in by_kind.items() if kind.is_miss)
+        out["by_source"] = {labels[0]: int(n) for labels, n in sorted(totals["sources"].items())}
+        out["refusals"] = {labels[0]: int(n) for labels, n in sorted(totals["refusals"].items())}
+        failures = sorted(totals["failures"].items(), key=lambda item: (-item[1], item[0]))
+        out["failures"] = {labels[0]: int(n) for labels, n in failures}
+        by_api: dict[str, dict[str, int]] = {}
+        for (api, kind_value), n in sorted(totals["apis"].items()):
+            if kind_value not in _KINDS or not n:
+                continue
+            kind = OutcomeKind(kind_value)
+            per_api = by_api.setdefault(api, {})
+            per_api[COUNTER_NAMES[kind]] = per_api.get(COUNTER_NAMES[kind], 0) + int(n)
+            if kind.is_miss:
+                per_api[MISSES] = per_api.get(MISSES, 0) + int(n)
+        out["by_api"] = by_api
+        return out
+
+    @property
+    def by_api(self) -> dict[str, dict[str, int]]:
+        """``/stats``'s ``by_api`` table."""
+        return self.snapshot()["by_api"]
+
+    def exposition(self) -> bytes:
+        """``GET /metrics``: every counter in the Prometheus text format (all workers summed)."""
+        return self.counters.exposition()
+
+
+_KINDS = frozenset(kind.value for kind in OutcomeKind)

@@ -29,6 +29,7 @@ from .naming import is_safe_path_component
 log = logging.getLogger(__name__)
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SCAN_ONCE = json.JSONDecoder().scan_once  # the C scanner json.load uses
 
 ENCODED_PREFIX = "%%"
@@ -140,7 +141,9 @@ def count_cache_files(root: str | os.PathLike[str], *, allow_symlinks: bool = Tr
     return sum(1 for _ in iter_cache_files(root, allow_symlinks=allow_symlinks))
 
 
-def iter_cache_spans(text: str, path: str | os.PathLike[str] = "<text>") -> Iterator[tuple[str, Any, str, int, int]]:
+def iter_cache_spans(
+    text: str, path: str | os.PathLike[str] = "<text>", *, bodies: bool = True
+) -> Iterator[tuple[str, Any, str, int, int]]:
     """``(key, answer, served body, start, end)`` of each entry of one API file's text, in file order.
 
     ``text[start:end]`` is the answer's JSON text.  Entries are parsed one at a time (with the same
@@ -148,8 +151,11 @@ def iter_cache_spans(text: str, path: str | os.PathLike[str] = "<text>") -> Iter
     Raises ``ValueError`` naming the file when the text is not a JSON object, nests too deeply
     (e.g. 100,000 brackets), or holds a key or answer that cannot be served as UTF-8 (a lone
     ``\\ud800`` surrogate escape): such a file is refused as a whole, never served in part.
-    Later duplicates of a key win, as with ``json.load``.
+    Later duplicates of a key win, as with ``json.load``.  With ``bodies=False`` the served body is
+    not made (``""``) unless the text holds a surrogate escape that needs checking (faster).
     """
+    # a lone surrogate can only come from a \uD8xx-\uDFxx escape (raw UTF-8 cannot carry one)
+    check = bodies or _SURROGATE_ESCAPE.search(text) is not None
     ws = _WHITESPACE.match
     end = len(text)
     idx = ws(text, 0).end()
@@ -169,7 +175,7 @@ def iter_cache_spans(text: str, path: str | os.PathLike[str] = "<text>") -> Iter
                     raise ValueError(f"expected ':' at character {idx}")
                 start = idx = ws(text, idx + 1).end()
                 value, idx = _SCAN_ONCE(text, idx)
-                body = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+                body = json.dumps(value, ensure_ascii=False, separators=(",", ":")) if check else ""
             except StopIteration as exc:
                 raise ValueError(f"{path}: invalid JSON at character {exc.value}") from None
             except RecursionError:

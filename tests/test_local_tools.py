@@ -280,3 +280,14 @@ def test_one_session_through_two_worker_processes_loses_no_update(tmp_path: Path
     # each call saw the state the one before it left: the answers grow one item at a time
     lengths = [len(json.loads(c["answer"]["response"])) for c in doc["calls"]]
     assert lengths == list(range(1, 13))
+
+
+def test_doctor_lists_the_local_tools_files(tmp_path: Path) -> None:
+    config = tmp_path / "server.yml"
+    config.write_text(json.dumps({"store": {"path": str(tmp_path / "store")}, "local_tools": [str(EXAMPLE_TOOLS)], "local_tools_timeout_s": 3}))
+    done = subprocess.run(
+        [sys.executable, "-m", "stabletoolbench_mirror", "doctor", "--config", str(config), "--no-probe"],
+        cwd=REPO, env=_clean_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "local tools:" in done.stdout + done.stderr and f"{EXAMPLE_TOOLS} (timeout 3 s)" in done.stdout + done.stderr

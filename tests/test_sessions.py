@@ -400,3 +400,21 @@ def test_sessions_export_writes_one_line_per_session_with_a_progress_bar(serve, 
     assert [c["tool_input"] for c in calls] == [{"k": 0}, {"k": 1}, {"k": 2}]
     assert [c["answer"] for c in calls] == [{"error": "", "response": json.dumps({"k": k})} for k in range(3)]
     assert {(c["source"], c["origin"]) for c in calls} == {("local", "local:tools.py")}
+
+
+def test_a_snapshot_replays_session_trajectories_from_a_frozen_tree(serve, settings_factory, tmp_path: Path) -> None:
+    trajectory = [call_payload("add_meeting", name="x"), call_payload("query_meeting"), call_payload("query_meeting", day=1)]
+    with OpenAIStub(CountingModel()) as stub:
+        server = serve(sim_settings(settings_factory, stub, "world-model"))
+        sid = new_session(server.url, "frozen task")
+        first = [post(server.url, p, sid).content for p in trajectory]
+    config = tmp_path / "snap.yml"
+    config.write_text(json.dumps({"store": {"path": str(tmp_path / "store")}}))
+    done = subprocess.run(
+        [sys.executable, "-m", "stabletoolbench_mirror", "snapshot", str(tmp_path / "snap"), "--config", str(config)],
+        cwd=REPO, env=_clean_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    replay = serve(settings_factory(mode="replay", store={"path": str(tmp_path / "empty")}, frozen_caches=[str(tmp_path / "snap")]))
+    sid2 = new_session(replay.url, "frozen task")
+    assert [post(replay.url, p, sid2).content for p in trajectory] == first

@@ -19,7 +19,7 @@ import pytest
 from stabletoolbench_mirror.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.warm import WarmPlan, add_queries, run_warm, warm_settings
-from stabletoolbench_mirror.warm_offline import BatchingSimulator, offline_layer
+from stabletoolbench_mirror.warm.offline import BatchingSimulator, offline_layer
 from tests.helpers.answer_files import api, param, query
 
 
@@ -127,3 +127,24 @@ def test_cli_without_vllm_is_a_clear_error(tmp_path: Path) -> None:
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert no_model.returncode == 2 and "--model" in no_model.stderr
+
+
+def test_offline_answers_are_scrubbed_of_keys(settings_factory, tmp_path: Path) -> None:
+    """Like the HTTP simulator: a configured key the model writes into an answer never reaches the store."""
+    key = "sk-OFFLINE-KEY-91b2c3"
+    settings = warm_settings(settings_factory(simulator={"api_key": key}, auth_token="tok-OFFLINE-77"), 4)
+
+    def output(messages: list[dict]) -> str:
+        return json.dumps({"error": "", "response": {"said": f"Bearer {key}", key: "tok-OFFLINE-77"}})
+
+    layer, _ = offline_layer(settings, model="m", concurrency=4, generate=Generator(output))
+    plan = WarmPlan()
+    add_queries(plan, [str(query_file(tmp_path, 3))], include_optional=False)
+    try:
+        report = run_warm(layer, plan, concurrency=4, progress=False)
+    finally:
+        layer.close()
+    assert report.total.new == 3
+    with DiskcacheStore(tmp_path / "store") as store:
+        bodies = [r.body for r in store]
+    assert len(bodies) == 3 and all(key not in b and "tok-OFFLINE-77" not in b and "Bearer ***" in b for b in bodies)

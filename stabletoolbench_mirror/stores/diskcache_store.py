@@ -8,6 +8,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import Counter
 from typing import Iterable, Iterator
 
 import diskcache
@@ -27,6 +28,7 @@ _COUNT = "s"
 #: present when the counters below were kept since the store was empty (so they count everything)
 _COUNTED = f"{_COUNT}\x00counted"
 _SCAN_PAGE = 1000
+_MAX_KNOWN_APIS = 100_000
 
 
 def _entry_key(api: str, key: str) -> str:
@@ -69,10 +71,12 @@ class DiskcacheStore(Store):
         self.path = os.fspath(path)
         self.lock_poll_s = float(lock_poll_s)
         self._write_lock = threading.Lock()
+        self._known_apis: set[str] = set()
+        """APIs known to have their key already (they are never removed): no write to find out again."""
         try:
             os.makedirs(self.path, exist_ok=True)
             # no eviction: a response cache that forgets is not reproducible
-            self._cache = diskcache.Cache(self.path, eviction_policy="none", size_limit=2**62, timeout=60)
+            self._cache = diskcache.Cache(self.path, eviction_policy="none", size_limit=2**62, cull_limit=0, timeout=60)
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
             if _COUNTED not in self._cache and self._first_key(_ENTRY) is None:
                 # an empty store: the counters kept from now on count every record
@@ -109,32 +113,54 @@ class DiskcacheStore(Store):
         try:
             # one transaction: the entry, its canonical pointer and the counters, or nothing
             with self._cache.transact(retry=True):
-                return self._add_in_transaction(record, canonical)
+                added = self._add_in_transaction(record, canonical)
         except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
             raise StoreError(f"diskcache write failed: {exc}") from exc
+        self._remember_apis((record,))
+        return added
 
-    def _add_in_transaction(self, record: Record, canonical: str | None) -> bool:
+    def _add_in_transaction(self, record: Record, canonical: str | None, deltas: Counter[str] | None = None) -> bool:
+        """Add one record; count it in ``deltas`` when given (the caller applies them in the same transaction)."""
         cache = self._cache
         added = cache.add(_entry_key(record.api, record.key), record.to_json())
         if canonical is not None:
             cache.add(_canonical_key(record.api, canonical), record.key)
         if added:
-            cache.incr(_count_key("entries"))
-            cache.incr(_count_key("source", record.source))
-            cache.incr(_count_key("category", record.api.split("/", 1)[0]))
-            cache.incr(_count_key("origin", origin_key(record)))
-            if cache.add(f"{_NAMESPACE}\x00{record.api}", 1):
-                cache.incr(_count_key("apis"))
+            counts = deltas if deltas is not None else Counter()
+            counts[_count_key("entries")] += 1
+            counts[_count_key("source", record.source)] += 1
+            counts[_count_key("category", record.api.split("/", 1)[0])] += 1
+            counts[_count_key("origin", origin_key(record))] += 1
+            if record.api not in self._known_apis:
+                if cache.add(f"{_NAMESPACE}\x00{record.api}", 1):
+                    counts[_count_key("apis")] += 1
+            if deltas is None:
+                self._apply(counts)
         return bool(added)
 
+    def _apply(self, deltas: Counter[str]) -> None:
+        for key, delta in deltas.items():
+            self._cache.incr(key, delta)
+
+    def _remember_apis(self, records: Iterable[Record]) -> None:
+        """After a commit: these APIs have their key now (so later adds skip the write that checks it)."""
+        if len(self._known_apis) >= _MAX_KNOWN_APIS:
+            self._known_apis.clear()
+        self._known_apis.update(r.api for r in records)
+
     def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
-        """Add records in one transaction (bulk import): far fewer commits than one ``add`` each."""
+        """Add records in one transaction (bulk import): one commit, and each counter updated once."""
+        items = list(items)
         with self._write_lock:
             try:
                 with self._cache.transact(retry=True):
-                    return [self._add_in_transaction(record, canonical) for record, canonical in items]
+                    deltas: Counter[str] = Counter()
+                    added = [self._add_in_transaction(record, canonical, deltas) for record, canonical in items]
+                    self._apply(deltas)
             except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
                 raise StoreError(f"diskcache write failed: {exc}") from exc
+            self._remember_apis(record for record, _ in items)
+        return added
 
     def counts(self) -> StoreCounts | None:
         """The store's counters (no scan), or ``None`` when they were not kept since the store was empty."""

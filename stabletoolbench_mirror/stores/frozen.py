@@ -9,7 +9,7 @@ A tree of any size is served with bounded memory:
   kept open), so memory grows with the number of keys, not with the size of the answers;
   answers served recently are also kept, in a bounded memory of their own;
 * indexes and kept answers together stay under a **memory budget** (``frozen_memory_mb``, a
-  quarter of it for answers): the least recently used are dropped and re-read when needed again
+  fifth of it for answers): the least recently used are dropped and re-read when needed again
   (answers byte-identical);
 * parsing runs off the event loop (:meth:`FrozenCache.aget`), one entry at a time, so a large
   file loading never holds up answers from files already indexed;
@@ -39,9 +39,9 @@ from ..upstream_layout import OutsideTree, check_inside, count_cache_files, enco
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
+DEFAULT_MEMORY_BUDGET = 320 * 1024 * 1024
 #: estimated bytes of one indexed entry beyond its key's characters (dict slot, str header, span)
-_ENTRY_OVERHEAD = 170
+_ENTRY_OVERHEAD = 140
 _CANONICAL_OVERHEAD = 150
 _BODY_OVERHEAD = 120
 _LOAD_STRIPES = 64
@@ -127,7 +127,7 @@ class FrozenCache(CacheTier):
         self.allow_symlinks = allow_symlinks
         self._files: OrderedDict[str, _Index] = OrderedDict()
         self._bodies: OrderedDict[tuple[str, str], tuple[tuple[int, int, int], str]] = OrderedDict()
-        self.bodies_budget = self.memory_budget // 4
+        self.bodies_budget = self.memory_budget // 5
         self.bodies_used = 0
         self._refused: dict[str, tuple[int, int, int]] = {}
         self._lock = threading.Lock()
@@ -234,7 +234,7 @@ class FrozenCache(CacheTier):
         spans = array("Q")
         cost = 0
         char_pos = byte_pos = 0
-        for key, _value, _body, start, end in iter_cache_spans(text, path):
+        for key, _value, _body, start, end in iter_cache_spans(text, path, bodies=False):
             if ascii_text:
                 byte_start, byte_len = start, end - start
             else:

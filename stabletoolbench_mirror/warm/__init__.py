@@ -16,8 +16,10 @@ frozen cache are skipped, so an interrupted run resumes where it stopped: each a
 recorded the moment it arrives (an atomic add-if-absent), and a killed run leaves no partial
 entry.  The rest go through :meth:`MirrorLayer.handle_call` (the server's own real API ->
 simulator chain) with ``--concurrency`` calls in flight, in threads of this process
-(:mod:`.runner`) or of ``--processes`` worker processes (:mod:`.pool`).  Failures are
-listed (and written with ``--failures``), never recorded.  :mod:`.command` is the CLI.
+(:mod:`.runner`) or of ``--processes`` worker processes (:mod:`.pool`); with
+``--engine vllm-offline`` the simulator's prompts go to vLLM's in-process engine in batches
+(:mod:`.offline`, imported only then).  Failures are listed (and written with ``--failures``),
+never recorded.  :mod:`.command` is the CLI.
 """
 
 from .command import build_plan, cmd_warm, register

@@ -74,7 +74,7 @@ def _engine(args: argparse.Namespace, settings: Any) -> tuple[MirrorLayer, Handl
     if args.engine != "vllm-offline":
         processes = default_processes(args.concurrency) if args.processes is None else args.processes
         return warm_layer(settings), None, processes
-    from ..warm_offline import OfflineEngineError, offline_layer
+    from .offline import OfflineEngineError, offline_layer
 
     try:
         layer, handler = offline_layer(settings, model=args.model, concurrency=args.concurrency, llm_options=vllm_options(args.vllm_option or []))

@@ -20,13 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from . import protocol
-from .call import ToolCall
-from .config import Mode, Settings
-from .factory import build_layer
-from .records import Record, Source
-from .responders import Attempt
-from .tooldocs import tool_docs_for
+from .. import protocol
+from ..call import ToolCall
+from ..config import Mode, Settings
+from ..factory import build_layer
+from ..records import Record, Source
+from ..responders import Attempt
+from ..secrets import Redactor
+from ..tooldocs import tool_docs_for
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class BatchingSimulator:
         batch_size: int = 256,
         linger_s: float = 0.05,
         wants_examples: bool = False,
+        redactor: Redactor | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -75,6 +77,7 @@ class BatchingSimulator:
         self.batch_size = batch_size
         self.linger_s = linger_s
         self.wants_examples = wants_examples
+        self.redactor = redactor or Redactor()
         self.batches: list[int] = []
         """The size of every batch generated (for reports and tests)."""
         self._queue: list[_Pending] = []
@@ -84,7 +87,7 @@ class BatchingSimulator:
         self._worker.start()
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
-        from .simulator import parse_output
+        from ..simulator import parse_output
 
         pending = _Pending(self._render(call, examples))
         with self._cond:
@@ -98,7 +101,8 @@ class BatchingSimulator:
         parsed = parse_output(pending.text or "")
         if parsed.answer is None:
             return Attempt(None, self.origin, detail="simulator output not parsable", fallback=protocol.simulation_failed_answer())
-        return Attempt(parsed.answer, self.origin)
+        # like the HTTP simulator: no key reaches the store, should the model ever write one
+        return Attempt(self.redactor.plus(call.toolbench_key).data(parsed.answer), self.origin)
 
     def _take_batch(self) -> list[_Pending] | None:
         with self._cond:
@@ -219,7 +223,7 @@ def _load(vllm: Any, settings: Settings, model: str, llm_options: dict[str, Any]
     if cfg.seed is not None:
         sampling["seed"] = cfg.seed
     if cfg.structured_output:
-        from .simulator.prompts import response_schema
+        from ..simulator.prompts import response_schema
 
         sampling.update(_structured_params(vllm, response_schema(cfg.style == "mirrorapi-cot", cfg.structured_max_chars)))
     params = vllm.SamplingParams(**sampling)
@@ -240,7 +244,7 @@ def offline_layer(
     generate: GenerateFn | None = None,
 ) -> tuple[Any, None]:
     """A warming layer whose simulator is a :class:`BatchingSimulator` over vLLM (or ``generate``)."""
-    from .simulator import build_simulator
+    from ..simulator import build_simulator
 
     if generate is None:
         if not model:
@@ -250,10 +254,12 @@ def offline_layer(
     renderer = build_simulator(settings, docs=docs)
     renderer.close()  # only its prompt rendering is used: no HTTP client is needed
     origin = model or settings.simulator.model
-    batcher = BatchingSimulator(renderer.messages, generate, origin=origin, batch_size=concurrency, wants_examples=renderer.wants_examples)
+    batcher = BatchingSimulator(
+        renderer.messages, generate, origin=origin, batch_size=concurrency, wants_examples=renderer.wants_examples, redactor=renderer.redactor
+    )
     responders: list[Any] = []
     if settings.real.enabled:
-        from .real import build_real_responder
+        from ..real import build_real_responder
 
         responders.append(build_real_responder(settings, docs=docs))
     responders.append(batcher)

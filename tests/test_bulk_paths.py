@@ -1,0 +1,106 @@
+"""The bulk paths on a generated tree (``benchmarks/make_tree.py``): import, export, snapshot, verify, check.
+
+Small sizes only; ``benchmarks/scale.py`` measures the same commands at 10k, 165k and 1M entries.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stabletoolbench_mirror.upstream_layout import iter_cache_files, read_cache_file
+
+from tests.helpers.processes import ServeProcess
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, cwd: Path, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode in ok, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc
+
+
+def make_tree(out: Path, *extra: str) -> Path:
+    run(sys.executable, str(REPO / "benchmarks" / "make_tree.py"), str(out), "--entries", "600", "--files", "25",
+        "--samples", "200", "--check-samples", "300", "-q", *extra, cwd=out.parent)
+    return out
+
+
+def cli(*args: str, cwd: Path, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
+    return run(sys.executable, "-m", "stabletoolbench_mirror", *args, cwd=cwd, ok=ok)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tree(tmp_path_factory.mktemp("tree") / "t")
+
+
+def entries(root: Path) -> dict[tuple[str, str], object]:
+    return {(ns, key): answer for ns, path in iter_cache_files(root) for key, answer in read_cache_file(path).items()}
+
+
+def test_make_tree_is_deterministic_and_realistic(tree: Path, tmp_path: Path) -> None:
+    again = make_tree(tmp_path / "again")
+    compare = filecmp.dircmp(tree / "tool_response_cache", again / "tool_response_cache")
+    assert not compare.diff_files and not compare.left_only and not compare.right_only
+    for name in ("first_pass", "hits", "misses", "calls"):
+        assert (tree / "payloads" / f"{name}.jsonl").read_bytes() == (again / "payloads" / f"{name}.jsonl").read_bytes()
+    data = entries(tree / "tool_response_cache")
+    assert len(data) == 600
+    per_file: dict[str, int] = {}
+    for ns, _ in data:
+        per_file[ns] = per_file.get(ns, 0) + 1
+    counts = sorted(per_file.values(), reverse=True)
+    assert len(counts) == 25 and counts[0] > 10 * counts[len(counts) // 2]  # skewed: a few large, most small
+    sizes = sorted(len(a["response"]) for a in data.values())  # type: ignore[index]
+    assert sizes[0] < 200 and 300 < sizes[len(sizes) // 2] < 3000 and sizes[-1] <= 50_000
+    tools = list((tree / "tools").rglob("*.json"))
+    assert tools and all("api_list" in json.loads(p.read_text()) for p in tools)
+    other = make_tree(tmp_path / "other", "--seed", "2")
+    assert entries(other / "tool_response_cache") != data
+
+
+def test_import_export_snapshot_verify_round_trip(tree: Path, tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    imported = cli("cache", "import", str(tree / "tool_response_cache"), "--store-path", store, "-q", cwd=tmp_path)
+    assert "added:            600" in imported.stdout and "entries/s" in imported.stdout
+    stats = json.loads(cli("cache", "stats", "--json", "--store-path", store, cwd=tmp_path).stdout)
+    assert stats["entries"] == 600 and stats["counted_by"] == "counters" and stats["apis"] == 25
+    exported = cli("cache", "export", str(tmp_path / "out"), "--store-path", store, "-q", cwd=tmp_path)
+    assert "entries written:  600" in exported.stdout and "entries/s" in exported.stdout
+    assert entries(tmp_path / "out") == entries(tree / "tool_response_cache")
+    snap = cli("snapshot", str(tmp_path / "snap"), "--store-path", store, "-q", cwd=tmp_path)
+    assert "entries/s" in snap.stdout
+    verified = cli("snapshot", "--verify", str(tmp_path / "snap"), "-q", cwd=tmp_path)
+    assert "OK" in verified.stdout and "entries/s" in verified.stdout
+
+
+def test_check_with_concurrency_reports_like_one_at_a_time(tree: Path, tmp_path: Path) -> None:
+    calls = [json.loads(line) for line in (tree / "payloads" / "calls.jsonl").read_text().splitlines()]
+    calls[17]["observed"] = {"error": "", "response": "not what was recorded"}
+    calls[250]["observed"] = {"error": "", "response": "nor this"}
+    path = tmp_path / "calls.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in calls))
+    config = {"mode": "replay", "store": {"kind": "diskcache", "path": str(tmp_path / "store")},
+              "frozen_caches": [str(tree / "tool_response_cache")]}
+    reports = []
+    with ServeProcess(tmp_path, config) as server:
+        for concurrency in ("1", "8"):
+            out = tmp_path / f"report-{concurrency}.json"
+            proc = cli("check", "--calls", str(path), "--url", server.url, "--concurrency", concurrency, "-q",
+                       "--json", str(out), cwd=tmp_path, ok=(1,))
+            assert "300 calls: 298 identical" in proc.stdout and "calls/s" in proc.stdout
+            report = json.loads(out.read_text())
+            report.pop("seconds")
+            reports.append(report)
+    assert reports[0] == reports[1]
+    assert [m["location"].rsplit(":", 1)[1] for m in reports[1]["mismatches"]] == ["18", "251"]
