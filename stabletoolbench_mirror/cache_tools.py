@@ -11,14 +11,15 @@ import logging
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 from tqdm import tqdm
 
+from .failures import TREE_FAILURE_REASON, is_tree_failure, tree_failure_entries
 from .keys import canonical_from_upstream_key
-from .records import Record
+from .records import FAILURE, Record
 from .stores import Store
 from .upstream_layout import ENCODED_PREFIX, iter_cache_entries, iter_cache_files, api_path, write_cache_file
 
@@ -67,6 +68,7 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
     files = list(iter_cache_files(root, allow_symlinks=allow_symlinks, refused=refused))
     summary.bad_files.extend(refused)
     origin_root = Path(root).name or str(root)
+    listed = tree_failure_entries(root)  # a snapshot's failure records stay failure records
     batch: list[tuple[Record, str | None]] = []
 
     def flush() -> None:
@@ -92,6 +94,8 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
             for key, _answer, body in entries:
                 summary.entries += 1
                 record = Record(api=api, key=key, body=body, source="imported", origin=origin)
+                if is_tree_failure(api, key, body, listed):
+                    record = replace(record, outcome=FAILURE, reason=TREE_FAILURE_REASON)
                 batch.append((record, canonical_from_upstream_key(key)))
             if len(batch) >= IMPORT_BATCH:
                 flush()
@@ -145,11 +149,21 @@ class ExportedFile:
         return self.path is not None and any(p.startswith(ENCODED_PREFIX) for p in self.path.parts[-3:])
 
 
-def iter_export(store: Store, root: str | os.PathLike[str], *, progress: bool = True, desc: str = "export") -> Iterator[ExportedFile]:
-    """Write the store as an upstream tree, one API file at a time (the only one in memory), yielding each as it is written."""
+def iter_export(
+    store: Store, root: str | os.PathLike[str], *, progress: bool = True, desc: str = "export", exclude_failures: bool = False,
+) -> Iterator[ExportedFile]:
+    """Write the store as an upstream tree, one API file at a time (the only one in memory), yielding each as it is written.
+
+    Failure records are written like any entry (their served body), unless ``exclude_failures``.
+    """
     counts = store.counts()
     with tqdm(total=counts.entries if counts else None, desc=desc, unit="entry", disable=not progress) as bar:
         for api, group in store.iter_groups():
+            if exclude_failures:
+                bar.update(sum(1 for r in group if r.is_failure))
+                group = [r for r in group if not r.is_failure]
+                if not group:
+                    continue
             path = api_path(root, api)
             if path is not None:
                 write_cache_file(path, {r.key: r.answer for r in group})
@@ -188,9 +202,17 @@ class Tally:
     origins: Counter[str] = field(default_factory=Counter)
     """``<source>:<origin>``; an import's origin is cut to the imported folder."""
     apis: set[str] = field(default_factory=set)
+    failures: Counter[str] = field(default_factory=Counter)
+    """Failure records by reason."""
+    replaced: int = 0
+    """Usable answers that replaced a failure record."""
 
     def add(self, record: Record) -> None:
         self.entries += 1
+        if record.is_failure:
+            self.failures[record.reason] += 1
+        elif record.replaced is not None:
+            self.replaced += 1
         self.by_source[record.source] += 1
         self.by_category[record.api.split("/", 1)[0]] += 1
         self.apis.add(record.api)
@@ -206,6 +228,9 @@ class Tally:
             "by_category": dict(sorted(self.by_category.items())),
             "models": dict(sorted(self.models.items())),
             "origins": dict(sorted(self.origins.items())),
+            "failure_records": sum(self.failures.values()),
+            "failure_reasons": dict(sorted(self.failures.items(), key=lambda item: (-item[1], item[0]))),
+            "replaced_failures": self.replaced,
         }
 
 
@@ -237,6 +262,9 @@ def store_stats(store: Store) -> dict[str, Any]:
         "by_category": dict(sorted(counts.by_category.items())),
         "models": dict(sorted((k.split(":", 1)[1], v) for k, v in counts.by_origin.items() if k.startswith("simulated:"))),
         "origins": dict(sorted(counts.by_origin.items())),
+        "failure_records": counts.by_outcome.get("failure", 0),
+        "failure_reasons": None,
+        "replaced_failures": counts.by_outcome.get("replaced", 0),
         "counted_by": "counters",
         "disk_bytes": counts.disk_bytes,
         "memory_bytes": counts.memory_bytes,

@@ -9,7 +9,8 @@
 sends each call to a running server (``--url``) or to the layer in-process (built from the
 settings, in ``replay`` mode unless ``--mode record`` is given, so a check records nothing),
 and reports per API how many answers are **identical**, **different** or a **miss**
-(nothing recorded for the call).  The answer compared is what the StableToolBench client
+(nothing recorded for the call); of the identical ones, how many are failures
+(``identical_failure``: a failure record replayed, so both runs saw the same failure).  The answer compared is what the StableToolBench client
 makes of the HTTP reply: the JSON body for a 200, its ``request invalid`` error otherwise.
 The exit status is 1 when anything differs or misses (unless ``--report-only``): the
 report a user attaches to a score.
@@ -52,6 +53,9 @@ class Verdict(enum.StrEnum):
 
 IDENTICAL, DIFFERENT, MISS = Verdict.IDENTICAL, Verdict.DIFFERENT, Verdict.MISS
 VERDICTS = tuple(Verdict)
+#: counted besides the verdicts: the identical answers that are failures (both runs saw the same failure)
+IDENTICAL_FAILURE = "identical_failure"
+COUNTS = (IDENTICAL, IDENTICAL_FAILURE, DIFFERENT, MISS)
 
 
 class CheckInputError(ValueError):
@@ -86,6 +90,8 @@ class Reply:
     status: int
     body: str
     outcome: str | None = None
+    failure: bool | None = None
+    """Whether the answer is a failure, as this project's server says (``X-STM-Failure``); ``None``: unknown."""
 
 
 class Target(Protocol):
@@ -188,7 +194,10 @@ class UrlTarget:
                 conn.request("POST", self._path, body=body, headers=headers)
                 response = conn.getresponse()
                 text = response.read().decode("utf-8", "replace")
-                return Reply(response.status, text, response.getheader("X-STM-Outcome"))
+                outcome = response.getheader("X-STM-Outcome")
+                # this project's server says whether an answer is a failure; another's is judged by content
+                failure = None if outcome is None else response.getheader("X-STM-Failure") == "true"
+                return Reply(response.status, text, outcome, failure)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                 # a keep-alive connection the server closed meanwhile: once more on a new one
                 if attempt:
@@ -212,7 +221,7 @@ class LayerTarget:
 
     def send(self, payload: dict[str, Any]) -> Reply:
         outcome = self.layer.handle_payload(payload)
-        return Reply(outcome.status, outcome.body, outcome.kind)
+        return Reply(outcome.status, outcome.body, outcome.kind, outcome.failure)
 
     def close(self) -> None:
         self.layer.close()
@@ -229,6 +238,14 @@ def client_answer(reply: Reply) -> Any:
         return json.loads(reply.body)
     except ValueError:
         return make_answer("request invalid, data error", "")
+
+
+def is_failure(reply: Reply) -> bool:
+    """Whether a reply's answer is a failure: as the server says, else an answer with a non-empty ``error``."""
+    if reply.failure is not None:
+        return reply.failure
+    got = client_answer(reply)
+    return not isinstance(got, dict) or bool(got.get("error"))
 
 
 def verdict(expectation: Expectation, reply: Reply, max_observation_length: int = DEFAULT_MAX_OBSERVATION_LENGTH) -> Verdict:
@@ -276,7 +293,8 @@ class CheckReport:
 
     @property
     def calls(self) -> int:
-        return sum(self.totals.values())
+        totals = self.totals
+        return sum(totals[v] for v in VERDICTS)
 
     def ok(self) -> bool:
         totals = self.totals
@@ -286,9 +304,9 @@ class CheckReport:
         totals = self.totals
         return {
             "calls": self.calls,
-            "totals": {v: totals[v] for v in VERDICTS},
+            "totals": {v: totals[v] for v in COUNTS},
             "identical_fraction": (totals[IDENTICAL] / self.calls) if self.calls else None,
-            "per_api": {api: {v: c[v] for v in VERDICTS} for api, c in sorted(self.per_api.items())},
+            "per_api": {api: {v: c[v] for v in COUNTS} for api, c in sorted(self.per_api.items())},
             "mismatches": [m.__dict__ for m in self.mismatches],
             "mismatches_left_out": self.mismatches_left_out,
             "problems": self.problems,
@@ -300,11 +318,13 @@ class CheckReport:
         n = self.calls
         share = f"{100.0 * totals[IDENTICAL] / n:.1f}%" if n else "n/a"
         width = max([len(api) for api in self.per_api] + [3])
-        out = [f"{'API':<{width}}  {'identical':>9}  {'different':>9}  {'miss':>5}"]
+        out = [f"{'API':<{width}}  {'identical':>9}  {'failures':>8}  {'different':>9}  {'miss':>5}"]
         for api, counts in sorted(self.per_api.items()):
-            out.append(f"{api:<{width}}  {counts[IDENTICAL]:>9}  {counts[DIFFERENT]:>9}  {counts[MISS]:>5}")
-        out.append(f"{'total':<{width}}  {totals[IDENTICAL]:>9}  {totals[DIFFERENT]:>9}  {totals[MISS]:>5}")
+            out.append(f"{api:<{width}}  {counts[IDENTICAL]:>9}  {counts[IDENTICAL_FAILURE]:>8}  {counts[DIFFERENT]:>9}  {counts[MISS]:>5}")
+        out.append(f"{'total':<{width}}  {totals[IDENTICAL]:>9}  {totals[IDENTICAL_FAILURE]:>8}  {totals[DIFFERENT]:>9}  {totals[MISS]:>5}")
         out.append(f"{n} calls: {totals[IDENTICAL]} identical ({share}), {totals[DIFFERENT]} different, {totals[MISS]} miss")
+        failures = totals[IDENTICAL_FAILURE]
+        out.append(f"identical: {totals[IDENTICAL] - failures} answers, {failures} failures")
         if self.seconds:
             out.append(f"time: {self.seconds:.1f} s ({n / self.seconds:,.0f} calls/s)")
         for m in self.mismatches[:max_details]:
@@ -366,6 +386,8 @@ def _judge(report: CheckReport, expectation: Expectation, reply: Reply, max_obse
     api = expectation.api
     report.per_api[api][result] += 1
     if result == IDENTICAL:
+        if is_failure(reply):
+            report.per_api[api][IDENTICAL_FAILURE] += 1
         return
     if len(report.mismatches) >= MAX_MISMATCHES:
         report.mismatches_left_out += 1

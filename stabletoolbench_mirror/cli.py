@@ -243,6 +243,9 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
         size = stats["disk_bytes"] if stats["disk_bytes"] is not None else stats["memory_bytes"]
         where = "on disk" if stats["disk_bytes"] is not None else "in memory"
         print(f"size: {size / 1e6:,.1f} MB {where}, {stats['bytes_per_entry']:,} bytes per entry")
+    print(f"failure records: {stats['failure_records']}  answers that replaced one: {stats['replaced_failures']}")
+    for reason, n in (stats["failure_reasons"] or {}).items():
+        print(f"  {n:>8}  {reason}")
     print("by source:")
     for source, n in stats["by_source"].items():
         print(f"  {source:<10} {n}")

@@ -133,6 +133,10 @@ class SimulatorConfig(_Section):
     """In a session (``gpt-fewshot`` and ``world-model``): the task and the last N calls and answers go in the prompt."""
     allow_without_docs: bool = False
     """Simulate without a readable ``tools_folder`` (else the start is refused); such records are marked."""
+    validity: Literal["strict", "compatible", "off"] = "strict"
+    """The real API's validity rules applied to simulated answers: ``strict`` (``real.strict_validity``'s
+    rules), ``compatible`` (StableToolBench's substring rules) or ``off``.  A rejected answer is served
+    but recorded as a failure record (tried again in ``record`` mode)."""
 
     @field_validator("api_base")
     @classmethod
@@ -144,6 +148,12 @@ class SimulatorConfig(_Section):
     @property
     def endpoints(self) -> list[str]:
         return [self.api_base] if isinstance(self.api_base, str) else list(self.api_base)
+
+
+class RecordConfig(_Section):
+    retry_failures: bool = True
+    """In ``record`` mode, try a call whose record is a failure record again; a usable answer replaces it.
+    ``false``: serve failure records as recorded.  ``replay`` mode never retries."""
 
 
 class LimitsConfig(_Section):
@@ -199,6 +209,7 @@ class Settings(_Section):
     real: RealConfig = Field(default_factory=RealConfig)
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    record: RecordConfig = Field(default_factory=RecordConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     local_tools: list[str] = Field(default_factory=list)
     """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
@@ -345,15 +356,41 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _config_key(loc: tuple[Any, ...]) -> str:
+    """The settings key an error is about: ``simulator.api_base``, ``frozen_caches[1]``.
+
+    pydantic adds the members of a union to the location (``api_base.str``, ``api_base.list[str]``):
+    below a field that is not a section, only list indexes are kept.
+    """
+    model: Any = Settings
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        elif model is not None:
+            key += ("." if key else "") + str(part)
+            field = model.model_fields.get(part)
+            annotation = field.annotation if field is not None else None
+            model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return key or "(top level)"
+
+
 def _format_error(exc: ValidationError, source: str) -> str:
-    lines = []
+    """One line per key: ``unknown key``, or ``invalid value`` with every reason given (a union gives several)."""
+    lines: dict[tuple[str, str], list[str]] = {}
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        key = _config_key(tuple(err["loc"]))
         if err["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown key '{key}'")
-        else:
-            lines.append(f"{source}: invalid value for '{key}': {err['msg']} (got {err.get('input')!r})")
-    return "\n".join(lines)
+            lines.setdefault((key, ""), [])
+            continue
+        got = "an empty value" if err.get("input") is None else repr(err.get("input"))
+        reasons = lines.setdefault((key, got), [])
+        if err["msg"] not in reasons:
+            reasons.append(err["msg"])
+    return "\n".join(
+        f"{source}: invalid value for '{key}': {', or '.join(reasons)} (got {got})" if got else f"{source}: unknown key '{key}'"
+        for (key, got), reasons in lines.items()
+    )
 
 
 def load_settings(

@@ -88,6 +88,7 @@ def build_layer(
             frozen=build_frozen(settings),
             responders=build_responders(settings) if responders is None else responders,
             save=settings.save,
+            retry_failures=settings.record.retry_failures,
             max_pending_misses=max_pending_misses or settings.limits.max_pending_misses,
             pending_timeout_s=settings.limits.queue_timeout_s,
             sessions=build_sessions(settings, store),

@@ -7,6 +7,12 @@ is recorded.  A call inside a session (``X-STM-Session``) takes the same path th
 :meth:`MirrorLayer.handle_call`, with the session's history hash in its keys and the session's
 state for local tools (see :mod:`.sessions`).
 
+A failure record (a miss that ended without a usable answer, recorded as served) is served like
+any record, except in ``record`` mode with ``record.retry_failures``, where the call is tried
+again; a usable answer for the same call always wins over a failure.  When the store cannot be
+read or written, a miss a responder answers is still served (``unrecorded``) and ``/health``
+says ``degraded`` (:mod:`.store_health`).
+
 The layer returns an :class:`~.outcomes.Outcome` and counts nothing: the server counts each
 request once, from its final outcome.
 """
@@ -33,9 +39,11 @@ from .responders import Attempt, Responder
 from .sessions import SessionError, Sessions
 from .singleflight import SingleFlight
 from .stats import Stats
+from .store_health import StoreHealth
 from .stores import CacheTier, FrozenCache, Store, StoreError
 
 log = logging.getLogger(__name__)
+
 
 class MirrorLayer:
     """Answers StableToolBench calls from the cache tiers, the real API or the simulator, and records them.
@@ -51,6 +59,7 @@ class MirrorLayer:
         frozen: Sequence[FrozenCache] = (),
         responders: Sequence[Responder] = (),
         save: bool = True,
+        retry_failures: bool = True,
         max_pending_misses: int = 256,
         pending_timeout_s: float = 600.0,
         stats: Stats | None = None,
@@ -67,6 +76,10 @@ class MirrorLayer:
         """The cache tiers in lookup order: the store, then the frozen caches as listed."""
         self.responders = list(responders)
         self.save = save
+        self.retry_failures = retry_failures
+        """``record.retry_failures``: in ``record`` mode, a failure record's call is tried again."""
+        self.health = StoreHealth()
+        """Whether the store can be read and written now (``/health``)."""
         self.stats = stats or Stats()
         """The server's counters (the server counts each request's final outcome here)."""
         for responder in self.responders:
@@ -135,7 +148,7 @@ class MirrorLayer:
             record = self.lookup(call)
         except StoreError:
             return None
-        return None if record is None else _served(call, record, OutcomeKind.HIT)
+        return None if record is None or self.retries(record) else _served(call, record, OutcomeKind.HIT)
 
     async def cached_async(self, call: ToolCall) -> Outcome | None:
         """:meth:`cached` for the server's event loop, through the tiers' async reads: a local store
@@ -150,7 +163,7 @@ class MirrorLayer:
             record = await self.lookup_async(call)
         except StoreError:
             return None
-        return None if record is None else _served(call, record, OutcomeKind.HIT)
+        return None if record is None or self.retries(record) else _served(call, record, OutcomeKind.HIT)
 
     def handle_call(self, call: ToolCall, session: str | None = None) -> Outcome:
         """Answer ``call`` (inside ``session`` when given): see :meth:`answer`."""
@@ -165,6 +178,21 @@ class MirrorLayer:
         except StoreError as exc:
             return self._store_error(call, exc)
 
+    @property
+    def fills(self) -> bool:
+        """Whether a miss may be answered by the real API or the simulator (``record`` mode, with one configured)."""
+        return self.mode is Mode.RECORD and bool(self.responders)
+
+    def retries(self, record: Record) -> bool:
+        """Whether ``record`` is a failure record this layer tries again (``record.retry_failures``)."""
+        return record.is_failure and self.retry_failures and self.fills
+
+    def settled(self, call: ToolCall) -> bool:
+        """Whether the cache holds an answer for ``call`` that ``record`` mode would not try again
+        (``warm`` skips those calls): a usable answer, or a failure record without ``retry_failures``."""
+        record = self.lookup(call)
+        return record is not None and not (record.is_failure and self.retry_failures)
+
     def answer(self, call: ToolCall, state: dict) -> Outcome:
         """A local tool's answer (it may change ``state``), else the cache, else the real API and the simulator, recorded."""
         tool = self.local_tools.find(call) if self.local_tools is not None else None
@@ -172,9 +200,14 @@ class MirrorLayer:
             return self._local(tool, call, state)
         try:
             record = self.lookup(call)
+            self.health.succeeded("read")
         except StoreError as exc:
-            return self._store_error(call, exc)
-        if record is not None:
+            if not self.fills:
+                return self._store_error(call, exc)
+            # the store is away: a responder's answer is still served (unrecorded)
+            self.health.failed("read", exc, unrecorded=False)
+            record = None
+        if record is not None and not self.retries(record):
             return _served(call, record, OutcomeKind.HIT)
         if self.mode is Mode.REPLAY or not self.responders:
             reason = "replay mode" if self.mode is Mode.REPLAY else "no real API or simulator configured"
@@ -196,25 +229,37 @@ class MirrorLayer:
             return self._store_error(call, exc)
         finally:
             self._pending.release()
-        return _as_shared(outcome) if shared else outcome
+        outcome = _as_shared(outcome) if shared else outcome
+        # a request that found a failure record tried the call again
+        return replace(outcome, retried=True) if record is not None else outcome
 
     # -- the parts ----------------------------------------------------------------------------
 
     def lookup(self, call: ToolCall) -> Record | None:
-        """The cached record of ``call``, in the order of :func:`_lookup_order`."""
+        """The cached record of ``call``, in the order of :func:`_lookup_order`.
+
+        The first usable answer wins; a failure record (the first found) is returned only when
+        no tier has a usable answer for the call, so a failure never hides an answer.
+        """
+        failure: Record | None = None
         for get, _aget, exact in self._probes:
             record = get(call.api, call.key if exact else call.canonical)
             if record is not None:
-                return record
-        return None
+                if not record.is_failure:
+                    return record
+                failure = failure or record
+        return failure
 
     async def lookup_async(self, call: ToolCall) -> Record | None:
-        """:meth:`lookup` through the tiers' async reads (same order)."""
+        """:meth:`lookup` through the tiers' async reads (same order, same rule)."""
+        failure: Record | None = None
         for _get, aget, exact in self._probes:
             record = await aget(call.api, call.key if exact else call.canonical)
             if record is not None:
-                return record
-        return None
+                if not record.is_failure:
+                    return record
+                failure = failure or record
+        return failure
 
     def examples(self, call: ToolCall, limit: int = 20) -> list[Record]:
         """Cached answers of the same API, for few-shot simulators: the store's, then the frozen caches'."""
@@ -223,7 +268,7 @@ class MirrorLayer:
             if len(found) >= limit:
                 break
             try:
-                found += tier.sample(call.api, limit - len(found))
+                found += [r for r in tier.sample(call.api, limit - len(found)) if not r.is_failure]
             except StoreError:
                 continue
         return found
@@ -233,17 +278,33 @@ class MirrorLayer:
         # one); whoever waited on it then finds the answer by the re-lookup in _fill_locked
         if not self.save:
             return self._fill_locked(call)
-        with self.store.flight_lock(call.api, call.canonical):
+        lock = self.store.flight_lock(call.api, call.canonical)
+        try:
+            lock.__enter__()
+            self.health.succeeded("lock")
+        except StoreError as exc:
+            # the store is away: fill without the cross-process lock (the answer is served unrecorded)
+            self.health.failed("lock", exc, unrecorded=False)
             return self._fill_locked(call)
+        try:
+            return self._fill_locked(call)
+        finally:
+            lock.__exit__(None, None, None)
 
     def _fill_locked(self, call: ToolCall) -> Outcome:
         # another request (or process) may have recorded it while this one waited
-        record = self.lookup(call)
-        if record is not None:
-            return _served(call, record, OutcomeKind.SHARED)
+        try:
+            failure = self.lookup(call)
+        except StoreError as exc:
+            self.health.failed("read", exc, unrecorded=False)
+            failure = None
+        if failure is not None and not self.retries(failure):
+            return _served(call, failure, OutcomeKind.SHARED)
         fallback: Any = None
+        fallback_by: tuple[str, str] | None = None
         examples: list[Record] | None = None
         problems: list[str] = []
+        tried: list[str] = []
         for responder in self.responders:
             if examples is None:
                 # only a few-shot simulator reads examples (a store scan per miss otherwise)
@@ -256,19 +317,72 @@ class MirrorLayer:
             if attempt.answer is None:
                 log.info("%s gave no usable answer for %s: %s", responder.source, clip(call.api), clip(attempt.detail, 500))
                 problems.append(f"{responder.source}: {attempt.detail}")
-                if attempt.fallback is not None:
-                    fallback = attempt.fallback
+                tried.append(f"{responder.source}:{attempt.origin}")
+                if attempt.fallback is not None and protocol.is_encodable(attempt.fallback):
+                    fallback, fallback_by = attempt.fallback, (responder.source, attempt.origin)
                 continue
             record = Record.from_answer(call.api, call.key, attempt.answer, responder.source, attempt.origin, attempt.meta)
+            if failure is not None and failure.key == call.key and failure.source != "frozen":
+                # the store's failure record of this very key: the answer replaces it, keeping its provenance
+                record = replace(record, replaced=failure.provenance())
+                return self._record(call, record, OutcomeKind.REPLACED, problems)
+            return self._record(call, record, OutcomeKind.RECORDED, problems)
+        return self._failed(call, failure, fallback, fallback_by, tried, problems)
+
+    def _record(self, call: ToolCall, record: Record, kind: OutcomeKind, problems: list[str]) -> Outcome:
+        """Store a usable answer (unless ``save`` is off) and serve what the store holds for the key."""
+        if not self.save:
             kind = OutcomeKind.RECORDED
-            if self.save and not self.store.add(record, call.canonical):
-                # another process recorded first: everyone serves that one
-                record = self.store.get(call.api, call.key) or record
-                kind = OutcomeKind.SHARED
-            return replace(_served(call, record, kind), problems=tuple(problems))
+        else:
+            try:
+                if not self.store.add(record, call.canonical):
+                    # another process recorded first: everyone serves that one
+                    record = self.store.get(call.api, call.key) or record
+                    kind = OutcomeKind.SHARED
+                self.health.succeeded("write")
+            except StoreError as exc:
+                self.health.failed("write", exc, unrecorded=True)
+                kind = OutcomeKind.UNRECORDED
+        if kind is OutcomeKind.REPLACED:
+            log.info("a usable answer replaced the failure record of %s key=%s", clip(call.api), clip(call.key))
+        return replace(_served(call, record, kind), problems=tuple(problems))
+
+    def _failed(
+        self, call: ToolCall, failure: Record | None, fallback: Any, fallback_by: tuple[str, str] | None,
+        tried: list[str], problems: list[str],
+    ) -> Outcome:
+        """No usable answer: serve, and record, a failure.
+
+        A failure record found for the call is served again unchanged (every observation of the
+        call in a run is then what a replay serves); otherwise the fallback answer (else the miss
+        error) is served and recorded as a new failure record.
+        """
+        if failure is not None:
+            return replace(_served(call, failure, OutcomeKind.FAILED), source=None, problems=tuple(problems))
         if fallback is None:
             fallback = protocol.miss_answer(call.api, "the real API and the simulator gave no usable answer")
-        return Outcome(protocol.encode_answer(fallback), OutcomeKind.FAILED, api=call.api, problems=tuple(problems))
+        if fallback_by is None:
+            fallback_by = (tried[-1].split(":", 1)[0], tried[-1].split(":", 1)[1]) if tried else ("simulated", "")
+        record = Record.failure(
+            call.api, call.key, fallback, fallback_by[0], fallback_by[1],  # type: ignore[arg-type]
+            reason="; ".join(problems) or "no responder answered", tried=tuple(tried),
+        )
+        written = False
+        if self.save:
+            try:
+                written = self.store.add(record, call.canonical)
+                if not written:
+                    stored = self.store.get(call.api, call.key)
+                    if stored is not None and not stored.is_failure:
+                        # another process recorded a usable answer meanwhile: serve it
+                        return replace(_served(call, stored, OutcomeKind.SHARED), problems=tuple(problems))
+                    record = stored or record
+                self.health.succeeded("write")
+            except StoreError as exc:
+                self.health.failed("write", exc, unrecorded=True)
+        # a new failure is no answer from a source (``by_source`` counts answers)
+        outcome = replace(_served(call, record, OutcomeKind.FAILED), source=None)
+        return replace(outcome, problems=tuple(problems), new_failure_record=written)
 
     def _local(self, tool: LocalTool, call: ToolCall, state: dict) -> Outcome:
         """Run a local tool; its answer is recorded (``source: local``) but never served from the cache.
@@ -320,7 +434,7 @@ def _lookup_order(tiers: Sequence[CacheTier]) -> Iterator[tuple[Any, Any, bool]]
 
 
 def _served(call: ToolCall, record: Record, kind: OutcomeKind) -> Outcome:
-    return Outcome(record.body, kind, source=record.source, origin=record.origin, api=call.api)
+    return Outcome(record.body, kind, source=record.source, origin=record.origin, api=call.api, failure=record.is_failure)
 
 
 def _as_shared(outcome: Outcome) -> Outcome:
@@ -329,9 +443,9 @@ def _as_shared(outcome: Outcome) -> Outcome:
     Failures stay ``failed`` (the waiter was served a failure too); the reasons are counted
     with the request that asked the responders.
     """
-    if outcome.kind in (OutcomeKind.RECORDED, OutcomeKind.SHARED):
+    if outcome.kind in (OutcomeKind.RECORDED, OutcomeKind.SHARED, OutcomeKind.REPLACED, OutcomeKind.UNRECORDED):
         return replace(outcome, kind=OutcomeKind.SHARED, problems=())
-    return replace(outcome, problems=())
+    return replace(outcome, problems=(), new_failure_record=False)
 
 
 def _rejected(status: int, message: str, kind: OutcomeKind = OutcomeKind.REJECTED) -> Outcome:

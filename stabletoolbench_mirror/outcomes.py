@@ -23,7 +23,14 @@ class OutcomeKind(enum.StrEnum):
     SHARED = "shared"
     """A miss another request was filling: this one waited and was served that answer."""
     FAILED = "failed"
-    """A miss nothing answered usably: an unrecorded error answer (upstream's texts)."""
+    """A miss nothing answered usably: the error answer served (upstream's texts), recorded as a
+    failure record; or a failure record tried again that failed again (its recorded body served)."""
+    REPLACED = "replaced"
+    """A failure record tried again in ``record`` mode (``record.retry_failures``): the usable answer
+    now given replaced it."""
+    UNRECORDED = "unrecorded"
+    """A miss answered by the real API or the simulator that the store could not record (disk full,
+    Redis down): served anyway, and ``/health`` says ``degraded``."""
     UNANSWERED = "unanswered"
     """A miss nothing may fill (``replay`` mode, or no real API or simulator configured)."""
     LOCAL = "local"
@@ -44,7 +51,9 @@ class OutcomeKind(enum.StrEnum):
         return self in _MISSES
 
 
-_MISSES = frozenset({OutcomeKind.RECORDED, OutcomeKind.SHARED, OutcomeKind.FAILED, OutcomeKind.UNANSWERED})
+_MISSES = frozenset(
+    {OutcomeKind.RECORDED, OutcomeKind.SHARED, OutcomeKind.FAILED, OutcomeKind.UNANSWERED, OutcomeKind.REPLACED, OutcomeKind.UNRECORDED}
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,13 @@ class Outcome:
     """Why each responder tried gave no usable answer (for ``/stats`` ``failures``)."""
     limit: str | None = None
     """For ``refused``: the setting whose limit turned the request away (for ``/stats`` ``refusals``)."""
+    failure: bool = False
+    """The body is a failure: a failure record served, or a miss that ended without a usable answer
+    (``X-STM-Failure: true``)."""
+    retried: bool = False
+    """The request found a failure record and tried the call again (``/stats`` ``retries``)."""
+    new_failure_record: bool = False
+    """The request wrote a new failure record (``/stats`` ``failure_records``)."""
 
     @property
     def answer(self) -> Any:

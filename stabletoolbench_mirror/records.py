@@ -16,6 +16,11 @@ SOURCES: tuple[str, ...] = ("real", "simulated", "imported", "local", "frozen")
 RECORD_VERSION = 2
 """Version 2 names the API ``api``; version 1 (still read) named it ``namespace``."""
 
+RecordOutcome = Literal["answer", "failure"]
+"""``answer``: a usable answer.  ``failure``: the body served when a miss ended without one
+(unparsable simulator output, every responder failing, an answer the validity rules reject)."""
+ANSWER, FAILURE = "answer", "failure"
+
 
 @dataclass(frozen=True)
 class Record:
@@ -39,6 +44,35 @@ class Record:
     """The model name, the endpoint, or the file an entry was imported from (never a secret)."""
     created_at: float = field(default_factory=time.time)
     meta: Mapping[str, Any] | None = field(default=None, compare=False)
+    outcome: RecordOutcome = ANSWER
+    reason: str = ""
+    """For a failure record: why no usable answer was found (a rule or error, never the answer's text)."""
+    tried: tuple[str, ...] = ()
+    """For a failure record: the responders asked, as ``source:origin``, in order."""
+    replaced: Mapping[str, Any] | None = field(default=None, compare=False)
+    """For an answer that replaced a failure record (``record`` mode, ``record.retry_failures``): that
+    failure's provenance (``body``, ``source``, ``origin``, ``created_at``, ``reason``, ``tried``)."""
+
+    @property
+    def is_failure(self) -> bool:
+        return self.outcome == FAILURE
+
+    @classmethod
+    def failure(
+        cls, api: str, key: str, answer: Any, source: Source, origin: str, *, reason: str, tried: tuple[str, ...] = ()
+    ) -> "Record":
+        """A failure record: ``answer`` is exactly what the client was served."""
+        return cls(
+            api=api, key=key, body=encode_answer(answer), source=source, origin=origin,
+            outcome=FAILURE, reason=reason[:500], tried=tuple(tried),
+        )
+
+    def provenance(self) -> dict[str, Any]:
+        """What an answer that replaces this (failure) record keeps of it."""
+        return {
+            "body": self.body, "source": self.source, "origin": self.origin, "created_at": self.created_at,
+            "reason": self.reason, "tried": list(self.tried),
+        }
 
     @classmethod
     def from_answer(
@@ -62,6 +96,11 @@ class Record:
         }
         if self.meta:
             data["meta"] = dict(self.meta)
+        # optional provenance: written only when set, so an answer's JSON stays as it was
+        if self.outcome != ANSWER:
+            data.update(outcome=self.outcome, reason=self.reason, tried=list(self.tried))
+        if self.replaced is not None:
+            data["replaced"] = dict(self.replaced)
         return json.dumps(
             data,
             ensure_ascii=False,
@@ -82,4 +121,8 @@ class Record:
             origin=data.get("origin", ""),
             created_at=float(data.get("created_at", 0.0)),
             meta=data["meta"] if isinstance(data.get("meta"), dict) else None,
+            outcome=FAILURE if data.get("outcome") == FAILURE else ANSWER,
+            reason=str(data.get("reason", "")),
+            tried=tuple(str(t) for t in data.get("tried") or ()),
+            replaced=data["replaced"] if isinstance(data.get("replaced"), dict) else None,
         )

@@ -51,6 +51,8 @@ async def _send(send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, b
     ]
     if outcome.source:
         headers.append((b"x-stm-source", outcome.source.encode()))
+    if outcome.failure:
+        headers.append((b"x-stm-failure", b"true"))
     await send({"type": "http.response.start", "status": outcome.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -289,9 +291,10 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        # "degraded" while the store cannot be read or written (answers are served unrecorded)
         return JSONResponse(
             {
-                "status": "ok",
+                **layer.health.report(),
                 "version": __version__,
                 "mode": layer.mode,
                 "store": layer.store.kind,

@@ -184,7 +184,8 @@ class Sessions:
             if outcome.status != 200:
                 return outcome  # not an answer to the call (overloaded, store down): not part of the trajectory
             # answers from a record or a local tool (they have a source) make the history; failures do not
-            counts = outcome.source is not None
+            # (a failure record replayed is no more part of it than the failure was when recorded)
+            counts = outcome.source is not None and not outcome.failure
             try:
                 parsed = json.loads(outcome.body)
             except ValueError:  # pragma: no cover - every body is JSON

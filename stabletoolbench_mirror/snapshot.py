@@ -36,6 +36,7 @@ from .cache_tools import ExportSummary, Tally, count, iter_export
 from .cli_common import add_config_arguments, settings_from_args
 from .config import Settings
 from .factory import build_store
+from .failures import failure_entries
 from .protocol import encode_answer
 from .secrets import public_settings
 from .stores import Store
@@ -106,8 +107,13 @@ def write_snapshot(
     *,
     settings: Settings | None = None,
     progress: bool = False,
+    exclude_failures: bool = False,
 ) -> dict[str, Any]:
     """Export the store into ``out`` (new or empty) and write ``manifest.json`` beside it; return the manifest.
+
+    Failure records are written like any entry (their served body as the value, as upstream's
+    server saves its failed answers), counted, and listed in the manifest's ``failure_entries``
+    so a frozen cache of the snapshot knows them; ``exclude_failures`` leaves them out.
 
     Entries that cannot be written (API names too long for a file name even encoded) are
     counted in the manifest's ``left_out``; :func:`verify_snapshot` then reports the
@@ -119,12 +125,17 @@ def write_snapshot(
     summary = ExportSummary()
     written = Tally()
     digest = ContentHash()
-    for exported in iter_export(store, root, progress=progress, desc="snapshot"):
+    failures: list[list[str]] = []
+    excluded = store.counts()
+    excluded_before = excluded.by_outcome.get("failure", 0) if excluded is not None and exclude_failures else None
+    for exported in iter_export(store, root, progress=progress, desc="snapshot", exclude_failures=exclude_failures):
         count(summary, exported)
         if exported.path is None:
             continue
         for record in exported.records:
             written.add(record)
+            if record.is_failure:
+                failures.append([exported.api, record.key])
         digest.add_api(exported.api, ((r.key, r.answer) for r in exported.records))
     tally = written.to_json()
     manifest: dict[str, Any] = {
@@ -143,6 +154,10 @@ def write_snapshot(
         "by_category": tally["by_category"],
         "models": tally["models"],
         "origins": tally["origins"],
+        "failures": tally["failure_records"],
+        "failure_reasons": tally["failure_reasons"],
+        "excluded_failures": _excluded(store, exclude_failures, excluded_before),
+        "failure_entries": sorted(failures),
         "store": store.kind,
         "settings": public_settings(settings) if settings is not None else None,
     }
@@ -150,6 +165,15 @@ def write_snapshot(
     tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, root / MANIFEST_NAME)
     return manifest
+
+
+def _excluded(store: Store, exclude_failures: bool, counted: int | None) -> int:
+    """How many failure records ``--exclude-failures`` left out (from the store's counters, else a scan)."""
+    if not exclude_failures:
+        return 0
+    if counted is not None:
+        return counted
+    return sum(1 for record in store if record.is_failure)
 
 
 # -- verifying ------------------------------------------------------------------------------------
@@ -211,8 +235,12 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
     digest = ContentHash()
     entries = files = 0
     by_category: Counter[str] = Counter()
+    listed_apis = {api for api, _key in failure_entries(manifest) or ()}
+    present: set[tuple[str, str]] = set()
     for api, group in groupby(tree_entries(root, problems, progress=progress), key=lambda e: e[0]):
         items = [(key, answer) for _, key, answer in group]
+        if api in listed_apis:
+            present.update((api, key) for key, _ in items)
         digest.add_api(api, items)
         files += 1
         entries += len(items)
@@ -225,6 +253,15 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
         problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {entries}")
     if isinstance(manifest.get("by_category"), dict) and manifest["by_category"] != dict(sorted(by_category.items())):
         problems.append("entry counts by category differ from the manifest")
+    listed = failure_entries(manifest)
+    if listed is None:
+        problems.append("failure_entries is not a list of [api, key] pairs")
+    else:
+        missing = [entry for entry in listed if entry not in present]
+        if missing:
+            problems.append(f"{len(missing)} failure entries of the manifest are not in the files")
+        if manifest.get("failures", len(listed)) != len(listed):
+            problems.append(f"failure count differs: manifest {manifest.get('failures')}, listed {len(listed)}")
     left_out = manifest.get("left_out") or {}
     if left_out and not allow_left_out:
         n = sum(left_out.values()) if isinstance(left_out, dict) else len(left_out)
@@ -248,13 +285,15 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     try:
         with build_store(settings) as store:
-            manifest = write_snapshot(store, args.out, settings=settings, progress=not args.quiet)
+            manifest = write_snapshot(store, args.out, settings=settings, progress=not args.quiet, exclude_failures=args.exclude_failures)
     except SnapshotError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"snapshot:      {args.out}")
     print(f"entries:       {manifest['entries']} in {manifest['files']} files")
     print("by source:     " + ", ".join(f"{k} {v}" for k, v in manifest["by_source"].items()))
+    left = f", {manifest['excluded_failures']} left out" if args.exclude_failures else ""
+    print(f"failures:      {manifest['failures']} included{left}")
     print(f"content hash:  {manifest['content_hash']}")
     print(f"time:          {_throughput(manifest['entries'], time.perf_counter() - started)}")
     if manifest["encoded_names"]:
@@ -287,5 +326,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)"
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--exclude-failures", action="store_true", help="leave failure records out (a cache meant for other people's record runs)"
+    )
     add_config_arguments(parser)
     parser.set_defaults(func=cmd_snapshot)

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from .config import UPSTREAM_CONFIG_FILE, Settings
+from .upstream_layout import iter_cache_spans
 
 #: the layout of an upstream cache tree, for messages
 TREE_LAYOUT = "<Category>/<tool>_for_<Category>/<api>.json"
@@ -103,40 +104,44 @@ class TreeCount:
     """Files that could not be parsed while counting entries."""
 
 
-def _dirs(path: Path | str) -> Iterator[os.DirEntry[str]]:
-    """Sub-folders of ``path`` (symlinks not followed), sorted; nothing when it cannot be read."""
+def _dirs(path: Path | str, follow: bool = False) -> Iterator[os.DirEntry[str]]:
+    """Sub-folders of ``path`` (symlinks followed only when ``follow``), sorted; nothing when it cannot be read."""
     try:
         with os.scandir(path) as it:
-            entries = [e for e in it if e.is_dir(follow_symlinks=False)]
+            entries = [e for e in it if e.is_dir(follow_symlinks=follow)]
     except OSError:
         return iter(())
     return iter(sorted(entries, key=lambda e: e.name))
 
 
-def _api_files(tool_dir: str) -> list[os.DirEntry[str]]:
+def _api_files(tool_dir: str, follow: bool = False) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(tool_dir) as it:
-            return [e for e in it if e.name.endswith(".json") and e.is_file(follow_symlinks=False)]
+            return [e for e in it if e.name.endswith(".json") and e.is_file(follow_symlinks=follow)]
     except OSError:
         return []
 
 
-def _tool_dirs(root: Path | str) -> Iterator[tuple[str, os.DirEntry[str]]]:
+def _tool_dirs(root: Path | str, follow: bool = False) -> Iterator[tuple[str, os.DirEntry[str]]]:
     """``(category, tool folder)`` of every tool folder laid out as upstream's: ``<tool>_for_<category>``."""
-    for category in _dirs(root):
+    for category in _dirs(root, follow):
         suffix = f"_for_{category.name}"
-        for tool in _dirs(category.path):
+        for tool in _dirs(category.path, follow):
             if tool.name.endswith(suffix):
                 yield category.name, tool
 
 
-def count_tree(root: str | os.PathLike[str], *, count_entries: bool | None = None) -> TreeCount:
-    """Count a tree's API files from its listing; its entries too when it is small (or when asked)."""
+def count_tree(root: str | os.PathLike[str], *, count_entries: bool | None = None, follow_symlinks: bool = False) -> TreeCount:
+    """Count a tree's API files from its listing; its entries too when it is small (or when asked).
+
+    Entries are counted with the frozen cache's own reader, so a file it would refuse (not a JSON
+    object, nested too deeply, a lone surrogate) is listed as unreadable here too.
+    """
     categories: set[str] = set()
     tools = files = size = 0
     paths: list[str] = []
-    for category, tool in _tool_dirs(root):
-        api_files = _api_files(tool.path)
+    for category, tool in _tool_dirs(root, follow_symlinks):
+        api_files = _api_files(tool.path, follow_symlinks)
         if not api_files:
             continue
         categories.add(category)
@@ -144,7 +149,7 @@ def count_tree(root: str | os.PathLike[str], *, count_entries: bool | None = Non
         files += len(api_files)
         for entry in api_files:
             try:
-                size += entry.stat(follow_symlinks=False).st_size
+                size += entry.stat(follow_symlinks=follow_symlinks).st_size
             except OSError:
                 pass
             paths.append(entry.path)
@@ -156,31 +161,26 @@ def count_tree(root: str | os.PathLike[str], *, count_entries: bool | None = Non
         entries = 0
         for path in paths:
             try:
-                with open(path, "rb") as fh:
-                    data = json.loads(fh.read())
+                with open(path, encoding="utf-8") as fh:
+                    entries += sum(1 for _ in iter_cache_spans(fh.read(), path, bodies=False))
             except (OSError, ValueError, RecursionError, MemoryError):
-                unreadable.append(path)
-                continue
-            if isinstance(data, dict):
-                entries += len(data)
-            else:
                 unreadable.append(path)
     return TreeCount(len(categories), tools, files, size, entries, tuple(unreadable))
 
 
-def looks_like_tree(path: str | os.PathLike[str], budget: list[int] | None = None) -> bool:
+def looks_like_tree(path: str | os.PathLike[str], budget: list[int] | None = None, *, follow_symlinks: bool = False) -> bool:
     """Whether ``path`` holds at least one upstream cache file (stops at the first one found)."""
     budget = budget if budget is not None else [NEAR_SEARCH_BUDGET]
-    for category in _dirs(path):
+    for category in _dirs(path, follow_symlinks):
         budget[0] -= 1
         if budget[0] <= 0:
             return False
         suffix = f"_for_{category.name}"
-        for tool in _dirs(category.path):
+        for tool in _dirs(category.path, follow_symlinks):
             budget[0] -= 1
             if budget[0] <= 0:
                 return False
-            if tool.name.endswith(suffix) and _api_files(tool.path):
+            if tool.name.endswith(suffix) and _api_files(tool.path, follow_symlinks):
                 return True
     return False
 
@@ -215,7 +215,7 @@ def nearby_tree(path: str | os.PathLike[str]) -> tuple[str, Path] | None:
     return None
 
 
-def frozen_cache_problem(path: str | os.PathLike[str]) -> str | None:
+def frozen_cache_problem(path: str | os.PathLike[str], *, follow_symlinks: bool = False) -> str | None:
     """Why ``path`` cannot be a frozen cache (with a hint where one is near), or ``None``.
 
     Used at start for every frozen cache and by ``cache import``.
@@ -232,7 +232,7 @@ def frozen_cache_problem(path: str | os.PathLike[str]) -> str | None:
         return f"{p} does not exist"
     if not p.is_dir():
         return f"{p} is not a folder"
-    if looks_like_tree(p):
+    if looks_like_tree(p, follow_symlinks=follow_symlinks):
         return None
     message = f"{p} has no cache files ({TREE_LAYOUT})"
     near = nearby_tree(p)
@@ -257,12 +257,12 @@ def check_frozen_caches(settings: Settings, report: StartupReport, *, count_entr
     for i, configured in enumerate(settings.frozen_caches):
         path = settings.resolve(configured)
         key = f"frozen_caches[{i}]"
-        problem = frozen_cache_problem(path)
+        problem = frozen_cache_problem(path, follow_symlinks=settings.allow_symlinks)
         if problem is not None:
             report.add(f"frozen cache {i}", f"{path}: NOT USABLE")
             report.error(key, problem)
             continue
-        count = count_tree(path, count_entries=count_entries)
+        count = count_tree(path, count_entries=count_entries, follow_symlinks=settings.allow_symlinks)
         report.add(f"frozen cache {i}", f"{path}: {_describe_tree(count)}")
         if count.unreadable:
             shown = ", ".join(count.unreadable[:3]) + (" ..." if len(count.unreadable) > 3 else "")

@@ -4,9 +4,12 @@ Every ``/virtual`` request ends in exactly one :class:`~.outcomes.OutcomeKind`, 
 :meth:`Stats.count` is called once per request, by the server, with that final outcome.
 So the outcome counters add up to ``requests``.  ``misses`` is not a counter of its own:
 it is the sum of the outcomes of requests that missed the cache (``recorded``,
-``shared``, ``failed``, ``unanswered``).  ``refusals`` counts the ``refused`` requests by
-the setting whose limit turned them away; ``failures`` the reasons responders gave no
-usable answer (once per responder call, not per request that shared it).
+``shared``, ``failed``, ``unanswered``, ``replaced``, ``unrecorded``; a failure record tried
+again counts as a miss too).  ``refusals`` counts the ``refused`` requests by the setting
+whose limit turned them away; ``failures`` the reasons responders gave no usable answer
+(once per responder call, not per request that shared it).  Beside the outcomes:
+``failure_records`` (new failure records written), ``failure_hits`` (hits that served a
+failure record) and ``retries`` (requests that tried a failure record again).
 
 The counts live in prometheus-client counters (:mod:`.metrics`): with ``serve --workers N``
 every worker adds to files in one shared folder, so ``/stats`` and ``/metrics`` show the sum
@@ -34,6 +37,8 @@ COUNTER_NAMES: dict[OutcomeKind, str] = {
     OutcomeKind.RECORDED: "recorded",
     OutcomeKind.SHARED: "shared",
     OutcomeKind.FAILED: "failed",
+    OutcomeKind.REPLACED: "replaced",
+    OutcomeKind.UNRECORDED: "unrecorded",
     OutcomeKind.UNANSWERED: "unanswered",
     OutcomeKind.LOCAL: "local",
     OutcomeKind.REJECTED: "rejected",
@@ -42,6 +47,8 @@ COUNTER_NAMES: dict[OutcomeKind, str] = {
     OutcomeKind.ERROR: "errors",
 }
 MISSES = "misses"
+#: failure-record counts beside the outcomes (each request adds to at most one of each)
+FAILURE_EVENTS = ("failure_records", "failure_hits", "retries")
 
 
 class Stats:
@@ -92,6 +99,12 @@ class Stats:
             counters.inc("apis", self._api_label(outcome.api), kind)
         for problem in outcome.problems:
             counters.inc("failures", self._failure_label(problem))
+        if outcome.retried:
+            counters.inc("records", "retries")
+        if outcome.new_failure_record:
+            counters.inc("records", "failure_records")
+        if outcome.failure and outcome.kind is OutcomeKind.HIT:
+            counters.inc("records", "failure_hits")
 
     def count_event(self, group: str, event: str) -> None:
         """A responder's own event (``simulator``: ``parse_retries``; ``shadow``: ``shadow_recorded``, ...)."""
@@ -112,6 +125,8 @@ class Stats:
         out: dict[str, Any] = {"requests": sum(counters.values())}
         out.update(counters)
         out[MISSES] = sum(n for kind, n in by_kind.items() if kind.is_miss)
+        events = {labels[0]: int(n) for labels, n in totals["records"].items()}
+        out.update({event: events.get(event, 0) for event in FAILURE_EVENTS})
         out["by_source"] = {labels[0]: int(n) for labels, n in sorted(totals["sources"].items())}
         out["refusals"] = {labels[0]: int(n) for labels, n in sorted(totals["refusals"].items())}
         failures = sorted(totals["failures"].items(), key=lambda item: (-item[1], item[0]))

@@ -17,9 +17,10 @@ import requests
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.stats import COUNTER_NAMES
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
 
-from tests.helpers.responders import KeyedResponder
+from tests.helpers.responders import KeyedResponder, expected_answer
 
 REPO = Path(__file__).resolve().parents[1]
 SKIP_IN_REPO = {".git", ".venv", ".hypothesis", ".pytest_cache", "__pycache__"}
@@ -47,8 +48,10 @@ class Target:
     def __init__(self, url: str) -> None:
         self.url = url + "/virtual"
         self.session = requests.Session()
+        self.posts = 0
 
     def post_bytes(self, body: bytes) -> requests.Response:
+        self.posts += 1
         return self.session.post(self.url, data=body, headers={"Content-Type": "application/json"}, timeout=30)
 
 
@@ -63,10 +66,17 @@ def target(tmp_path: Path, serve, settings_factory) -> Iterator[Target]:
     server = serve(settings, layer)
     before_tmp = _tree(tmp_path, set(), exclude=store_dir)
     before_repo = _tree(REPO, SKIP_IN_REPO)
-    yield Target(server.url)
+    target = Target(server.url)
+    yield target
     assert _tree(tmp_path, set(), exclude=store_dir) == before_tmp, "a request wrote outside the store folder"
     assert _tree(REPO, SKIP_IN_REPO) == before_repo, "a request wrote into the working tree"
-    assert len(layer.store) >= 0  # the store still opens and iterates
+    # every request was counted once, and the store holds exactly the answers recorded, each whole and right
+    stats = requests.get(server.url + "/stats", timeout=30).json()
+    assert stats["requests"] == target.posts == sum(stats[name] for name in COUNTER_NAMES.values())
+    records = list(layer.store)
+    assert len(records) == stats["recorded"]
+    for record in records:
+        assert record.source == "simulated" and record.answer == expected_answer(record.api, record.key), record
 
 
 def check(r: requests.Response) -> None:
@@ -114,6 +124,23 @@ def near_valid(draw: Any) -> dict[str, Any]:
 @given(body=near_valid())
 def test_near_valid_payloads(target: Target, body: dict[str, Any]) -> None:
     check(target.post_bytes(json.dumps(body).encode()))
+
+
+names = st.text(st.characters(blacklist_categories=["Cc", "Cs"]), min_size=1, max_size=30)
+valid_bodies = st.fixed_dictionaries({
+    "category": names, "tool_name": names, "api_name": names,
+    "tool_input": st.builds(json.dumps, st.dictionaries(st.text(max_size=12), json_values, max_size=5)),
+    "strip": st.just(""), "toolbench_key": st.just(""),
+})
+
+
+@FUZZ
+@given(body=valid_bodies)
+def test_valid_payloads_are_answered_and_recorded(target: Target, body: dict[str, Any]) -> None:
+    r = target.post_bytes(json.dumps(body).encode())
+    check(r)
+    # a valid body is answered (recorded, or found: an earlier example may have made the same call)
+    assert r.status_code == 200 and r.headers["x-stm-outcome"] in {"recorded", "hit", "local"}, (r.headers, r.text[:300])
 
 
 @FUZZ

@@ -208,30 +208,33 @@ def test_body_size_limit_is_configurable(serve, settings_factory) -> None:
 
 
 def test_simulator_hung_garbage_or_failing_then_healthy(tmp_path: Path, serve, settings_factory) -> None:
-    """Each fault gets a clear answer within the configured timeout and records nothing; the fix needs no restart."""
+    """Each fault gets a clear answer within the configured timeout, recorded only as a failure record; the fix
+    needs no restart (the failure records are tried again and replaced)."""
     mode = {"reply": Reply(hang=True)}
     with OpenAIStub(lambda body: mode["reply"]) as sim:
         settings = settings_factory(
             simulator={"enabled": True, "api_base": sim.api_base, "read_timeout_s": 0.5, "max_retries": 0, "connect_timeout_s": 0.5},
         )
         server = serve(settings)
-        for reply, expected_error in (
+        faults = (
             (Reply(hang=True), protocol.API_NOT_WORKING),
             (Reply(content="this is not JSON at all {"), protocol.SIMULATION_FAILED),
             (Reply(status=500), protocol.API_NOT_WORKING),
             (Reply(close=True), protocol.API_NOT_WORKING),
-        ):
+        )
+        for n, (reply, expected_error) in enumerate(faults):
             mode["reply"] = reply
             start = time.monotonic()
-            r = requests.post(server.url + "/virtual", json=payload(7), timeout=30)
+            r = requests.post(server.url + "/virtual", json=payload(7 + n), timeout=30)
             assert time.monotonic() - start < 5.0
             assert r.status_code == 200 and r.json()["error"] == expected_error, (reply, r.text)
-            assert r.headers["x-stm-outcome"] == "failed"
+            assert r.headers["x-stm-outcome"] == "failed" and r.headers["x-stm-failure"] == "true"
         mode["reply"] = Reply(content=json.dumps({"error": "", "response": "fine now"}))
-        r = requests.post(server.url + "/virtual", json=payload(7), timeout=30)
-        assert r.json() == {"error": "", "response": "fine now"} and r.headers["x-stm-outcome"] == "recorded"
-        r = requests.post(server.url + "/virtual", json=payload(7), timeout=30)
-        assert r.headers["x-stm-outcome"] == "hit"
+        for n in range(len(faults)):
+            r = requests.post(server.url + "/virtual", json=payload(7 + n), timeout=30)
+            assert r.json() == {"error": "", "response": "fine now"} and r.headers["x-stm-outcome"] == "replaced"
+            r = requests.post(server.url + "/virtual", json=payload(7 + n), timeout=30)
+            assert r.headers["x-stm-outcome"] == "hit"
 
 
 def test_lone_surrogates_in_requests_or_answers_never_crash(tmp_path: Path, serve, settings_factory) -> None:

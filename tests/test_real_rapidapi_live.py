@@ -111,7 +111,7 @@ def test_text_answers_are_kept_as_text(rapid, serve) -> None:
     assert r.json() == {"error": "", "response": "Keep calm and cache on"}
 
 
-def test_host_errors_and_unbuildable_calls_are_not_recorded(rapid, serve) -> None:
+def test_host_errors_and_unbuildable_calls_are_recorded_only_as_failures(rapid, serve) -> None:
     settings, layer, host = rapid
     server = serve(settings, layer)
     r = server.post(call("Missing", {}))
@@ -124,7 +124,8 @@ def test_host_errors_and_unbuildable_calls_are_not_recorded(rapid, serve) -> Non
     r = server.post(call("Unknown API", {}))
     assert r.headers["X-STM-Outcome"] == "failed"
     assert host.count == 1
-    assert len(layer.store) == 0
+    # what the client got is recorded as failure records, never as a real answer
+    assert len(layer.store) == 3 and all(r.is_failure and r.source == "real" for r in layer.store)
     failures = layer.stats.snapshot()["failures"]
     assert "real: rapidapi: HTTP 404" in failures
     assert "real: rapidapi: missing path parameter 'id'" in failures

@@ -120,7 +120,10 @@ def test_invalid_relay_answers_give_the_miss_error_without_a_simulator(relay_onl
     assert answer["error"] == protocol.MISS_ERROR
     assert "no recorded response" in answer["response"]
     assert relay_only.host.count == before + 1
-    assert relay_only.layer.store.get(*api_and_key({"row": row})) is None
+    # recorded as a failure record (the served bytes), never as the real API's answer
+    record = relay_only.layer.store.get(*api_and_key({"row": row}))
+    assert record is not None and record.is_failure and record.body == r.text
+    assert record.source == "real" and record.reason.startswith("real: ") and record.tried[0].startswith("real:")
     failures = requests.get(relay_only.server.url + "/stats", timeout=5).json()["failures"]
     assert any(k.startswith("real: ") for k in failures)
 

@@ -1,4 +1,5 @@
-"""A Redis store through the real HTTP server: restarts, memory full and read-only answer 503, then recover."""
+"""A Redis store through the real HTTP server: restarts, memory full and read-only still answer (HTTP 200, the
+answer unrecorded, /health degraded), then recover."""
 
 from __future__ import annotations
 
@@ -55,11 +56,19 @@ def assert_store_unavailable(r: requests.Response) -> None:
 
 
 def is_outage_answer(r: requests.Response) -> bool:
-    """Whether ``r`` is what a call that needs the store gets while Redis is down (checked in full)."""
-    if r.status_code == 200:
-        return False
-    assert_store_unavailable(r)
-    return True
+    """Whether ``r`` is what a call that needs the store gets while Redis is down: the responder's answer,
+    HTTP 200 (not an error the client would turn into a tool failure), served but not recorded."""
+    assert r.status_code == 200, r.text
+    return r.headers["x-stm-outcome"] == "unrecorded"
+
+
+def assert_served_unrecorded(r: requests.Response, i: int) -> None:
+    assert is_outage_answer(r), r.headers
+    assert r.json() == expected_answer(api(i), f"{{'n': {i}}}")
+
+
+def health(server) -> dict[str, Any]:
+    return requests.get(server.url + "/health", timeout=10).json()
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
@@ -101,16 +110,17 @@ class LoadClient(threading.Thread):
                 before = self.phase()
                 r = session.post(self.url + "/virtual", json=payload(i), timeout=30)
                 outage = is_outage_answer(r)
-                if not outage:
-                    assert r.json() == expected_answer(api(i), f"{{'n': {i}}}")
+                assert r.json() == expected_answer(api(i), f"{{'n': {i}}}")
                 self.sent.append(Sent(i, fresh, (before, self.phase()), outage))
                 n += 1
         except BaseException as exc:  # reported by the test, not lost with the thread
             self.error = exc
 
 
-def test_redis_restart_mid_run_errors_while_down_then_serves(own_redis: RedisServer, redis_app) -> None:
+def test_redis_restart_mid_run_answers_while_down_then_records(own_redis: RedisServer, redis_app, caplog) -> None:
     server, layer = redis_app
+    layer.health.log_interval_s = 3600.0  # one message for the whole outage, however slow the machine
+    caplog.set_level("WARNING", logger="stabletoolbench_mirror.store_health")
     session = requests.Session()
     for i in range(20):
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
@@ -142,7 +152,9 @@ def test_redis_restart_mid_run_errors_while_down_then_serves(own_redis: RedisSer
             start = time.monotonic()
             r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
             assert time.monotonic() - start < 2.0, "a Redis outage must answer quickly"
-            assert is_outage_answer(r)
+            assert_served_unrecorded(r, i)
+        now = health(server)
+        assert now["status"] == "degraded" and now["unrecorded"] >= 3 and "redis" in str(now["store_problems"])
         # answers this server has already read stay available from its memory of them
         r = session.post(server.url + "/virtual", json=payload(5), timeout=10)
         assert r.status_code == 200 and r.json() == expected_answer(api(5), "{'n': 5}")
@@ -167,7 +179,12 @@ def test_redis_restart_mid_run_errors_while_down_then_serves(own_redis: RedisSer
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
         assert r.status_code == 200, r.text
         assert r.json() == expected_answer(api(i), f"{{'n': {i}}}")
-    assert layer.stats.snapshot()["store_errors"] >= 4
+    assert layer.store.get(api(99_999), "{'n': 99999}") is not None  # recorded now that Redis is back
+    assert health(server)["status"] == "ok"
+    assert layer.stats.snapshot()["unrecorded"] >= 4
+    # the outage was logged once (per interval), not once per request
+    down = [r.getMessage() for r in caplog.records if "answers are served but not recorded" in r.getMessage()]
+    assert len(down) == 1, down
     # nothing half-written: every canonical pointer names an entry
     check_pointers(own_redis.url, "faults")
 
@@ -207,14 +224,14 @@ def test_redis_memory_full_refuses_writes_serves_hits_and_recovers(own_redis: Re
     admin.config_set("maxmemory-policy", "noeviction")
     admin.config_set("maxmemory", 1)  # far below what is in use: every write is refused with OOM
     try:
-        r = server.post(payload(50))
-        assert_store_unavailable(r)
-        assert "maxmemory" in r.json()["error"]
+        assert_served_unrecorded(server.post(payload(50)), 50)
+        assert "maxmemory" in health(server)["store_problems"]["write"]
         assert server.post(payload(3)).status_code == 200  # reads still work
     finally:
         admin.config_set("maxmemory", 0)
     r = server.post(payload(50))
     assert r.status_code == 200 and r.json() == expected_answer(api(50), "{'n': 50}")
+    assert r.headers["x-stm-outcome"] == "recorded" and health(server)["status"] == "ok"
     admin.close()
 
 
@@ -226,14 +243,15 @@ def test_redis_read_only_replica_refuses_writes_and_recovers(own_redis: RedisSer
     admin = redis.Redis.from_url(own_redis.url)
     admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a master that is not there: read-only
     try:
-        r = server.post(payload(60))
-        assert_store_unavailable(r)
-        assert "READONLY" in r.json()["error"] or "read only" in r.json()["error"]
+        assert_served_unrecorded(server.post(payload(60)), 60)
+        problem = health(server)["store_problems"]["write"]
+        assert "READONLY" in problem or "read only" in problem
         assert server.post(payload(1)).status_code == 200
     finally:
         admin.execute_command("REPLICAOF", "NO", "ONE")
     r = server.post(payload(60))
     assert r.status_code == 200 and r.json() == expected_answer(api(60), "{'n': 60}")
+    assert r.headers["x-stm-outcome"] == "recorded"
     admin.close()
 
 
@@ -245,7 +263,7 @@ def test_redis_url_password_never_appears_in_errors(tmp_path: Path, serve, setti
     assert "s3cret-pw" in settings.secrets()
     server = serve(settings)
     r = server.post(payload(1))
-    assert_store_unavailable(r)
+    assert_store_unavailable(r)  # nothing configured to answer a miss: nothing to serve, so the store's error
     assert "s3cret-pw" not in r.text
 
 

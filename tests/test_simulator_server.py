@@ -117,6 +117,18 @@ def records(layer: MirrorLayer) -> list[Record]:
     return list(layer.store)
 
 
+def usable(layer: MirrorLayer) -> list[Record]:
+    """The usable answers in the store (failure records left out)."""
+    return [r for r in layer.store if not r.is_failure]
+
+
+def only_failure(layer: MirrorLayer, served: str) -> Record:
+    """The store's one record, a failure record of exactly the served body."""
+    (record,) = records(layer)
+    assert record.is_failure and record.body == served
+    return record
+
+
 def assert_no_secrets(*texts: str) -> None:
     for text in texts:
         assert API_KEY not in text
@@ -187,13 +199,43 @@ def test_cot_answer_keeps_error_and_response_only(mirror) -> None:
         assert records(layer)[0].answer == r.json()
 
 
-def test_simulated_error_answer_is_recorded(mirror) -> None:
-    content = json.dumps({"error": "Invalid query", "response": ""})
-    with OpenAIStub(script(Reply(content=content))) as stub:
+@pytest.mark.parametrize(
+    "answer",
+    [{"error": "Invalid query", "response": ""}, {"error": "Rate limit exceeded", "response": ""},
+     {"error": "", "response": "Unauthorized error..."}, {"error": "", "response": {"error": "quota exceeded"}}],
+)
+def test_simulated_error_answer_is_served_and_recorded_as_a_failure(mirror, answer: dict) -> None:
+    """The real path's validity rules apply to simulated answers (simulator.validity, default strict)."""
+    with OpenAIStub(script(Reply(content=json.dumps(answer)))) as stub:
         server, layer = mirror(stub.api_base)
         r = server.post(payload(q=""))
+        assert r.json() == answer and r.headers["X-STM-Outcome"] == "failed" and r.headers["X-STM-Failure"] == "true"
+        record = only_failure(layer, r.text)
+        assert record.source == "simulated" and record.reason.startswith("simulated: invalid simulated answer: ")
+        # tried again in record mode
+        server.post(payload(q=""))
+        assert stub.count == 2 and stats(server)["retries"] == 1
+
+
+def test_simulated_error_answer_is_recorded_with_validity_off(mirror) -> None:
+    content = json.dumps({"error": "Invalid query", "response": ""})
+    with OpenAIStub(script(Reply(content=content))) as stub:
+        server, layer = mirror(stub.api_base, validity="off")
+        r = server.post(payload(q=""))
         assert r.json() == {"error": "Invalid query", "response": ""}
-        assert records(layer)[0].source == "simulated"
+        (record,) = records(layer)
+        assert record.source == "simulated" and not record.is_failure
+
+
+def test_compatible_validity_uses_upstreams_substring_rules(mirror) -> None:
+    content = json.dumps({"error": "", "response": "price: $1500"})
+    with OpenAIStub(script(Reply(content=content))) as stub:
+        server, layer = mirror(stub.api_base, validity="compatible")
+        # "500" inside the price, as upstream's substring rules see it
+        assert server.post(payload()).headers["X-STM-Outcome"] == "failed"
+    with OpenAIStub(script(Reply(content=content))) as stub:
+        server, layer = mirror(stub.api_base, validity="strict")
+        assert server.post(payload(q="other")).headers["X-STM-Outcome"] == "recorded"
 
 
 def test_slow_answer_within_the_timeout(mirror) -> None:
@@ -209,21 +251,22 @@ def test_slow_answer_within_the_timeout(mirror) -> None:
 # -- answers that are served but not recorded --------------------------------------------------
 
 
-def test_unparsable_answer_is_served_as_failure_and_not_recorded(mirror) -> None:
+def test_unparsable_answer_is_served_as_failure_and_recorded_as_a_failure_record(mirror) -> None:
     with OpenAIStub(script(Reply(content="Sure! Here are some popular sites: pinterest, etsy."))) as stub:
         server, layer = mirror(stub.api_base)
         r = server.post(payload())
         assert r.status_code == 200
         assert r.json() == protocol.simulation_failed_answer()
         assert r.headers["X-STM-Outcome"] == "failed"
-        assert records(layer) == []
+        record = only_failure(layer, r.text)
+        assert record.reason == "simulated: simulator output not parsable" and record.tried == (f"simulated:{MODEL}",)
         s = stats(server)
-        assert (s["misses"], s["recorded"], s["failed"]) == (1, 0, 1)
+        assert (s["misses"], s["recorded"], s["failed"], s["failure_records"]) == (1, 0, 1, 1)
         assert s["failures"] == {"simulated: simulator output not parsable": 1}
         assert s["by_source"] == {}
-        # not recorded: the next identical call asks the model again
-        server.post(payload())
-        assert stub.count == 2
+        # a failure record: the next identical call asks the model again (record.retry_failures)
+        assert server.post(payload()).content == r.content  # failed again: the recorded failure, unchanged
+        assert stub.count == 2 and stats(server)["retries"] == 1
 
 
 def test_parse_failure_then_success_records_the_later_answer(mirror) -> None:
@@ -256,7 +299,7 @@ def test_persistent_errors_give_the_miss_answer(mirror, status: int) -> None:
         assert r.status_code == 200
         assert r.json()["error"] == protocol.API_NOT_WORKING
         assert stub.count == 3  # one try plus two retries
-        assert records(layer) == []
+        only_failure(layer, r.text)
         s = stats(server)
         assert (s["misses"], s["recorded"], s["failed"]) == (1, 0, 1)
         (failure,) = s["failures"]
@@ -287,7 +330,7 @@ def test_connection_refused(mirror) -> None:
     r = server.post(payload())
     assert time.monotonic() - start < 5
     assert r.status_code == 200 and r.json()["error"] == protocol.API_NOT_WORKING
-    assert records(layer) == []
+    assert "connection failed" in only_failure(layer, r.text).reason
     s = stats(server)
     (failure,) = s["failures"]
     assert failure.startswith("simulated: simulator unavailable: connection failed")
@@ -303,7 +346,7 @@ def test_hung_socket_times_out_without_retrying(mirror) -> None:
         assert 0.5 <= elapsed < 3
         assert r.json()["error"] == protocol.API_NOT_WORKING
         assert stub.count == 1  # a read timeout is not retried
-        assert records(layer) == []
+        only_failure(layer, r.text)
         (failure,) = stats(server)["failures"]
         assert "read timeout" in failure
 

@@ -228,6 +228,19 @@ def test_upstream_config_as_shipped_loads(tmp_path: Path) -> None:
     assert s.log_file == "./server.log" and s.resolve(s.log_file) == str(tmp_path / "server.log")
 
 
+def test_an_empty_value_in_this_projects_own_keys_names_the_key_not_pydantic_types(tmp_path: Path) -> None:
+    from stabletoolbench_mirror.config import ConfigError
+
+    cfg = tmp_path / "server_config.yml"
+    cfg.write_text("simulator:\n  api_base:\nfrozen_caches: [ok, null]\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(cfg, environ={})
+    message = str(caught.value)
+    assert f"{cfg}: invalid value for 'simulator.api_base': Input should be a valid string, or Input should be a valid list (got an empty value)" in message
+    assert f"{cfg}: invalid value for 'frozen_caches[1]': Input should be a valid string (got an empty value)" in message
+    assert "list[str]" not in message and "api_base.str" not in message
+
+
 def test_upstream_earlier_config_as_shipped_loads(tmp_path: Path) -> None:
     """Upstream's earlier config.yml named the relay ``rapidapi_url``."""
     cfg = tmp_path / "config.yml"
@@ -478,3 +491,21 @@ def test_first_calls_stop_only_when_all_failed_alike() -> None:
     watch = FirstCalls(3)
     assert [watch.see(*c) for c in [(False, "a"), (True, ""), (False, "a"), (False, "a")]] == [None] * 4
     assert FirstCalls(0).see(False, "a") is None
+
+
+def test_counts_skip_what_the_frozen_cache_refuses(tmp_path: Path) -> None:
+    """Files the frozen cache would refuse are reported unreadable; symbolic links count only when allowed."""
+    server = make_server_folder(tmp_path)
+    tree = server / "tool_response_cache"
+    tool = tree / "Data" / "demo_tool_for_Data"
+    (tool / "deep.json").write_text('{"{}": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    (tool / "surrogate.json").write_text('{"{}": {"error": "", "response": "\\ud800"}}')
+    outside = tmp_path / "outside" / "linked_for_Data"
+    write_cache_file(outside / "a.json", {"{}": ANSWER})
+    (tree / "Data" / "linked_for_Data").symlink_to(outside)
+    count = count_tree(tree)
+    assert (count.files, count.entries) == (4, 3) and sorted(Path(p).name for p in count.unreadable) == ["deep.json", "surrogate.json"]
+    assert count_tree(tree, follow_symlinks=True).files == 5
+    cfg = write_config(tmp_path / "c.yml", {"store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(tree)]})
+    out = cli("doctor", "--config", str(cfg), "--no-probe", cwd=tmp_path).stdout
+    assert "warning: frozen_caches[0]: 2 cache files cannot be read and are skipped" in out

@@ -261,3 +261,76 @@ def test_redis_recall_only_what_was_read_or_written(redis_server: RedisServer, r
     assert reader.get(NS, "{'zz': 0}") is None and reader.recall(NS, "{'zz': 0}") is None
     writer.close()
     reader.close()
+
+
+# -- failure records ----------------------------------------------------------------------------
+
+
+def fail(key: str, ns: str = NS, text: str = "Failed to generate fake response") -> Record:
+    return Record.failure(ns, key, {"error": text, "response": ""}, "simulated", "test",
+                          reason="simulator output not parsable", tried=("simulated:test",))
+
+
+def test_a_usable_answer_replaces_a_failure_record_and_nothing_replaces_an_answer(store: Store) -> None:
+    key = "{'a': 1}"
+    assert store.add(fail(key), "c") is True
+    got = store.get(NS, key)
+    assert got is not None and got.is_failure and got.reason == "simulator output not parsable"
+    assert got.tried == ("simulated:test",) and got.body == '{"error":"Failed to generate fake response","response":""}'
+    assert store.add(fail(key, text="API not working error..."), "c") is False  # the first failure stays
+    assert store.get(NS, key).answer["error"] == "Failed to generate fake response"  # type: ignore[union-attr]
+    answer = rec(key, "usable")
+    answer = Record(answer.api, answer.key, answer.body, answer.source, answer.origin, replaced=got.provenance())
+    assert store.add(answer, "c") is True
+    now = store.get(NS, key)
+    assert now is not None and not now.is_failure and now.answer["response"] == "usable"
+    assert now.replaced is not None and now.replaced["reason"] == "simulator output not parsable"
+    assert now.replaced["body"] == got.body
+    assert store.get_canonical(NS, "c") == now
+    # an answer is never replaced, by a failure or by another answer
+    assert store.add(fail(key), "c") is False and store.add(rec(key, "second"), "c") is False
+    assert store.get(NS, key) == now
+    assert len(store) == 1 and [r.key for r in store] == [key]
+    counts = store.counts()  # kept on every write: the failure's counts moved to the answer
+    assert counts is not None and counts.entries == 1 and counts.by_source == {"simulated": 1}
+    assert counts.by_origin == {"simulated:test": 1} and counts.by_outcome == {"replaced": 1}
+
+
+def test_a_canonical_pointer_moves_from_a_failure_to_an_answer_of_another_key(store: Store) -> None:
+    """{'a': 1, 'b': 2} failed first; {'b': 2, 'a': 1} (same canonical key) got an answer."""
+    assert store.add(fail("{'a': 1, 'b': 2}"), "ab") is True
+    assert store.get_canonical(NS, "ab").is_failure  # type: ignore[union-attr]
+    assert store.add(rec("{'b': 2, 'a': 1}", "ba answer"), "ab") is True
+    assert store.get_canonical(NS, "ab").answer["response"] == "ba answer"  # type: ignore[union-attr]
+    # the failure's own exact key still holds it (what that exact call was served)
+    assert store.get(NS, "{'a': 1, 'b': 2}").is_failure  # type: ignore[union-attr]
+    # a later failure of a third spelling does not move the pointer back
+    assert store.add(fail("{'b': 2, 'a': 1, }"), "ab") is True
+    assert store.get_canonical(NS, "ab").answer["response"] == "ba answer"  # type: ignore[union-attr]
+    # nor does a second answer: the first answer keeps the canonical key
+    assert store.add(rec("{ 'a': 1, 'b': 2 }", "third"), "ab") is True
+    assert store.get_canonical(NS, "ab").answer["response"] == "ba answer"  # type: ignore[union-attr]
+
+
+def test_another_instance_sees_a_replaced_failure(spec: dict[str, Any]) -> None:
+    """A failure read by one process (or host) is not remembered: its replacement is seen at once."""
+    a, b = open_store(spec), open_store(spec)
+    try:
+        a.add(fail("{'x': 1}"), "cx")
+        assert b.get(NS, "{'x': 1}").is_failure and b.get_canonical(NS, "cx").is_failure  # type: ignore[union-attr]
+        a.add(rec("{'x': 1}", "fixed"), "cx")
+        assert b.get(NS, "{'x': 1}").answer["response"] == "fixed"  # type: ignore[union-attr]
+        assert b.get_canonical(NS, "cx").answer["response"] == "fixed"  # type: ignore[union-attr]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_old_answer_records_read_the_same_and_failure_json_is_inspectable(store: Store, spec: dict[str, Any]) -> None:
+    answer = rec("{'q': 1}", "plain")
+    assert "outcome" not in answer.to_json() and "replaced" not in answer.to_json()  # answers' JSON unchanged
+    assert Record.from_json(answer.to_json()) == answer
+    failure = fail("{'q': 2}")
+    data = json.loads(failure.to_json())
+    assert data["outcome"] == "failure" and data["reason"] and data["tried"] == ["simulated:test"]
+    assert Record.from_json(failure.to_json()) == failure

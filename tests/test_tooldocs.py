@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
+from rapidfuzz import fuzz
 
 from stabletoolbench_mirror.naming import resolve_names
 from stabletoolbench_mirror.tooldocs import ToolDocs
@@ -63,9 +65,23 @@ def test_fuzzy_fallback_is_logged(tools: Path, caplog: pytest.LogCaptureFixture)
 
 
 def test_fuzzy_threshold_is_respected(tools: Path) -> None:
-    strict = ToolDocs(tools, fuzzy_score=99)
-    assert strict.find(resolve_names("Data", "Keyword Analysis", "PopularSiteForQuery")) is None
-    assert ToolDocs(tools, fuzzy_score=0).find(resolve_names("Data", "Keyword Analysis", "zzz")) is not None
+    names = resolve_names("Data", "Keyword Analysis", "PopularSiteForQuery")
+    # the score of the misspelt name against the doc's, computed here the way a user would
+    score = fuzz.ratio(names.api_name, "popularsitesforquery")
+    assert 90 < score < 100
+    # matched at any threshold up to its score, at none above it
+    at = ToolDocs(tools, fuzzy_score=math.floor(score)).find(names)
+    assert at is not None and at.fuzzy and at.name == "PopularSitesForQuery"
+    assert ToolDocs(tools, fuzzy_score=math.ceil(score)).find(names) is None
+
+
+def test_fuzzy_score_zero_takes_the_closest_api_of_the_tool(tools: Path) -> None:
+    docs = ToolDocs(tools, fuzzy_score=0)
+    near_keywords = docs.find(resolve_names("Data", "Keyword Analysis", "keywords"))
+    assert near_keywords is not None and near_keywords.fuzzy
+    assert (near_keywords.name, near_keywords.tool_name) == ("Query Keywords", "Keyword Analysis")
+    near_sites = docs.find(resolve_names("Data", "Keyword Analysis", "sites"))
+    assert near_sites is not None and (near_sites.name, near_sites.tool_name) == ("PopularSitesForQuery", "Keyword Analysis")
 
 
 def test_tool_under_another_category(tools: Path) -> None:

@@ -230,7 +230,9 @@ def test_answer_files_and_payloads_failures_listed_not_recorded(tmp_path: Path) 
         assert f"payloads   {1:>8} {1:>8} {0:>8} {0:>8} {2:>8}" in result.stdout
         assert "FAILED" in result.stdout and "FAIL" in failures.read_text()
         saved = records(tmp_path / "store")
-        assert len(saved) == 2 and not any("FAIL" in r.key for r in saved)
+        usable = [r for r in saved if not r.is_failure]
+        assert len(usable) == 2 and not any("FAIL" in r.key for r in usable)
+        assert [r.key for r in saved if r.is_failure] == ["{'artist_id': 'FAIL'}"]  # a failure record, retried later
         assert stub.count == 3
         failed_lines = [json.loads(line) for line in failures.read_text().splitlines()]
         assert len(failed_lines) == 1 and failed_lines[0]["payload"]["toolbench_key"] == ""
@@ -239,6 +241,7 @@ def test_answer_files_and_payloads_failures_listed_not_recorded(tmp_path: Path) 
         retry = cli("warm", "--payloads", str(failures), "--config", str(cfg), "-q", cwd=tmp_path)
         assert retry.returncode == 0, retry.stdout + retry.stderr
         assert stub.count == 4 and len(records(tmp_path / "store")) == 3
+        assert not any(r.is_failure for r in records(tmp_path / "store"))
 
 
 def test_calls_in_a_frozen_cache_are_not_made(reference_dir: Path, tmp_path: Path) -> None:

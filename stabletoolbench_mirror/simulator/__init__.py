@@ -82,6 +82,7 @@ def build_simulator(
         parse_retries=parse_retries_for(settings),
         redactor=redactor_for(settings),
         origin_suffix=origin_suffix,
+        validity=cfg.validity,
     )
 
 

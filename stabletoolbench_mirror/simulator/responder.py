@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from .. import protocol
 from ..call import ToolCall
 from ..logs import clip
+from ..real.validity import classify
 from ..records import Record, Source
 from ..responders import Attempt
 from ..secrets import Redactor
@@ -29,9 +30,12 @@ log = logging.getLogger(__name__)
 class Simulator:
     """Answers a cache miss with a simulated response (recorded with ``source: simulated``).
 
-    * a parsed answer -> ``Attempt(answer, origin=<model>)``, recorded by the layer;
-    * unparsable output -> no answer, fallback ``Failed to generate fake response`` (served,
-      not recorded, so a later call may try again);
+    * a parsed answer that passes the validity rules (``validity``) -> ``Attempt(answer,
+      origin=<model>)``, recorded by the layer;
+    * unparsable output -> no answer, fallback ``Failed to generate fake response`` (served and
+      recorded as a failure record, so a later call may try again);
+    * a parsed answer the validity rules reject (``{"error": "Rate limit exceeded"}``,
+      ``"Unauthorized error..."``) -> no answer, fallback the parsed answer itself;
     * no completion at all (connection refused, timeout, HTTP 5xx/429 after the retries) ->
       no answer and no fallback: the layer serves its "API not working" miss answer.
     """
@@ -53,6 +57,7 @@ class Simulator:
         parse_retries: int = 0,
         redactor: Redactor | None = None,
         origin_suffix: str = "",
+        validity: str = "strict",
     ) -> None:
         if style not in prompts.STYLES:
             raise ValueError(f"unknown simulator style {style!r}")
@@ -78,6 +83,9 @@ class Simulator:
         """Configured keys: an endpoint may echo its key (its ``Authorization`` header) into an answer."""
         self.origin_suffix = origin_suffix
         """Marks the records' origin, e.g. `` [no tool docs]`` when simulating without any doc."""
+        if validity not in VALIDITY_RULES:
+            raise ValueError(f"unknown simulator validity rules {validity!r}")
+        self.validity = validity
 
     @property
     def origin(self) -> str:
@@ -152,6 +160,10 @@ class Simulator:
             )
         if parsed.method != "json":
             log.info("simulator output for %s parsed by the %s extractor", clip(call.api), parsed.method)
+        rejected = invalid(parsed.answer, self.origin, self.validity)
+        if rejected is not None:
+            log.warning("simulated answer for %s rejected: %s", clip(call.api), rejected.detail)
+            return Attempt(None, self.origin, detail=rejected.detail, fallback=redactor.data(rejected.fallback))
         if retries:
             self._count_retry(success=True)
         # no key reaches the store, even when the endpoint echoes one (in the answer or its rationale)
@@ -214,3 +226,24 @@ def text_before_answer(content: str) -> str:
 def _clean(text: str) -> str:
     # a lone surrogate cannot be stored as UTF-8; a runaway output must not bloat the record
     return text[:MAX_RATIONALE_CHARS].encode("utf-8", "replace").decode("utf-8")
+
+
+#: ``simulator.validity``: the real path's rules (:mod:`..real.validity`) applied to simulated answers
+VALIDITY_RULES = ("strict", "compatible", "off")
+
+
+def invalid(answer: Any, origin: str, validity: str = "strict") -> Attempt | None:
+    """``None`` when a parsed simulated answer may be recorded, else the failed :class:`Attempt`.
+
+    ``strict`` and ``compatible`` are :func:`~..real.validity.classify`'s two rule sets (the real
+    API's ``strict_validity`` true / false); ``off`` records every parsed answer, as
+    StableToolBench's own simulator does.  A rejected answer is served as the model wrote it
+    (the agent sees the error it describes) and is not a usable answer.
+    """
+    if validity == "off":
+        return None
+    verdict = classify(answer, strict=validity == "strict")
+    if verdict.valid:
+        return None
+    return Attempt(None, origin, detail=f"invalid simulated answer: {verdict.reason}", fallback=answer)
+

@@ -25,6 +25,8 @@ class StoreCounts:
     by_category: dict[str, int] = field(default_factory=dict)
     by_origin: dict[str, int] = field(default_factory=dict)
     """Records by :func:`origin_key` (``<source>:<origin>``)."""
+    by_outcome: dict[str, int] = field(default_factory=dict)
+    """``failure``: failure records now; ``replaced``: usable answers that replaced one."""
     disk_bytes: int | None = None
     memory_bytes: int | None = None
 
@@ -86,13 +88,21 @@ class Store(CacheTier):
     Each record is also findable by its canonical key (see :mod:`stabletoolbench_mirror.keys`).
     Writes are add-if-absent: the first record for a key wins and is never torn or
     overwritten, so concurrent writers (threads, processes, hosts) agree on one answer.
+    The one exception is a failure record (:attr:`Record.is_failure`): a usable answer
+    replaces it, and a canonical pointer naming a failure moves to the usable answer, so a
+    failure never hides an answer recorded for the same call.  A usable answer is never
+    replaced.
     """
 
     kind = "store"
 
     @abc.abstractmethod
     def add(self, record: Record, canonical: str | None) -> bool:
-        """Store ``record`` unless its key is present; return whether it was added."""
+        """Store ``record`` unless its key holds a record (a failure record is replaced by an answer).
+
+        Return whether ``record`` was written.  ``canonical`` names ``record``'s key unless it
+        already names another key holding a usable answer.  Atomic across processes and hosts.
+        """
 
     def sample(self, api: str, limit: int) -> Iterator[Record]:
         """Up to ``limit`` records of one API; backends may do better than this scan."""

@@ -122,21 +122,46 @@ class DiskcacheStore(Store):
     def _add_in_transaction(self, record: Record, canonical: str | None, deltas: Counter[str] | None = None) -> bool:
         """Add one record; count it in ``deltas`` when given (the caller applies them in the same transaction)."""
         cache = self._cache
-        added = cache.add(_entry_key(record.api, record.key), record.to_json())
+        entry = _entry_key(record.api, record.key)
+        raw = cache.get(entry)
+        # add-if-absent, except that a usable answer replaces a failure record
+        replaced = None if raw is None or record.is_failure else Record.from_json(raw)
+        if replaced is not None and not replaced.is_failure:
+            replaced = None
+        added = raw is None or replaced is not None
+        if added:
+            cache.set(entry, record.to_json())
         if canonical is not None:
-            cache.add(_canonical_key(record.api, canonical), record.key)
+            pointer = _canonical_key(record.api, canonical)
+            target = cache.get(pointer)
+            # a canonical key names the first record, unless that is a failure and this an answer
+            if target is None or (target != record.key and not record.is_failure and self._holds_failure(record.api, target)):
+                cache.set(pointer, record.key)
         if added:
             counts = deltas if deltas is not None else Counter()
-            counts[_count_key("entries")] += 1
+            if replaced is not None:
+                counts[_count_key("source", replaced.source)] -= 1
+                counts[_count_key("origin", origin_key(replaced))] -= 1
+                counts[_count_key("outcome", "failure")] -= 1
+                counts[_count_key("outcome", "replaced")] += 1
+            else:
+                counts[_count_key("entries")] += 1
+                counts[_count_key("category", record.api.split("/", 1)[0])] += 1
             counts[_count_key("source", record.source)] += 1
-            counts[_count_key("category", record.api.split("/", 1)[0])] += 1
             counts[_count_key("origin", origin_key(record))] += 1
+            if record.is_failure:
+                counts[_count_key("outcome", "failure")] += 1
             if record.api not in self._known_apis:
                 if cache.add(f"{_NAMESPACE}\x00{record.api}", 1):
                     counts[_count_key("apis")] += 1
             if deltas is None:
                 self._apply(counts)
-        return bool(added)
+        return added
+
+    def _holds_failure(self, api: str, key: str) -> bool:
+        """Whether ``key``'s entry is a failure record (or missing)."""
+        raw = self._cache.get(_entry_key(api, key))
+        return raw is None or Record.from_json(raw).is_failure
 
     def _apply(self, deltas: Counter[str]) -> None:
         for key, delta in deltas.items():
@@ -174,7 +199,7 @@ class DiskcacheStore(Store):
                     out.entries = int(value)
                 elif parts[1:] == ["apis"]:
                     out.apis = int(value)
-                elif len(parts) == 3:
+                elif len(parts) == 3 and int(value):  # a count a replaced failure record took to 0 is left out
                     getattr(out, f"by_{parts[1]}")[parts[2]] = int(value)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc

@@ -18,6 +18,11 @@ A tree of any size is served with bounded memory:
   through to the next tier as if the file were absent.
 
 The canonical index of a file is built only when a canonical lookup needs it.
+
+An entry is a failure record when the tree's snapshot ``manifest.json`` lists it in
+``failure_entries``, or when it is upstream's own failed answer (``Failed to generate fake
+response``, which upstream's server saves like any answer): it is served as recorded, but a
+usable answer for the same call wins over it (see :mod:`..failures`).
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..failures import TREE_FAILURE_REASON, UPSTREAM_FAILURE_BODY, manifest_mtime_ns, tree_failure_entries
 from ..keys import canonical_from_upstream_key
 from ..protocol import encode_answer
-from ..records import Record
+from ..records import FAILURE, Record
 from .base import CacheTier
 from ..upstream_layout import OutsideTree, check_inside, count_cache_files, encode_name, iter_cache_spans, split_api
 
@@ -63,6 +69,8 @@ class _Index:
     fd: int | None = None
     """The file, kept open while this index lives (closed when the last user drops it)."""
     canonical: dict[str, str] | None = None
+    listed_failures: frozenset[str] = frozenset()
+    """The keys the tree's manifest lists as failure records."""
 
     def __del__(self) -> None:
         fd, self.fd = self.fd, None
@@ -135,6 +143,7 @@ class FrozenCache(CacheTier):
         self.memory_used = 0
         self.loads = 0
         self.evictions = 0
+        self._manifest: tuple[int, dict[str, frozenset[str]]] = (-2, {})
 
     # -- what is known without reading files ---------------------------------------------------
 
@@ -203,8 +212,19 @@ class FrozenCache(CacheTier):
                     log.warning("frozen cache file skipped: %s", exc if str(path) in str(exc) else f"{path}: {exc}")
                 return None
             self._refused.pop(api, None)
+            index.listed_failures = self._listed_failures().get(api, frozenset())
             self._insert(api, index)
             return index
+
+    def _listed_failures(self) -> dict[str, frozenset[str]]:
+        """The failure entries of the tree's snapshot manifest by API (re-read when it changes; read at file loads only)."""
+        mtime_ns = manifest_mtime_ns(self.root)
+        if self._manifest[0] != mtime_ns:
+            by_api: dict[str, set[str]] = {}
+            for api, key in tree_failure_entries(self.root) if mtime_ns != -1 else ():
+                by_api.setdefault(api, set()).add(key)
+            self._manifest = (mtime_ns, {api: frozenset(keys) for api, keys in by_api.items()})
+        return self._manifest[1]
 
     def _parse(self, path: str) -> _Index:
         if not self.allow_symlinks:
@@ -283,8 +303,12 @@ class FrozenCache(CacheTier):
                     canonical: dict[str, str] = {}
                     for key in index.entries:
                         ckey = canonical_from_upstream_key(key)
-                        if ckey is not None:
-                            canonical.setdefault(ckey, key)
+                        if ckey is None:
+                            continue
+                        first = canonical.setdefault(ckey, key)
+                        # spellings of one call: a usable answer takes the canonical key from a failure
+                        if first != key and self._is_failure(api, index, first) and not self._is_failure(api, index, key):
+                            canonical[ckey] = key
                     index.canonical = canonical
                     with self._lock:
                         extra = sum(len(k) + _CANONICAL_OVERHEAD for k in canonical)
@@ -350,14 +374,22 @@ class FrozenCache(CacheTier):
                 (_ns, key), (_ident, dropped) = self._bodies.popitem(last=False)
                 self.bodies_used -= len(dropped) + len(key) + _BODY_OVERHEAD
 
-    def _record(self, api: str, key: str, body: str) -> Record:
+    def _record(self, api: str, key: str, body: str, failure: bool = False) -> Record:
+        if failure:
+            return Record(api=api, key=key, body=body, source="frozen", origin=self.origin, created_at=0.0,
+                          outcome=FAILURE, reason=TREE_FAILURE_REASON)
         return Record(api=api, key=key, body=body, source="frozen", origin=self.origin, created_at=0.0)
+
+    def _is_failure(self, api: str, index: _Index, key: str) -> bool:
+        return key in index.listed_failures or self._body(api, index, key) == UPSTREAM_FAILURE_BODY
 
     def _lookup(self, api: str, index: _Index | None, key: str) -> Record | None:
         if index is None:
             return None
         body = self._body(api, index, key)
-        return None if body is None else self._record(api, key, body)
+        if body is None:
+            return None
+        return self._record(api, key, body, key in index.listed_failures or body == UPSTREAM_FAILURE_BODY)
 
     def get(self, api: str, key: str) -> Record | None:
         return self._lookup(api, self._index(api), key)
@@ -391,7 +423,7 @@ class FrozenCache(CacheTier):
         return None if key is None else self._lookup(api, state, key)
 
     def sample(self, api: str, limit: int) -> list[Record]:
-        """Up to ``limit`` entries of one API file, in file order (few-shot examples)."""
+        """Up to ``limit`` usable entries of one API file, in file order (few-shot examples)."""
         index = self._index(api)
         if index is None or limit <= 0:
             return []
@@ -400,6 +432,6 @@ class FrozenCache(CacheTier):
             if len(out) >= limit:
                 break
             record = self._lookup(api, index, key)
-            if record is not None:
+            if record is not None and not record.is_failure:
                 out.append(record)
         return out

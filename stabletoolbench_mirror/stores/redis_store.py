@@ -48,22 +48,62 @@ from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
 log = logging.getLogger(__name__)
 
 # KEYS: entries hash, canonical hash, apis set, counts hash;
-# ARGV: key, record JSON, api, canonical or "", source, category, origin or ""
+# ARGV: key, record JSON, api, canonical or "", source, category, origin or "", "1" for a failure record.
+# Add-if-absent, except that a usable answer replaces a failure record (its counts move to the answer),
+# and a canonical pointer naming a failure (or nothing) moves to a usable answer.
 _ADD_SCRIPT = """
+local function decode(raw)
+  if not raw then return nil end
+  local ok, data = pcall(cjson.decode, raw)
+  if ok and type(data) == 'table' then return data end
+  return nil
+end
+local function is_failure(raw)
+  if not raw then return true end
+  local data = decode(raw)
+  return data ~= nil and data['outcome'] == 'failure'
+end
 if redis.call('SCARD', KEYS[3]) == 0 then
   redis.call('HSETNX', KEYS[4], 'counted', 1)
 end
-local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+local failure = ARGV[8] == '1'
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+local replaced = nil
+if current and (not failure) and is_failure(current) then
+  replaced = decode(current)
+end
+local added = 0
+if (not current) or replaced then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  added = 1
+end
 if ARGV[4] ~= '' then
-  redis.call('HSETNX', KEYS[2], ARGV[4], ARGV[1])
+  local target = redis.call('HGET', KEYS[2], ARGV[4])
+  if (not target) or (target ~= ARGV[1] and (not failure) and is_failure(redis.call('HGET', KEYS[1], target))) then
+    redis.call('HSET', KEYS[2], ARGV[4], ARGV[1])
+  end
 end
 if added == 1 then
   redis.call('SADD', KEYS[3], ARGV[3])
-  redis.call('HINCRBY', KEYS[4], 'entries', 1)
+  if replaced then
+    -- the failure's counts move to the answer (origin as origin_key() groups it)
+    local source = tostring(replaced['source'])
+    local origin = tostring(replaced['origin'] or '')
+    if source == 'imported' then origin = string.match(origin, '^[^/]*') end
+    redis.call('HINCRBY', KEYS[4], 'source:' .. source, -1)
+    redis.call('HINCRBY', KEYS[4], 'origin:' .. source .. ':' .. origin, -1)
+    redis.call('HINCRBY', KEYS[4], 'outcome:failure', -1)
+    redis.call('HINCRBY', KEYS[4], 'outcome:replaced', 1)
+  else
+    redis.call('HINCRBY', KEYS[4], 'entries', 1)
+    redis.call('HINCRBY', KEYS[4], 'category:' .. ARGV[6], 1)
+  end
   redis.call('HINCRBY', KEYS[4], 'source:' .. ARGV[5], 1)
-  redis.call('HINCRBY', KEYS[4], 'category:' .. ARGV[6], 1)
   if ARGV[7] ~= '' then
     redis.call('HINCRBY', KEYS[4], 'origin:' .. ARGV[7], 1)
+  end
+  if failure then
+    redis.call('HINCRBY', KEYS[4], 'outcome:failure', 1)
   end
 end
 return added
@@ -99,8 +139,10 @@ def display_url(url: str) -> str:
 class RecordMemory:
     """A bounded in-process copy of records already read (least recently used ones go first).
 
-    Sound because records never change once written (add-if-absent): a key, once found,
-    names the same record for good on every host.  Absent keys are never remembered.
+    Sound because usable answers never change once written (add-if-absent): a key, once
+    found, names the same answer for good on every host.  Absent keys and failure records
+    (which an answer may replace, and whose canonical pointers may move) are never remembered.
+    Only what a hit serves is kept (not ``meta`` or ``replaced``).
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -130,8 +172,17 @@ class RecordMemory:
     def put(self, where: tuple[str, str], record: Record) -> None:
         # kept as a tuple of strings and a float, which Python's garbage collector stops tracking:
         # a memory of many records then costs the collector (and so the latency tail) nothing
+        if record.is_failure:
+            return
         fields = (record.key, record.body, record.source, record.origin, record.created_at)
         self._insert(self._records, where, fields, len(record.body) + len(record.key) + len(record.origin) + 200)
+
+    def unpoint(self, where: tuple[str, str]) -> None:
+        """Forget a canonical pointer (it names a failure record, so it may move)."""
+        with self._lock:
+            item = self._pointers.pop(where, None)
+            if item is not None:
+                self._bytes -= item[1]
 
     def point(self, where: tuple[str, str], key: str) -> None:
         self._insert(self._pointers, where, key, len(key) + len(where[1]) + 100)
@@ -285,7 +336,12 @@ class RedisStore(Store):
                 key = self._point(api, canonical, self._client.hget(self._canonicals(api), canonical))
             except RedisError as exc:
                 raise self._failed("read", exc) from exc
-        return None if key is None else self.get(api, key)
+        return self._pointed(api, canonical, None if key is None else self.get(api, key))
+
+    def _pointed(self, api: str, canonical: str, record: Record | None) -> Record | None:
+        if record is not None and record.is_failure:
+            self._memory.unpoint((api, canonical))
+        return record
 
     async def aget_canonical(self, api: str, canonical: str) -> Record | None:
         key = self._memory.pointer((api, canonical))
@@ -294,14 +350,15 @@ class RedisStore(Store):
                 key = self._point(api, canonical, await self._async_client().hget(self._canonicals(api), canonical))
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 raise self._failed("read", exc) from exc
-        return None if key is None else await self.aget(api, key)
+        return self._pointed(api, canonical, None if key is None else await self.aget(api, key))
 
     def _add_call(self, record: Record, canonical: str | None) -> dict[str, Any]:
         ns = record.api
         origin = origin_key(record)
         return {
             "keys": [self._entries(ns), self._canonicals(ns), self._apis_key, self._counts],
-            "args": [record.key, record.to_json(), ns, canonical or "", record.source, ns.split("/", 1)[0], origin],
+            "args": [record.key, record.to_json(), ns, canonical or "", record.source, ns.split("/", 1)[0], origin,
+                     "1" if record.is_failure else "0"],
         }
 
     def add(self, record: Record, canonical: str | None) -> bool:
@@ -337,7 +394,8 @@ class RedisStore(Store):
         out = StoreCounts(entries=int(raw.get("entries", 0)), apis=apis, memory_bytes=int(memory) if memory else None)
         for name, value in raw.items():
             kind, _, what = name.partition(":")
-            if what and kind in ("source", "category", "origin"):
+            # a count a replaced failure record took to 0 is left out
+            if what and kind in ("source", "category", "origin", "outcome") and int(value):
                 getattr(out, f"by_{kind}")[what] = int(value)
         return out
 

@@ -153,7 +153,7 @@ def vllm_options(items: Sequence[str]) -> dict[str, Any]:
 def cached_only(layer: MirrorLayer, plan: WarmPlan) -> WarmPlan:
     """``--dry-run``: count what is cached; report the rest as to do without calling anything."""
     dry = WarmPlan(counts=plan.copy_counts(), skipped=list(plan.skipped))
-    dry.items = [item for item in plan.items if layer.lookup(item.call) is not None]
+    dry.items = [item for item in plan.items if layer.settled(item.call)]
     return dry
 
 

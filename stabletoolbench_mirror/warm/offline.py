@@ -68,6 +68,7 @@ class BatchingSimulator:
         linger_s: float = 0.05,
         wants_examples: bool = False,
         redactor: Redactor | None = None,
+        validity: str = "strict",
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -78,6 +79,8 @@ class BatchingSimulator:
         self.linger_s = linger_s
         self.wants_examples = wants_examples
         self.redactor = redactor or Redactor()
+        self.validity = validity
+        """``simulator.validity``: the rules a parsed answer must pass to be recorded as usable."""
         self.batches: list[int] = []
         """The size of every batch generated (for reports and tests)."""
         self._queue: list[_Pending] = []
@@ -88,6 +91,7 @@ class BatchingSimulator:
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
         from ..simulator import parse_output
+        from ..simulator.responder import invalid
 
         pending = _Pending(self._render(call, examples))
         with self._cond:
@@ -102,7 +106,8 @@ class BatchingSimulator:
         if parsed.answer is None:
             return Attempt(None, self.origin, detail="simulator output not parsable", fallback=protocol.simulation_failed_answer())
         # like the HTTP simulator: no key reaches the store, should the model ever write one
-        return Attempt(self.redactor.plus(call.toolbench_key).data(parsed.answer), self.origin)
+        answer = self.redactor.plus(call.toolbench_key).data(parsed.answer)
+        return invalid(answer, self.origin, self.validity) or Attempt(answer, self.origin)
 
     def _take_batch(self) -> list[_Pending] | None:
         with self._cond:
@@ -255,7 +260,8 @@ def offline_layer(
     renderer.close()  # only its prompt rendering is used: no HTTP client is needed
     origin = model or settings.simulator.model
     batcher = BatchingSimulator(
-        renderer.messages, generate, origin=origin, batch_size=concurrency, wants_examples=renderer.wants_examples, redactor=renderer.redactor
+        renderer.messages, generate, origin=origin, batch_size=concurrency, wants_examples=renderer.wants_examples, redactor=renderer.redactor,
+        validity=settings.simulator.validity
     )
     responders: list[Any] = []
     if settings.real.enabled:

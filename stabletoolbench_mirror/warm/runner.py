@@ -60,7 +60,8 @@ def split(layer: MirrorLayer, plan: WarmPlan) -> tuple[dict[str, KindCounts], li
     todo: list[WarmItem] = []
     for item in plan.items:
         try:
-            cached = layer.lookup(item.call) is not None
+            # a failure record counts as cached only when record mode would not try it again
+            cached = layer.settled(item.call)
         except StoreError as exc:
             raise WarmInputError(f"the store cannot be read: {exc}") from None
         if cached:
@@ -94,7 +95,9 @@ def make_call(handle: Handler, call: ToolCall) -> tuple[OutcomeKind | None, str]
     except Exception as exc:  # noqa: BLE001 - one bad call must not end the run
         log.exception("warming %s failed", call.api)
         return None, f"error: {type(exc).__name__}: {exc}"
-    return outcome.kind, "" if outcome.kind in ANSWERED else failure_reason(outcome)
+    # a failure record (new, or served again) is a failed call: listed, and tried again by the next warm
+    kind = OutcomeKind.FAILED if outcome.failure else OutcomeKind.RECORDED if outcome.kind is OutcomeKind.REPLACED else outcome.kind
+    return kind, "" if kind in ANSWERED else failure_reason(outcome)
 
 
 #: ``warm --stop-after-failures`` default: a run whose first this many calls all fail for one cause stops

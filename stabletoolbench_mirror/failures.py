@@ -1,0 +1,75 @@
+"""Which entries of an upstream ``tool_response_cache`` tree are failure records.
+
+A tree holds served bodies only.  An entry is a failure record (a miss that ended without a
+usable answer, see :attr:`~.records.Record.is_failure`) when
+
+* the tree's snapshot ``manifest.json`` lists it in ``failure_entries`` (``snapshot`` writes
+  them), or
+* it is upstream's own failed answer, ``{"error": "Failed to generate fake response",
+  "response": ""}``, which upstream's server saves like any answer.
+
+Frozen caches and ``cache import`` use this, so a failure keeps being a failure wherever it goes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from .protocol import encode_answer, simulation_failed_answer
+
+log = logging.getLogger(__name__)
+
+UPSTREAM_FAILURE_BODY = encode_answer(simulation_failed_answer())
+#: the provenance a failure record read from a tree gets
+TREE_FAILURE_REASON = "recorded as a failure"
+
+
+def failure_entries(manifest: Any) -> set[tuple[str, str]] | None:
+    """The ``(api, key)`` pairs a manifest lists as failure records (none for older manifests);
+    ``None`` when the list is malformed."""
+    listed = manifest.get("failure_entries", []) if isinstance(manifest, dict) else []
+    if not isinstance(listed, list):
+        return None
+    out: set[tuple[str, str]] = set()
+    for item in listed:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+            return None
+        out.add((item[0], item[1]))
+    return out
+
+
+def tree_failure_entries(root: str | os.PathLike[str]) -> set[tuple[str, str]]:
+    """The failure entries listed by ``root``'s snapshot manifest (empty without one; a bad one is logged)."""
+    from .snapshot import MANIFEST_NAME
+
+    path = Path(root, MANIFEST_NAME)
+    if not path.is_file():
+        return set()
+    try:
+        listed = failure_entries(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, RecursionError) as exc:
+        log.warning("manifest %s cannot be read: %s; no entry of the tree is taken for a failure", path, exc)
+        return set()
+    if listed is None:
+        log.warning("manifest %s: failure_entries is malformed; no entry of the tree is taken for a failure", path)
+        return set()
+    return listed
+
+
+def manifest_mtime_ns(root: str | os.PathLike[str]) -> int:
+    """The modification time of ``root``'s manifest, ``-1`` when there is none."""
+    from .snapshot import MANIFEST_NAME
+
+    try:
+        return os.stat(Path(root, MANIFEST_NAME)).st_mtime_ns
+    except OSError:
+        return -1
+
+
+def is_tree_failure(api: str, key: str, body: str, listed: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> bool:
+    """Whether a tree entry (its served ``body``) is a failure record."""
+    return body == UPSTREAM_FAILURE_BODY or (api, key) in listed
