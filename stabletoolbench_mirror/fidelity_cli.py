@@ -72,8 +72,8 @@ def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: A
 
     pairs = []
     for record in tqdm(store, desc="read store", unit="entry", disable=not progress):
-        if record.source != "real":
-            continue
+        if record.source != "real" or record.is_failure:
+            continue  # a failure record holds what was served when no usable answer came: no reference
         call = call_of_record(record, docs)
         if call is None:
             problems.append(f"{record.api} {record.key[:100]}: the record's key is not a Python literal")
@@ -113,7 +113,7 @@ def candidates_from_shadow(pairs: list[Pair], shadow: Any) -> dict[tuple[str, st
     found: dict[tuple[str, str], Any] = {}
     for pair in pairs:
         record = shadow.get(pair.api, pair.key) or shadow.get_canonical(pair.api, pair.call.canonical)
-        if record is not None:
+        if record is not None and not record.is_failure:
             found[(pair.api, pair.call.canonical)] = record.answer
     return found
 
@@ -132,7 +132,9 @@ class SimulatorCandidate:
         found = list(self.store.sample(call.api, EXAMPLE_POOL)) if self.store is not None else []
         for frozen in self.frozen:
             found += frozen.sample(call.api, EXAMPLE_POOL)
-        return [r for r in found if r.key != call.key and canonical_from_upstream_key(r.key) != call.canonical]
+        return [
+            r for r in found if not r.is_failure and r.key != call.key and canonical_from_upstream_key(r.key) != call.canonical
+        ]
 
     def __call__(self, pair: Pair) -> Any:
         from .records import Record

@@ -297,12 +297,14 @@ def test_from_store_asks_the_simulator_with_the_live_prompt(tmp_path, reference_
             call = ToolCall.from_request(VirtualRequest.model_validate(item["payload"]))
             store.add(Record.from_answer(call.api, call.key, item["observed"], "real", "relay"), call.canonical)
         store.add(Record.from_answer("Data/x_for_Data/y", "{}", {"error": "", "response": "simulated"}, "simulated", "m"), "{}")
+        failed = {"error": "API not working error...", "response": ""}
+        store.add(Record.failure("Data/x_for_Data/z", "{}", failed, "real", "relay", reason="rate limit"), "{}")
     tools = reference_dir / "toolenv" / "tools"
     with OpenAIStub() as sim:
         config = write_config(tmp_path, tools_folder=str(tools), simulator={"api_base": sim.api_base, "system_prompt_file": str(prompts_file)})
         out = tmp_path / "store.json"
         assert main(["fidelity", "--config", str(config), "--from-store", "--quiet", "--json", str(out)]) == 0
         sent = [json.dumps(r["messages"], ensure_ascii=False) for r in sim.requests]
-    assert json.loads(out.read_text())["aggregate"]["n"] == 16  # the real records only
+    assert json.loads(out.read_text())["aggregate"]["n"] == 16  # the real answers only (no failure record)
     live = {json.dumps(upstream_messages(layout, tools, item["payload"], "mirrorapi-sft"), ensure_ascii=False) for item in reference_calls}
     assert len(sent) == 16 and set(sent) == live
