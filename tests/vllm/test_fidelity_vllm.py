@@ -80,6 +80,8 @@ def test_fidelity_and_chat_export_against_vllm(vllm: VllmServer, vllm_python: st
                     "structured_output": True,
                     "structured_max_chars": 64,
                     "read_timeout_s": 300,
+                    # a random model's text may trip the validity rules; every parsed answer is recorded here
+                    "validity": "off",
                 },
             }
         )
