@@ -401,7 +401,9 @@ class MirrorLayer:
         if self.save and self.mode is Mode.RECORD:
             try:
                 self.store.add(record, call.canonical)
+                self.health.succeeded("write")
             except StoreError as exc:  # the tool ran (its state changed): its answer is served anyway
+                self.health.failed("write", exc, unrecorded=True)
                 log.warning("local tool answer for %s not recorded: %s", clip(call.api), clip(exc, 500))
         return _served(call, record, OutcomeKind.LOCAL)
 

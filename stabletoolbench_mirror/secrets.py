@@ -1,8 +1,8 @@
 """One home for secrets: which values are secret, and how they are kept out of text and data.
 
 A *secret* is a configured key (``auth_token``, ``real.toolbench_key``, ``real.rapidapi_key``,
-``simulator.api_key``, the password of ``store.url``) or the ``toolbench_key`` a request
-carries.  None may reach the store, a log line, ``/stats``, a snapshot or an export:
+``simulator.api_key``, a password in a configured URL such as ``store.url``) or the
+``toolbench_key`` a request carries.  None may reach the store, a log line, ``/stats``, a snapshot or an export:
 
 * :class:`Redactor` replaces every known secret value by :data:`MASK`, in text
   (:meth:`Redactor.text`) and in JSON-like data, object keys included
@@ -11,8 +11,10 @@ carries.  None may reach the store, a log line, ``/stats``, a snapshot or an exp
   recorded with ``***`` instead;
 * :func:`mask_fields` masks the values of fields and headers named like secrets
   (``api_key``, ``Authorization``, ``X-RapidAPI-Key``, ...) in nested dicts;
-* :func:`public_settings` is the settings as data with both applied and user:password
-  removed from URLs (what a snapshot manifest shows).
+* :func:`public_url` is a URL without user info, query or fragment (start-up summary, logs,
+  record origins);
+* :func:`public_settings` is the settings as data with all of these applied (what a snapshot
+  manifest shows).
 
 Values shorter than :data:`MIN_LENGTH` characters are not searched for in text (a key of
 ``"a"`` would mask every ``a``); they are still masked where a field names them.
@@ -75,15 +77,14 @@ class Redactor:
 
 
 def secret_values(settings: "Settings") -> list[str]:
-    """Every secret value ``settings`` holds: the keys and token, and the password of ``store.url``."""
+    """Every secret value ``settings`` holds: the keys and token, and any password in a configured URL."""
     found = [
         v.get_secret_value()
         for v in (settings.auth_token, settings.real.toolbench_key, settings.real.rapidapi_key, settings.simulator.api_key)
         if v is not None and v.get_secret_value()
     ]
-    password = _url_password(settings.store.url) if settings.store.url else None
-    if password:
-        found.append(password)
+    urls = [settings.store.url, settings.real.relay_url, settings.real.rapidapi_base_url, *settings.simulator.endpoints]
+    found += [p for p in (_url_password(u) for u in urls if u) if p]
     return found
 
 
@@ -106,20 +107,24 @@ def mask_fields(value: Any) -> Any:
     return value
 
 
-def strip_userinfo(url: str) -> str:
-    """``url`` with any ``user:password@`` replaced by :data:`MASK`."""
+def public_url(url: str, *, keep_path: bool = True) -> str:
+    """``url`` without user info, query or fragment: what may be shown, logged or recorded as an origin.
+
+    (A password or a key in a query string stays out; ``keep_path=False`` keeps ``scheme://host:port`` only.)
+    """
     try:
         parts = urlsplit(url)
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = host + (f":{parts.port}" if parts.port is not None else "")
     except ValueError:
-        return url
-    if not parts.netloc or "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, f"{MASK}@{host}", parts.path, parts.query, parts.fragment))
+        return "<invalid URL>"
+    return urlunsplit((parts.scheme, netloc, parts.path if keep_path else "", "", ""))
 
 
 def public_settings(settings: "Settings") -> dict[str, Any]:
-    """The settings as JSON data without any secret: secret fields masked, URL passwords and key values removed."""
+    """The settings as JSON data without any secret: secret fields masked, URLs public, key values removed."""
     redactor = redactor_for(settings)
 
     def clean(value: Any) -> Any:
@@ -128,7 +133,7 @@ def public_settings(settings: "Settings") -> dict[str, Any]:
         if isinstance(value, list):
             return [clean(v) for v in value]
         if isinstance(value, str):
-            return redactor.text(strip_userinfo(value) if "://" in value else value)
+            return redactor.text(public_url(value) if "://" in value else value)
         return value
 
     return clean(mask_fields(settings.model_dump(mode="json")))

@@ -124,6 +124,7 @@ class Served(Protocol):
     status: int
     source: str | None
     origin: str
+    failure: bool
 
 
 Answer = Callable[[ToolCall, dict], Served]

@@ -25,9 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 from .config import UPSTREAM_CONFIG_FILE, Settings
+from .secrets import public_url
 from .upstream_layout import iter_cache_spans
 
 #: the layout of an upstream cache tree, for messages
@@ -386,19 +386,6 @@ class Probe:
         return f"{self.url}: answered (HTTP {self.status}{', ' + self.detail if self.detail else ''})"
 
 
-def display_url(url: str) -> str:
-    """``url`` without user info, query or fragment (safe to print)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = host + (f":{parts.port}" if parts.port else "")
-        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-    except ValueError:
-        return "<invalid URL>"
-
-
 def _cause(exc: BaseException) -> str:
     """A short, stable cause for a failed request: ``connection refused``, ``no answer within 2 s``, ..."""
     import requests
@@ -431,7 +418,7 @@ def probe(url: str, *, timeout_s: float = 3.0, headers: dict[str, str] | None = 
     """GET ``url``: any HTTP answer counts as answered.  Returns the probe and the parsed JSON body (or ``None``)."""
     import requests
 
-    shown = display_url(url)
+    shown = public_url(url)
     try:
         response = requests.get(url, timeout=(timeout_s, timeout_s), headers=headers or {}, allow_redirects=False, stream=True)
     except requests.RequestException as exc:
@@ -454,7 +441,7 @@ def probe_simulator(api_base: str, model: str, api_key: str | None, timeout_s: f
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     result, body = probe(api_base.rstrip("/") + "/models", timeout_s=timeout_s, headers=headers)
     if not result.answered:
-        return Probe(display_url(api_base), False, detail=result.detail)
+        return Probe(public_url(api_base), False, detail=result.detail)
     models: tuple[str, ...] | None = None
     if isinstance(body, dict) and isinstance(body.get("data"), list):
         models = tuple(str(m.get("id")) for m in body["data"] if isinstance(m, dict) and m.get("id") is not None)
@@ -463,7 +450,7 @@ def probe_simulator(api_base: str, model: str, api_key: str | None, timeout_s: f
         detail = "refused: check simulator.api_key"
     elif models is not None:
         detail = f"serves '{model}'" if model in models else f"does not list '{model}'"
-    return Probe(display_url(api_base), True, result.status, detail, models)
+    return Probe(public_url(api_base), True, result.status, detail, models)
 
 
 def _probe_timeout(configured: float) -> float:
@@ -496,7 +483,7 @@ def check_endpoints(settings: Settings, report: StartupReport, *, probe_endpoint
         report.add("real API", "off")
     elif real.backend == "relay":
         found = results.get("real")
-        report.add("real API", f"relay {found.describe() if found else display_url(real.relay_url or '') + ' (not checked)'}")
+        report.add("real API", f"relay {found.describe() if found else public_url(real.relay_url or '') + ' (not checked)'}")
         if found is not None and not found.answered:
             report.warning("real.relay_url", f"{found.url} does not answer ({found.detail}): real calls will fail and fall through to the simulator")
     else:
@@ -513,7 +500,7 @@ def check_endpoints(settings: Settings, report: StartupReport, *, probe_endpoint
     for i, endpoint in enumerate(sim.endpoints):
         found = results.get(f"simulator{i}")
         label = f"simulator endpoint {i}" if len(sim.endpoints) > 1 else "simulator endpoint"
-        report.add(label, found.describe() if found else f"{display_url(endpoint)} (not checked)")
+        report.add(label, found.describe() if found else f"{public_url(endpoint)} (not checked)")
         if found is None:
             continue
         key = "simulator.api_base"
@@ -532,7 +519,7 @@ def check_endpoints(settings: Settings, report: StartupReport, *, probe_endpoint
 
 def check_store(settings: Settings, report: StartupReport, *, open_store: bool) -> None:
     cfg = settings.store
-    where = settings.resolve(cfg.path) if cfg.kind == "diskcache" else display_url(cfg.url or "") + f" (prefix '{cfg.prefix}')"
+    where = settings.resolve(cfg.path) if cfg.kind == "diskcache" else public_url(cfg.url or "") + f" (prefix '{cfg.prefix}')"
     if not open_store:
         report.add("store", f"{cfg.kind} at {where}")
         return

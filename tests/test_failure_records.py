@@ -130,6 +130,7 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 import requests  # noqa: E402
 
+from stabletoolbench_mirror.factory import build_layer  # noqa: E402
 from tests.helpers.openai_stub import OpenAIStub, Reply  # noqa: E402
 
 CALLS = 16
@@ -293,6 +294,11 @@ def test_a_failure_never_hides_a_usable_answer_for_the_same_call(simulator, serv
     for body in (spelled, other, spaced):
         assert replayer.post(body).json() == good
     assert replayer.post(typed).json()["error"] == "API not working error..."  # a miss, not another call's answer
+    in_process = build_layer(settings_factory(mode="replay"))  # the blocking path (check, warm) keeps the same rule
+    try:
+        assert in_process.handle_payload(spelled).answer == good and in_process.settled(in_process.prepare(spelled))
+    finally:
+        in_process.close()
     assert requests.get(replayer.url + "/stats", timeout=10).json()["failure_hits"] == 0
 
     # a frozen tier's usable answer wins over a failure record in the store for the same key
@@ -305,3 +311,20 @@ def test_a_failure_never_hides_a_usable_answer_for_the_same_call(simulator, serv
     with_frozen = serve(settings_factory(mode="replay", store=second_store, frozen_caches=[str(tmp_path / "frozen")]))
     assert with_frozen.post(spelled).json() == {"error": "", "response": "frozen answer"}
     assert serve(settings_factory(mode="replay", store=second_store)).post(spelled).json() == failed
+
+
+def test_a_session_trajectory_with_a_failure_replays_identically(simulator, serve, settings_factory, tmp_path: Path) -> None:
+    """A failure in a session is not part of its history when recorded, nor when replayed: later keys agree."""
+    script, stub = simulator
+    sim = {"enabled": True, "style": "gpt-fewshot", "api_base": stub.api_base, "max_retries": 0, "parse_retries": 0}
+    recorder = serve(settings_factory(simulator=sim))
+    trajectory = [call(1), call(2), call(3)]  # 2 fails (unparsable)
+
+    def run_session(server) -> list[bytes]:
+        sid = requests.post(server.url + "/sessions", json={"task": "t"}, timeout=10).json()["id"]
+        return [requests.post(server.url + "/virtual", json=p, headers={"X-STM-Session": sid}, timeout=30).content for p in trajectory]
+
+    first = run_session(recorder)
+    assert json.loads(first[1])["error"] == "Failed to generate fake response"
+    replayer = serve(settings_factory(mode="replay"))
+    assert run_session(replayer) == first

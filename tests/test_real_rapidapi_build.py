@@ -76,10 +76,11 @@ def test_bad_docs_and_inputs_give_clear_errors(doc, args, message) -> None:
 
 
 def test_origins_drop_credentials_query_and_fragment() -> None:
-    from stabletoolbench_mirror.real.transport import host_key, public_origin
+    from stabletoolbench_mirror.real.transport import host_key
+    from stabletoolbench_mirror.secrets import public_url
 
     url = "https://user:secret-pw@Relay.Example:8443/api/virtual?key=SECRET#frag"
-    assert public_origin(url) == "https://relay.example:8443/api/virtual"
-    assert public_origin(url, keep_path=False) == "https://relay.example:8443"
+    assert public_url(url) == "https://relay.example:8443/api/virtual"
+    assert public_url(url, keep_path=False) == "https://relay.example:8443"
     assert host_key(url) == "relay.example:8443"
     assert "secret" not in build_request(GET_DOC, {"is_id": 1}, base_url="http://u:secret@127.0.0.1:9/").origin

@@ -418,3 +418,23 @@ def test_a_snapshot_replays_session_trajectories_from_a_frozen_tree(serve, setti
     replay = serve(settings_factory(mode="replay", store={"path": str(tmp_path / "empty")}, frozen_caches=[str(tmp_path / "snap")]))
     sid2 = new_session(replay.url, "frozen task")
     assert [post(replay.url, p, sid2).content for p in trajectory] == first
+
+
+def test_a_toolbench_key_never_reaches_a_session_or_its_prompts(serve, settings_factory, tmp_path: Path) -> None:
+    secret = "tbk-very-secret-123"
+    with OpenAIStub(CountingModel()) as stub:
+        server = serve(sim_settings(settings_factory, stub, "world-model"))
+        sid = new_session(server.url, "t")
+        payload = call_payload("add_meeting", name="x", toolbench_key=secret)
+        payload["toolbench_key"] = secret
+        post(server.url, payload, sid)
+        post(server.url, call_payload("query_meeting"), sid)
+        assert all(secret not in json.dumps(r) for r in stub.requests)
+        doc = requests.get(f"{server.url}/sessions/{sid}", timeout=10)
+        assert secret not in doc.text and doc.json()["calls"][0]["tool_input"] == {"name": "x"}
+    out = tmp_path / "export.jsonl"
+    config = tmp_path / "export.yml"
+    config.write_text(json.dumps({"store": {"path": str(tmp_path / "store")}}))
+    subprocess.run([sys.executable, "-m", "stabletoolbench_mirror", "sessions", "export", str(out), "--config", str(config), "-q"],
+                   cwd=REPO, env=_clean_env(), check=True, capture_output=True, timeout=120)
+    assert secret not in out.read_text()

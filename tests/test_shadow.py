@@ -93,14 +93,14 @@ def test_shadow_answers_are_kept_apart_and_scored(tmp_path: Path, reference_dir:
     ]
     assert all(r.meta and r.meta["style"] == "mirrorapi-cot" for r in shadow_records)
     with DiskcacheStore(str(tmp_path / "store")) as store:
-        # three real answers, and the failure record of the broken call (what it was served)
+        # the three real answers, and the invalid one as a failure record (what the client was served)
         assert sorted((r.source, r.is_failure) for r in store) == [("real", False)] * 3 + [("real", True)]
     assert Path(str(tmp_path / "store") + "-shadow").is_dir()
 
     out = tmp_path / "shadow.json"
     assert main(["fidelity", "--config", str(config), "--from-store", "--shadow", "--quiet", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["aggregate"]["n"] == 3  # the failure record is no reference
+    assert report["aggregate"]["n"] == 3
     for row in report["calls"]:
         assert row["reference"]["response"] == f"real answer for {query_of(row['key'])}"
         assert row["candidate"]["response"] == f"simulated answer for {row['key']}"

@@ -88,7 +88,9 @@ def test_an_echoed_simulator_key_is_never_recorded_logged_exported_or_counted(tm
         assert stub.headers and all(h["authorization"] == f"Bearer {SIM_KEY}" for h in stub.headers)
     assert served[0].headers["X-STM-Outcome"] == "recorded" and "you called me with Bearer ***" in served[0].json()["response"]
     assert served[2].json()["response"]["auth"] == "Bearer ***" and "Bearer ***" in served[2].json()["response"]
-    assert json.loads(stats)["recorded"] >= 6  # text, object and error answers were recorded (scrubbed)
+    # text and object answers were recorded; the error answer (simulator.validity), the unparsable and the
+    # refused ones as failure records: all of them scrubbed
+    assert (json.loads(stats)["recorded"], json.loads(stats)["failure_records"]) == (4, 6)
     assert "DEBUG" in log_text and "cannot be parsed" in log_text  # the log is at debug and saw the unparsable output
 
     exported = cli("cache", "export", str(work / "export"), "--store-path", str(work / "store"), "-q", cwd=work)

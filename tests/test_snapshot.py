@@ -88,7 +88,7 @@ def test_manifest_settings_carry_no_secret(tmp_path: Path) -> None:
         assert secret not in text
     assert manifest["settings"]["simulator"]["model"] == "MirrorAPI"
     assert manifest["settings"]["real"]["toolbench_key"] == "***"
-    assert manifest["settings"]["real"]["relay_url"] == "http://***@relay.local:8080/rapidapi"
+    assert manifest["settings"]["real"]["relay_url"] == "http://relay.local:8080/rapidapi"
 
 
 def test_verify_detects_tampering(tmp_path: Path) -> None:

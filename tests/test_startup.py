@@ -421,6 +421,11 @@ def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
     warning = next(line for line in out.splitlines() if line.startswith("warning: config: "))
     assert warning in readme
     assert "config: config.yml (StableToolBench's config.yml: no server_config.yml in this folder)" in readme
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "server_config.yml").write_text("simulator:\n  api_base:\n")
+    refused = cli("doctor", cwd=tmp_path / "own")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[0] == "configuration error:"
+    assert f"configuration error: {refused.stderr.strip().splitlines()[1]}" in readme
 
 
 # -- item 14: warm stops early on a dead dependency, and says why each call failed ------------------

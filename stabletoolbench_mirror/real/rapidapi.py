@@ -29,9 +29,10 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from ..call import ToolCall
 from ..logs import clip
 from ..naming import parameter_name
+from ..secrets import public_url
 from ..tooldocs import ToolDocs
 from .responder import Fetched
-from .transport import Reply, Transport, public_origin
+from .transport import Reply, Transport
 
 QUERY_METHODS = frozenset({"GET", "DELETE", "HEAD", "OPTIONS"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -79,7 +80,7 @@ class PreparedRequest:
     @property
     def origin(self) -> str:
         """``scheme://host[:port]`` of the target: what an answer's provenance records."""
-        return public_origin(self.url, keep_path=False)
+        return public_url(self.url, keep_path=False)
 
     def headers(self, rapidapi_key: str) -> dict[str, str]:
         headers = {"X-RapidAPI-Host": self.rapidapi_host, "accept": "application/json"}
@@ -181,7 +182,7 @@ class RapidAPIBackend:
         self.find_doc = find_doc
         self.rapidapi_key = rapidapi_key
         self.base_url = base_url
-        self.origin = public_origin(base_url, keep_path=False) if base_url else "rapidapi"
+        self.origin = public_url(base_url, keep_path=False) if base_url else "rapidapi"
 
     def fetch(self, call: ToolCall) -> Fetched:
         doc = self.find_doc(call)

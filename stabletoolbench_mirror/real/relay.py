@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 from ..call import ToolCall
+from ..secrets import public_url
 from .responder import Fetched
-from .transport import Transport, public_origin
+from .transport import Transport
 
 
 def relay_tool_name(tool_name: str) -> str:
@@ -34,7 +35,7 @@ class RelayBackend:
         self.transport = transport
         self.relay_url = relay_url
         self.default_key = default_key
-        self.origin = public_origin(relay_url)
+        self.origin = public_url(relay_url)
 
     def key_for(self, call: ToolCall) -> str:
         return call.toolbench_key or self.default_key

@@ -15,11 +15,12 @@ import logging
 from dataclasses import dataclass
 from http.cookiejar import DefaultCookiePolicy
 from typing import Any, Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
 
+from ..secrets import public_url
 from .breaker import BreakerBoard
 
 log = logging.getLogger(__name__)
@@ -47,16 +48,6 @@ class Reply:
             return self.content.decode(self.encoding or "utf-8", errors="replace")
         except LookupError:  # an unknown charset name
             return self.content.decode("utf-8", errors="replace")
-
-
-def public_origin(url: str, *, keep_path: bool = True) -> str:
-    """``url`` without user info, query or fragment (what may be shown and recorded)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host if parts.port is None else f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path if keep_path else "", "", ""))
 
 
 def host_key(url: str) -> str:
@@ -131,7 +122,7 @@ class Transport:
             breaker.failure()
         else:
             breaker.success()
-        log.debug("real call %s %s -> HTTP %s (%d bytes)", method, public_origin(url), status, len(content))
+        log.debug("real call %s %s -> HTTP %s (%d bytes)", method, public_url(url), status, len(content))
         return Reply(status=status, content=content, encoding=encoding)
 
     def _read(self, response: requests.Response) -> bytes:

@@ -31,17 +31,17 @@ import time
 import uuid
 from collections import OrderedDict
 from typing import Any, Iterable, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
 from ..logs import clip
 from ..records import Record
+from ..secrets import public_url
 from .base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
 
@@ -122,18 +122,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-
-
-def display_url(url: str) -> str:
-    """``url`` without its user and password, for messages and logs."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<redis url>"
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 class RecordMemory:
@@ -228,7 +216,7 @@ class RedisStore(Store):
     ) -> None:
         if lock_ttl_s <= 0 or timeout_s <= 0:
             raise ValueError("lock_ttl_s and timeout_s must be positive")
-        self.url = display_url(url)
+        self.url = public_url(url)
         self.prefix = prefix
         self.lock_ttl_s = float(lock_ttl_s)
         self.lock_poll_s = float(lock_poll_s)

@@ -146,9 +146,9 @@ class RedisSessionStore(SessionStore):
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        from .redis_store import display_url
+        from ..secrets import public_url
 
-        self.url = display_url(url)
+        self.url = public_url(url)
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._prefix = f"{prefix}:session:"
         try:
