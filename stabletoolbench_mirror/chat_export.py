@@ -32,11 +32,14 @@ class ChatExportSummary:
     filtered: int = 0
     without_rationale: int = 0
     unusable: int = 0
+    failures: int = 0
 
     def lines(self) -> list[str]:
         out = [f"lines written:    {self.written}", f"duplicates:       {self.duplicates}", f"filtered out:     {self.filtered}"]
         if self.without_rationale:
             out.append(f"no rationale (skipped for CoT): {self.without_rationale}")
+        if self.failures:
+            out.append(f"failure records (no answer to train on, skipped): {self.failures}")
         if self.unusable:
             out.append(f"keys that are not Python literals (skipped): {self.unusable}")
         return out
@@ -59,6 +62,9 @@ def unique_records(records: Iterable[Record], summary: ChatExportSummary, *, sou
     """The records that pass the filters, one per API and canonical input (the earliest), in a stable order."""
     chosen: dict[tuple[str, str], Record] = {}
     for record in records:
+        if record.is_failure:
+            summary.failures += 1
+            continue
         if (source is not None and record.source != source) or (categories and record.api.split("/", 1)[0] not in categories):
             summary.filtered += 1
             continue

@@ -61,17 +61,20 @@ def pairs_from_expectations(expectations: Any, problems: list[str]) -> list[Pair
     return pairs
 
 
-def pairs_from_store(store: Any, problems: list[str], *, progress: bool) -> list[Pair]:
-    """Pairs (reference only) from the store's ``real`` records, in a stable order."""
+def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: Any = None) -> list[Pair]:
+    """Pairs (reference only) from the store's ``real`` records, in a stable order.
+
+    With ``docs``, a call gets its tool and API names as the docs spell them (as a client sends them).
+    """
     from tqdm import tqdm
 
     from .record_calls import call_of_record
 
     pairs = []
     for record in tqdm(store, desc="read store", unit="entry", disable=not progress):
-        if record.source != "real":
-            continue
-        call = call_of_record(record)
+        if record.source != "real" or record.is_failure:
+            continue  # a failure record holds what was served when no usable answer came: no reference
+        call = call_of_record(record, docs)
         if call is None:
             problems.append(f"{record.api} {record.key[:100]}: the record's key is not a Python literal")
             continue
@@ -110,7 +113,7 @@ def candidates_from_shadow(pairs: list[Pair], shadow: Any) -> dict[tuple[str, st
     found: dict[tuple[str, str], Any] = {}
     for pair in pairs:
         record = shadow.get(pair.api, pair.key) or shadow.get_canonical(pair.api, pair.call.canonical)
-        if record is not None:
+        if record is not None and not record.is_failure:
             found[(pair.api, pair.call.canonical)] = record.answer
     return found
 
@@ -129,7 +132,9 @@ class SimulatorCandidate:
         found = list(self.store.sample(call.api, EXAMPLE_POOL)) if self.store is not None else []
         for frozen in self.frozen:
             found += frozen.sample(call.api, EXAMPLE_POOL)
-        return [r for r in found if r.key != call.key and canonical_from_upstream_key(r.key) != call.canonical]
+        return [
+            r for r in found if not r.is_failure and r.key != call.key and canonical_from_upstream_key(r.key) != call.canonical
+        ]
 
     def __call__(self, pair: Pair) -> Any:
         from .records import Record
@@ -194,7 +199,9 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
                 store = build_store(settings)
                 closers.append(store)
             if args.from_store:
-                pairs += pairs_from_store(store, problems, progress=progress)
+                from .tooldocs import tool_docs_for
+
+                pairs += pairs_from_store(store, problems, progress=progress, docs=tool_docs_for(settings))
             if args.category:
                 wanted = set(args.category)
                 pairs = [p for p in pairs if p.category in wanted]
@@ -210,12 +217,12 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
                 closers.append(shadow)
                 pairs = attach_candidates(pairs, candidates_from_shadow(pairs, shadow), "the shadow store", problems)
             else:
+                from .factory import build_frozen
                 from .simulator import build_simulator
-                from .stores import FrozenCache
 
                 simulator = build_simulator(settings)
                 closers.append(simulator)
-                frozen = [FrozenCache(settings.resolve(p)) for p in settings.frozen_caches]
+                frozen = build_frozen(settings)
                 candidate = SimulatorCandidate(simulator, store, frozen, record=args.record)
         except ValueError as exc:  # CheckInputError, QueryFileError, the answer files' function index
             print(f"error: {exc}", file=sys.stderr)

@@ -82,6 +82,9 @@ class MirrorLayer:
         """Whether the store can be read and written now (``/health``)."""
         self.stats = stats or Stats()
         """The server's counters (the server counts each request's final outcome here)."""
+        for responder in self.responders:
+            if callable(getattr(type(responder), "use_stats", None)):
+                responder.use_stats(self.stats)  # type: ignore[attr-defined]  # their own events (parse retries, shadows)
         self._flight: SingleFlight[Outcome] = SingleFlight()
         self._max_pending = max_pending_misses
         self._pending = threading.BoundedSemaphore(max_pending_misses)

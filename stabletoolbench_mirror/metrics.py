@@ -42,6 +42,7 @@ FAMILIES = {
     "apis": Family("api_requests", "/virtual requests by API and outcome (bounded: rare APIs are counted as '(other)')", ("api", "outcome")),
     "failures": Family("responder_failures", "real API and simulator attempts that gave no usable answer, by reason", ("reason",)),
     "refusals": Family("refusals", "requests turned away by a server limit, by the setting to raise", ("setting",)),
+    "events": Family("responder_events", "responders' own events (simulator parse retries, shadow simulations)", ("group", "event")),
     "records": Family(
         "failure_events",
         "failure records: written (failure_records), served from the cache (failure_hits), tried again (retries)",

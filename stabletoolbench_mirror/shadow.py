@@ -23,7 +23,8 @@ from .config import Settings
 from .logs import clip
 from .records import Record, Source
 from .responders import Attempt, Responder
-from .stores import Store, StoreError
+from .stats import LocalEvents, event_section
+from .stores import Store
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,7 @@ class ShadowedResponder:
         self.source: Source = real.source
         self._pool = ThreadPoolExecutor(max_workers=SHADOW_WORKERS, thread_name_prefix="stm-shadow")
         self._pending = threading.BoundedSemaphore(max_pending)
-        self._lock = threading.Lock()
-        self.counters = {"shadow_recorded": 0, "shadow_failed": 0, "shadow_skipped": 0}
+        self._events: Any = LocalEvents()
 
     def __getattr__(self, name: str) -> Any:
         # everything else (breaker state, origin, ...) is the real responder's
@@ -115,20 +115,25 @@ class ShadowedResponder:
             record = Record.from_answer(call.api, call.key, attempt.answer, "simulated", attempt.origin, attempt.meta)
             self.shadow_store.add(record, call.canonical)
             self._count("shadow_recorded")
-        except (StoreError, Exception) as exc:  # noqa: BLE001 - shadow work must never hurt serving
+        except Exception as exc:  # noqa: BLE001 - shadow work must never hurt serving (a store error included)
             log.warning("shadow simulation of %s failed: %s", clip(call.api), clip(exc, 500))
             self._count("shadow_failed")
         finally:
             self._pending.release()
 
+    EVENTS = ("shadow_recorded", "shadow_failed", "shadow_skipped")
+
+    def use_stats(self, stats: Any) -> None:
+        """Count the shadow events in the server's counters (shared by its workers); the simulator's too."""
+        self._events = stats
+        self.simulator.use_stats(stats)
+
     def _count(self, name: str) -> None:
-        with self._lock:
-            self.counters[name] += 1
+        self._events.count_event("shadow", name)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """For ``/stats``: shadow answers recorded, failed and skipped (too many waiting)."""
-        with self._lock:
-            return {"shadow": dict(self.counters)}
+        return event_section(self._events, "shadow", self.EVENTS)
 
     def close(self) -> None:
         """Finish the shadow work already accepted, then close everything."""

@@ -106,6 +106,17 @@ class Stats:
         if outcome.failure and outcome.kind is OutcomeKind.HIT:
             counters.inc("records", "failure_hits")
 
+    def count_event(self, group: str, event: str) -> None:
+        """A responder's own event (``simulator``: ``parse_retries``; ``shadow``: ``shadow_recorded``, ...)."""
+        self.counters.inc("events", group, event)
+
+    def event_totals(self) -> dict[str, dict[str, int]]:
+        """The responders' events of every worker together, by group."""
+        out: dict[str, dict[str, int]] = {}
+        for (group, event), n in self.counters.totals()["events"].items():
+            out.setdefault(group, {})[event] = int(n)
+        return out
+
     def snapshot(self) -> dict[str, Any]:
         """The counts of every worker together, in ``/stats``'s shape."""
         totals = self.counters.totals()
@@ -143,3 +154,28 @@ class Stats:
 
 
 _KINDS = frozenset(kind.value for kind in OutcomeKind)
+
+
+class LocalEvents:
+    """Responder events counted in this process only (a responder used without a server's :class:`Stats`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def count_event(self, group: str, event: str) -> None:
+        with self._lock:
+            self._counts[(group, event)] = self._counts.get((group, event), 0) + 1
+
+    def event_totals(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            out: dict[str, dict[str, int]] = {}
+            for (group, event), n in self._counts.items():
+                out.setdefault(group, {})[event] = n
+            return out
+
+
+def event_section(sink: Any, group: str, events: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """``{group: {event: count}}`` from ``sink``'s totals, every event of ``events`` present (0 when none)."""
+    counted = sink.event_totals().get(group, {})
+    return {group: {event: counted.get(event, 0) for event in events}}

@@ -92,6 +92,12 @@ def test_cot_needs_a_rationale_and_filters_dedup(setup, tmp_path) -> None:
             None,
         )  # fmt: skip
         store.add(Record.from_answer("Other/t_for_Other/a", str({"x": 1}), {"error": "", "response": "other"}, "real"), '{"x":1}')
+        # a failure record (what a miss without a usable answer was served) is nothing to train on
+        store.add(
+            Record.failure("Other/t_for_Other/a", str({"x": 2}), {"error": "Failed to generate fake response", "response": ""},
+                           "simulated", "MirrorAPI", reason="output not parsable"),
+            '{"x":2}',
+        )  # fmt: skip
     out = tmp_path / "cot.jsonl"
     base = ["cache", "export", "--config", str(setup["config"]), "--format", "chat-jsonl", "--quiet"]
     assert main([*base, "--style", "mirrorapi-cot", str(out)]) == 0

@@ -254,3 +254,57 @@ def test_judge_score_parsing() -> None:
 @hypothesis_settings(max_examples=300, deadline=None)
 def test_rouge_l_equals_rouge_score(reference: str, candidate: str) -> None:
     assert Scorer().rouge_l(reference, candidate) == ROUGE.score(reference, candidate)["rougeL"].fmeasure
+
+
+def test_answer_files_as_reference(tmp_path, reference_dir, reference_calls) -> None:
+    from stabletoolbench_mirror.answers import observation_text
+
+    from tests.helpers.answer_files import api, dfs_answer, param, query
+
+    artist, info = ("Songkick artist", '{\n  "artist_id": "28003"\n}'), ("Get info about artist", '{\n  "parameter": "Lionel Messi"\n}')
+    observed = {(i["payload"]["api_name"], i["payload"]["tool_input"]): i["observed"] for i in reference_calls}
+    apis = [
+        api("Data", "TheClique", "Songkick artist", required=[param("artist_id", "STRING", "1")]),
+        api("Data", "TheClique", "Get info about artist", required=[param("parameter", "STRING", "x")]),
+    ]
+    queries = tmp_path / "queries.json"
+    queries.write_text(json.dumps([query(7, apis)]))
+    calls = [
+        ("songkick_artist_for_theclique", '{\n  "artist_id": "28003"\n}', observation_text(observed[artist])),
+        ("get_info_about_artist_for_theclique", '{\n  "parameter": "Lionel Messi"\n}', observation_text(observed[info], 100)),  # cut
+    ]
+    answers = tmp_path / "7_DFS_woFilter_w2.json"
+    answers.write_text(json.dumps(dfs_answer("q", calls)))
+    out = tmp_path / "answers.json"
+    code = main(["fidelity", "--config", str(write_config(tmp_path)), "--answers", str(answers), "--queries", str(queries),
+                 "--candidate-calls", str(reference_dir / "calls.jsonl"), "--quiet", "--json", str(out)])  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    cut = [c for c in calls if c[2].endswith("...")]
+    assert len(cut) == 1  # an observation cut at 1,024 characters is no whole answer: listed, not scored
+    assert report["aggregate"]["n"] == len(calls) - len(cut)
+    assert len(report["problems"]) == len(cut) and all("1,024" in p for p in report["problems"])
+    assert report["aggregate"]["n"] >= 1 and report["aggregate"]["exact"] == 1.0
+
+
+def test_from_store_asks_the_simulator_with_the_live_prompt(tmp_path, reference_dir, reference_calls) -> None:
+    from tests.test_prompt_parity import upstream_messages, write_upstream_prompts
+
+    layout = json.loads((reference_dir / "mirrorapi_prompts.json").read_text())
+    prompts_file = write_upstream_prompts(tmp_path / "system_prompts.py", layout)
+    with DiskcacheStore(str(tmp_path / "store")) as store:
+        for item in reference_calls:
+            call = ToolCall.from_request(VirtualRequest.model_validate(item["payload"]))
+            store.add(Record.from_answer(call.api, call.key, item["observed"], "real", "relay"), call.canonical)
+        store.add(Record.from_answer("Data/x_for_Data/y", "{}", {"error": "", "response": "simulated"}, "simulated", "m"), "{}")
+        failed = {"error": "API not working error...", "response": ""}
+        store.add(Record.failure("Data/x_for_Data/z", "{}", failed, "real", "relay", reason="rate limit"), "{}")
+    tools = reference_dir / "toolenv" / "tools"
+    with OpenAIStub() as sim:
+        config = write_config(tmp_path, tools_folder=str(tools), simulator={"api_base": sim.api_base, "system_prompt_file": str(prompts_file)})
+        out = tmp_path / "store.json"
+        assert main(["fidelity", "--config", str(config), "--from-store", "--quiet", "--json", str(out)]) == 0
+        sent = [json.dumps(r["messages"], ensure_ascii=False) for r in sim.requests]
+    assert json.loads(out.read_text())["aggregate"]["n"] == 16  # the real answers only (no failure record)
+    live = {json.dumps(upstream_messages(layout, tools, item["payload"], "mirrorapi-sft"), ensure_ascii=False) for item in reference_calls}
+    assert len(sent) == 16 and set(sent) == live

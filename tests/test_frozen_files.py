@@ -281,7 +281,7 @@ def test_hits_and_health_are_answered_while_a_file_loads(tmp_path: Path, setting
         # the loading file is open and unread: the server must still answer everything else
         health = requests.get(server.url + "/health", timeout=5)
         assert health.status_code == 200
-        for n in range(20):
+        for _ in range(20):
             hit = requests.post(server.url + "/virtual", json=payload("good", {"q": "x"}), timeout=5)
             assert hit.status_code == 200 and hit.json()["response"] == "good answer"
         miss = requests.post(server.url + "/virtual", json=payload("good", {"q": "other"}), timeout=5)

@@ -131,3 +131,40 @@ def test_mirrorapi_styles_do_not_retry_by_default(settings_factory, serve, refer
         assert server.post(PAYLOAD).json() == {"error": "Failed to generate fake response", "response": ""}
         assert stub.count == 1
         assert requests.get(server.url + "/stats", timeout=10).json()["simulator"] == {"parse_retries": 0, "parse_retry_successes": 0}
+
+
+def test_parse_retries_are_summed_over_workers(tmp_path: Path, reference_dir: Path) -> None:
+    """``serve --workers 2``: every worker counts into the shared counters; any worker's /stats has the sum."""
+    from tests.helpers.processes import ServeProcess
+
+    good = json.dumps({"error": "", "response": "ok"})
+    state = {"n": 0}
+    lock = threading.Lock()
+
+    def alternate(body: dict[str, Any]) -> Reply:
+        with lock:
+            state["n"] += 1
+            return Reply(content="garbage" if state["n"] % 2 else good)
+
+    calls = 6
+    with OpenAIStub(alternate) as stub:
+        config = {
+            "store": {"path": str(tmp_path / "store")},
+            "tools_folder": str(reference_dir / "toolenv" / "tools"),
+            "simulator": {"enabled": True, "api_base": stub.api_base, "parse_retries": 1},
+        }
+        with ServeProcess(tmp_path, config, workers=2) as server:
+            for i in range(calls):  # one after the other: each call gets garbage, then a good answer
+                body = dict(PAYLOAD, tool_input=json.dumps({"q": f"query {i}"}))
+                answer = requests.post(server.url + "/virtual", json=body, timeout=60, headers={"Connection": "close"})
+                assert answer.json() == {"error": "", "response": "ok"}
+            workers, reads = set(), 0
+            while len(workers) < 2:
+                reads += 1
+                assert reads <= 200, "every read landed on the same worker"
+                stats = requests.get(server.url + "/stats", timeout=10, headers={"Connection": "close"})
+                workers.add(stats.headers["x-stm-worker"])
+                assert stats.json()["simulator"] == {"parse_retries": calls, "parse_retry_successes": calls}
+            metrics = requests.get(server.url + "/metrics", timeout=10).text
+        assert stub.count == 2 * calls
+    assert f'stm_responder_events_total{{event="parse_retries",group="simulator"}} {float(calls)}' in metrics

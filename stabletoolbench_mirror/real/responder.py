@@ -40,13 +40,13 @@ class RealResponder:
         backend: Backend,
         transport: Transport,
         *,
-        policy: CallPolicy = CallPolicy(),
+        policy: CallPolicy | None = None,
         strict_validity: bool = False,
         secrets: Iterable[str] = (),
     ) -> None:
         self.backend = backend
         self.transport = transport
-        self.policy = policy
+        self.policy = policy if policy is not None else CallPolicy()
         self.strict_validity = strict_validity
         self._redactor = Redactor(secrets)
 

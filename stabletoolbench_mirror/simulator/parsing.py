@@ -166,12 +166,10 @@ def _string_value(text: str, start: int, remaining: list[str]) -> tuple[str | No
     elif tail.endswith('"'):
         end = len(tail) - 1  # the closing brace is missing
     else:
-        last = None
-        for last in re.finditer(r'"\s*}', tail):
-            pass
-        if last is None:
+        closings = list(re.finditer(r'"\s*}', tail))
+        if not closings:
             return None, len(text)  # an unterminated string: truncated output
-        end = last.start()
+        end = closings[-1].start()
     return decode_string(tail[:end]), len(text)
 
 

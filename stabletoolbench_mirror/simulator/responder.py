@@ -14,6 +14,7 @@ from ..real.validity import classify
 from ..records import Record, Source
 from ..responders import Attempt
 from ..secrets import Redactor
+from ..stats import LocalEvents, event_section
 from ..tooldocs import ToolDocs
 from . import history, prompts
 from .client import ChatClient, ChatError, Completion
@@ -77,8 +78,7 @@ class Simulator:
             prompts.structured_output_fields(style == "mirrorapi-cot", structured_max_chars) if structured_output else {}
         )
         self._slots = threading.BoundedSemaphore(max_concurrency)
-        self._counter_lock = threading.Lock()
-        self._counters = {"parse_retries": 0, "parse_retry_successes": 0}
+        self._events: Any = LocalEvents()
         self.redactor = redactor or Redactor()
         """Configured keys: an endpoint may echo its key (its ``Authorization`` header) into an answer."""
         self.origin_suffix = origin_suffix
@@ -195,14 +195,18 @@ class Simulator:
 
     # -- counters (read by /stats) ------------------------------------------------------------
 
+    EVENTS = ("parse_retries", "parse_retry_successes")
+
+    def use_stats(self, stats: Any) -> None:
+        """Count this simulator's events in the server's counters (shared by its workers)."""
+        self._events = stats
+
     def _count_retry(self, success: bool = False) -> None:
-        with self._counter_lock:
-            self._counters["parse_retry_successes" if success else "parse_retries"] += 1
+        self._events.count_event("simulator", "parse_retry_successes" if success else "parse_retries")
 
     def stats(self) -> dict[str, dict[str, int]]:
         """For ``/stats``: ``parse_retries`` (completions asked for again) and ``parse_retry_successes`` (answers a retry gave)."""
-        with self._counter_lock:
-            return {"simulator": dict(self._counters)}
+        return event_section(self._events, "simulator", self.EVENTS)
 
     def close(self) -> None:
         self.client.close()

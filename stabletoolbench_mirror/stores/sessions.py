@@ -49,7 +49,7 @@ class SessionStore(abc.ABC):
     def __len__(self) -> int:
         """About how many documents there are (expired ones may still count)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a backend that holds nothing keeps this
         """Release the backend's resources."""
 
     @staticmethod
@@ -124,7 +124,7 @@ class DiskcacheSessionStore(SessionStore):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for key in self._do("read", lambda: list(self._cache.iterkeys())):
-            raw = self._do("read", lambda: self._cache.get(key))
+            raw = self._do("read", lambda key=key: self._cache.get(key))
             doc = None if raw is None else self.decode(raw)
             if doc is not None:
                 yield doc
@@ -198,7 +198,7 @@ class RedisSessionStore(SessionStore):
         keys = self._keys()
         for start in range(0, len(keys), 100):
             batch = keys[start : start + 100]
-            for raw in self._do("read", lambda: self._client.mget(batch)):
+            for raw in self._do("read", lambda batch=batch: self._client.mget(batch)):
                 doc = None if raw is None else self.decode(raw)
                 if doc is not None:
                     yield doc

@@ -80,6 +80,8 @@ def test_fidelity_and_chat_export_against_vllm(vllm: VllmServer, vllm_python: st
                     "structured_output": True,
                     "structured_max_chars": 64,
                     "read_timeout_s": 300,
+                    # a random model's text may trip the validity rules; every parsed answer is recorded here
+                    "validity": "off",
                 },
             }
         )
@@ -96,7 +98,9 @@ def test_fidelity_and_chat_export_against_vllm(vllm: VllmServer, vllm_python: st
         assert row["exact"] in (0.0, 1.0) and row["json_valid"] in (0.0, 1.0) and row["error_agreement"] in (0.0, 1.0)
         assert row["cosine"] is None and row["judge"] is None
         assert set(row["candidate"]) == {"error", "response"}  # a parsed model answer (structured output)
-    assert page.read_text().count("<svg") == 8
+    # a histogram for each metric computed; cosine and judge were not asked for
+    computed = [m for m, v in report["aggregate"].items() if m != "n" and v is not None]
+    assert page.read_text().count("<svg") == len(computed) and {"bleu", "rouge_l", "exact"} <= set(computed)
 
     # --record kept the answers with what the generation knew
     with DiskcacheStore(str(tmp_path / "store")) as store:
