@@ -16,47 +16,20 @@ supervisor), found through ``/proc``.  Without ``/proc`` the file stays until th
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-from .config import NOT_SETTINGS_ENV, NOT_SETTINGS_ENV_PREFIXES, Settings
+from .config import NOT_SETTINGS_ENV, NOT_SETTINGS_ENV_PREFIXES, Settings, deserialize_settings, serialize_settings
 
 ENV = "STM_SERVE_SETTINGS_FILE"
 FILE_NAME = "settings.json"
 #: how long a worker waits for the settings file to be written (again) for it
 READ_TIMEOUT_S = 60.0
 _POLL_S = 0.02
-
-
-def serialize_settings(settings: Settings) -> str:
-    """The settings as JSON, secrets revealed (only ever written to the private hand-over file)."""
-    data = settings.model_dump(mode="python")
-    data["base_dir"] = settings.base_dir
-
-    def reveal(value: Any) -> Any:
-        if hasattr(value, "get_secret_value"):
-            return value.get_secret_value()
-        if isinstance(value, dict):
-            return {k: reveal(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [reveal(v) for v in value]
-        return value
-
-    return json.dumps(reveal(data))
-
-
-def deserialize_settings(text: str) -> Settings:
-    data = json.loads(text)
-    base_dir = data.pop("base_dir", ".")
-    settings = Settings(**data)
-    settings.base_dir = base_dir
-    return settings
 
 
 class SettingsHandoff:
