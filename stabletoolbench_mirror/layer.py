@@ -117,7 +117,7 @@ class MirrorLayer:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors(include_url=False)
             )
-            return _rejected(422, f"invalid /virtual request: {problems}")
+            return Outcome.error(422, f"invalid /virtual request: {problems}")
         return self._prepare_request(request)
 
     def _prepare_request(self, request: VirtualRequest) -> ToolCall | Outcome:
@@ -170,11 +170,11 @@ class MirrorLayer:
         if session is None:
             return self.answer(call, {})
         if self.sessions is None:
-            return _rejected(422, "sessions are not available on this server")
+            return Outcome.error(422, "sessions are not available on this server")
         try:
             return self.sessions.run(session, call, self.answer)
         except SessionError as exc:
-            return _rejected(exc.status, exc.message)
+            return Outcome.error(exc.status, exc.message)
         except StoreError as exc:
             return self._store_error(call, exc)
 
@@ -219,7 +219,7 @@ class MirrorLayer:
             log.warning("a miss waited %g s for a turn; raise limits.max_pending_misses or limits.queue_timeout_s", self.pending_timeout_s)
             message = f"stabletoolbench-mirror is overloaded: a miss waited {self.pending_timeout_s:g} s for a turn (limits.max_pending_misses)"
             return replace(
-                _rejected(503, message, OutcomeKind.REFUSED),
+                Outcome.error(503, message, OutcomeKind.REFUSED),
                 api=call.api,
                 limit="limits.max_pending_misses",
             )
@@ -409,7 +409,7 @@ class MirrorLayer:
 
     def _store_error(self, call: ToolCall, exc: StoreError) -> Outcome:
         log.error("store error for %s: %s", clip(call.api), clip(exc, 500))
-        outcome = _rejected(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}", OutcomeKind.STORE_ERROR)
+        outcome = Outcome.error(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}", OutcomeKind.STORE_ERROR)
         return replace(outcome, api=call.api)
 
     def close(self) -> None:
@@ -448,7 +448,3 @@ def _as_shared(outcome: Outcome) -> Outcome:
     if outcome.kind in (OutcomeKind.RECORDED, OutcomeKind.SHARED, OutcomeKind.REPLACED, OutcomeKind.UNRECORDED):
         return replace(outcome, kind=OutcomeKind.SHARED, problems=())
     return replace(outcome, problems=(), new_failure_record=False)
-
-
-def _rejected(status: int, message: str, kind: OutcomeKind = OutcomeKind.REJECTED) -> Outcome:
-    return Outcome(protocol.encode_answer(protocol.answer(message, "")), kind, status=status)

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from . import protocol
+
 
 class OutcomeKind(enum.StrEnum):
     """How a request was answered."""
@@ -83,3 +85,8 @@ class Outcome:
     @property
     def answer(self) -> Any:
         return json.loads(self.body)
+
+    @classmethod
+    def error(cls, status: int, message: str, kind: OutcomeKind = OutcomeKind.REJECTED, limit: str | None = None) -> Outcome:
+        """An answer of this server's own (bad input, a limit, a fault): ``{"error": message, "response": ""}``."""
+        return cls(protocol.encode_answer(protocol.answer(message, "")), kind, status=status, limit=limit)

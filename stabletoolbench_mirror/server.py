@@ -38,10 +38,6 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 log = logging.getLogger(__name__)
 
 
-def _error(status: int, message: str, kind: OutcomeKind = OutcomeKind.REJECTED, limit: str | None = None) -> Outcome:
-    return Outcome(protocol.encode_answer(protocol.answer(message, "")), kind, status=status, limit=limit)
-
-
 async def _send(send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     body = outcome.body.encode("utf-8")
     headers = [
@@ -96,13 +92,13 @@ class _Front:
             await self.app(scope, receive, send)
             return
         if self.token is not None and not self._authorized(scope):
-            await _send(send, _error(401, "missing or wrong bearer token"))
+            await _send(send, Outcome.error(401, "missing or wrong bearer token"))
             return
         if scope["path"] != "/virtual":
             await self.app(scope, receive, send)
             return
         if scope["method"] != "POST":
-            await self._finish(send, _error(405, "use POST /virtual"), ((b"allow", b"POST"),))
+            await self._finish(send, Outcome.error(405, "use POST /virtual"), ((b"allow", b"POST"),))
             return
         # the body is read before a slot is taken: a client that stalls mid-body holds no slot,
         # and is cut off after limits.body_timeout_s
@@ -116,14 +112,14 @@ class _Front:
         except Refused as refusal:
             self.refusals.refused(503, str(refusal), refusal.setting)
             message = f"stabletoolbench-mirror is overloaded ({refusal}); the server's {refusal.setting} setting bounds this"
-            await self._finish(send, _error(503, message, OutcomeKind.REFUSED, refusal.setting), ((b"retry-after", b"5"),))
+            await self._finish(send, Outcome.error(503, message, OutcomeKind.REFUSED, refusal.setting), ((b"retry-after", b"5"),))
             return
         try:
             try:
                 outcome = await self._virtual(body, _session_header(scope))
             except Exception:  # a bug, never bad input: still a JSON answer, and logged with its trace
                 log.exception("internal error while answering /virtual")
-                outcome = _error(500, "stabletoolbench-mirror: internal error (see the server log)", OutcomeKind.ERROR)
+                outcome = Outcome.error(500, "stabletoolbench-mirror: internal error (see the server log)", OutcomeKind.ERROR)
             await self._finish(send, outcome)
         finally:
             self.admission.leave(client)
@@ -145,7 +141,7 @@ class _Front:
         return False
 
     async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes | Outcome:
-        too_large = _error(413, f"request body larger than {self.max_body} bytes")
+        too_large = Outcome.error(413, f"request body larger than {self.max_body} bytes")
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and (not value.isdigit() or int(value) > self.max_body):
                 return too_large
@@ -155,7 +151,7 @@ class _Front:
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        return _error(400, "the client went away")
+                        return Outcome.error(400, "the client went away")
                     body += message.get("body", b"")
                     if len(body) > self.max_body:
                         return too_large
@@ -164,17 +160,17 @@ class _Front:
         except TimeoutError:
             self.refusals.refused(408, "the request body did not arrive in time", "limits.body_timeout_s")
             message = f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)"
-            return _error(408, message, OutcomeKind.REFUSED, "limits.body_timeout_s")
+            return Outcome.error(408, message, OutcomeKind.REFUSED, "limits.body_timeout_s")
 
     async def _virtual(self, body: bytes, session: str | None | Outcome = None) -> Outcome:
         try:
             payload = json.loads(body.decode("utf-8"))
         except UnicodeDecodeError:
-            return _error(400, "request body is not UTF-8")
+            return Outcome.error(400, "request body is not UTF-8")
         except (ValueError, RecursionError):
-            return _error(400, "request body is not JSON")
+            return Outcome.error(400, "request body is not JSON")
         if not isinstance(payload, dict):
-            return _error(422, "request body must be a JSON object")
+            return Outcome.error(422, "request body must be a JSON object")
         if isinstance(session, Outcome):
             return session
         layer = self.layer
@@ -199,9 +195,9 @@ def _session_header(scope: dict[str, Any]) -> str | None | Outcome:
             try:
                 session_id = value.decode("utf-8")
             except UnicodeDecodeError:
-                return _error(422, f"{sessions.HEADER}: not UTF-8")
+                return Outcome.error(422, f"{sessions.HEADER}: not UTF-8")
             problem = sessions.id_problem(session_id)
-            return _error(422, f"{sessions.HEADER}: {problem}") if problem else session_id
+            return Outcome.error(422, f"{sessions.HEADER}: {problem}") if problem else session_id
     return None
 
 
