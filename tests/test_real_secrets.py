@@ -17,6 +17,7 @@ import requests
 from tests.conftest import REPO, make_settings
 from tests.helpers.api_host import ApiHost, HostReply, Received, relay_reply
 from tests.helpers.live import free_port
+from tests.helpers.files import files_containing
 
 REQUEST_KEY = "TBKEY-REQUEST-7f3a9c1e"
 CONFIG_KEY = "TBKEY-CONFIG-5b2d8e04"
@@ -44,15 +45,6 @@ def echo_rapid_host(received: Received) -> HostReply:
 
 def payload(kind: str, key: str, n: int = 0) -> dict[str, Any]:
     return {"category": "Data", "tool_name": "Echo", "api_name": "Echo Key", "tool_input": json.dumps({"kind": kind, "n": n}), "strip": "", "toolbench_key": key}
-
-
-def files_containing(folder: Path, needles: tuple[str, ...]) -> list[str]:
-    hits = []
-    for path in folder.rglob("*"):
-        if path.is_file():
-            data = path.read_bytes()
-            hits += [f"{path}: {n}" for n in needles if n.encode() in data]
-    return hits
 
 
 def test_keys_stay_out_of_store_logs_stats_and_answers(tmp_path: Path, serve, caplog: pytest.LogCaptureFixture) -> None:

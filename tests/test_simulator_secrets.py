@@ -16,6 +16,7 @@ from tests.conftest import REPO
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub, Reply
 from tests.helpers.processes import ServeProcess
+from tests.helpers.files import files_containing
 
 SIM_KEY = "sk-SIMKEY-0c9e77d1a2"
 AUTH_TOKEN = "AUTHTOKEN-55e1b0f3"
@@ -45,15 +46,6 @@ def echoing_endpoint(body: dict[str, Any], headers: dict[str, str]) -> Reply:
     if kind == "unparsable":
         return Reply(content=f"not json at all, {auth}")
     return Reply(status=401, message=f"Incorrect API key provided: {auth}")
-
-
-def files_containing(folder: Path, needles: tuple[str, ...]) -> list[str]:
-    hits = []
-    for path in folder.rglob("*"):
-        if path.is_file():
-            data = path.read_bytes()
-            hits += [f"{path}: {n}" for n in needles if n.encode() in data]
-    return hits
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -21,25 +21,10 @@ from stabletoolbench_mirror.stores import DiskcacheStore, Store, StoreError
 
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server, require_redis_server  # noqa: F401
 from tests.helpers.responders import KeyedResponder, expected_answer
+from tests.helpers.store_fixtures import spec, store  # noqa: F401
 from tests.helpers.store_workers import add_many, hold_lock_forever, open_store
 
 NS = "Cat/tool_for_Cat/api"
-
-
-@pytest.fixture(params=["diskcache", pytest.param("redis", marks=pytest.mark.redis)])
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    """How to open one fresh store (in this process or another)."""
-    if request.param == "diskcache":
-        return {"kind": "diskcache", "path": str(tmp_path / "store")}
-    server: RedisServer = request.getfixturevalue("redis_server")
-    return {"kind": "redis", "url": server.url, "prefix": request.getfixturevalue("redis_prefix")}
-
-
-@pytest.fixture
-def store(spec: dict[str, Any]) -> Iterator[Store]:
-    s = open_store(spec)
-    yield s
-    s.close()
 
 
 def rec(key: str, text: str, ns: str = NS, source: str = "simulated") -> Record:

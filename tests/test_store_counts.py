@@ -8,9 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
-
-import pytest
+from typing import Any
 
 from stabletoolbench_mirror.cache_tools import export_tree, store_stats
 from stabletoolbench_mirror.records import Record
@@ -18,24 +16,9 @@ from stabletoolbench_mirror.stores import DiskcacheStore, Store
 from stabletoolbench_mirror.stores.base import origin_key
 
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server  # noqa: F401
-from tests.helpers.store_workers import open_store
+from tests.helpers.store_fixtures import spec, store  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(params=["diskcache", pytest.param("redis", marks=pytest.mark.redis)])
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    if request.param == "diskcache":
-        return {"kind": "diskcache", "path": str(tmp_path / "store")}
-    server: RedisServer = request.getfixturevalue("redis_server")
-    return {"kind": "redis", "url": server.url, "prefix": request.getfixturevalue("redis_prefix")}
-
-
-@pytest.fixture
-def store(spec: dict[str, Any]) -> Iterator[Store]:
-    s = open_store(spec)
-    yield s
-    s.close()
 
 
 def records(n: int) -> list[tuple[Record, str]]:
