@@ -14,9 +14,12 @@ log-normal around 1 KB), then measures, each in its own process on 127.0.0.1:
 * ``cache import`` of the tree, ``cache stats``, ``cache export``, ``snapshot`` and ``snapshot --verify``
   of the store: seconds and peak RSS (flat memory: the same at every size);
 * hits from the store itself (the imported tree, no frozen cache): rps and its ratio to a store
-  of 1,000 entries; bytes per entry on disk.
+  of 1,000 entries; bytes per entry on disk;
+* the same with a Redis store (a ``redis-server`` started here; ``--no-redis`` leaves it out):
+  ``cache import``, ``cache stats``, ``cache export``, hits vs a 1,000-entry Redis store, and the
+  server's memory per entry.
 
-    python benchmarks/scale.py [--with-1m] [--sizes 10k 165k] [--duration 10] [--workdir DIR] [--keep]
+    python benchmarks/scale.py [--with-1m] [--sizes 10k 165k] [--duration 10] [--workdir DIR] [--keep] [--no-redis]
 """
 
 from __future__ import annotations
@@ -82,10 +85,12 @@ def make_tree(workdir: Path, name: str, entries: int, files: int, check_samples:
     return out
 
 
-def config(workdir: Path, port: int, store: Path, frozen: Path | None) -> Path:
+def config(workdir: Path, port: int, store: Path | dict[str, str], frozen: Path | None) -> Path:
+    """A server config: ``store`` a diskcache folder, or a store mapping (``{"kind": "redis", ...}``)."""
     cfg = workdir / f"server-{port}.yml"
     frozen_line = f"frozen_caches: [{frozen / 'tool_response_cache'}]\n" if frozen else ""
-    cfg.write_text(f"mode: replay\nport: {port}\nlog_level: warning\nstore: {{path: {store}}}\n{frozen_line}")
+    store_yaml = json.dumps(store) if isinstance(store, dict) else f"{{path: {store}}}"
+    cfg.write_text(f"mode: replay\nport: {port}\nlog_level: warning\nstore: {store_yaml}\n{frozen_line}")
     return cfg
 
 
@@ -110,8 +115,8 @@ def compare_hits(url: str, hits: list[bytes], base_url: str, base_hits: list[byt
     return best[0], best[1]
 
 
-def serve_and_measure(workdir: Path, tree: Path, store: Path, duration: float, *, frozen: bool, baseline: Path,
-                      base_store: Path, check_calls: Path | None = None) -> dict[str, Any]:
+def serve_and_measure(workdir: Path, tree: Path, store: Path | dict[str, str], duration: float, *, frozen: bool, baseline: Path,
+                      base_store: Path | dict[str, str], check_calls: Path | None = None) -> dict[str, Any]:
     """Serve ``tree`` (frozen) or ``store`` and, beside it, the baseline; measure the figures of one size."""
     port, base_port = free_port(), free_port()
     cfg = config(workdir, port, store, tree if frozen else None)
@@ -151,7 +156,44 @@ def baselines(workdir: Path) -> tuple[Path, Path, Path]:
     return small, thousand, store
 
 
-def measure(workdir: Path, name: str, duration: float) -> dict[str, Any]:
+def measure_redis(workdir: Path, name: str, tree: Path, thousand: Path, duration: float) -> dict[str, Any]:
+    """The store figures with Redis: import, stats, export, memory per entry, hits vs a 1,000-entry Redis store.
+
+    A fresh ``redis-server`` per size (append-only file, fsync every second, as the tests run it),
+    the tree and the baseline under their own prefixes.
+    """
+    sys.path.insert(0, str(REPO))
+    from tests.helpers.redis_server import RedisServer
+
+    folder = workdir / f"redis-{name}"
+    shutil.rmtree(folder, ignore_errors=True)
+    server = RedisServer(folder).start()
+    try:
+        stores = {side: {"kind": "redis", "url": server.url, "prefix": side} for side in ("tree", "base")}
+        cfgs = {side: config(workdir, free_port(), store, None) for side, store in stores.items()}
+        timed_rss(cli("cache", "import", str(thousand / "tool_response_cache"), "--config", str(cfgs["base"]), "-q"), cwd=workdir)
+        row: dict[str, Any] = {}
+        row["redis_import_s"], row["redis_import_rss"], _ = timed_rss(
+            cli("cache", "import", str(tree / "tool_response_cache"), "--config", str(cfgs["tree"]), "-q"), cwd=workdir)
+        row["redis_stats_s"], _rss, text = timed_rss(cli("cache", "stats", "--json", "--config", str(cfgs["tree"])), cwd=workdir)
+        stats = json.loads(text)
+        assert stats["entries"] == SIZES[name][0] and stats["counted_by"] == "counters", stats
+        row["redis_bytes_per_entry"] = stats["bytes_per_entry"]  # the server's used_memory (both prefixes) per entry
+        export = workdir / f"export-redis-{name}"
+        shutil.rmtree(export, ignore_errors=True)
+        row["redis_export_s"], row["redis_export_rss"], _ = timed_rss(
+            cli("cache", "export", str(export), "--config", str(cfgs["tree"]), "-q"), cwd=workdir)
+        shutil.rmtree(export, ignore_errors=True)
+        stored = serve_and_measure(workdir, tree, stores["tree"], duration, frozen=False, baseline=thousand, base_store=stores["base"])
+        row["redis_rps"], row["redis_ratio"] = stored["hit_rps"], stored["hit_ratio"]
+        print(f"[{name}] redis: {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()})}", flush=True)
+        return row
+    finally:
+        server.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure(workdir: Path, name: str, duration: float, *, redis: bool) -> dict[str, Any]:
     entries, files, check_samples = SIZES[name]
     small, thousand, thousand_store = baselines(workdir)
     tree = make_tree(workdir, name, entries, files, check_samples)
@@ -182,6 +224,8 @@ def measure(workdir: Path, name: str, duration: float) -> dict[str, Any]:
     row["store_rps"], row["store_ratio"] = stored["hit_rps"], stored["hit_ratio"]
     print(f"[{name}] bulk: {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items() if k not in served})}", flush=True)
     shutil.rmtree(store, ignore_errors=True)
+    if redis:
+        row.update(measure_redis(workdir, name, tree, thousand, duration))
     return row
 
 
@@ -200,6 +244,11 @@ ROWS = [
     ("`snapshot --verify` (peak RSS)", "verify_s", "{:.1f} s ({verify_rss:.0f} MB)"),
     ("store hit rps, c=8 (x a 1,000-entry store)", "store_rps", "{:,.0f} ({store_ratio:.2f}x)"),
     ("store size on disk per entry", "bytes_per_entry", "{:,} B"),
+    ("Redis: `cache import` of the tree (peak RSS)", "redis_import_s", "{:.1f} s ({redis_import_rss:.0f} MB)"),
+    ("Redis: `cache stats`", "redis_stats_s", "{:.2f} s"),
+    ("Redis: `cache export` (peak RSS)", "redis_export_s", "{:.1f} s ({redis_export_rss:.0f} MB)"),
+    ("Redis: hit rps, c=8 (x a 1,000-entry Redis store)", "redis_rps", "{:,.0f} ({redis_ratio:.2f}x)"),
+    ("Redis: server memory per entry", "redis_bytes_per_entry", "{:,} B"),
 ]
 
 
@@ -226,12 +275,16 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=10.0, help="seconds of hits per measurement")
     ap.add_argument("--workdir", help="keep generated trees here (reused by later runs); default a temporary folder")
     ap.add_argument("--keep", action="store_true", help="do not delete the temporary folder")
+    ap.add_argument("--no-redis", action="store_true", help="leave out the Redis store figures (they need redis-server)")
     args = ap.parse_args()
+    redis = not args.no_redis
+    if redis and shutil.which("redis-server") is None:
+        raise SystemExit("redis-server is not installed (apt-get install redis-server), or pass --no-redis")
     sizes = list(args.sizes) + (["1M"] if args.with_1m and "1M" not in args.sizes else [])
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="stm-scale-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        results = {name: measure(workdir, name, args.duration) for name in sizes}
+        results = {name: measure(workdir, name, args.duration, redis=redis) for name in sizes}
         print()
         print(table(results))
     finally:

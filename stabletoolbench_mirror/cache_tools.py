@@ -8,9 +8,12 @@ however large the store or the tree.  Each shows a progress bar and prints its t
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -56,11 +59,128 @@ class ImportSummary:
         return out
 
 
-def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = True, allow_symlinks: bool = False) -> ImportSummary:
+#: files of about this many bytes in all make one task for a reader process
+_TASK_BYTES = 1 << 20
+_TASK_FILES = 256
+#: below this many bytes in all, files are read in this process (starting readers would cost more)
+_PARALLEL_MIN_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class _FileRead:
+    """What a reader made of one API file: its records (encoded), or why it was left out."""
+
+    path: str
+    items: list[tuple[Record, str | None]] | None
+    error: str = ""
+
+
+def _read_files(files: list[tuple[str, str]], origin_root: str, listed: frozenset[tuple[str, str]]) -> list[_FileRead]:
+    """Parse API files into records ready to write (runs in a reader process, or in this one)."""
+    out = []
+    for api, path in files:
+        try:
+            # the whole file is checked before any of it is written: a crafted file is left out entirely
+            entries = list(iter_cache_entries(path))
+        except (OSError, ValueError) as exc:
+            out.append(_FileRead(path, None, str(exc) if path in str(exc) else f"{path}: {exc}"))
+            continue
+        origin = f"import:{origin_root}/{api}.json"
+        items = []
+        for key, _answer, body in entries:
+            record = Record(api=api, key=key, body=body, source="imported", origin=origin)
+            if is_tree_failure(api, key, body, listed):
+                record = replace(record, outcome=FAILURE, reason=TREE_FAILURE_REASON)
+            items.append((record.keep_json(), canonical_from_upstream_key(key)))
+        out.append(_FileRead(path, items))
+    return out
+
+
+def _tasks(files: list[tuple[str, Path]]) -> Iterator[list[tuple[str, str]]]:
+    """The files in order, grouped into tasks of about :data:`_TASK_BYTES` (or :data:`_TASK_FILES` files)."""
+    task: list[tuple[str, str]] = []
+    size = 0
+    for api, path in files:
+        task.append((api, str(path)))
+        size += _size(path)
+        if size >= _TASK_BYTES or len(task) >= _TASK_FILES:
+            yield task
+            task, size = [], 0
+    if task:
+        yield task
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+class ImportFailed(RuntimeError):
+    """The import stopped before the end (the entries written so far stay)."""
+
+
+def default_jobs() -> int:
+    """Reader processes for a large import: one per core beside the writer, at most 4."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 4))
+
+
+def _read_in_order(tasks: list[list[tuple[str, str]]], origin_root: str, listed: set[tuple[str, str]],
+                   jobs: int) -> Iterator[list[_FileRead]]:
+    """Each task's reads, in task order: in this process (``jobs`` 0) or in ``jobs`` reader processes,
+    with at most ``2 * jobs`` tasks read ahead of the writer (memory stays flat however large the tree)."""
+    by_api: dict[str, list[tuple[str, str]]] = {}
+    for api, key in listed:
+        by_api.setdefault(api, []).append((api, key))
+
+    def failures(task: list[tuple[str, str]]) -> frozenset[tuple[str, str]]:
+        # a snapshot's failure records stay failure records: each task gets those of its files
+        return frozenset(pair for api, _path in task for pair in by_api.get(api, ()))
+
+    if jobs <= 0:
+        for task in tasks:
+            yield _read_files(task, origin_root, failures(task))
+        return
+    try:
+        # spawn: a fresh interpreter per reader (no fork of a process that may hold threads or locks)
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    except (OSError, ImportError, NotImplementedError) as exc:  # e.g. no /dev/shm for its semaphores
+        log.warning("cannot start reader processes (%s); reading the files in this process (--jobs 0)", exc)
+        yield from _read_in_order(tasks, origin_root, listed, 0)
+        return
+    with pool:
+        ahead: deque[Future[list[_FileRead]]] = deque()
+        try:
+            for task in tasks:
+                ahead.append(pool.submit(_read_files, task, origin_root, failures(task)))
+                if len(ahead) > 2 * jobs:
+                    yield ahead.popleft().result()
+            while ahead:
+                yield ahead.popleft().result()
+        except BrokenProcessPool:
+            raise ImportFailed(
+                "a reader process died (out of memory?); what was written so far is kept: run the import "
+                "again (entries already present are skipped), with --jobs 0 to read in one process"
+            ) from None
+        finally:
+            for future in ahead:
+                future.cancel()
+
+
+def import_tree(
+    store: Store, root: str | os.PathLike[str], *, progress: bool = True, allow_symlinks: bool = False, jobs: int | None = None
+) -> ImportSummary:
     """Copy every entry of an upstream tree into ``store`` as ``imported`` (idempotent).
 
     A file that cannot be served (not JSON, nested too deeply, a lone surrogate, a symbolic link
     out of the tree) is left out, reported in :attr:`ImportSummary.bad_files`, and the import goes on.
+    Files are parsed by ``jobs`` reader processes (default :func:`default_jobs`; ``0``, and the
+    default for a tree under 16 MB: in this process) while this process writes, in file order, in batches.
     """
     summary = ImportSummary()
     started = time.perf_counter()
@@ -68,7 +188,9 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
     files = list(iter_cache_files(root, allow_symlinks=allow_symlinks, refused=refused))
     summary.bad_files.extend(refused)
     origin_root = Path(root).name or str(root)
-    listed = tree_failure_entries(root)  # a snapshot's failure records stay failure records
+    tasks = list(_tasks(files))
+    if jobs is None:
+        jobs = default_jobs() if sum(_size(path) for _api, path in files) >= _PARALLEL_MIN_BYTES else 0
     batch: list[tuple[Record, str | None]] = []
 
     def flush() -> None:
@@ -80,25 +202,18 @@ def import_tree(store: Store, root: str | os.PathLike[str], *, progress: bool = 
         batch.clear()
 
     with tqdm(total=len(files), desc="import", unit="file", disable=not progress) as bar:
-        for api, path in files:
-            bar.update(1)
-            origin = f"import:{origin_root}/{api}.json"
-            try:
-                # the whole file is checked before any of it is written: a crafted file is left out entirely
-                entries = list(iter_cache_entries(path))
-            except (OSError, ValueError) as exc:
-                log.warning("skipping %s: %s", path, exc)
-                summary.bad_files.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
-                continue
-            summary.files += 1
-            for key, _answer, body in entries:
-                summary.entries += 1
-                record = Record(api=api, key=key, body=body, source="imported", origin=origin)
-                if is_tree_failure(api, key, body, listed):
-                    record = replace(record, outcome=FAILURE, reason=TREE_FAILURE_REASON)
-                batch.append((record, canonical_from_upstream_key(key)))
-            if len(batch) >= IMPORT_BATCH:
-                flush()
+        for reads in _read_in_order(tasks, origin_root, tree_failure_entries(root), min(jobs, len(tasks))):
+            for read in reads:
+                bar.update(1)
+                if read.items is None:
+                    log.warning("skipping %s", read.error)
+                    summary.bad_files.append(read.error)
+                    continue
+                summary.files += 1
+                summary.entries += len(read.items)
+                batch.extend(read.items)
+                if len(batch) >= IMPORT_BATCH:
+                    flush()
             if progress:
                 bar.set_postfix_str(f"{summary.entries:,} entries", refresh=False)
     if batch:

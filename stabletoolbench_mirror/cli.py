@@ -177,7 +177,7 @@ def _open_store(args: argparse.Namespace):
 
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
-    from .cache_tools import import_tree
+    from .cache_tools import ImportFailed, import_tree
     from .startup import frozen_cache_problem
 
     # a folder with no cache files (often one level above or below the tree) would import nothing
@@ -189,7 +189,11 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
     from .factory import build_store
 
     with build_store(settings) as store:
-        summary = import_tree(store, args.directory, progress=not args.quiet, allow_symlinks=settings.allow_symlinks)
+        try:
+            summary = import_tree(store, args.directory, progress=not args.quiet, allow_symlinks=settings.allow_symlinks, jobs=args.jobs)
+        except ImportFailed as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     print("\n".join(summary.lines()))
     return 1 if summary.bad_files else 0
 
@@ -255,6 +259,16 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes from 0 to 64")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run the /virtual server")
     add_config_arguments(serve)
@@ -275,6 +289,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
     imp = cache_sub.add_parser("import", help="copy an upstream tool_response_cache tree into the store")
     imp.add_argument("directory")
+    imp.add_argument("--jobs", "-j", type=_jobs, metavar="N",
+                     help="processes that parse the files while this one writes (default: one per core, at most 4, "
+                          "for a tree of 16 MB or more; 0: parse in this process)")
     exp = cache_sub.add_parser(
         "export", help="write the store as an upstream tool_response_cache tree, or as chat training data (--format chat-jsonl)"
     )

@@ -85,6 +85,9 @@ class Record:
         return json.loads(self.body)
 
     def to_json(self) -> str:
+        cached = self.__dict__.get("_json")
+        if cached is not None:
+            return cached
         data: dict[str, Any] = {
             "v": RECORD_VERSION,
             "api": self.api,
@@ -106,6 +109,14 @@ class Record:
             ensure_ascii=False,
             separators=(",", ":"),
         )
+
+    def keep_json(self) -> "Record":
+        """Encode the record now and keep the text with it (pickled along), so ``to_json`` is free later.
+
+        ``cache import`` reads files in worker processes: they encode, the one writing process only writes.
+        """
+        object.__setattr__(self, "_json", self.to_json())
+        return self
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "Record":

@@ -8,12 +8,15 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from stabletoolbench_mirror.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream_layout import iter_cache_files, read_cache_file
 
 from tests.helpers.processes import ServeProcess
@@ -82,6 +85,33 @@ def test_import_export_snapshot_verify_round_trip(tree: Path, tmp_path: Path) ->
     assert "entries/s" in snap.stdout
     verified = cli("snapshot", "--verify", str(tmp_path / "snap"), "-q", cwd=tmp_path)
     assert "OK" in verified.stdout and "entries/s" in verified.stdout
+
+
+def test_reader_processes_import_exactly_what_one_process_imports(tree: Path, tmp_path: Path) -> None:
+    # the generated tree, plus a file that cannot be served and upstream's saved failure answer
+    root = tmp_path / "tree"
+    shutil.copytree(tree / "tool_response_cache", root)
+    bad = root / "Data" / "broken_for_Data"
+    bad.mkdir(parents=True)
+    (bad / "cut.json").write_text('{"{\'q\': 1}": {"error": "", "resp')
+    (bad / "failed.json").write_text(json.dumps({"{'q': 2}": {"error": "Failed to generate fake response", "response": ""}}))
+    outputs, stores = [], []
+    for jobs in ("0", "2"):
+        store = tmp_path / f"store-{jobs}"
+        proc = cli("cache", "import", str(root), "--store-path", str(store), "--jobs", jobs, "-q", cwd=tmp_path, ok=(1,))
+        outputs.append([line for line in proc.stdout.splitlines() if not line.startswith("time:")])
+        with DiskcacheStore(store) as opened:
+            stores.append(sorted((r.api, r.key, r.body, r.source, r.origin, r.outcome, r.reason) for r in opened))
+            assert len(opened) == 601
+    assert outputs[0] == outputs[1] and "added:            601" in outputs[1] and "unreadable files: 1" in outputs[1]
+    assert any("cut.json" in line for line in outputs[1])
+    assert stores[0] == stores[1] and len(stores[1]) == 601
+    assert sum(outcome == "failure" for *_, outcome, _reason in stores[1]) == 1
+    # every record is found by its canonical key too (the pointers came from the readers)
+    with DiskcacheStore(tmp_path / "store-2") as opened:
+        for api, key, body, *_ in stores[1]:
+            canonical = canonical_from_upstream_key(key)
+            assert canonical is not None and opened.get_canonical(api, canonical).body == body  # type: ignore[union-attr]
 
 
 def test_check_with_concurrency_reports_like_one_at_a_time(tree: Path, tmp_path: Path) -> None:

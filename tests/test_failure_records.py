@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from stabletoolbench_mirror.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.snapshot import verify_snapshot, write_snapshot
@@ -91,7 +93,8 @@ def test_verify_notices_a_failure_list_that_does_not_match(tmp_path: Path) -> No
     assert not result.ok and any("failure" in p for p in result.problems)
 
 
-def test_import_and_stats_keep_failures_failures(tmp_path: Path) -> None:
+@pytest.mark.parametrize("jobs", ["0", "2"])  # read in this process, or by reader processes
+def test_import_and_stats_keep_failures_failures(jobs: str, tmp_path: Path) -> None:
     with filled(tmp_path / "store") as store:
         write_snapshot(store, tmp_path / "snap")
     # upstream's own tree: its saved "Failed to generate fake response" is a failure too
@@ -99,7 +102,7 @@ def test_import_and_stats_keep_failures_failures(tmp_path: Path) -> None:
     upstream.mkdir(parents=True)
     (upstream / "other.json").write_text(json.dumps({"{'m': 1}": UPSTREAM_FAILED, "{'m': 2}": {"error": "", "response": "fine"}}))
     for source in (tmp_path / "snap", tmp_path / "upstream"):
-        result = cli("cache", "import", str(source), "--store-path", str(tmp_path / "imported"), "-q", cwd=tmp_path)
+        result = cli("cache", "import", str(source), "--store-path", str(tmp_path / "imported"), "--jobs", jobs, "-q", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
     with DiskcacheStore(tmp_path / "imported") as store:
         kinds = {(r.api.rsplit("/", 1)[1], r.key): r.is_failure for r in store}

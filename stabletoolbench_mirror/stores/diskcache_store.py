@@ -75,8 +75,12 @@ class DiskcacheStore(Store):
         """APIs known to have their key already (they are never removed): no write to find out again."""
         try:
             os.makedirs(self.path, exist_ok=True)
-            # no eviction: a response cache that forgets is not reproducible
-            self._cache = diskcache.Cache(self.path, eviction_policy="none", size_limit=2**62, cull_limit=0, timeout=60)
+            # no eviction: a response cache that forgets is not reproducible.  Statement journals in
+            # memory (``temp_store``, applied to every connection diskcache opens): each row of a
+            # bulk insert would otherwise spill the pages it changes into a temporary file
+            self._cache = diskcache.Cache(
+                self.path, eviction_policy="none", size_limit=2**62, cull_limit=0, timeout=60, sqlite_temp_store=2
+            )
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
             if _COUNTED not in self._cache and self._first_key(_ENTRY) is None:
                 # an empty store: the counters kept from now on count every record
