@@ -218,11 +218,7 @@ class MirrorLayer:
         if not self._pending.acquire(timeout=self.pending_timeout_s):
             log.warning("a miss waited %g s for a turn; raise limits.max_pending_misses or limits.queue_timeout_s", self.pending_timeout_s)
             message = f"stabletoolbench-mirror is overloaded: a miss waited {self.pending_timeout_s:g} s for a turn (limits.max_pending_misses)"
-            return replace(
-                Outcome.error(503, message, OutcomeKind.REFUSED),
-                api=call.api,
-                limit="limits.max_pending_misses",
-            )
+            return replace(Outcome.error(503, message, OutcomeKind.REFUSED, "limits.max_pending_misses"), api=call.api)
         try:
             outcome, shared = self._flight.do((call.api, call.canonical), lambda: self._fill(call))
         except StoreError as exc:
