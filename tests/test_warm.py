@@ -294,10 +294,16 @@ def test_ctrl_c_stops_cleanly_with_a_summary_and_resumes(processes: int, referen
     store_path = tmp_path / "store"
     with OpenAIStub(responder) as stub:
         cfg = config(tmp_path, stub)
-        proc = subprocess.Popen(
-            command("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "2", "--processes", str(processes), "-q"),
-            cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        # a job started in the background by a non-interactive shell inherits SIGINT ignored, and so would warm
+        # (Python then never raises KeyboardInterrupt): the child gets the default disposition, as from a terminal
+        inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            proc = subprocess.Popen(
+                command("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "2", "--processes", str(processes), "-q"),
+                cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+        finally:
+            signal.signal(signal.SIGINT, inherited)
         deadline = time.monotonic() + 60
         while stub.count < 6 and time.monotonic() < deadline:
             time.sleep(0.02)
