@@ -319,3 +319,36 @@ def test_old_answer_records_read_the_same_and_failure_json_is_inspectable(store:
     data = json.loads(failure.to_json())
     assert data["outcome"] == "failure" and data["reason"] and data["tried"] == ["simulated:test"]
     assert Record.from_json(failure.to_json()) == failure
+
+
+def _second(spec: dict[str, Any]) -> dict[str, Any]:
+    """Another fresh store of the same backend."""
+    return {**spec, "path": spec["path"] + "-2"} if spec["kind"] == "diskcache" else {**spec, "prefix": spec["prefix"] + "-2"}
+
+
+@pytest.mark.parametrize("batch", ["plain", "conflicting"])
+def test_a_batch_with_failures_ends_as_adding_one_at_a_time(batch: str, spec: dict[str, Any]) -> None:
+    """``add_many`` (cache import) gives what ``add`` one at a time gives, failure records included."""
+    if batch == "plain":  # failures and answers of distinct keys and canonical keys (the bulk path)
+        items = [(fail(f"{{'f': {i}}}"), f"f{i}") if i % 3 == 0 else (rec(f"{{'r': {i}}}", str(i)), f"r{i}") for i in range(300)]
+    else:  # the same key or canonical key twice in one batch: the answer wins, as one at a time
+        items = [
+            (fail("{'k': 3}"), "c3"), (rec("{'k': 3}", "three"), "c3"),
+            (fail("{'a': 1, 'b': 2}"), "ab"), (rec("{'b': 2, 'a': 1}", "ba"), "ab"),
+            (rec("{'k': 5}", "five"), "c5"), (fail("{'k': 5}"), "c5"),
+            (fail("{'k': 6}"), "c6"), (fail("{'k': 6, }"), "c6"),
+        ] + [(rec(f"{{'r': {i}}}", str(i)), f"r{i}") for i in range(20)]
+    one, many = open_store(spec), open_store(_second(spec))
+    try:
+        assert many.add_many(items) == [one.add(record, canonical) for record, canonical in items]
+        for record, canonical in items:
+            assert many.get(NS, record.key) == one.get(NS, record.key)
+            assert many.get_canonical(NS, canonical) == one.get_canonical(NS, canonical)
+        counted = [s.counts() for s in (one, many)]
+        assert counted[0] is not None and counted[1] is not None
+        for field in ("entries", "apis", "by_source", "by_category", "by_origin", "by_outcome"):
+            assert getattr(counted[0], field) == getattr(counted[1], field), field
+        assert counted[1].by_outcome.get("failure", 0) == sum(r.is_failure for r in many)
+    finally:
+        one.close()
+        many.close()

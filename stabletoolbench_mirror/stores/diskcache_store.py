@@ -51,6 +51,16 @@ def _count_key(*parts: str) -> str:
     return "\x00".join((_COUNT, *parts))
 
 
+def _failure_shares_a_key(items: list[tuple[Record, str | None]], entry_keys: list[str], pointer_keys: list[str | None]) -> bool:
+    """Whether a failure record of the batch shares its key or canonical key with another record of it."""
+    failures = [i for i, (record, _) in enumerate(items) if record.is_failure]
+    if not failures:
+        return False
+    seen = Counter(entry_keys)
+    seen.update(k for k in pointer_keys if k is not None)
+    return any(seen[entry_keys[i]] > 1 or (pointer_keys[i] is not None and seen[pointer_keys[i]] > 1) for i in failures)
+
+
 class DiskcacheStore(Store):
     """Records as JSON text in a :class:`diskcache.Cache` (no pickles: the data stays inspectable).
 
@@ -207,8 +217,9 @@ class DiskcacheStore(Store):
         api_keys = [f"{_NAMESPACE}\x00{api}" for api in {record.api for record, _ in items} - self._known_apis]
         record_keys = entry_keys + [k for k in pointer_keys if k is not None]
         present = self._present(record_keys + api_keys)
-        if any(record.is_failure for record, _ in items) or not present.isdisjoint(record_keys):
-            # failure records, or keys already there (an answer may replace a failure): one by one
+        if not present.isdisjoint(record_keys) or _failure_shares_a_key(items, entry_keys, pointer_keys):
+            # keys already there, or a failure record sharing a key in the batch (an answer may replace
+            # a failure, or take its canonical key): one by one
             deltas: Counter[str] = Counter()
             added = [self._add_in_transaction(record, canonical, deltas) for record, canonical in items]
             self._apply(deltas)
@@ -232,6 +243,8 @@ class DiskcacheStore(Store):
                 deltas[_count_key("source", record.source)] += 1
                 deltas[_count_key("category", record.api.split("/", 1)[0])] += 1
                 deltas[_count_key("origin", origin_key(record))] += 1
+                if record.is_failure:
+                    deltas[_count_key("outcome", "failure")] += 1
                 api_key = f"{_NAMESPACE}\x00{record.api}"
                 if record.api not in self._known_apis and api_key not in present:
                     row(api_key, 1)
