@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import time
 from collections import Counter, deque
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -130,6 +131,11 @@ def default_jobs() -> int:
     return max(1, min(cores, 4))
 
 
+def _reader_start() -> None:
+    # Ctrl-C reaches the whole process group: the writer stops the import, a reader finishes its task
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _read_in_order(tasks: list[list[tuple[str, str]]], origin_root: str, listed: set[tuple[str, str]],
                    jobs: int) -> Iterator[list[_FileRead]]:
     """Each task's reads, in task order: in this process (``jobs`` 0) or in ``jobs`` reader processes,
@@ -148,7 +154,7 @@ def _read_in_order(tasks: list[list[tuple[str, str]]], origin_root: str, listed:
         return
     try:
         # spawn: a fresh interpreter per reader (no fork of a process that may hold threads or locks)
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_reader_start)
     except (OSError, ImportError, NotImplementedError) as exc:  # e.g. no /dev/shm for its semaphores
         log.warning("cannot start reader processes (%s); reading the files in this process (--jobs 0)", exc)
         yield from _read_in_order(tasks, origin_root, listed, 0)

@@ -194,6 +194,10 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
         except ImportFailed as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            print("interrupted: the entries written so far are kept; run the same command again to go on "
+                  "(entries already present are skipped)", file=sys.stderr)
+            return 130
     print("\n".join(summary.lines()))
     return 1 if summary.bad_files else 0
 

@@ -9,8 +9,10 @@ import filecmp
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,39 @@ def test_check_with_concurrency_reports_like_one_at_a_time(tree: Path, tmp_path:
             reports.append(report)
     assert reports[0] == reports[1]
     assert [m["location"].rsplit(":", 1)[1] for m in reports[1]["mismatches"]] == ["18", "251"]
+
+
+def test_ctrl_c_stops_an_import_with_readers_at_once_and_the_rerun_completes(tmp_path: Path) -> None:
+    big = make_tree(tmp_path / "big", "--entries", "40000", "--files", "400", "--check-samples", "10")
+    store = tmp_path / "store"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
+    env["PYTHONPATH"] = str(REPO)
+    # the default SIGINT disposition, as from a terminal (a background CI job would hand down "ignored")
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "stabletoolbench_mirror", "cache", "import", str(big / "tool_response_cache"),
+                                 "--store-path", str(store), "--jobs", "2"], cwd=tmp_path, env=env, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+    deadline = time.monotonic() + 60
+
+    def running() -> bool:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+        return True
+
+    while not (store / "cache.db").exists() and running():
+        pass
+    with DiskcacheStore(store) as watched:
+        while watched.counts().entries < 1000 and running():  # type: ignore[union-attr]
+            pass
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole group: the writer and its readers
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted: the entries written so far are kept" in err and "Traceback" not in err
+    with DiskcacheStore(store) as opened:
+        kept = len(opened)
+    assert 1000 <= kept < 40000
+    rerun = cli("cache", "import", str(big / "tool_response_cache"), "--store-path", str(store), "-q", cwd=tmp_path)
+    assert f"already present:  {kept}" in rerun.stdout and f"added:            {40000 - kept}" in rerun.stdout
