@@ -281,6 +281,37 @@ def test_warm_server_and_cli_share_the_stub_endpoint(tmp_path: Path, serve, sett
     assert reply.text == record.body
 
 
+def test_a_second_ctrl_c_quits_warm_processes_at_once(reference_dir: Path, tmp_path: Path) -> None:
+    folder = subset(reference_dir, tmp_path, 2)
+
+    def slow(body: dict[str, Any]) -> Reply:
+        reply = echo_responder(body)
+        reply.delay_s = 20  # the calls in hand would keep a first Ctrl-C waiting this long
+        return reply
+
+    with OpenAIStub(slow) as stub:
+        cfg = config(tmp_path, stub)
+        inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (a background CI job hands down "ignored")
+        try:
+            proc = subprocess.Popen(
+                command("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "4", "--processes", "2", "-q"),
+                cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+        finally:
+            signal.signal(signal.SIGINT, inherited)
+        deadline = time.monotonic() + 60
+        while stub.count < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert proc.poll() is None  # the first Ctrl-C waits for the calls in hand
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 130 and time.monotonic() - started < 5
+    assert "stopping: the calls in hand finish (Ctrl-C again to quit now)" in err and "quitting now" in err
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 def test_ctrl_c_stops_cleanly_with_a_summary_and_resumes(processes: int, reference_dir: Path, tmp_path: Path) -> None:
     folder = subset(reference_dir, tmp_path, 2)

@@ -85,6 +85,37 @@ def lookup_layer(settings: Settings) -> MirrorLayer:
     return warm_layer(settings, responders=[])
 
 
+class _CtrlC:
+    """While the pool runs, Ctrl-C sets a flag that its loop reads, instead of raising ``KeyboardInterrupt``.
+
+    An exception raised between any two bytecodes could land inside the stop event's lock (shared
+    with the workers: everyone would wait on it forever) or between the halves of a message read
+    from a worker's pipe.  The first Ctrl-C asks for a stop (the calls in hand finish); a second
+    one quits at once (the workers die with this process).  An inherited "ignore" (a background
+    job) and a run off the main thread keep Python's own handling.
+    """
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._previous: Any = None
+
+    def __enter__(self) -> "_CtrlC":
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, _signum: int, _frame: Any) -> None:
+        if self.pressed:
+            os.write(2, b"\ninterrupted again: quitting now\n")
+            os._exit(130)
+        self.pressed = True
+        os.write(2, b"\nstopping: the calls in hand finish (Ctrl-C again to quit now)\n")
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
 class _Pool:
     """The worker processes of one run and the bookkeeping of which calls each was given."""
 
@@ -148,10 +179,10 @@ class _Pool:
                 self._give(index, alive[k % len(alive)])
         return True
 
-    def run(self, tracker: Tracker) -> None:
-        """Until every call is answered or no worker is left."""
+    def run(self, tracker: Tracker, ctrl_c: _CtrlC) -> None:
+        """Until every call is answered, no worker is left, or Ctrl-C."""
         while len(self.answered) < len(self.todo):
-            if self.stop.is_set():  # stopped early: the workers finish the calls in hand
+            if ctrl_c.pressed or self.stop.is_set():  # stopped early: the workers finish the calls in hand
                 return
             if sum(self.drain(i, tracker) for i in range(len(self.workers))):
                 continue
@@ -192,14 +223,17 @@ def run_warm_processes(
     pool = _Pool(settings, todo, concurrency=concurrency, processes=processes)
     tracker: Tracker | None = None
     interrupted = False
-    try:
-        pool.start()
-        tracker = Tracker(counts, len(todo), progress, stop_after_failures=stop_after_failures, stop=pool.stop)
-        pool.run(tracker)
-    except KeyboardInterrupt:
-        interrupted = True
-        pool.stop.set()
-    finally:
-        tracker = tracker or Tracker(counts, len(todo), False)
-        pool.wind_down(tracker, interrupted=interrupted or bool(tracker.stopped))
+    with _CtrlC() as ctrl_c:
+        try:
+            pool.start()
+            tracker = Tracker(counts, len(todo), progress, stop_after_failures=stop_after_failures, stop=pool.stop)
+            pool.run(tracker, ctrl_c)
+        except KeyboardInterrupt:  # where _CtrlC does not take Ctrl-C (not the main thread), or raised by other code
+            interrupted = True
+        finally:
+            interrupted = interrupted or ctrl_c.pressed
+            if interrupted:
+                pool.stop.set()
+            tracker = tracker or Tracker(counts, len(todo), False)
+            pool.wind_down(tracker, interrupted=interrupted or bool(tracker.stopped))
     return tracker.report(plan, started, interrupted)
