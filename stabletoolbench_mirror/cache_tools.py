@@ -14,6 +14,7 @@ import signal
 import time
 from collections import Counter, deque
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import closing
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any, Iterator
 from tqdm import tqdm
 
 from .failures import TREE_FAILURE_REASON, is_tree_failure, tree_failure_entries
+from .interrupts import CtrlC
 from .keys import canonical_from_upstream_key
 from .records import FAILURE, Record
 from .stores import Store
@@ -207,8 +209,10 @@ def import_tree(
                 summary.already_present += 1
         batch.clear()
 
-    with tqdm(total=len(files), desc="import", unit="file", disable=not progress) as bar:
-        for reads in _read_in_order(tasks, origin_root, tree_failure_entries(root), min(jobs, len(tasks))):
+    ctrl_c = CtrlC("stopping: the records read so far are written (Ctrl-C again to quit now)")
+    reading = _read_in_order(tasks, origin_root, tree_failure_entries(root), min(jobs, len(tasks)))
+    with ctrl_c, closing(reading), tqdm(total=len(files), desc="import", unit="file", disable=not progress) as bar:
+        for reads in reading:
             for read in reads:
                 bar.update(1)
                 if read.items is None:
@@ -222,8 +226,13 @@ def import_tree(
                     flush()
             if progress:
                 bar.set_postfix_str(f"{summary.entries:,} entries", refresh=False)
+            if ctrl_c.pressed:
+                break
     if batch:
         flush()
+    if ctrl_c.pressed:
+        # between two tasks (never inside a lock shared with the readers): what was read is written
+        raise KeyboardInterrupt
     summary.seconds = time.perf_counter() - started
     return summary
 

@@ -166,7 +166,8 @@ def test_ctrl_c_stops_an_import_with_readers_at_once_and_the_rerun_completes(tmp
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole group: the writer and its readers
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err[-2000:]
-    assert "interrupted: the entries written so far are kept" in err and "Traceback" not in err
+    assert "stopping: the records read so far are written" in err and "Traceback" not in err
+    assert "interrupted: the entries written so far are kept" in err
     with DiskcacheStore(store) as opened:
         kept = len(opened)
     assert 1000 <= kept < 40000

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from ..config import Settings
+from ..interrupts import CtrlC
 from ..layer import MirrorLayer
 from .plan import WarmItem, WarmPlan, WarmReport
 from .runner import SWITCH_INTERVAL_S, Tracker, make_call, split, warm_layer
@@ -83,37 +84,6 @@ def _worker_main(settings: Settings, threads: int, tasks: Any, results: Any, sto
 def lookup_layer(settings: Settings) -> MirrorLayer:
     """The store and frozen caches of ``settings``, without responders: what is cached already."""
     return warm_layer(settings, responders=[])
-
-
-class _CtrlC:
-    """While the pool runs, Ctrl-C sets a flag that its loop reads, instead of raising ``KeyboardInterrupt``.
-
-    An exception raised between any two bytecodes could land inside the stop event's lock (shared
-    with the workers: everyone would wait on it forever) or between the halves of a message read
-    from a worker's pipe.  The first Ctrl-C asks for a stop (the calls in hand finish); a second
-    one quits at once (the workers die with this process).  An inherited "ignore" (a background
-    job) and a run off the main thread keep Python's own handling.
-    """
-
-    def __init__(self) -> None:
-        self.pressed = False
-        self._previous: Any = None
-
-    def __enter__(self) -> "_CtrlC":
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, _signum: int, _frame: Any) -> None:
-        if self.pressed:
-            os.write(2, b"\ninterrupted again: quitting now\n")
-            os._exit(130)
-        self.pressed = True
-        os.write(2, b"\nstopping: the calls in hand finish (Ctrl-C again to quit now)\n")
-
-    def __exit__(self, *_exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
 
 
 class _Pool:
@@ -179,7 +149,7 @@ class _Pool:
                 self._give(index, alive[k % len(alive)])
         return True
 
-    def run(self, tracker: Tracker, ctrl_c: _CtrlC) -> None:
+    def run(self, tracker: Tracker, ctrl_c: CtrlC) -> None:
         """Until every call is answered, no worker is left, or Ctrl-C."""
         while len(self.answered) < len(self.todo):
             if ctrl_c.pressed or self.stop.is_set():  # stopped early: the workers finish the calls in hand
@@ -223,12 +193,12 @@ def run_warm_processes(
     pool = _Pool(settings, todo, concurrency=concurrency, processes=processes)
     tracker: Tracker | None = None
     interrupted = False
-    with _CtrlC() as ctrl_c:
+    with CtrlC("stopping: the calls in hand finish (Ctrl-C again to quit now)") as ctrl_c:
         try:
             pool.start()
             tracker = Tracker(counts, len(todo), progress, stop_after_failures=stop_after_failures, stop=pool.stop)
             pool.run(tracker, ctrl_c)
-        except KeyboardInterrupt:  # where _CtrlC does not take Ctrl-C (not the main thread), or raised by other code
+        except KeyboardInterrupt:  # where CtrlC does not take Ctrl-C (not the main thread), or raised by other code
             interrupted = True
         finally:
             interrupted = interrupted or ctrl_c.pressed
