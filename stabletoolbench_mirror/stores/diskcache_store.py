@@ -51,6 +51,21 @@ def _count_key(*parts: str) -> str:
     return "\x00".join((_COUNT, *parts))
 
 
+def _count_provenance(counts: Counter[str], record: Record, sign: int = 1) -> None:
+    """What a record adds to the counters by source, origin and outcome (``sign`` -1: takes away)."""
+    counts[_count_key("source", record.source)] += sign
+    counts[_count_key("origin", origin_key(record))] += sign
+    if record.is_failure:
+        counts[_count_key("outcome", "failure")] += sign
+
+
+def _count_new(counts: Counter[str], record: Record) -> None:
+    """What a record written under a new key adds to the counters (the API's own count aside)."""
+    counts[_count_key("entries")] += 1
+    counts[_count_key("category", record.api.split("/", 1)[0])] += 1
+    _count_provenance(counts, record)
+
+
 def _failure_shares_a_key(items: list[tuple[Record, str | None]], entry_keys: list[str], pointer_keys: list[str | None]) -> bool:
     """Whether a failure record of the batch shares its key or canonical key with another record of it."""
     failures = [i for i, (record, _) in enumerate(items) if record.is_failure]
@@ -154,17 +169,11 @@ class DiskcacheStore(Store):
         if added:
             counts = deltas if deltas is not None else Counter()
             if replaced is not None:
-                counts[_count_key("source", replaced.source)] -= 1
-                counts[_count_key("origin", origin_key(replaced))] -= 1
-                counts[_count_key("outcome", "failure")] -= 1
+                _count_provenance(counts, replaced, -1)
                 counts[_count_key("outcome", "replaced")] += 1
+                _count_provenance(counts, record)
             else:
-                counts[_count_key("entries")] += 1
-                counts[_count_key("category", record.api.split("/", 1)[0])] += 1
-            counts[_count_key("source", record.source)] += 1
-            counts[_count_key("origin", origin_key(record))] += 1
-            if record.is_failure:
-                counts[_count_key("outcome", "failure")] += 1
+                _count_new(counts, record)
             if record.api not in self._known_apis:
                 if cache.add(f"{_NAMESPACE}\x00{record.api}", 1):
                     counts[_count_key("apis")] += 1
@@ -239,12 +248,7 @@ class DiskcacheStore(Store):
             is_new = entry not in present
             if is_new:
                 row(entry, record.to_json())
-                deltas[_count_key("entries")] += 1
-                deltas[_count_key("source", record.source)] += 1
-                deltas[_count_key("category", record.api.split("/", 1)[0])] += 1
-                deltas[_count_key("origin", origin_key(record))] += 1
-                if record.is_failure:
-                    deltas[_count_key("outcome", "failure")] += 1
+                _count_new(deltas, record)
                 api_key = f"{_NAMESPACE}\x00{record.api}"
                 if record.api not in self._known_apis and api_key not in present:
                     row(api_key, 1)
