@@ -58,13 +58,8 @@ class SnapshotError(RuntimeError):
 # -- the content hash ------------------------------------------------------------------------------
 
 
-def entry_line(api: str, key: str, answer: Any) -> bytes:
-    """The canonical line of one entry (see the module docstring)."""
-    return served_line(api, key, encode_answer(answer))
-
-
 def served_line(api: str, key: str, body: str) -> bytes:
-    """:func:`entry_line` from the answer's served encoding (a record's ``body``), without decoding it."""
+    """The canonical line of one entry (see the module docstring), from the answer's served encoding."""
     text = json.dumps([api, key, body], ensure_ascii=False, separators=(",", ":"))
     return (text + "\n").encode("utf-8", "surrogatepass")
 
@@ -77,11 +72,7 @@ class ContentHash:
         self._last: str | None = None
 
     def add_api(self, api: str, entries: Iterable[tuple[str, Any]]) -> None:
-        if self._last is not None and api <= self._last:
-            raise ValueError(f"APIs must come in api order: {api!r} after {self._last!r}")
-        self._last = api
-        for key, answer in sorted(entries, key=lambda e: e[0]):
-            self._digest.update(entry_line(api, key, answer))
+        self.add_api_bodies(api, ((key, encode_answer(answer)) for key, answer in entries))
 
     def add_api_bodies(self, api: str, entries: Iterable[tuple[str, str]]) -> None:
         """:meth:`add_api` with each answer in its served encoding (records' bodies: no decoding)."""
@@ -248,7 +239,8 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
     digest = ContentHash()
     entries = files = 0
     by_category: Counter[str] = Counter()
-    listed_apis = {api for api, _key in failure_entries(manifest) or ()}
+    listed = failure_entries(manifest)
+    listed_apis = {api for api, _key in listed or ()}
     present: set[tuple[str, str]] = set()
     for api, group in groupby(tree_entries(root, problems, progress=progress), key=lambda e: e[0]):
         items = [(key, answer) for _, key, answer in group]
@@ -266,7 +258,6 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
         problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {entries}")
     if isinstance(manifest.get("by_category"), dict) and manifest["by_category"] != dict(sorted(by_category.items())):
         problems.append("entry counts by category differ from the manifest")
-    listed = failure_entries(manifest)
     if listed is None:
         problems.append("failure_entries is not a list of [api, key] pairs")
     else:
