@@ -21,7 +21,7 @@ from stabletoolbench_mirror.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream_layout import iter_cache_files, read_cache_file
 
-from tests.helpers.processes import ServeProcess
+from tests.helpers.processes import ServeProcess, popen_as_from_a_terminal
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -143,14 +143,9 @@ def test_ctrl_c_stops_an_import_with_readers_at_once_and_the_rerun_completes(tmp
     store = tmp_path / "store"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
     env["PYTHONPATH"] = str(REPO)
-    # the default SIGINT disposition, as from a terminal (a background CI job would hand down "ignored")
-    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "stabletoolbench_mirror", "cache", "import", str(big / "tool_response_cache"),
-                                 "--store-path", str(store), "--jobs", "2"], cwd=tmp_path, env=env, start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    finally:
-        signal.signal(signal.SIGINT, inherited)
+    proc = popen_as_from_a_terminal([sys.executable, "-m", "stabletoolbench_mirror", "cache", "import", str(big / "tool_response_cache"),
+                                     "--store-path", str(store), "--jobs", "2"], cwd=tmp_path, env=env, start_new_session=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
 
     def running() -> bool:

@@ -21,6 +21,7 @@ from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore
 from tests.helpers.answer_files import api, cot_answer, dfs_answer, param, query
 from tests.helpers.openai_stub import OpenAIStub, Reply, echo_responder
+from tests.helpers.processes import popen_as_from_a_terminal
 
 
 def cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -291,14 +292,10 @@ def test_a_second_ctrl_c_quits_warm_processes_at_once(reference_dir: Path, tmp_p
 
     with OpenAIStub(slow) as stub:
         cfg = config(tmp_path, stub)
-        inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (a background CI job hands down "ignored")
-        try:
-            proc = subprocess.Popen(
-                command("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "4", "--processes", "2", "-q"),
-                cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
-        finally:
-            signal.signal(signal.SIGINT, inherited)
+        proc = popen_as_from_a_terminal(
+            command("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "4", "--processes", "2", "-q"),
+            cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         deadline = time.monotonic() + 60
         while stub.count < 4 and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -325,16 +322,10 @@ def test_ctrl_c_stops_cleanly_with_a_summary_and_resumes(processes: int, referen
     store_path = tmp_path / "store"
     with OpenAIStub(responder) as stub:
         cfg = config(tmp_path, stub)
-        # a job started in the background by a non-interactive shell inherits SIGINT ignored, and so would warm
-        # (Python then never raises KeyboardInterrupt): the child gets the default disposition, as from a terminal
-        inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            proc = subprocess.Popen(
-                command("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "2", "--processes", str(processes), "-q"),
-                cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
-        finally:
-            signal.signal(signal.SIGINT, inherited)
+        proc = popen_as_from_a_terminal(
+            command("warm", "--queries", str(folder), "--config", str(cfg), "--concurrency", "2", "--processes", str(processes), "-q"),
+            cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         deadline = time.monotonic() + 60
         while stub.count < 6 and time.monotonic() < deadline:
             time.sleep(0.02)

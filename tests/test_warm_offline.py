@@ -30,6 +30,17 @@ def query_file(tmp_path: Path, apis: int) -> Path:
     return path
 
 
+def warm_offline(settings, tmp_path: Path, apis: int, generate, *, concurrency: int, model: str):
+    """Warm the calls of ``apis`` APIs through the offline engine with ``generate``: the report and the plan."""
+    layer, _ = offline_layer(settings, model=model, concurrency=concurrency, generate=generate)
+    plan = WarmPlan()
+    add_queries(plan, [str(query_file(tmp_path, apis))], include_optional=False)
+    try:
+        return run_warm(layer, plan, concurrency=concurrency, progress=False), plan
+    finally:
+        layer.close()
+
+
 class Generator:
     """A generation function: one output per conversation, recording every batch."""
 
@@ -47,13 +58,7 @@ class Generator:
 def test_offline_engine_batches_prompts_and_records(settings_factory, tmp_path: Path) -> None:
     settings = warm_settings(settings_factory(), 8)
     generate = Generator()
-    layer, _ = offline_layer(settings, model="/models/MirrorAPI", concurrency=8, generate=generate)
-    plan = WarmPlan()
-    add_queries(plan, [str(query_file(tmp_path, 40))], include_optional=False)
-    try:
-        report = run_warm(layer, plan, concurrency=8, progress=False)
-    finally:
-        layer.close()
+    report, plan = warm_offline(settings, tmp_path, 40, generate, concurrency=8, model="/models/MirrorAPI")
     assert report.total.new == 40 and not report.failures
     sizes = [len(b) for b in generate.batches]
     assert sum(sizes) == 40 and max(sizes) <= 8 and max(sizes) > 1
@@ -78,13 +83,7 @@ def test_offline_unparsable_output_and_engine_errors_are_failure_records(setting
         # MirrorAPI's loose output still parses
         return '```json\n{"error": "", "response": "He said "hi" to me"}\n```'
 
-    layer, _ = offline_layer(settings, model="m", concurrency=1, generate=Generator(output))
-    plan = WarmPlan()
-    add_queries(plan, [str(query_file(tmp_path, 4))], include_optional=False)
-    try:
-        report = run_warm(layer, plan, concurrency=1, progress=False)
-    finally:
-        layer.close()
+    report, _ = warm_offline(settings, tmp_path, 4, Generator(output), concurrency=1, model="m")
     assert report.total.new == 2 and report.total.failed == 2
     reasons = " ".join(f.reason for f in report.failures)
     assert "Failed to generate fake response" in reasons and "gave no usable answer" in reasons
@@ -141,13 +140,7 @@ def test_offline_answers_are_scrubbed_of_keys(settings_factory, tmp_path: Path) 
     def output(messages: list[dict]) -> str:
         return json.dumps({"error": "", "response": {"said": f"Bearer {key}", key: "tok-OFFLINE-77"}})
 
-    layer, _ = offline_layer(settings, model="m", concurrency=4, generate=Generator(output))
-    plan = WarmPlan()
-    add_queries(plan, [str(query_file(tmp_path, 3))], include_optional=False)
-    try:
-        report = run_warm(layer, plan, concurrency=4, progress=False)
-    finally:
-        layer.close()
+    report, _ = warm_offline(settings, tmp_path, 3, Generator(output), concurrency=4, model="m")
     assert report.total.new == 3
     with DiskcacheStore(tmp_path / "store") as store:
         bodies = [r.body for r in store]

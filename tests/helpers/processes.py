@@ -18,6 +18,19 @@ from tests.helpers.live import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
+def popen_as_from_a_terminal(args: list[str], **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen`` with SIGINT at its default disposition, as a command started from a terminal has it.
+
+    A job started in the background by a non-interactive shell (a CI runner) hands SIGINT down
+    *ignored*, and Python then never raises ``KeyboardInterrupt``: a Ctrl-C test needs the default.
+    """
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(args, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+
+
 def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
