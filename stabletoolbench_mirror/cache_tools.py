@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import queue
 import signal
+import threading
 import time
-from collections import Counter, deque
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections import Counter
 from contextlib import closing
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -120,6 +120,12 @@ def _size(path: Path) -> int:
         return 0
 
 
+READER_DIED = (
+    "a reader process died (out of memory?); what was written so far is kept: run the import "
+    "again (entries already present are skipped), with --jobs 0 to read in one process"
+)
+
+
 class ImportFailed(RuntimeError):
     """The import stopped before the end (the entries written so far stay)."""
 
@@ -133,51 +139,140 @@ def default_jobs() -> int:
     return max(1, min(cores, 4))
 
 
-def _reader_start() -> None:
-    # Ctrl-C reaches the whole process group: the writer stops the import, a reader finishes its task
+def _reader_main(tasks: Any, results: Any, origin_root: str) -> None:
+    """A reader process: parse each task it is sent and send the reads back, until ``None`` or the writer is gone."""
+    # Ctrl-C reaches the whole process group: the writer stops the import, a reader just ends
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        while (job := tasks.recv()) is not None:
+            files, listed = job
+            results.send(_read_files(files, origin_root, listed))
+    except (EOFError, OSError):  # the writer stopped (its ends of the pipes are closed)
+        return
+
+
+class _Readers:
+    """``jobs`` reader processes, each with a pipe of its own for tasks and one for reads.
+
+    Only the reader holds the writing end of its reads pipe, so a reader that dies (the kernel's
+    out-of-memory killer), even halfway through sending, is an end of file here: never a wait
+    for bytes that will not come (as a pool sharing one result pipe would wait).  A thread per
+    reader takes its reads off the pipe as they come (at most one kept waiting), so a reader
+    goes on to its next task while this process writes.
+    """
+
+    def __init__(self, jobs: int, origin_root: str) -> None:
+        # spawn: a fresh interpreter per reader (no fork of a process that may hold threads or locks)
+        ctx = multiprocessing.get_context("spawn")
+        self._stop = threading.Event()
+        self._procs: list[Any] = []
+        self._tasks: list[Any] = []
+        self._reads: list[Any] = []
+        self._arrived: list[queue.Queue[list[_FileRead] | None]] = []
+        self._threads: list[threading.Thread] = []
+        try:
+            for _ in range(jobs):
+                task_out, task_in = ctx.Pipe(duplex=False)
+                reads_out, reads_in = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_reader_main, args=(task_out, reads_in, origin_root), daemon=True, name="import-reader")
+                proc.start()
+                task_out.close()
+                reads_in.close()
+                arrived: queue.Queue[list[_FileRead] | None] = queue.Queue(maxsize=1)
+                thread = threading.Thread(target=self._take, args=(reads_out, arrived), daemon=True, name="import-reads")
+                thread.start()
+                self._procs.append(proc)
+                self._tasks.append(task_in)
+                self._reads.append(reads_out)
+                self._arrived.append(arrived)
+                self._threads.append(thread)
+        except BaseException:
+            self.close()
+            raise
+
+    def _take(self, conn: Any, arrived: queue.Queue[list[_FileRead] | None]) -> None:
+        while True:
+            try:
+                reads = conn.recv()
+            except (EOFError, OSError):
+                reads = None  # the reader is gone
+            while not self._stop.is_set():
+                try:
+                    arrived.put(reads, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if reads is None or self._stop.is_set():
+                return
+
+    def send(self, reader: int, job: tuple[list[tuple[str, str]], frozenset[tuple[str, str]]]) -> None:
+        try:
+            self._tasks[reader].send(job)
+        except OSError:
+            raise ImportFailed(READER_DIED) from None
+
+    def recv(self, reader: int) -> list[_FileRead]:
+        reads = self._arrived[reader].get()
+        if reads is None:
+            raise ImportFailed(READER_DIED)
+        return reads
+
+    def close(self) -> None:
+        self._stop.set()  # reads that still arrive are dropped: a reader never waits to send them
+        for conn in self._tasks:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self._procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)  # each ends at its reader's end of file
+        for conn in self._tasks + self._reads:
+            conn.close()
 
 
 def _read_in_order(tasks: list[list[tuple[str, str]]], origin_root: str, listed: set[tuple[str, str]],
                    jobs: int) -> Iterator[list[_FileRead]]:
-    """Each task's reads, in task order: in this process (``jobs`` 0) or in ``jobs`` reader processes,
-    with at most ``2 * jobs`` tasks read ahead of the writer (memory stays flat however large the tree)."""
+    """Each task's reads, in task order: in this process (``jobs`` 0) or in ``jobs`` reader processes.
+
+    Task ``i`` goes to reader ``i % jobs``, each reader holding two tasks, and is sent the next
+    as its reads are taken: at most ``3 * jobs`` tasks are read ahead of the writing (memory
+    stays flat however large the tree).
+    """
     by_api: dict[str, list[tuple[str, str]]] = {}
     for api, key in listed:
         by_api.setdefault(api, []).append((api, key))
 
-    def failures(task: list[tuple[str, str]]) -> frozenset[tuple[str, str]]:
+    def job(task: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], frozenset[tuple[str, str]]]:
         # a snapshot's failure records stay failure records: each task gets those of its files
-        return frozenset(pair for api, _path in task for pair in by_api.get(api, ()))
+        return task, frozenset(pair for api, _path in task for pair in by_api.get(api, ()))
 
     if jobs <= 0:
         for task in tasks:
-            yield _read_files(task, origin_root, failures(task))
+            files, failures = job(task)
+            yield _read_files(files, origin_root, failures)
         return
     try:
-        # spawn: a fresh interpreter per reader (no fork of a process that may hold threads or locks)
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_reader_start)
-    except (OSError, ImportError, NotImplementedError) as exc:  # e.g. no /dev/shm for its semaphores
+        readers = _Readers(jobs, origin_root)
+    except OSError as exc:
         log.warning("cannot start reader processes (%s); reading the files in this process (--jobs 0)", exc)
         yield from _read_in_order(tasks, origin_root, listed, 0)
         return
-    with pool:
-        ahead: deque[Future[list[_FileRead]]] = deque()
-        try:
-            for task in tasks:
-                ahead.append(pool.submit(_read_files, task, origin_root, failures(task)))
-                if len(ahead) > 2 * jobs:
-                    yield ahead.popleft().result()
-            while ahead:
-                yield ahead.popleft().result()
-        except BrokenProcessPool:
-            raise ImportFailed(
-                "a reader process died (out of memory?); what was written so far is kept: run the import "
-                "again (entries already present are skipped), with --jobs 0 to read in one process"
-            ) from None
-        finally:
-            for future in ahead:
-                future.cancel()
+    ahead = 2 * jobs
+    try:
+        for i, task in enumerate(tasks[:ahead]):
+            readers.send(i % jobs, job(task))
+        for i in range(len(tasks)):
+            reads = readers.recv(i % jobs)
+            if i + ahead < len(tasks):
+                readers.send(i % jobs, job(tasks[i + ahead]))
+            yield reads
+    finally:
+        readers.close()
 
 
 def import_tree(

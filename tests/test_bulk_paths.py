@@ -138,12 +138,34 @@ def test_check_with_concurrency_reports_like_one_at_a_time(tree: Path, tmp_path:
     assert [m["location"].rsplit(":", 1)[1] for m in reports[1]["mismatches"]] == ["18", "251"]
 
 
-def test_ctrl_c_stops_an_import_with_readers_at_once_and_the_rerun_completes(tmp_path: Path) -> None:
-    big = make_tree(tmp_path / "big", "--entries", "40000", "--files", "400", "--check-samples", "10")
+@pytest.fixture(scope="module")
+def big_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tree large enough that an import with readers runs for seconds."""
+    return make_tree(tmp_path_factory.mktemp("big") / "t", "--entries", "40000", "--files", "400", "--check-samples", "10")
+
+
+def _readers(pid: int) -> list[int]:
+    """The reader processes (``multiprocessing`` spawn children) of process ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("stop", ["ctrl_c", "kill_reader"])
+def test_an_import_stopped_midway_keeps_what_it_wrote_and_the_rerun_completes(stop: str, big_tree: Path, tmp_path: Path) -> None:
+    """Ctrl-C (to the whole process group) stops an import with readers at once; a reader killed (the
+    kernel's out-of-memory killer) stops it with an error naming the fix.  The rerun adds exactly the rest."""
     store = tmp_path / "store"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
     env["PYTHONPATH"] = str(REPO)
-    proc = popen_as_from_a_terminal([sys.executable, "-m", "stabletoolbench_mirror", "cache", "import", str(big / "tool_response_cache"),
+    proc = popen_as_from_a_terminal([sys.executable, "-m", "stabletoolbench_mirror", "cache", "import", str(big_tree / "tool_response_cache"),
                                      "--store-path", str(store), "--jobs", "2"], cwd=tmp_path, env=env, start_new_session=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -158,13 +180,21 @@ def test_ctrl_c_stops_an_import_with_readers_at_once_and_the_rerun_completes(tmp
     with DiskcacheStore(store) as watched:
         while watched.counts().entries < 1000 and running():  # type: ignore[union-attr]
             pass
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole group: the writer and its readers
-    _out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err[-2000:]
-    assert "stopping: the records read so far are written" in err and "Traceback" not in err
-    assert "interrupted: the entries written so far are kept" in err
+    if stop == "ctrl_c":
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole group: the writer and its readers
+        _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err[-2000:]
+        assert "stopping: the records read so far are written" in err and "Traceback" not in err
+        assert "interrupted: the entries written so far are kept" in err
+    else:
+        readers = _readers(proc.pid)
+        assert len(readers) == 2
+        os.kill(readers[0], signal.SIGKILL)
+        _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 1, err[-2000:]
+        assert "error: a reader process died (out of memory?); what was written so far is kept" in err and "--jobs 0" in err
     with DiskcacheStore(store) as opened:
         kept = len(opened)
     assert 1000 <= kept < 40000
-    rerun = cli("cache", "import", str(big / "tool_response_cache"), "--store-path", str(store), "-q", cwd=tmp_path)
+    rerun = cli("cache", "import", str(big_tree / "tool_response_cache"), "--store-path", str(store), "-q", cwd=tmp_path)
     assert f"already present:  {kept}" in rerun.stdout and f"added:            {40000 - kept}" in rerun.stdout

@@ -426,6 +426,9 @@ def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
     refused = cli("doctor", cwd=tmp_path / "own")
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[0] == "configuration error:"
     assert f"configuration error: {refused.stderr.strip().splitlines()[1]}" in readme
+    from stabletoolbench_mirror.cache_tools import READER_DIED
+
+    assert f"error: {READER_DIED}" in readme
 
 
 # -- item 14: warm stops early on a dead dependency, and says why each call failed ------------------
