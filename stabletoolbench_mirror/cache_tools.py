@@ -141,7 +141,7 @@ def default_jobs() -> int:
 
 def _reader_main(tasks: Any, results: Any, origin_root: str) -> None:
     """A reader process: parse each task it is sent and send the reads back, until ``None`` or the writer is gone."""
-    # Ctrl-C reaches the whole process group: the writer stops the import, a reader just ends
+    # Ctrl-C reaches the whole process group: the writer stops the import and tells the readers to end
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         while (job := tasks.recv()) is not None:
