@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .keys import canonical_key, session_key, upstream_key
+from .keys import canonical_key, record_key, session_key, upstream_key
 from .naming import CallNames, resolve_names
 from .protocol import VirtualRequest, parse_tool_input
+from .secrets import without_secret_fields
 
 if TYPE_CHECKING:
     from .sessions import SessionContext
@@ -27,9 +28,13 @@ class ToolCall:
     tool_input: Any
     """The parsed input (normally a dict)."""
     key: str
-    """Upstream cache key: ``str(tool_input)``."""
+    """The record key in the writable store: upstream's ``str(tool_input)``, kind-marked for a string
+    input that reads like another kind's key (:func:`~stabletoolbench_mirror.keys.record_key`)."""
     canonical: str
     """Order-insensitive key (see :mod:`stabletoolbench_mirror.keys`)."""
+    upstream: str = ""
+    """Upstream's own key, ``str(tool_input)``: frozen trees are looked up with it as upstream does
+    (after :attr:`key`, which a snapshot of this project's store holds).  Inside a session, :attr:`key`."""
     strip: str = ""
     toolbench_key: str = field(default="", repr=False)
     """A secret: never logged, recorded or echoed."""
@@ -38,7 +43,8 @@ class ToolCall:
 
     def in_session(self, history: str, context: "SessionContext") -> "ToolCall":
         """This call as made inside a session whose history hash is ``history`` (see :mod:`.keys`)."""
-        return replace(self, key=session_key(self.key, history), canonical=session_key(self.canonical, history), session=context)
+        key = session_key(self.key, history)
+        return replace(self, key=key, canonical=session_key(self.canonical, history), upstream=key, session=context)
 
     @property
     def api(self) -> str:
@@ -46,15 +52,17 @@ class ToolCall:
 
     @classmethod
     def build(cls, request: VirtualRequest, tool_input: Any, names: CallNames | None = None) -> "ToolCall":
-        """The call of ``request`` with its already parsed ``tool_input``."""
+        """The call of ``request`` with its already parsed ``tool_input`` (secret fields taken out)."""
+        tool_input = without_secret_fields(tool_input)
         return cls(
             names=names or resolve_names(request.category, request.tool_name, request.api_name),
             category=request.category,
             tool_name=request.tool_name,
             api_name=request.api_name,
             tool_input=tool_input,
-            key=upstream_key(tool_input),
+            key=record_key(tool_input),
             canonical=canonical_key(tool_input),
+            upstream=upstream_key(tool_input),
             strip=request.strip,
             toolbench_key=request.toolbench_key,
         )

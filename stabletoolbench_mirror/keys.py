@@ -21,6 +21,17 @@ float (``1e999``) is ``Infinity`` in both keys, as it is upstream.
 
 An upstream key read from a cache file is turned back into a value with
 ``ast.literal_eval`` (a literal parser, never ``eval``) to compute its canonical key.
+
+**Input kinds.**  ``str()`` forgets a value's kind: the string ``"{'city': 'Rome'}"`` (the input
+``"\"{'city': 'Rome'}\""``) has the very key of the object ``{"city": "Rome"}``, and so do ``"5"``
+and ``5``, ``"None"`` and ``null``; a string may even spell a session key.  Upstream looks such
+calls up as one, so a client could plant an answer for another call.  In the writable store a
+call's *record key* (:func:`record_key`) is therefore its upstream key except for a string
+input that reads like another kind's key (or a session key): that one gets
+:data:`STRING_MARK` appended, a suffix no other kind's ``str()`` ends with.  Objects (the
+inputs agents send), lists, numbers and every other string keep upstream's key exactly, and
+frozen upstream trees are looked up with the upstream key as upstream does.  Canonical keys
+are JSON and keep kinds apart already.
 """
 
 from __future__ import annotations
@@ -32,9 +43,40 @@ from typing import Any
 MAX_LITERAL_KEY_CHARS = 200_000
 
 
+STRING_MARK = " #input=str"
+"""Ends the record key of a string input whose text reads like another kind's key (see :func:`record_key`)."""
+
+
 def upstream_key(value: Any) -> str:
     """StableToolBench's cache key: ``str()`` of the parsed input."""
     return str(value)
+
+
+def record_key(value: Any) -> str:
+    """The key a call's record has in the writable store: :func:`upstream_key`, kind-marked when ambiguous.
+
+    A string input that ``str()`` of an object, a list, a number, a boolean or ``None`` could
+    spell, or that ends like a session key or like a marked key, gets :data:`STRING_MARK`
+    appended; every other input keeps upstream's key.  So a string input never answers an
+    object input (nor the reverse), and no input outside a session reaches a session key.
+    """
+    key = str(value)
+    return key + STRING_MARK if isinstance(value, str) and _spells_another_kind(key) else key
+
+
+def _spells_another_kind(text: str) -> bool:
+    # ``str()`` of a dict starts with "{", of a list with "[", of a number is a float literal
+    # ("5", "-1.5", "1e+100", "inf", "nan"), of a boolean or None its name; being generous
+    # here only marks a few more strings
+    if text[:1] in ("{", "[") or text in ("True", "False", "None"):
+        return True
+    if text.endswith(STRING_MARK) or plain_key(text) != text:
+        return True
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _json_safe(value: Any) -> Any:
@@ -60,9 +102,16 @@ def canonical_key(value: Any) -> str:
 
 
 def value_from_upstream_key(key: str) -> Any:
-    """Parse an upstream key (a Python literal) back into a value; raise ``ValueError`` if it is not one."""
+    """Parse an upstream key (a Python literal) back into a value; raise ``ValueError`` if it is not one.
+
+    A kind-marked record key (:func:`record_key`) gives back its string.
+    """
     if len(key) > MAX_LITERAL_KEY_CHARS:
         raise ValueError("key too long to parse")
+    if key.endswith(STRING_MARK):
+        text = key[: -len(STRING_MARK)]
+        if _spells_another_kind(text):
+            return text
     try:
         return ast.literal_eval(key)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:

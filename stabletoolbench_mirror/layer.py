@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from pydantic import ValidationError
 
@@ -126,10 +126,9 @@ class MirrorLayer:
         if names.api_name == protocol.CHAT_WITH_USER_API:
             return Outcome(protocol.encode_answer(protocol.chat_with_user_answer()), OutcomeKind.LOCAL, api=names.api)
         try:
-            tool_input = parse_tool_input(request.tool_input)
-        except ToolInputParseError:
+            return ToolCall.build(request, parse_tool_input(request.tool_input), names)
+        except (ToolInputParseError, ValueError):  # ValueError: a secret field too deep to take out
             return Outcome(protocol.encode_answer(protocol.parse_error_answer()), OutcomeKind.REJECTED, api=names.api)
-        return ToolCall.build(request, tool_input, names)
 
     @property
     def pending_misses(self) -> int:
@@ -238,8 +237,11 @@ class MirrorLayer:
         no tier has a usable answer for the call, so a failure never hides an answer.
         """
         failure: Record | None = None
-        for get, _aget, exact in self._probes:
-            record = get(call.api, call.key if exact else call.canonical)
+        for get, _aget, key_of in self._probes:
+            key = key_of(call)
+            if key is None:
+                continue
+            record = get(call.api, key)
             if record is not None:
                 if not record.is_failure:
                     return record
@@ -249,8 +251,11 @@ class MirrorLayer:
     async def lookup_async(self, call: ToolCall) -> Record | None:
         """:meth:`lookup` through the tiers' async reads (same order, same rule)."""
         failure: Record | None = None
-        for _get, aget, exact in self._probes:
-            record = await aget(call.api, call.key if exact else call.canonical)
+        for _get, aget, key_of in self._probes:
+            key = key_of(call)
+            if key is None:
+                continue
+            record = await aget(call.api, key)
             if record is not None:
                 if not record.is_failure:
                     return record
@@ -417,18 +422,38 @@ class MirrorLayer:
             tier.close()
 
 
-def _lookup_order(tiers: Sequence[CacheTier]) -> Iterator[tuple[Any, Any, bool]]:
-    """The README's "Cache keys" order: the exact upstream key in every tier, then the canonical key.
+def _lookup_order(tiers: Sequence[CacheTier]) -> Iterator[tuple[Any, Any, KeyOf]]:
+    """The README's "Cache keys" order: the exact key in every tier, then the canonical key.
 
-    Tiers come in their order (the store, then the frozen caches as listed).  Each step is
-    ``(get, aget, exact)``: the tier's sync and async reads, and whether they take the exact key.
+    Tiers come in their order (the store, then the frozen caches as listed).  The exact key is
+    the call's record key (:attr:`ToolCall.key`) in every tier, then, for a call whose upstream
+    key differs (a kind-marked string input), upstream's own key in the frozen tiers only: they
+    are looked up as upstream looks them up, the writable store never (see :mod:`.keys`).  Each
+    step is ``(get, aget, key_of)``: the tier's sync and async reads, and the key a call is read
+    with there (``None``: skip the step).
     """
-    for exact in (True, False):
-        for tier in tiers:
-            if exact:
-                yield tier.get, tier.aget, True
-            else:
-                yield tier.get_canonical, tier.aget_canonical, False
+    for tier in tiers:
+        yield tier.get, tier.aget, _record_key
+    for tier in tiers:
+        if not isinstance(tier, Store):
+            yield tier.get, tier.aget, _upstream_key_if_other
+    for tier in tiers:
+        yield tier.get_canonical, tier.aget_canonical, _canonical_key
+
+
+KeyOf = Callable[[ToolCall], "str | None"]
+
+
+def _record_key(call: ToolCall) -> str:
+    return call.key
+
+
+def _upstream_key_if_other(call: ToolCall) -> str | None:
+    return call.upstream if call.upstream != call.key else None
+
+
+def _canonical_key(call: ToolCall) -> str:
+    return call.canonical
 
 
 def _served(call: ToolCall, record: Record, kind: OutcomeKind) -> Outcome:

@@ -32,6 +32,10 @@ MASK = "***"
 MIN_LENGTH = 4
 #: settings fields and request fields whose value is a secret
 SECRET_FIELDS = frozenset({"auth_token", "toolbench_key", "rapidapi_key", "api_key"})
+#: fields taken out of a call's ``tool_input`` before it is keyed, recorded or passed on (compared in
+#: lower case): this server's own secrets.  ``api_key`` is not among them: it is a real parameter of
+#: some RapidAPI tools (4 of the 2,490 reference docs), and a configured key's value is masked anyway
+INPUT_SECRET_FIELDS = SECRET_FIELDS - {"api_key"}
 #: HTTP headers that carry one (compared in lower case)
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-rapidapi-key", "toolbench_key", "api-key", "x-api-key"})
 
@@ -96,6 +100,43 @@ def is_secret_name(name: str) -> bool:
     """Whether a field or header of this name holds a secret."""
     lowered = name.lower()
     return lowered in SECRET_FIELDS or lowered in SECRET_HEADERS
+
+
+def without_secret_fields(tool_input: Any) -> Any:
+    """``tool_input`` without the :data:`INPUT_SECRET_FIELDS` of its objects, at any depth.
+
+    The same value (not a copy) when it holds none, which is the usual case.  ``ValueError``
+    when it holds one too deep to rebuild.
+    """
+    if not _holds_secret_field(tool_input):
+        return tool_input
+    try:
+        return _drop_secret_fields(tool_input)
+    except RecursionError:
+        raise ValueError("a secret field nested too deep in tool_input") from None
+
+
+def _holds_secret_field(value: Any) -> bool:
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            if any(isinstance(k, str) and k.lower() in INPUT_SECRET_FIELDS for k in item):
+                return True
+            todo.extend(v for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            todo.extend(v for v in item if isinstance(v, (dict, list)))
+    return False
+
+
+def _drop_secret_fields(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _drop_secret_fields(v) for k, v in value.items() if not (isinstance(k, str) and k.lower() in INPUT_SECRET_FIELDS)
+        }
+    if isinstance(value, list):
+        return [_drop_secret_fields(v) for v in value]
+    return value
 
 
 def mask_fields(value: Any) -> Any:

@@ -618,6 +618,8 @@ def cmd_doctor(args: Any) -> int:
     from .cli_common import settings_from_args
 
     settings = settings_from_args(args)
+    if args.keys:
+        return _doctor_keys(settings)
     report = inspect(settings, probe_endpoints=not args.no_probe, open_store=True, full_counts=True)
     print(report.render("stabletoolbench-mirror doctor"))
     if report.errors:
@@ -638,4 +640,18 @@ def register(sub: Any) -> None:
     )
     add_config_arguments(parser)
     parser.add_argument("--no-probe", action="store_true", help="do not contact the relay or the simulator")
+    parser.add_argument(
+        "--keys", action="store_true",
+        help="scan the store once for records a string input wrote under another kind's key (exit 1 when any)",
+    )
     parser.set_defaults(func=cmd_doctor)
+
+
+def _doctor_keys(settings: Settings) -> int:
+    from .factory import build_store
+    from .key_report import planted_records, render
+
+    with build_store(settings) as store:
+        found = list(planted_records(store, progress=sys.stderr.isatty()))
+    print(render(found))
+    return 1 if found else 0
