@@ -19,7 +19,8 @@ RECORD_VERSION = 2
 RecordOutcome = Literal["answer", "failure"]
 """``answer``: a usable answer.  ``failure``: the body served when a miss ended without one
 (unparsable simulator output, every responder failing, an answer the validity rules reject)."""
-ANSWER, FAILURE = "answer", "failure"
+ANSWER: RecordOutcome = "answer"
+FAILURE: RecordOutcome = "failure"
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import logging
 import os
 import re
 import tempfile
-from json.decoder import scanstring
+from json.decoder import scanstring  # type: ignore[attr-defined]  # public since Python 2, not in typeshed
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import unquote_to_bytes
 
 from .naming import is_safe_path_component
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SCAN_ONCE = json.JSONDecoder().scan_once  # the C scanner json.load uses
+_SCAN_ONCE = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner json.load uses
 
 ENCODED_PREFIX = "%%"
 #: the longest folder or file name (without ``.json``) written, in UTF-8 bytes
@@ -71,10 +71,10 @@ def api_path(root: str | os.PathLike[str], api: str) -> Path | None:
     parts = split_api(api)
     if parts is None:
         return None
-    names = [encode_name(p) for p in parts]
-    if any(n is None for n in names):
+    category, tool, name = (encode_name(p) for p in parts)
+    if category is None or tool is None or name is None:
         return None
-    return Path(root, names[0], names[1], names[2] + ".json")  # type: ignore[operator]
+    return Path(root, category, tool, name + ".json")
 
 
 class OutsideTree(ValueError):
@@ -156,7 +156,8 @@ def iter_cache_spans(
     """
     # a lone surrogate can only come from a \uD8xx-\uDFxx escape (raw UTF-8 cannot carry one)
     check = bodies or _SURROGATE_ESCAPE.search(text) is not None
-    ws = _WHITESPACE.match
+    # the pattern matches the empty string: ``match`` never returns None here
+    ws: Callable[[str, int], re.Match[str]] = _WHITESPACE.match  # type: ignore[assignment]
     end = len(text)
     idx = ws(text, 0).end()
     if text[idx : idx + 1] != "{":
