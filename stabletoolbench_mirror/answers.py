@@ -104,25 +104,29 @@ def _message_calls(messages: Any, where: str, out: list[tuple[str, str, str | No
         call = message.get("function_call")
         if isinstance(call, dict) and isinstance(call.get("name"), str):
             args = _text(call.get("arguments"))
-            nxt = messages[i + 1] if i + 1 < len(messages) else None
-            observation = None
-            if isinstance(nxt, dict) and nxt.get("role") == "function":
-                observation = _text(nxt.get("content"))
             if args is not None:
-                out.append((call["name"], args, observation, f"{where}[{i}]"))
+                out.append((call["name"], args, _function_observation(messages, i), f"{where}[{i}]"))
         for tool_call in message.get("tool_calls") or []:
             if not isinstance(tool_call, dict) or not isinstance(tool_call.get("function"), dict):
                 continue
             fn = tool_call["function"]
             args = _text(fn.get("arguments"))
-            if not isinstance(fn.get("name"), str) or args is None:
-                continue
-            observation = None
-            for later in messages[i + 1 :]:
-                if isinstance(later, dict) and later.get("role") == "tool" and later.get("tool_call_id") == tool_call.get("id"):
-                    observation = _text(later.get("content"))
-                    break
-            out.append((fn["name"], args, observation, f"{where}[{i}]"))
+            if isinstance(fn.get("name"), str) and args is not None:
+                out.append((fn["name"], args, _tool_observation(messages, i, tool_call.get("id")), f"{where}[{i}]"))
+
+
+def _function_observation(messages: list[Any], i: int) -> str | None:
+    """The observation of message ``i``'s ``function_call``: the ``function`` message right after it."""
+    nxt = messages[i + 1] if i + 1 < len(messages) else None
+    return _text(nxt.get("content")) if isinstance(nxt, dict) and nxt.get("role") == "function" else None
+
+
+def _tool_observation(messages: list[Any], i: int, call_id: Any) -> str | None:
+    """The observation of one of message ``i``'s ``tool_calls``: the first later ``tool`` message with its id."""
+    for later in messages[i + 1 :]:
+        if isinstance(later, dict) and later.get("role") == "tool" and later.get("tool_call_id") == call_id:
+            return _text(later.get("content"))
+    return None
 
 
 def calls_in_answer(data: Any, *, query_id: str | None = None, location: str = "") -> list[AnswerCall]:

@@ -24,7 +24,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, quote, urlsplit, urlunsplit
 
 from ..call import ToolCall
 from ..logs import clip
@@ -122,6 +122,22 @@ def map_arguments(api_doc: Mapping[str, Any], arguments: Mapping[str, Any]) -> d
 
 def build_request(api_doc: Mapping[str, Any], arguments: Any, *, base_url: str | None = None) -> PreparedRequest:
     """The HTTP request of a call to the API described by ``api_doc``."""
+    parts, method = _url_and_method(api_doc)
+    if not isinstance(arguments, Mapping):
+        raise RequestBuildError("the tool input is not a JSON object")
+    values = map_arguments(api_doc, arguments)
+    path = _fill_path(parts.path, values)
+    target = _target(parts, path, base_url)
+    host = api_doc.get("host")
+    rapidapi_host = host if isinstance(host, str) and host else parts.netloc
+
+    present = {k: v for k, v in values.items() if v is not None}
+    if method in BODY_METHODS:
+        return PreparedRequest(method, target, rapidapi_host, body=present)
+    return PreparedRequest(method, target, rapidapi_host, query={k: _query_value(v) for k, v in present.items()})
+
+
+def _url_and_method(api_doc: Mapping[str, Any]) -> tuple[SplitResult, str]:
     url = api_doc.get("url")
     if not isinstance(url, str) or not url:
         raise RequestBuildError("the API doc has no url")
@@ -131,32 +147,26 @@ def build_request(api_doc: Mapping[str, Any], arguments: Any, *, base_url: str |
     method = str(api_doc.get("method") or "GET").upper()
     if method not in QUERY_METHODS | BODY_METHODS:
         raise RequestBuildError(f"unsupported method {method!r}")
-    if not isinstance(arguments, Mapping):
-        raise RequestBuildError("the tool input is not a JSON object")
-    values = map_arguments(api_doc, arguments)
+    return parts, method
 
-    path_names = _PLACEHOLDER.findall(parts.path)
-    path = parts.path
-    for name in path_names:
+
+def _fill_path(path: str, values: dict[str, Any]) -> str:
+    """``path`` with its ``{name}`` placeholders filled (and taken out of ``values``)."""
+    for name in _PLACEHOLDER.findall(path):
         key = name if name in values else parameter_name(name) if parameter_name(name) in values else None
         if key is None or values[key] is None:
             raise RequestBuildError(f"missing path parameter {name!r}")
         path = path.replace("{" + name + "}", quote(_text(values.pop(key)), safe=""))
+    return path
 
-    if base_url:
-        base = urlsplit(base_url)
-        if base.scheme not in ("http", "https") or not base.hostname:
-            raise RequestBuildError("real.rapidapi_base_url is not an http(s) URL")
-        target = urlunsplit((base.scheme, base.netloc, base.path.rstrip("/") + path, parts.query, ""))
-    else:
-        target = urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
-    host = api_doc.get("host")
-    rapidapi_host = host if isinstance(host, str) and host else parts.netloc
 
-    present = {k: v for k, v in values.items() if v is not None}
-    if method in BODY_METHODS:
-        return PreparedRequest(method, target, rapidapi_host, body=present)
-    return PreparedRequest(method, target, rapidapi_host, query={k: _query_value(v) for k, v in present.items()})
+def _target(parts: SplitResult, path: str, base_url: str | None) -> str:
+    if not base_url:
+        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+    base = urlsplit(base_url)
+    if base.scheme not in ("http", "https") or not base.hostname:
+        raise RequestBuildError("real.rapidapi_base_url is not an http(s) URL")
+    return urlunsplit((base.scheme, base.netloc, base.path.rstrip("/") + path, parts.query, ""))
 
 
 def answer_from_reply(reply: Reply) -> tuple[Any | None, str]:
