@@ -52,7 +52,7 @@ def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> lis
     if settings.real.enabled:
         from .real import build_real_responder
 
-        real = build_real_responder(settings, docs=docs)
+        real: Responder = build_real_responder(settings, docs=docs)
         if settings.real.shadow_simulate:
             from .shadow import shadowed
 

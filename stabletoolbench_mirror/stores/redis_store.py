@@ -40,7 +40,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from ..logs import clip
-from ..records import Record
+from ..records import Record, Source
 from ..secrets import public_url
 from .base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
@@ -124,6 +124,11 @@ return 0
 """
 
 
+def _text(value: str | bytes) -> str:
+    """A reply's text (the clients decode replies: ``decode_responses``; bytes only as a fallback)."""
+    return value if isinstance(value, str) else value.decode("utf-8")
+
+
 class RecordMemory:
     """A bounded in-process copy of records already read (least recently used ones go first).
 
@@ -135,7 +140,7 @@ class RecordMemory:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max(0, int(max_bytes))
-        self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, str, str, float], int]] = OrderedDict()
+        self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, Source, str, float], int]] = OrderedDict()
         self._pointers: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -285,16 +290,18 @@ class RedisStore(Store):
     # Each read has a sync and an async form (the server reads on its event loop); both go
     # through recall / _remember / _point, so the memory-then-Redis order is written once.
 
-    def _remember(self, api: str, key: str, raw: str | None) -> Record | None:
+    def _remember(self, api: str, key: str, raw: str | bytes | None) -> Record | None:
         if raw is None:
             return None
-        record = self._decode(raw)
+        record = self._decode(_text(raw))
         self._memory.put((api, key), record)
         return record
 
-    def _point(self, api: str, canonical: str, key: str | None) -> str | None:
-        if key is not None:
-            self._memory.point((api, canonical), key)
+    def _point(self, api: str, canonical: str, found: str | bytes | None) -> str | None:
+        if found is None:
+            return None
+        key = _text(found)
+        self._memory.point((api, canonical), key)
         return key
 
     def get(self, api: str, key: str) -> Record | None:
@@ -381,7 +388,7 @@ class RedisStore(Store):
             return None  # records written before counters were kept: cache stats scans instead
         out = StoreCounts(entries=int(raw.get("entries", 0)), apis=apis, memory_bytes=int(memory) if memory else None)
         for name, value in raw.items():
-            kind, _, what = name.partition(":")
+            kind, _, what = _text(name).partition(":")
             # a count a replaced failure record took to 0 is left out
             if what and kind in ("source", "category", "origin", "outcome") and int(value):
                 getattr(out, f"by_{kind}")[what] = int(value)
@@ -412,7 +419,7 @@ class RedisStore(Store):
 
     def apis(self) -> list[str]:
         try:
-            return sorted(self._client.smembers(self._apis_key))
+            return sorted(_text(name) for name in self._client.smembers(self._apis_key))
         except RedisError as exc:
             raise self._failed("read", exc) from exc
 
