@@ -495,3 +495,17 @@ def store_stats(store: Store) -> dict[str, Any]:
         "memory_bytes": counts.memory_bytes,
         "bytes_per_entry": round(size / counts.entries) if size and counts.entries else None,
     }
+
+
+def open_read_only(settings: Any) -> Store:
+    """The configured store, opened to be read only (``cache stats``): nothing in it is written.
+
+    A diskcache folder is opened with a read-only SQLite connection (a server may hold it open
+    meanwhile); Redis is read with ``HGETALL`` / ``SCARD`` / ``INFO`` only, which write nothing.
+    """
+    from .factory import build_store
+    from .stores import DiskcacheStore
+
+    if settings.store.kind == "diskcache":
+        return DiskcacheStore(settings.resolve(settings.store.path), read_only=True)
+    return build_store(settings)

@@ -239,10 +239,15 @@ def _export_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_stats(args: argparse.Namespace) -> int:
-    from .cache_tools import store_stats
+    from .cache_tools import open_read_only, store_stats
+    from .stores import StoreError
 
-    with _open_store(args) as store:
-        stats = store_stats(store)
+    try:
+        with open_read_only(settings_from_args(args)) as store:  # counting writes nothing
+            stats = store_stats(store)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(stats, indent=2, ensure_ascii=False))
         return 0
