@@ -190,7 +190,8 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
 
     with build_store(settings) as store:
         try:
-            summary = import_tree(store, args.directory, progress=not args.quiet, allow_symlinks=settings.allow_symlinks, jobs=args.jobs)
+            summary = import_tree(store, args.directory, progress=not args.quiet, allow_symlinks=settings.allow_symlinks, jobs=args.jobs,
+                                  max_file_bytes=int(settings.frozen_max_file_mb * 1024 * 1024))
         except ImportFailed as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -144,3 +144,34 @@ def test_cache_stats_sends_redis_no_write(tmp_path: Path) -> None:
         assert client.info("persistence")["rdb_changes_since_last_save"] == dirty
         commands = {name.removeprefix("cmdstat_") for name in client.info("commandstats")}
         assert commands <= {"hgetall", "scard", "info", "config|resetstat", "config", "client|setinfo", "client", "hello"}, commands
+
+
+# -- issue 18 items 3d and 8: a file too large, or with a name that is not UTF-8, is skipped with a warning ----
+
+
+def test_import_skips_a_file_over_frozen_max_file_mb_and_one_named_in_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    tool = tmp_path / "tree" / "Tools" / "t_for_Tools"
+    tool.mkdir(parents=True)
+    (tool / "good.json").write_text(json.dumps({"{'a': 1}": {"error": "", "response": "ok"}}))
+    sparse = tool / "huge.json"
+    with open(sparse, "wb") as fh:
+        fh.truncate(200 * 1024 * 1024)  # 200 MB of holes: nothing on disk
+    # a real file name that is not UTF-8 (latin-1 "café"), made through a bytes path
+    latin1 = os.path.join(os.fsencode(tool), b"caf\xe9.json")
+    with open(latin1, "wb") as fh:
+        fh.write(json.dumps({"{}": {"error": "", "response": "latin"}}).encode())
+    config = tmp_path / "import.yml"
+    config.write_text(json.dumps({"store": {"path": str(tmp_path / "store")}, "frozen_max_file_mb": 1}))
+    result = cli("cache", "import", "tree", "--config", str(config), "-q", cwd=tmp_path)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "added:            1" in result.stdout and "unreadable files: 2" in result.stdout
+    too_large = ("tree/Tools/t_for_Tools/huge.json: 200.0 MB, over frozen_max_file_mb (1 MB): not parsed; "
+                 "raise frozen_max_file_mb to read it (parsing takes about twice its size in memory)")
+    not_utf8 = ("tree/Tools/t_for_Tools/caf\\xe9.json: the name is not UTF-8 (an API's name is text): "
+                "rename the file or folder (e.g. convmv -f latin1 -t utf8) and import again")
+    for why in (too_large, not_utf8):
+        assert f"  {why}" in result.stdout.splitlines()
+        assert result.stderr.count(f"skipping {why}") == 1
+    with DiskcacheStore(tmp_path / "store") as store:
+        assert [(r.api, r.key) for r in store] == [("Tools/t_for_Tools/good", "{'a': 1}")]
