@@ -27,7 +27,7 @@ from .interrupts import CtrlC
 from .keys import canonical_from_upstream_key
 from .records import FAILURE, Record
 from .stores import Store
-from .upstream_layout import ENCODED_PREFIX, iter_cache_entries, iter_cache_files, api_path, write_cache_file
+from .upstream_layout import ENCODED_PREFIX, api_path, is_utf8_encodable, iter_cache_entries, iter_cache_files, write_cache_file
 
 log = logging.getLogger(__name__)
 
@@ -275,20 +275,48 @@ def _read_in_order(tasks: list[list[tuple[str, str]]], origin_root: str, listed:
         readers.close()
 
 
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A path as text that can always be printed: bytes that are not UTF-8 shown as ``\\xff``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _files_to_import(root: str | os.PathLike[str], allow_symlinks: bool, max_file_bytes: int | None,
+                     skipped: list[str]) -> list[tuple[str, Path, int]]:
+    """``(api, path, size)`` of the files to read; those that cannot be imported go to ``skipped``, with a warning."""
+    from .stores.frozen import too_large
+
+    files = []
+    for api, path in iter_cache_files(root, allow_symlinks=allow_symlinks, refused=skipped):
+        size = _size(path)
+        if not is_utf8_encodable(api):
+            why = (f"{shown_path(path)}: the name is not UTF-8 (an API's name is text): "
+                   "rename the file or folder (e.g. convmv -f latin1 -t utf8) and import again")
+        elif max_file_bytes is not None and size > max_file_bytes:
+            why = too_large(shown_path(path), size, max_file_bytes)
+        else:
+            files.append((api, path, size))
+            continue
+        log.warning("skipping %s", why)
+        skipped.append(why)
+    return files
+
+
 def import_tree(
-    store: Store, root: str | os.PathLike[str], *, progress: bool = True, allow_symlinks: bool = False, jobs: int | None = None
+    store: Store, root: str | os.PathLike[str], *, progress: bool = True, allow_symlinks: bool = False, jobs: int | None = None,
+    max_file_bytes: int | None = None,
 ) -> ImportSummary:
     """Copy every entry of an upstream tree into ``store`` as ``imported`` (idempotent).
 
     A file that cannot be served (not JSON, nested too deeply, a lone surrogate, a symbolic link
-    out of the tree) is left out, reported in :attr:`ImportSummary.bad_files`, and the import goes on.
+    out of the tree, a name that is not UTF-8, larger than ``max_file_bytes``: ``frozen_max_file_mb``)
+    is left out, reported in :attr:`ImportSummary.bad_files`, and the import goes on.
     Files are parsed by ``jobs`` reader processes (default :func:`default_jobs`; ``0``, and the
     default for a tree under 16 MB: in this process) while this process writes, in file order, in batches.
     """
     summary = ImportSummary()
     started = time.perf_counter()
     refused: list[str] = []
-    files = [(api, path, _size(path)) for api, path in iter_cache_files(root, allow_symlinks=allow_symlinks, refused=refused)]
+    files = _files_to_import(root, allow_symlinks, max_file_bytes, refused)
     summary.bad_files.extend(refused)
     origin_root = Path(root).name or str(root)
     tasks = list(_tasks(files))
@@ -495,3 +523,17 @@ def store_stats(store: Store) -> dict[str, Any]:
         "memory_bytes": counts.memory_bytes,
         "bytes_per_entry": round(size / counts.entries) if size and counts.entries else None,
     }
+
+
+def open_read_only(settings: Any) -> Store:
+    """The configured store, opened to be read only (``cache stats``): nothing in it is written.
+
+    A diskcache folder is opened with a read-only SQLite connection (a server may hold it open
+    meanwhile); Redis is read with ``HGETALL`` / ``SCARD`` / ``INFO`` only, which write nothing.
+    """
+    from .factory import build_store
+    from .stores import DiskcacheStore
+
+    if settings.store.kind == "diskcache":
+        return DiskcacheStore(settings.resolve(settings.store.path), read_only=True)
+    return build_store(settings)

@@ -190,7 +190,8 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
 
     with build_store(settings) as store:
         try:
-            summary = import_tree(store, args.directory, progress=not args.quiet, allow_symlinks=settings.allow_symlinks, jobs=args.jobs)
+            summary = import_tree(store, args.directory, progress=not args.quiet, allow_symlinks=settings.allow_symlinks, jobs=args.jobs,
+                                  max_file_bytes=int(settings.frozen_max_file_mb * 1024 * 1024))
         except ImportFailed as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -239,10 +240,15 @@ def _export_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_stats(args: argparse.Namespace) -> int:
-    from .cache_tools import store_stats
+    from .cache_tools import open_read_only, store_stats
+    from .stores import StoreError
 
-    with _open_store(args) as store:
-        stats = store_stats(store)
+    try:
+        with open_read_only(settings_from_args(args)) as store:  # counting writes nothing
+            stats = store_stats(store)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(stats, indent=2, ensure_ascii=False))
         return 0

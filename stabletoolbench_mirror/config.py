@@ -201,6 +201,9 @@ class Settings(_Section):
     frozen_memory_mb: float = Field(default=320, gt=0)
     """Memory for the indexes of frozen cache files (keys and answer offsets); the least recently used
     files are dropped beyond it and re-read when needed."""
+    frozen_max_file_mb: float = Field(default=512, gt=0)
+    """The largest frozen cache file (or file ``cache import`` reads) that is parsed; a larger one is
+    skipped with one warning naming it (parsing takes about twice its size in memory)."""
     allow_symlinks: bool = False
     """Follow symbolic links that lead out of a frozen cache tree or the tools folder (refused otherwise)."""
     tools_folder: Optional[str] = None

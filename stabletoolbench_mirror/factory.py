@@ -40,7 +40,8 @@ def build_frozen(settings: Settings) -> list[FrozenCache]:
     """The frozen caches, in their listed order, sharing ``frozen_memory_mb`` between them."""
     paths = settings.frozen_caches
     budget = int(settings.frozen_memory_mb * 1024 * 1024 / max(1, len(paths)))
-    return [FrozenCache(settings.resolve(p), memory_budget=budget, allow_symlinks=settings.allow_symlinks) for p in paths]
+    max_file = int(settings.frozen_max_file_mb * 1024 * 1024)
+    return [FrozenCache(settings.resolve(p), memory_budget=budget, allow_symlinks=settings.allow_symlinks, max_file_bytes=max_file) for p in paths]
 
 
 def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> list[Responder]:

@@ -29,6 +29,7 @@ Aggregates are means over the pairs where a metric has a value (``null`` when no
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import logging
@@ -468,9 +469,35 @@ def render_html(data: dict[str, Any], title: str) -> str:
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
-    from pathlib import Path
+    """Write ``data`` to ``path`` whole or not at all (a temporary file beside it, then renamed).
 
-    Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    Text no UTF-8 can hold (a lone surrogate) is written as its JSON escape, never a crash halfway.
+    """
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    try:
+        encoded = text.encode("utf-8")
+    except UnicodeEncodeError:
+        encoded = (json.dumps(data, indent=2, ensure_ascii=True) + "\n").encode("ascii")
+    write_atomically(path, encoded)
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """``data`` in ``path``, or ``path`` as it was: a reader never sees a part of it."""
+    import os
+    import secrets
+
+    # a new file beside it (so the rename stays on one file system), with the mode the umask gives
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "xb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def pairs_by_key(pairs: Iterable[Pair]) -> dict[tuple[str, str], Pair]:

@@ -6,12 +6,24 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from typing import Any
 
 from . import protocol
 from .cli_common import add_config_arguments, settings_from_args
-from .fidelity import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_json
+from .fidelity import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_atomically, write_json
 from .keys import canonical_from_upstream_key
+
+def no_store_references(where: str, seen: Counter[str]) -> str:
+    """Why ``--from-store`` found nothing to score, and what to do about it."""
+    held = ", ".join(f"{n} {what}" for what, n in sorted(seen.items(), key=lambda item: (-item[1], item[0])))
+    what = f"holds no real answers ({sum(seen.values())} entries: {held})" if seen else "is empty"
+    return (
+        f"--from-store: nothing to score: the store at {where} {what}. fidelity scores candidates against answers "
+        "the real API gave: record some first (real.enabled: true, then serve in record mode or warm), "
+        "or give the reference answers with --calls FILE.jsonl or --answers PATH"
+    )
+
 
 #: few-shot examples looked at per call (the call's own answer is left out of them)
 EXAMPLE_POOL = 20
@@ -57,21 +69,28 @@ def pairs_from_expectations(expectations: Any, problems: list[str]) -> list[Pair
         except FidelityInputError as exc:
             problems.append(f"{exp.location}: {exc}")
             continue
+        if not protocol.is_encodable(reference):
+            # a "\ud800" escape: no UTF-8 report (nor store) can hold it
+            problems.append(f"{exp.location}: observed contains a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape): fix or drop the line")
+            continue
         pairs.append(Pair(call.api, call.key, reference, origin=exp.location, call=call))
     return pairs
 
 
-def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: Any = None) -> list[Pair]:
+def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: Any = None, seen: Counter[str] | None = None) -> list[Pair]:
     """Pairs (reference only) from the store's ``real`` records, in a stable order.
 
     With ``docs``, a call gets its tool and API names as the docs spell them (as a client sends them).
+    ``seen`` counts the entries read by source, real failure records as ``real failure records``.
     """
     from tqdm import tqdm
 
     from .record_calls import call_of_record
 
+    seen = seen if seen is not None else Counter()
     pairs = []
     for record in tqdm(store, desc="read store", unit="entry", disable=not progress):
+        seen["real failure records" if record.source == "real" and record.is_failure else record.source] += 1
         if record.source != "real" or record.is_failure:
             continue  # a failure record holds what was served when no usable answer came: no reference
         call = call_of_record(record, docs)
@@ -142,6 +161,9 @@ class SimulatorCandidate:
         call = pair.call
         examples = self.examples(call) if getattr(self.simulator, "wants_examples", False) else []
         attempt = self.simulator.respond(call, examples)
+        if attempt.answer is not None and not protocol.is_encodable(attempt.answer):
+            # as the server does: an answer with a lone surrogate can be neither stored nor written as UTF-8
+            return protocol.miss_answer(call.api, "the simulator's answer contains a lone UTF-16 surrogate")
         if attempt.answer is not None:
             if self.record and self.store is not None:
                 self.store.add(Record.from_answer(call.api, call.key, attempt.answer, "simulated", attempt.origin, attempt.meta), call.canonical)
@@ -176,6 +198,11 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     if args.concurrency < 1:
         print("error: --concurrency must be at least 1", file=sys.stderr)
         return 2
+    for flag, out in (("--json", args.json), ("--html", args.html)):
+        folder = os.path.dirname(os.path.abspath(out)) if out else None
+        if folder is not None and not os.path.isdir(folder):
+            print(f"error: {flag} {out}: the folder {folder} does not exist", file=sys.stderr)
+            return 2
     settings = settings_from_args(args)
     progress = not args.quiet
     report = FidelityReport()
@@ -201,7 +228,15 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
             if args.from_store:
                 from .tooldocs import tool_docs_for
 
-                pairs += pairs_from_store(store, problems, progress=progress, docs=tool_docs_for(settings))
+                seen: Counter[str] = Counter()
+                from_store = pairs_from_store(store, problems, progress=progress, docs=tool_docs_for(settings), seen=seen)
+                if not from_store:
+                    message = no_store_references(getattr(store, "path", None) or getattr(store, "url", "?"), seen)
+                    if not pairs:
+                        print(f"error: {message}", file=sys.stderr)
+                        return 1
+                    print(f"warning: {message}", file=sys.stderr)
+                pairs += from_store
             if args.category:
                 wanted = set(args.category)
                 pairs = [p for p in pairs if p.category in wanted]
@@ -243,12 +278,18 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
             closer.close()
     data = report.to_json()
     print("\n".join(report.lines(data)))
-    if args.json:
-        write_json(args.json, data)
-    if args.html:
-        from pathlib import Path
-
-        Path(args.html).write_text(report.html(), encoding="utf-8")
+    try:
+        if args.json:
+            write_json(args.json, data)
+        if args.html:
+            write_atomically(args.html, report.html().encode("utf-8", "backslashreplace"))
+    except OSError as exc:
+        print(f"error: the report cannot be written: {exc}", file=sys.stderr)
+        return 1
+    if not report.pairs:
+        print(f"error: nothing was scored: none of the {len(problems)} calls read could be (see above)" if problems
+              else "error: nothing was scored: no reference answer was found or left (--category, --limit)", file=sys.stderr)
+        return 1
     return 0
 
 

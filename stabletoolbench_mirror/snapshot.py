@@ -40,7 +40,7 @@ from .failures import failure_entries
 from .protocol import encode_answer
 from .secrets import public_settings
 from .stores import Store
-from .upstream_layout import iter_cache_files, read_cache_file
+from .upstream_layout import api_path, iter_cache_files, read_cache_file
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "stabletoolbench-mirror-snapshot"
@@ -64,12 +64,22 @@ def served_line(api: str, key: str, body: str) -> bytes:
     return (text + "\n").encode("utf-8", "surrogatepass")
 
 
+#: hex digits kept of each API's own hash (``api_hashes``): enough to tell a changed file, and short
+API_HASH_HEX = 32
+
+
 class ContentHash:
-    """The content hash, fed one API at a time in api order (memory: one API's entries)."""
+    """The content hash, fed one API at a time in api order (memory: one API's entries).
+
+    ``apis`` holds each API's own ``"<entries>:<hash>"`` (the manifest's ``api_hashes``): the first
+    :data:`API_HASH_HEX` hex digits of SHA-256 over that API's lines alone, so a verification that
+    fails can name the files that changed.
+    """
 
     def __init__(self) -> None:
         self._digest = hashlib.sha256()
         self._last: str | None = None
+        self.apis: dict[str, str] = {}
 
     def add_api(self, api: str, entries: Iterable[tuple[str, Any]]) -> None:
         self.add_api_bodies(api, ((key, encode_answer(answer)) for key, answer in entries))
@@ -79,8 +89,14 @@ class ContentHash:
         if self._last is not None and api <= self._last:
             raise ValueError(f"APIs must come in api order: {api!r} after {self._last!r}")
         self._last = api
+        own = hashlib.sha256()
+        n = 0
         for key, body in sorted(entries, key=lambda e: e[0]):
-            self._digest.update(served_line(api, key, body))
+            line = served_line(api, key, body)
+            self._digest.update(line)
+            own.update(line)
+            n += 1
+        self.apis[api] = f"{n}:{own.hexdigest()[:API_HASH_HEX]}"
 
     def hexdigest(self) -> str:
         return "sha256:" + self._digest.hexdigest()
@@ -162,6 +178,7 @@ def write_snapshot(
         "failure_reasons": tally["failure_reasons"],
         "excluded_failures": _excluded(store, exclude_failures, excluded_before),
         "failure_entries": sorted(failures),
+        "api_hashes": digest.apis,
         "store": store.kind,
         "settings": public_settings(settings) if settings is not None else None,
     }
@@ -203,12 +220,16 @@ class Verification:
         return out
 
 
-def tree_entries(root: str | os.PathLike[str], problems: list[str], *, progress: bool = False) -> Iterator[tuple[str, str, Any]]:
+def tree_entries(
+    root: str | os.PathLike[str], problems: list[str], *, progress: bool = False, paths: dict[str, Path] | None = None
+) -> Iterator[tuple[str, str, Any]]:
     """``(api, key, answer)`` of every entry of an upstream tree, one API file at a time, in api order.
 
-    Files that cannot be read are reported in ``problems`` and skipped.
+    Files that cannot be read are reported in ``problems`` and skipped.  ``paths`` gets each API's file.
     """
     for api, path in tqdm(sorted(iter_cache_files(root)), desc="verify", unit="file", disable=not progress):
+        if paths is not None:
+            paths[api] = path
         try:
             data = read_cache_file(path)
         except (OSError, ValueError) as exc:
@@ -242,7 +263,8 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
     listed = failure_entries(manifest)
     listed_apis = {api for api, _key in listed or ()}
     present: set[tuple[str, str]] = set()
-    for api, group in groupby(tree_entries(root, problems, progress=progress), key=lambda e: e[0]):
+    paths: dict[str, Path] = {}
+    for api, group in groupby(tree_entries(root, problems, progress=progress, paths=paths), key=lambda e: e[0]):
         items = [(key, answer) for _, key, answer in group]
         if api in listed_apis:
             present.update((api, key) for key, _ in items)
@@ -254,6 +276,7 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
     expected = manifest.get("content_hash")
     if actual != expected:
         problems.append("content hash differs: an entry was added, removed or changed")
+        problems.extend(changed_apis(root, manifest.get("api_hashes"), digest.apis, paths))
     if manifest.get("entries") != entries:
         problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {entries}")
     if isinstance(manifest.get("by_category"), dict) and manifest["by_category"] != dict(sorted(by_category.items())):
@@ -274,6 +297,41 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
             "that the snapshot left out (--skip-unsafe accepts that)"
         )
     return Verification(not problems, expected, actual, entries, files, problems)
+
+
+#: APIs named per kind of change (changed, missing, added) when a verification fails
+NAMED_CHANGES = 20
+
+
+def changed_apis(root: Path, recorded: Any, computed: dict[str, str], paths: dict[str, Path]) -> list[str]:
+    """The APIs (and their files) whose entries differ from the manifest's ``api_hashes``."""
+    if not isinstance(recorded, dict):
+        return ["the manifest has no api_hashes (written before they were kept): it cannot say which files changed; "
+                "snapshot the store again to get them"]
+
+    def where(api: str) -> str:
+        path = paths.get(api) or api_path(root, api)
+        return str(path.relative_to(root)) if path is not None and path.is_relative_to(root) else "no file"
+
+    def count(value: Any) -> str:
+        return str(value).split(":", 1)[0] if isinstance(value, str) else "?"
+
+    found: dict[str, list[str]] = {"changed": [], "missing": [], "added": []}
+    for api in sorted(set(recorded) | set(computed)):
+        if api not in computed:
+            found["missing"].append(f"missing: {api} ({where(api)}): the manifest has {count(recorded[api])} entries, the files none")
+        elif api not in recorded:
+            found["added"].append(f"added: {api} ({where(api)}): {count(computed[api])} entries the manifest does not have")
+        elif recorded[api] != computed[api]:
+            was, now = count(recorded[api]), count(computed[api])
+            what = "entries changed" if was == now else f"entries: manifest {was}, files {now}"
+            found["changed"].append(f"changed: {api} ({where(api)}): {what}")
+    out: list[str] = []
+    for kind, lines in found.items():
+        out += lines[:NAMED_CHANGES]
+        if len(lines) > NAMED_CHANGES:
+            out.append(f"... and {len(lines) - NAMED_CHANGES} more {kind} APIs")
+    return out
 
 
 # -- command line ---------------------------------------------------------------------------------

@@ -231,7 +231,8 @@ def test_bad_inputs_are_errors_not_crashes(tmp_path, reference_dir, capsys) -> N
                    '{"payload": {"category": "D", "tool_name": "t", "api_name": "a", "tool_input": "{"}, "observed": {"error": "", "response": "x"}}\n'
                    '{"payload": {"category": "D", "tool_name": "t", "api_name": "a", "tool_input": "{}"}, "observed": "{\\"error\\": \\"\\", \\"resp..."}\n')  # fmt: skip
     out = tmp_path / "bad.json"
-    assert main(["fidelity", "--config", config, "--calls", str(bad), "--candidate-calls", str(bad), "--quiet", "--json", str(out)]) == 0
+    # nothing scored: an error (exit 1), and the report still lists why
+    assert main(["fidelity", "--config", config, "--calls", str(bad), "--candidate-calls", str(bad), "--quiet", "--json", str(out)]) == 1
     report = json.loads(out.read_text())
     assert report["aggregate"]["n"] == 0 and report["aggregate"]["bleu"] is None
     assert len(report["problems"]) == 6  # three bad lines, each read as a reference and as a candidate
@@ -308,3 +309,93 @@ def test_from_store_asks_the_simulator_with_the_live_prompt(tmp_path, reference_
     assert json.loads(out.read_text())["aggregate"]["n"] == 16  # the real answers only (no failure record)
     live = {json.dumps(upstream_messages(layout, tools, item["payload"], "mirrorapi-sft"), ensure_ascii=False) for item in reference_calls}
     assert len(sent) == 16 and set(sent) == live
+
+
+# -- issue 18 item 7h: --from-store with no real answers says why and fails -------------------------
+
+
+def test_from_store_without_real_answers_says_why_and_exits_non_zero(tmp_path, capsys) -> None:
+    with DiskcacheStore(str(tmp_path / "store")) as store:
+        for i in range(3):
+            store.add(Record.from_answer("Data/x_for_Data/y", f"{{'i': {i}}}", {"error": "", "response": "sim"}, "simulated", "m"), None)
+        failed = {"error": "API not working error...", "response": ""}
+        store.add(Record.failure("Data/x_for_Data/z", "{}", failed, "real", "relay", reason="rate limit"), "{}")
+    out = tmp_path / "report.json"
+    with OpenAIStub() as sim:
+        config = str(write_config(tmp_path, simulator={"api_base": sim.api_base}))
+        assert main(["fidelity", "--config", config, "--from-store", "--quiet", "--json", str(out)]) == 1
+        assert not sim.requests
+    err = capsys.readouterr().err
+    assert (f"error: --from-store: nothing to score: the store at {tmp_path / 'store'} holds no real answers "
+            "(4 entries: 3 simulated, 1 real failure records). fidelity scores candidates against answers the real API gave: "
+            "record some first (real.enabled: true, then serve in record mode or warm), "
+            "or give the reference answers with --calls FILE.jsonl or --answers PATH") in err
+    assert not out.exists()  # no empty report that reads as a result
+    empty = tmp_path / "empty"
+    config = str(write_config(empty.parent, store={"path": str(empty)}))
+    assert main(["fidelity", "--config", config, "--from-store", "--candidate-calls", str(tmp_path / "none.jsonl"), "--quiet"]) == 1
+    assert f"the store at {empty} is empty." in capsys.readouterr().err
+
+
+# -- issue 18 item 8: a lone surrogate is a listed problem, and the report is written whole or not at all ----
+
+
+def _fidelity(args: list[str], cwd: Path, preexec: Any = None) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
+    return subprocess.run([sys.executable, "-m", "stabletoolbench_mirror", "fidelity", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120, preexec_fn=preexec)
+
+
+def _surrogate_calls(tmp_path: Path) -> Path:
+    good = {"payload": {"category": "D", "tool_name": "t", "api_name": "a", "tool_input": '{"q": "x"}'},
+            "observed": {"error": "", "response": "a real answer"}}
+    calls = tmp_path / "calls.jsonl"
+    # the second line's observed answer holds "\ud800": valid JSON, but no UTF-8 text can hold it
+    bad = json.dumps({**good, "payload": {**good["payload"], "api_name": "b"}, "observed": {"error": "", "response": "x \ud800 y"}})
+    calls.write_text(json.dumps(good) + "\n" + bad + "\n")
+    assert "\\ud800" in calls.read_text()
+    return calls
+
+
+def test_a_lone_surrogate_in_calls_is_a_listed_problem_not_a_crash(tmp_path: Path) -> None:
+    calls = _surrogate_calls(tmp_path)
+    out = tmp_path / "report.json"
+    out.write_text('{"old": "report"}\n')
+    # the simulator's answer holds one too
+    with OpenAIStub(lambda body: Reply(content='{"error": "", "response": "sim \\ud800"}')) as sim:
+        config = str(write_config(tmp_path, simulator={"api_base": sim.api_base, "allow_without_docs": True}))
+        result = _fidelity(["--config", config, "--calls", str(calls), "--quiet", "--json", str(out)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert ("calls.jsonl:2: observed contains a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape): fix or drop the line"
+            in result.stdout)
+    report = json.loads(out.read_text())  # whole, and new
+    assert report["aggregate"]["n"] == 1 and len(report["problems"]) == 1
+    assert report["calls"][0]["exact"] == 0.0  # the simulator's unusable answer scored as the miss it is
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".report.json")] == []
+
+
+def test_a_report_that_cannot_be_written_leaves_the_old_one(tmp_path: Path) -> None:
+    import resource
+    import signal
+
+    calls = _surrogate_calls(tmp_path)
+    out = tmp_path / "report.json"
+    out.write_text('{"old": "report"}\n')
+
+    def small_files() -> None:  # a real write that fails halfway: files may not grow past 300 bytes
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))
+
+    config = str(write_config(tmp_path))
+    result = _fidelity(["--config", config, "--calls", str(calls), "--candidate-calls", str(calls), "--quiet", "--json", str(out)],
+                       tmp_path, preexec=small_files)
+    assert result.returncode == 1 and "error: the report cannot be written: [Errno 27] File too large" in result.stderr, result.stderr
+    assert out.read_text() == '{"old": "report"}\n'
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".report.json")] == []
+    missing = _fidelity(["--config", config, "--calls", str(calls), "--quiet", "--json", str(tmp_path / "no" / "r.json")], tmp_path)
+    assert missing.returncode == 2 and f"error: --json {tmp_path / 'no' / 'r.json'}: the folder {tmp_path / 'no'} does not exist" in missing.stderr

@@ -300,3 +300,42 @@ def test_hits_and_health_are_answered_while_a_file_loads(tmp_path: Path, setting
     response = result["response"]
     assert response.status_code == 200 and response.json() == {"error": "", "response": "loaded at last"}
     assert response.headers["x-stm-outcome"] == "hit"
+
+
+# -- issue 18 item 3d: a file over frozen_max_file_mb is refused, not parsed -------------------------
+
+
+def big_tree(root: Path) -> tuple[Path, Path]:
+    """``good`` (small), ``big`` (a real 1.5 MB JSON file) and ``sparse`` (300 MB of holes: nothing on disk)."""
+    write_api(root, "good", GOOD)
+    answer = {"error": "", "response": "x" * 1000}
+    big = write_api(root, "big", json.dumps({f"{{'q': {i}}}": answer for i in range(1500)}))
+    sparse = root / "Data" / "crafted_for_Data" / "sparse.json"
+    with open(sparse, "wb") as fh:
+        fh.truncate(300 * 1024 * 1024)
+    assert os.stat(sparse).st_blocks * 512 < 1024 * 1024 and os.path.getsize(big) > 1024 * 1024
+    return big, sparse
+
+
+def test_a_file_over_frozen_max_file_mb_is_refused_with_one_warning(tmp_path: Path, settings_factory, serve, caplog) -> None:
+    big, sparse = big_tree(tmp_path / "frozen")
+    server = serve(settings_factory(mode="replay", frozen_caches=[str(tmp_path / "frozen")], frozen_max_file_mb=1))
+    with caplog.at_level(logging.WARNING, logger="stabletoolbench_mirror.stores.frozen"):
+        for _ in range(3):
+            assert server.post(payload("good", {"q": "x"})).headers["x-stm-outcome"] == "hit"
+            for api in ("big", "sparse"):
+                r = server.post(payload(api, {"q": 1}))
+                assert r.status_code == 200 and r.headers["x-stm-outcome"] == "unanswered", r.text
+    warnings = [r.getMessage() for r in caplog.records if r.name == "stabletoolbench_mirror.stores.frozen"]
+    assert warnings == [
+        f"frozen cache file skipped: {big}: 1.5 MB, over frozen_max_file_mb (1 MB): not parsed; "
+        "raise frozen_max_file_mb to read it (parsing takes about twice its size in memory)",
+        f"frozen cache file skipped: {sparse}: 300.0 MB, over frozen_max_file_mb (1 MB): not parsed; "
+        "raise frozen_max_file_mb to read it (parsing takes about twice its size in memory)",
+    ]
+    frozen = server.server.config.app.state.layer.frozen[0]
+    assert frozen.loads == 1  # only the good file was parsed
+    # raised, the big file is served
+    raised = serve(settings_factory(mode="replay", frozen_caches=[str(tmp_path / "frozen")], frozen_max_file_mb=4))
+    r = raised.post(payload("big", {"q": 1}))
+    assert r.headers["x-stm-outcome"] == "hit" and r.json()["response"] == "x" * 1000

@@ -153,3 +153,36 @@ def test_snapshot_cli_of_imported_reference_cache(reference_dir: Path, tmp_path:
     victim.write_text(json.dumps(data))
     bad = cli("snapshot", "--verify", str(out), cwd=tmp_path)
     assert bad.returncode == 1 and "FAILED" in bad.stdout
+
+
+def test_failed_verify_names_the_apis_and_files_that_changed(tmp_path: Path) -> None:
+    more = RECORDS + [Record.from_answer("Travel/trip_for_Travel/find", "{}", {"error": "", "response": "t"}, "real", "relay")]
+    with fill(tmp_path / "s", more) as store:
+        write_snapshot(store, tmp_path / "snap")
+    snap = tmp_path / "snap"
+    changed = snap / "Data" / "theclique_for_Data" / "transfermarkt_search.json"
+    data = json.loads(changed.read_text())
+    data["{'name': 'messi'}"]["response"] = "Messi e"
+    changed.write_text(json.dumps(data))
+    grown = snap / "Sports" / "ball_for_Sports" / "get_score.json"
+    grown.write_text(json.dumps({**json.loads(grown.read_text()), "{'is_id': 6}": {"error": "", "response": "0-0"}}))
+    (snap / "Travel" / "trip_for_Travel" / "find.json").unlink()
+    (snap / "Data" / "other_for_Data").mkdir()
+    (snap / "Data" / "other_for_Data" / "api.json").write_text(json.dumps({"{}": {"error": "", "response": "new"}}))
+    result = cli("snapshot", "--verify", str(snap), "--quiet", cwd=tmp_path)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    for expected in [
+        "  - changed: Data/theclique_for_Data/transfermarkt_search (Data/theclique_for_Data/transfermarkt_search.json): entries changed",
+        "  - changed: Sports/ball_for_Sports/get_score (Sports/ball_for_Sports/get_score.json): entries: manifest 2, files 3",
+        "  - missing: Travel/trip_for_Travel/find (Travel/trip_for_Travel/find.json): the manifest has 1 entries, the files none",
+        "  - added: Data/other_for_Data/api (Data/other_for_Data/api.json): 1 entries the manifest does not have",
+    ]:
+        assert expected in lines, result.stdout
+    assert len([line for line in lines if line.startswith(("  - changed:", "  - missing:", "  - added:"))]) == 4
+    # a manifest written before api_hashes says it cannot name them
+    manifest = json.loads((snap / "manifest.json").read_text())
+    del manifest["api_hashes"]
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+    old = cli("snapshot", "--verify", str(snap), "--quiet", cwd=tmp_path)
+    assert old.returncode == 1 and "the manifest has no api_hashes (written before they were kept): it cannot say which files changed" in old.stdout

@@ -339,3 +339,64 @@ def test_ctrl_c_stops_cleanly_with_a_summary_and_resumes(processes: int, referen
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         assert f"queries    {len(expected):>8} {len(expected) - saved:>8} {saved:>8}" in resumed.stdout
     assert len(records(store_path)) == len(expected)
+
+
+# -- issue 18 item 7a: a dead simulator stops warm early over many APIs, not only one ---------------
+
+
+def many_api_payloads(tmp_path: Path, n: int) -> Path:
+    """``n`` calls spread over 8 APIs of 2 tools: no two consecutive calls share an API."""
+    path = tmp_path / "many_apis.jsonl"
+    lines = []
+    for i in range(n):
+        tool = ("Alpha Tool", "Beta Tool")[i % 2]
+        body = {"category": "Data", "tool_name": tool, "api_name": f"api_{i % 8}", "tool_input": json.dumps({"q": f"x{i}"})}
+        lines.append(json.dumps({**body, "strip": "", "toolbench_key": ""}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class _DeadEndpoint:
+    """``closed``: a local port nothing listens on; ``500``: a real OpenAI-style server that answers HTTP 500."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.stub = OpenAIStub(lambda body: Reply(status=500, message="model crashed")) if kind == "500" else None
+
+    def __enter__(self) -> str:
+        if self.stub is None:
+            from tests.helpers.live import free_port
+
+            return f"http://127.0.0.1:{free_port()}/v1"
+        return self.stub.__enter__().api_base
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stub is not None:
+            self.stub.__exit__(*exc)
+
+
+@pytest.mark.parametrize("dead,processes", [("closed", 1), ("500", 1), ("closed", 2)])
+def test_warm_stops_early_on_a_dead_simulator_over_many_apis(dead: str, processes: int, tmp_path: Path) -> None:
+    payloads = many_api_payloads(tmp_path, 200)
+    with _DeadEndpoint(dead) as api_base:
+        data = {
+            "store": {"path": str(tmp_path / "store")},
+            "simulator": {"enabled": True, "api_base": api_base, "max_retries": 0, "connect_timeout_s": 1, "allow_without_docs": True},
+        }
+        cfg = tmp_path / "dead.yml"
+        cfg.write_text(yaml.safe_dump(data))
+        result = cli("warm", "--config", str(cfg), "--payloads", str(payloads), "--concurrency", "4",
+                     "--processes", str(processes), "--quiet", cwd=tmp_path)
+    out = result.stdout
+    assert result.returncode == 2, out + result.stderr
+    made = int(out.split(" calls made in", 1)[0].rsplit("\n", 1)[-1])
+    assert 5 <= made < 40, out  # the calls in flight when it stopped finish; not 200
+    assert "stopped early: the first 5 calls all failed with the same cause: failed: simulated: simulator unavailable: " in out
+    stop_line = next(line for line in out.splitlines() if line.startswith("stopped early:"))
+    # the cause printed is the responder's, not an answer naming one of the APIs
+    assert "api_" not in stop_line and "answered:" not in stop_line, stop_line
+    assert ("connection failed" in stop_line) if dead == "closed" else ("HTTP 500: model crashed" in stop_line)
+    # each FAILED line still says what was served, naming its own API
+    failed = [line for line in out.splitlines() if line.startswith("FAILED ")]
+    assert failed and all("(answered: API not working error..." in line for line in failed)
+    assert len({line.split("no recorded response for ", 1)[1].split(" ", 1)[0] for line in failed}) > 1

@@ -8,6 +8,7 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from typing import Iterable, Iterator
 
@@ -76,6 +77,42 @@ def _failure_shares_a_key(items: list[tuple[Record, str | None]], entry_keys: li
     return any(seen[entry_keys[i]] > 1 or (pointer_keys[i] is not None and seen[pointer_keys[i]] > 1) for i in failures)
 
 
+class _ReadOnlyCache:
+    """The few :class:`diskcache.Cache` reads this store makes, over a read-only SQLite connection.
+
+    Opening a :class:`diskcache.Cache` writes (its settings, its tables, a transaction per open):
+    ``cache stats`` on a store a server holds open grew the write-ahead log ~100 KB per run.  This
+    opens ``cache.db`` with ``mode=ro``: SQLite then refuses every write, and reads see what the
+    writers committed (the WAL protocol, shared with them), never a torn page.
+    """
+
+    def __init__(self, path: str) -> None:
+        db = os.path.join(path, "cache.db")
+        if not os.path.isfile(db):
+            raise StoreError(f"no diskcache store at {path} (no cache.db there): check store.path")
+        uri = "file:" + urllib.parse.quote(os.path.abspath(db)) + "?mode=ro"
+        self._con = sqlite3.connect(uri, uri=True, timeout=60, check_same_thread=False, isolation_level=None)
+        self._disk = diskcache.Disk(path)
+
+    def _sql(self, query: str, params: tuple[object, ...] | list[object] = ()) -> sqlite3.Cursor:
+        return self._con.execute(query, params)
+
+    def get(self, key: str) -> object:
+        rows = self._sql("SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1", (key,)).fetchall()
+        if not rows:
+            return None
+        try:
+            return self._disk.fetch(*rows[0], False)
+        except OSError:  # its file was removed meanwhile
+            return None
+
+    def __contains__(self, key: str) -> bool:
+        return self._sql("SELECT 1 FROM Cache WHERE key = ? AND raw = 1", (key,)).fetchone() is not None
+
+    def close(self) -> None:
+        self._con.close()
+
+
 class DiskcacheStore(Store):
     """Records as JSON text in a :class:`diskcache.Cache` (no pickles: the data stays inspectable).
 
@@ -92,12 +129,22 @@ class DiskcacheStore(Store):
     #: the lock file beside SQLite's (diskcache's consistency check skips names containing ``cache.db``)
     LOCK_FILE = "cache.db-flightlock"
 
-    def __init__(self, path: str | os.PathLike[str], *, lock_poll_s: float = 0.02) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, lock_poll_s: float = 0.02, read_only: bool = False) -> None:
+        """``read_only``: open an existing store for reading only (``cache stats``): nothing in the
+        folder is written, a store that is not there is an error, and ``add`` raises :class:`StoreError`."""
         self.path = os.fspath(path)
         self.lock_poll_s = float(lock_poll_s)
+        self.read_only = read_only
         self._write_lock = threading.Lock()
         self._known_apis: set[str] = set()
         """APIs known to have their key already (they are never removed): no write to find out again."""
+        if read_only:
+            try:
+                self._cache = _ReadOnlyCache(self.path)  # type: ignore[assignment]
+            except (OSError, sqlite3.Error) as exc:
+                raise StoreError(f"cannot open diskcache store at {self.path} for reading: {exc}") from exc
+            self._locks = None
+            return
         try:
             os.makedirs(self.path, exist_ok=True)
             # no eviction: a response cache that forgets is not reproducible.  Statement journals in
@@ -133,7 +180,12 @@ class DiskcacheStore(Store):
             raise StoreError(f"diskcache read failed: {exc}") from exc
         return None if key is None else self.get(api, key)
 
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StoreError(f"diskcache store at {self.path} was opened read-only")
+
     def add(self, record: Record, canonical: str | None) -> bool:
+        self._writable()
         # one writer at a time per process: threads queue on a lock instead of on SQLite's busy loop
         with self._write_lock:
             return self._add(record, canonical)
@@ -199,6 +251,7 @@ class DiskcacheStore(Store):
     def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
         """Add records in one transaction (bulk import): one commit, one lookup of the keys already
         present, one multi-row insert, and each counter updated once.  Same result as ``add`` each."""
+        self._writable()
         items = list(items)
         with self._write_lock:
             try:
@@ -355,6 +408,7 @@ class DiskcacheStore(Store):
         its holder exits, even on ``kill -9``.  A waiter polls every ``lock_poll_s`` and goes
         ahead without it after :data:`~.leases.MAX_LOCK_WAIT_S`.
         """
+        self._writable()
         name = f"{api}\x00{canonical}"
         deadline = time.monotonic() + MAX_LOCK_WAIT_S
         try:
@@ -394,5 +448,6 @@ class DiskcacheStore(Store):
         return int(n)
 
     def close(self) -> None:
-        self._locks.close()
+        if self._locks is not None:
+            self._locks.close()
         self._cache.close()

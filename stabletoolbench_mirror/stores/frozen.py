@@ -14,7 +14,7 @@ A tree of any size is served with bounded memory:
 * parsing runs off the event loop (:meth:`FrozenCache.aget`), one entry at a time, so a large
   file loading never holds up answers from files already indexed;
 * a file that cannot be served (not a JSON object, nested too deeply, a lone surrogate, a
-  symbolic link out of the tree) is skipped with one warning naming it, and the lookup falls
+  symbolic link out of the tree, larger than ``frozen_max_file_mb``) is skipped with one warning naming it, and the lookup falls
   through to the next tier as if the file were absent.
 
 The canonical index of a file is built only when a canonical lookup needs it.
@@ -46,6 +46,8 @@ from ..upstream_layout import OutsideTree, check_inside, count_cache_files, enco
 log = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_BUDGET = 320 * 1024 * 1024
+#: ``frozen_max_file_mb``'s default: a larger file is refused, not parsed (about twice its size in memory)
+DEFAULT_MAX_FILE_BYTES = 512 * 1024 * 1024
 #: estimated bytes of one indexed entry beyond its key's characters (dict slot, str header, span)
 _ENTRY_OVERHEAD = 140
 _CANONICAL_OVERHEAD = 150
@@ -108,6 +110,13 @@ class _NeedsLoad:
 NEEDS_LOAD = _NeedsLoad()
 
 
+def too_large(path: str | os.PathLike[str], size: int, limit: int) -> str:
+    """The warning for a cache file over ``frozen_max_file_mb``: the file, its size, the key to raise."""
+    mb = 1024 * 1024
+    return (f"{os.fspath(path)}: {size / mb:,.1f} MB, over frozen_max_file_mb ({limit / mb:g} MB): not parsed; "
+            "raise frozen_max_file_mb to read it (parsing takes about twice its size in memory)")
+
+
 def _ident(st: os.stat_result) -> tuple[int, int, int]:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
@@ -127,8 +136,10 @@ class FrozenCache(CacheTier):
         *,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         allow_symlinks: bool = False,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     ) -> None:
         self.root = Path(root)
+        self.max_file_bytes = int(max_file_bytes)
         self._root = str(self.root)
         self.origin = f"frozen:{self.root}"
         self.memory_budget = max(0, int(memory_budget))
@@ -231,7 +242,10 @@ class FrozenCache(CacheTier):
             check_inside(path, self.root)
         fd = os.open(path, os.O_RDONLY)
         try:
-            ident = _ident(os.fstat(fd))
+            st = os.fstat(fd)
+            ident = _ident(st)
+            if st.st_size > self.max_file_bytes:
+                raise ValueError(too_large(path, st.st_size, self.max_file_bytes))
             with open(fd, "rb", closefd=False) as fh:
                 data = fh.read()
             index = self._index_text(path, ident, data)

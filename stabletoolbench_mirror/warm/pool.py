@@ -69,9 +69,9 @@ def _worker_main(settings: Settings, threads: int, tasks: Any, results: Any, sto
             if task is None:
                 return
             index, call = task
-            kind, reason = make_call(layer.handle_call, call)
+            kind, reason, cause = make_call(layer.handle_call, call)
             # short messages: one atomic pipe write each, so a kill cannot leave half a message
-            results.put((index, kind, reason[:1000]))
+            results.put((index, kind, reason[:1000], cause[:800]))
 
     pool = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
     for t in pool:
@@ -125,12 +125,12 @@ class _Pool:
         got = 0
         while True:
             try:
-                index, kind, reason = self.results[worker].get_nowait()
+                index, kind, reason, cause = self.results[worker].get_nowait()
             except (queue_module.Empty, OSError, ValueError):
                 return got
             if index not in self.answered:
                 self.answered.add(index)
-                tracker.done(self.todo[index], kind, reason)
+                tracker.done(self.todo[index], kind, reason, cause)
                 got += 1
 
     def hand_over(self, tracker: Tracker) -> bool:

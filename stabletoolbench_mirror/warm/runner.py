@@ -73,31 +73,56 @@ def split(layer: MirrorLayer, plan: WarmPlan) -> tuple[dict[str, KindCounts], li
 
 def failure_reason(outcome: Outcome) -> str:
     """Why a call failed: what each responder said (the cause), and the answer served."""
-    try:
-        answer = outcome.answer
-        text = f"{answer.get('error', '')} {answer.get('response', '')}".strip()
-    except (ValueError, AttributeError):
-        text = outcome.body
+    text = _served_text(outcome)
     problems = outcome.problems
     if problems:
         return f"{outcome.kind}: {'; '.join(problems)}"[:800] + f" (answered: {text[:300]})"
     return f"{outcome.kind}: {text[:300]}"
 
 
+def _served_text(outcome: Outcome) -> str:
+    try:
+        answer = outcome.answer
+        return f"{answer.get('error', '')} {answer.get('response', '')}".strip()
+    except (ValueError, AttributeError):
+        return outcome.body
+
+
+def failure_cause(outcome: Outcome, call: ToolCall) -> str:
+    """What the early stop compares: why the responders failed, without the call's own traces.
+
+    The served text names the API (``no recorded response for Category/tool/api``), so two
+    calls of a dead simulator would never share a message; they share this.
+    """
+    problems = outcome.problems
+    return same_cause(f"{outcome.kind}: {'; '.join(problems) if problems else _served_text(outcome)}"[:800], call)
+
+
+def same_cause(text: str, call: ToolCall) -> str:
+    """``text`` without the call's own API path (``Category/tool/api``), which differs from API to API."""
+    return text.replace(call.api, "<api>") if call.api else text
+
+
 #: the outcomes that leave the call's answer in the store
 ANSWERED = (OutcomeKind.RECORDED, OutcomeKind.HIT, OutcomeKind.SHARED)
 
 
-def make_call(handle: Handler, call: ToolCall) -> tuple[OutcomeKind | None, str]:
-    """``(outcome kind, failure reason)`` of one call; ``(None, why)`` when it raised."""
+def make_call(handle: Handler, call: ToolCall) -> tuple[OutcomeKind | None, str, str]:
+    """``(outcome kind, failure reason, failure cause)`` of one call; ``(None, why, why)`` when it raised.
+
+    The reason is what the report lists; the cause (:func:`failure_cause`) what the early stop compares.
+    """
     try:
         outcome = handle(call)
     except Exception as exc:  # noqa: BLE001 - one bad call must not end the run
         log.exception("warming %s failed", call.api)
-        return None, f"error: {type(exc).__name__}: {exc}"
+        reason = f"error: {type(exc).__name__}: {exc}"
+        return None, reason, same_cause(reason[:800], call)
     # a failure record (new, or served again) is a failed call: listed, and tried again by the next warm
     kind = OutcomeKind.FAILED if outcome.failure else OutcomeKind.RECORDED if outcome.kind is OutcomeKind.REPLACED else outcome.kind
-    return kind, "" if kind in ANSWERED else failure_reason(outcome)
+    if kind in ANSWERED:
+        return kind, "", ""
+    return kind, failure_reason(outcome), failure_cause(outcome, call)
 
 
 #: ``warm --stop-after-failures`` default: a run whose first this many calls all fail for one cause stops
@@ -117,20 +142,24 @@ class FirstCalls:
         self.cause: str | None = None
 
     @staticmethod
-    def _same(reason: str) -> str:
+    def _same(cause: str) -> str:
         # object addresses in exception texts differ from call to call
-        return re.sub(r"0x[0-9a-fA-F]+", "0x", reason)
+        return re.sub(r"0x[0-9a-fA-F]+", "0x", cause)
 
-    def see(self, ok: bool, reason: str) -> str | None:
-        """Count one finished call; the cause once the first ``n`` all failed for it, else ``None``."""
+    def see(self, ok: bool, cause: str) -> str | None:
+        """Count one finished call; the cause once the first ``n`` all failed for it, else ``None``.
+
+        ``cause``: see :func:`failure_cause`; object addresses in it are not compared.
+        """
         if self.seen >= self.n:
             return None
         self.seen += 1
-        if ok or (self.cause is not None and self._same(reason) != self.cause):
+        same = self._same(cause)
+        if ok or (self.cause is not None and same != self.cause):
             self.seen = self.n  # decided: the run goes on
             return None
-        self.cause = self._same(reason)
-        return reason if self.seen == self.n else None
+        self.cause = same
+        return cause if self.seen == self.n else None
 
 
 class Tracker:
@@ -155,9 +184,10 @@ class Tracker:
         self._lock = threading.Lock()
         self._bar = tqdm(total=total, desc="warm", unit="call", disable=not progress, dynamic_ncols=True, smoothing=0.1)
 
-    def done(self, item: WarmItem, kind: OutcomeKind | None, reason: str, *, made: bool = True) -> None:
+    def done(self, item: WarmItem, kind: OutcomeKind | None, reason: str, cause: str = "", *, made: bool = True) -> None:
+        """Count one call; ``cause`` (:func:`failure_cause`, ``reason`` when not given) is what the early stop compares."""
         with self._lock:
-            cause = self._first.see(not reason, reason) if made else None
+            cause = self._first.see(not reason, cause or reason) if made else None
             if cause is not None:
                 self.stopped = (
                     f"the first {self._first.n} calls all failed with the same cause: {cause}\n"
@@ -236,8 +266,8 @@ def run_warm(
                 item = next(queue, None)
             if item is None:
                 return
-            kind, reason = make_call(handle, item.call)
-            tracker.done(item, kind, reason)
+            kind, reason, cause = make_call(handle, item.call)
+            tracker.done(item, kind, reason, cause)
 
     threads = [threading.Thread(target=work, name=f"warm-{i}", daemon=True) for i in range(max(1, min(concurrency, len(todo) or 1)))]
     interrupted = False
