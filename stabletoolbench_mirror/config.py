@@ -17,8 +17,9 @@ from __future__ import annotations
 import enum
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Any, Literal, Mapping, Optional, Union, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -223,6 +224,8 @@ class Settings(_Section):
     """The folder relative paths are resolved against (the config file's folder)."""
     config_source: str = Field(default="defaults", exclude=True)
     """Where the settings came from (files, environment, flags), for the start-up summary."""
+    style_source: str = Field(default="", exclude=True)
+    """How ``simulator.style`` was chosen for a StableToolBench config file, for the start-up summary."""
 
     def resolve(self, path: str) -> str:
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
@@ -246,10 +249,63 @@ _LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "rapidapi_url", "api
 UPSTREAM_DEFAULT_API_BASE = "https://api.openai.com/v1"
 
 
-def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Map StableToolBench ``config.yml`` keys onto this model (only where they mean the same)."""
+@dataclass(frozen=True)
+class UpstreamServer:
+    """One of StableToolBench's simulator servers: the config file it reads and the prompt it sends."""
+
+    config_file: str
+    script: str
+    style: str
+    prompt: str
+    """What its prompt is, for the start-up summary."""
+
+
+#: upstream's three servers (``server/``), each hard-wired to its own config file
+UPSTREAM_SERVERS = (
+    UpstreamServer("config.yml", "main.py", "gpt-fewshot", "the GPT simulator's few-shot prompt with cached examples"),
+    UpstreamServer("config_mirrorapi.yml", "main_mirrorapi.py", "mirrorapi-sft", "MirrorAPI's SFT_SYSTEM prompt, the doc's API name"),
+    UpstreamServer(
+        "config_mirrorapi_cache.yml", "main_mirrorapi_cache.py", "mirrorapi-cache", "MirrorAPI's SFT_SYSTEM prompt, the standardized API name"
+    ),
+)
+#: keys upstream's GPT server (``main.py``) cannot start without; its MirrorAPI servers read none of them
+UPSTREAM_GPT_ONLY_KEYS = ("cache_folder", "toolbench_url", "rapidapi_url", "is_save")
+#: the model name upstream's MirrorAPI servers use when their file names none
+UPSTREAM_MIRRORAPI_MODEL = "simulation-250123-qwen25-mixed"
+#: the file upstream's MirrorAPI servers import their system prompt from (beside their config file)
+UPSTREAM_PROMPTS_FILE = "system_prompts.py"
+
+
+def upstream_server_for(path: Path | None, data: Mapping[str, Any]) -> tuple[UpstreamServer, str]:
+    """Which of upstream's servers reads the config file ``path`` (holding ``data``), and why we think so.
+
+    Each server opens one fixed file name, so the name decides; a file under another name is the GPT
+    server's when it has one of the keys only that server reads, else a MirrorAPI server's (their
+    files are alike: ``mirrorapi-sft`` is taken, the more general one).
+    """
+    by_name = {server.config_file: server for server in UPSTREAM_SERVERS}
+    name = path.name if path is not None else ""
+    if name in by_name:
+        server = by_name[name]
+        return server, f"{name} is the file StableToolBench's {server.script} reads"
+    gpt_keys = [k for k in UPSTREAM_GPT_ONLY_KEYS if k in data]
+    shown = name or "the file"
+    if gpt_keys:
+        return by_name["config.yml"], f"{shown} has {', '.join(gpt_keys)}, read only by StableToolBench's main.py"
+    return by_name["config_mirrorapi.yml"], (
+        f"{shown} has none of main.py's keys ({', '.join(UPSTREAM_GPT_ONLY_KEYS)}), as StableToolBench's MirrorAPI configs"
+    )
+
+
+def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = None, path: Path | None = None) -> dict[str, Any]:
+    """Map StableToolBench ``config.yml`` keys onto this model (only where they mean the same).
+
+    The simulator style is that of the upstream server that reads the file (:func:`upstream_server_for`);
+    a MirrorAPI server's file also gets the ``system_prompts.py`` beside it, as that server imports it.
+    """
     if not any(k in data for k in _LEGACY_KEYS):
         return data
+    server, _why = upstream_server_for(path, data)
     # upstream's file ships with empty values (``api_key:``, ``api_base:``): they mean "not set"
     data = {k: v for k, v in data.items() if not (k in UPSTREAM_KEYS and (v is None or v == ""))}
     if "cache_folder" in data:
@@ -276,10 +332,15 @@ def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = 
             if old in data:
                 sim.setdefault(new, data.pop(old))
         sim.setdefault("enabled", True)
-        # upstream main.py is the GPT-style simulator, an OpenAI client: without api_base it
-        # talks to OpenAI, and without api_key it reads OPENAI_API_KEY
-        sim.setdefault("style", "gpt-fewshot")
+        # upstream's servers are OpenAI clients: without api_base they talk to OpenAI, and
+        # without api_key they read OPENAI_API_KEY
+        sim.setdefault("style", server.style)
         sim.setdefault("api_base", UPSTREAM_DEFAULT_API_BASE)
+        if server.style != "gpt-fewshot":
+            sim.setdefault("model", UPSTREAM_MIRRORAPI_MODEL)
+            # ``from system_prompts import SFT_SYSTEM``: the file beside the server and its config
+            if path is not None and (path.parent / UPSTREAM_PROMPTS_FILE).is_file():
+                sim.setdefault("system_prompt_file", UPSTREAM_PROMPTS_FILE)
         openai_key = (environ or {}).get("OPENAI_API_KEY")
         if openai_key:
             sim.setdefault("api_key", openai_key)
@@ -405,7 +466,7 @@ def load_settings(
     StableToolBench's ``./config.yml`` when it holds only known keys (see :func:`discover_config_file`).
     """
     environ = os.environ if environ is None else environ
-    note = ""
+    note = style_source = ""
     if config_file is None:
         config_file, note = discover_config_file(environ)
     data: dict[str, Any] = {}
@@ -426,8 +487,10 @@ def load_settings(
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys")
-        data = _translate_legacy(loaded, environ)
+        data = _translate_legacy(loaded, environ, path)
         base_dir = path.resolve().parent
+        if data is not loaded and isinstance(data.get("simulator"), dict) and "style" not in (loaded.get("simulator") or {}):
+            style_source = _style_note(path, loaded)
     env = _env_overrides(environ)
     if env:
         data = _merge(data, env)
@@ -443,7 +506,22 @@ def load_settings(
         raise ConfigError(_format_error(exc, source)) from None
     settings.base_dir = str(base_dir)
     settings.config_source = f"{source} ({note})" if note else source
+    if style_source:
+        inferred, why = style_source.split(": ", 1)
+        if settings.simulator.style != inferred:
+            style_source = f"{settings.simulator.style}: set by the environment or command line (the file alone gives {inferred}: {why.split('; choose')[0]})"
+        settings.style_source = style_source
     return settings
+
+
+def _style_note(path: Path, loaded: Mapping[str, Any]) -> str:
+    """``<style>: <why>; choose another with ...``: how a StableToolBench file's simulator style was chosen."""
+    server, why = upstream_server_for(path, loaded)
+    others = ", ".join(s for s in get_args(SimulatorStyle) if s != server.style)
+    return (
+        f"{server.style}: {why} ({server.prompt}); "
+        f"choose another with STM_SIMULATOR__STYLE=<style> or 'simulator: {{style: <style>}}' in the file ({others})"
+    )
 
 
 # -- handing settings to another process (``serve --workers N``, ``warm --processes N``) ------------

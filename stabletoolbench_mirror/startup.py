@@ -497,6 +497,9 @@ def check_endpoints(settings: Settings, report: StartupReport, *, probe_endpoint
         report.add("simulator", "off")
         return results
     report.add("simulator", f"{sim.style}, model '{sim.model}'")
+    if settings.style_source:
+        report.add("simulator style", settings.style_source)
+    check_system_prompt(settings, report)
     for i, endpoint in enumerate(sim.endpoints):
         found = results.get(f"simulator{i}")
         label = f"simulator endpoint {i}" if len(sim.endpoints) > 1 else "simulator endpoint"
@@ -512,6 +515,21 @@ def check_endpoints(settings: Settings, report: StartupReport, *, probe_endpoint
             listed = ", ".join(found.models[:5]) or "none"
             report.warning("simulator.model", f"'{sim.model}' is not among the models {found.url} serves ({listed}): set simulator.model")
     return results
+
+
+def check_system_prompt(settings: Settings, report: StartupReport) -> None:
+    """The simulator's system prompt: where it comes from, or why ``simulator.system_prompt_file`` cannot give it."""
+    from .config import ConfigError
+    from .simulator import system_prompt_for
+
+    key = "simulator.system_prompt_file"
+    try:
+        prompt = system_prompt_for(settings)
+    except ConfigError as exc:
+        report.add("simulator prompt", "NOT USABLE")
+        report.error(key, str(exc).removeprefix(f"{key}: "))
+        return
+    report.add("simulator prompt", f"{prompt.source} (sha256 {prompt.sha256[:12]})")
 
 
 # -- the whole report ------------------------------------------------------------------------------
