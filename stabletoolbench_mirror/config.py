@@ -359,9 +359,17 @@ def _upstream_file_problem(path: Path) -> str | None:
     if not isinstance(loaded, dict):
         return "its top level is not a mapping of keys"
     unknown = sorted(str(k) for k in loaded if k not in UPSTREAM_KEYS and k not in Settings.model_fields)
-    if unknown:
+    if unknown and not clearly_upstream(loaded, unknown):
         return f"unknown keys {', '.join(unknown[:5])}: not StableToolBench's server config"
+    # used; an unknown key of a file that is clearly upstream's is then an error naming it (a typo
+    # such as ``is_sav`` must not start the server on the defaults)
     return None
+
+
+def clearly_upstream(loaded: Mapping[Any, Any], unknown: list[str]) -> bool:
+    """Whether a file is StableToolBench's despite ``unknown`` keys: most of its keys are upstream's, one only upstream has among them."""
+    upstream = [k for k in loaded if k in UPSTREAM_KEYS]
+    return any(k in _LEGACY_KEYS for k in loaded) and len(upstream) > len(unknown)
 
 
 def discover_config_file(environ: Mapping[str, str]) -> tuple[str | None, str]:

@@ -117,3 +117,22 @@ def test_serving_a_shipped_mirrorapi_config_sends_mirrorapis_prompt(
     assert f"simulator style: {style}: {name} is the file StableToolBench's {script} reads" in out
     assert f"simulator prompt: {upstream_server / 'system_prompts.py'}:SFT_SYSTEM" in out
     assert "built-in system prompt" not in out
+
+
+# -- issue 18 item 7c: one typo does not make the file "not StableToolBench's" ------------------------
+
+
+def test_a_typo_in_upstreams_config_yml_is_an_error_naming_the_key(upstream_server: Path, tmp_path: Path) -> None:
+    from tests.test_startup import cli
+
+    shipped = (upstream_server / "config.yml").read_text()
+    assert "is_save:" in shipped
+    (tmp_path / "config.yml").write_text(shipped.replace("is_save:", "is_sav:"))
+    for command in (["doctor", "--no-probe"], ["serve", "--port", str(free_port())]):
+        result = cli(*command, cwd=tmp_path, timeout=60)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert re.search(r"^config\.yml( \+ command line)?: unknown key 'is_sav'", result.stderr, re.M), result.stderr
+        assert "not StableToolBench's server config" not in result.stdout + result.stderr
+    # a file with keys of neither kind is still left alone
+    (tmp_path / "config.yml").write_text("database: postgres\nreplicas: 3\nport: 8080\n")
+    assert cli("doctor", "--no-probe", cwd=tmp_path).returncode == 0
