@@ -14,6 +14,7 @@ folder when there is no file).
 
 from __future__ import annotations
 
+import difflib
 import enum
 import json
 import os
@@ -360,7 +361,9 @@ def _upstream_file_problem(path: Path) -> str | None:
         return "its top level is not a mapping of keys"
     unknown = sorted(str(k) for k in loaded if k not in UPSTREAM_KEYS and k not in Settings.model_fields)
     if unknown and not clearly_upstream(loaded, unknown):
-        return f"unknown keys {', '.join(unknown[:5])}: not StableToolBench's server config"
+        known = [*UPSTREAM_KEYS, *(n for n, f in Settings.model_fields.items() if not f.exclude)]
+        shown = [k + (f" (did you mean '{near}'?)" if (near := nearest_key(k, known)) else "") for k in unknown[:5]]
+        return f"unknown keys {', '.join(shown)}: not StableToolBench's server config"
     # used; an unknown key of a file that is clearly upstream's is then an error naming it (a typo
     # such as ``is_sav`` must not start the server on the defaults)
     return None
@@ -444,20 +447,54 @@ def _config_key(loc: tuple[Any, ...]) -> str:
     return key or "(top level)"
 
 
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys accepted in the section ``loc`` is in (upstream's too at the top level)."""
+    model: Any = Settings
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    known = [name for name, field in model.model_fields.items() if not field.exclude]
+    return known + list(UPSTREAM_KEYS) if model is Settings else known
+
+
+def nearest_key(name: str, known: list[str]) -> str | None:
+    """The known key ``name`` is most likely a typo of (difflib), or ``None`` when none is close."""
+    found = difflib.get_close_matches(name, known, n=1, cutoff=0.75) or difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.75)
+    if found:
+        return found[0]
+    # a key cut short or run on (``relay`` for ``relay_url``)
+    cut = [k for k in known if len(name) >= 4 and (k.startswith(name.lower()) or name.lower().startswith(k))]
+    return min(cut, key=lambda k: abs(len(k) - len(name))) if cut else None
+
+
+def _did_you_mean(loc: tuple[Any, ...], key: str) -> str:
+    """`` (did you mean 'simulator.temperature'?)`` for the unknown key ``key`` at ``loc``, or nothing."""
+    found = nearest_key(str(loc[-1]), _keys_at(loc)) if loc else None
+    if found is None:
+        return ""
+    parent = key[: len(key) - len(str(loc[-1]))]
+    return f" (did you mean '{parent}{found}'?)"
+
+
 def _format_error(exc: ValidationError, source: str) -> str:
     """One line per key: ``unknown key``, or ``invalid value`` with every reason given (a union gives several)."""
     lines: dict[tuple[str, str], list[str]] = {}
     for err in exc.errors():
         key = _config_key(tuple(err["loc"]))
         if err["type"] == "extra_forbidden":
-            lines.setdefault((key, ""), [])
+            lines.setdefault((key, ""), []).append(_did_you_mean(tuple(err["loc"]), key))
             continue
         got = "an empty value" if err.get("input") is None else repr(err.get("input"))
         reasons = lines.setdefault((key, got), [])
         if err["msg"] not in reasons:
             reasons.append(err["msg"])
     return "\n".join(
-        f"{source}: invalid value for '{key}': {', or '.join(reasons)} (got {got})" if got else f"{source}: unknown key '{key}'"
+        f"{source}: invalid value for '{key}': {', or '.join(reasons)} (got {got})" if got else f"{source}: unknown key '{key}'{reasons[0]}"
         for (key, got), reasons in lines.items()
     )
 

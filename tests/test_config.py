@@ -92,3 +92,28 @@ def test_serve_fails_at_start_naming_the_key(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "simulator.api_bsae" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "text, environ, expected",
+    [
+        ("simulator:\n  tempreature: 0.1\n", {}, "unknown key 'simulator.tempreature' (did you mean 'simulator.temperature'?)"),
+        ("mdoe: replay\n", {}, "unknown key 'mdoe' (did you mean 'mode'?)"),
+        ("limits:\n  queue_timeout: 3\n", {}, "unknown key 'limits.queue_timeout' (did you mean 'limits.queue_timeout_s'?)"),
+        ("real:\n  relay: http://x\n", {}, "unknown key 'real.relay' (did you mean 'real.relay_url'?)"),
+        # upstream-style keys are known keys too
+        ("cache_folder: ./c\nis_sav: true\n", {}, "unknown key 'is_sav' (did you mean 'is_save'?)"),
+        ("{}\n", {"STM_SIMULATOR__MODLE": "x"}, "unknown key 'simulator.modle' (did you mean 'simulator.model'?)"),
+    ],
+)
+def test_unknown_keys_suggest_the_nearest_known_one(tmp_path: Path, text: str, environ: dict[str, str], expected: str) -> None:
+    """Issue 18 item 7d."""
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, text), environ=environ)
+    assert expected in str(err.value)
+
+
+def test_no_suggestion_when_nothing_is_close(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, "database: postgres\n"), environ={})
+    assert str(err.value).endswith("unknown key 'database'")
