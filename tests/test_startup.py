@@ -23,6 +23,7 @@ import requests
 
 from stabletoolbench_mirror.config import UPSTREAM_DEFAULT_API_BASE, load_settings
 from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.startup import NO_DOCS_MARK, count_tree, frozen_cache_problem
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream_layout import write_cache_file
@@ -399,6 +400,49 @@ def test_doctor_reports_every_error_and_exits_non_zero(tmp_path: Path) -> None:
     bad_log = write_config(tmp_path / "log.yml", {"store": {"path": str(tmp_path / "store")}, "log_file": str(tmp_path / "no" / "dir" / "x.log")})
     result = cli("doctor", "--config", str(bad_log), "--no-probe", cwd=tmp_path)
     assert result.returncode == 1 and f"error: log_file: {tmp_path / 'no' / 'dir' / 'x.log'} cannot be written" in result.stdout
+
+
+# -- issue 18 item 7e: nothing can answer ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode, what", [
+    ("replay", "replay mode with nothing to replay"),
+    ("record", "record mode with nothing to answer a miss (neither real.enabled nor simulator.enabled) and nothing recorded"),
+])
+def test_nothing_to_answer_from_is_a_doctor_error_and_a_serve_warning(tmp_path: Path, served: Any, mode: str, what: str) -> None:
+    port = free_port()
+    cfg = write_config(tmp_path / "c.yml", {"mode": mode, "port": port, "store": {"path": str(tmp_path / "store")}})
+    expected = (f"mode: {what}: the store is empty and no frozen cache is configured (frozen_caches), "
+                "so every call will be a miss, answered 'API not working error...'")
+    result = cli("doctor", "--config", str(cfg), "--no-probe", cwd=tmp_path)
+    assert result.returncode == 1 and f"error: {expected}" in result.stdout, result.stdout
+    s = served("--config", str(cfg), cwd=tmp_path, port=port)
+    assert f"warning: {expected}" in s.output
+    assert requests.post(s.url + "/virtual", json=CALL, timeout=10).headers["x-stm-outcome"] == "unanswered"
+    s.stop()
+    # an unusable frozen cache is no better than none
+    bad = write_config(tmp_path / "bad.yml", {"mode": mode, "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(tmp_path / "nope")]})
+    assert "no frozen cache is usable, so every call will be a miss" in cli("doctor", "--config", str(bad), "--no-probe", cwd=tmp_path).stdout
+
+
+def test_something_to_answer_from_is_no_error(tmp_path: Path) -> None:
+    server = make_server_folder(tmp_path)
+    frozen = {"store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(server / "tool_response_cache")]}
+    for mode in ("replay", "record"):
+        result = cli("doctor", "--config", str(write_config(tmp_path / "c.yml", {"mode": mode, **frozen})), "--no-probe", cwd=tmp_path)
+        assert result.returncode == 0 and "every call will be a miss" not in result.stdout, result.stdout
+    assert "mode: record (neither real.enabled nor simulator.enabled: misses are not filled)" in flat(result.stdout)
+    # a store with records is something to replay
+    with DiskcacheStore(str(tmp_path / "recorded")) as store:
+        store.add(Record.from_answer("Data/demo_tool_for_Data/search", str({"q": "x"}), ANSWER, "real", "relay"), '{"q":"x"}')
+    recorded = write_config(tmp_path / "r.yml", {"mode": "replay", "store": {"path": str(tmp_path / "recorded")}})
+    result = cli("doctor", "--config", str(recorded), "--no-probe", cwd=tmp_path)
+    assert result.returncode == 0 and "every call will be a miss" not in result.stdout, result.stdout
+    # a simulator fills misses: record mode is fine with an empty store
+    sim = write_config(tmp_path / "s.yml", {"store": {"path": str(tmp_path / "empty")}, "tools_folder": str(server / "tools"),
+                                            "simulator": {"enabled": True}})
+    result = cli("doctor", "--config", str(sim), "--no-probe", cwd=tmp_path)
+    assert result.returncode == 0 and "every call will be a miss" not in result.stdout, result.stdout
 
 
 # -- README: the troubleshooting section quotes the exact messages --------------------------------
