@@ -473,6 +473,22 @@ def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
     from stabletoolbench_mirror.cache_tools import READER_DIED
 
     assert f"error: {READER_DIED}" in readme
+    # the simulator warning, as it reads for the default api_base (issue 18 item 7j: the README said 8000)
+    from stabletoolbench_mirror.config import SimulatorConfig
+
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    server = make_server_folder(tmp_path / "sim")
+    sim = write_config(tmp_path / "sim.yml", {"store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
+                                              "simulator": {"enabled": True, "api_base": dead}})
+    out = cli("doctor", "--config", str(sim), cwd=tmp_path).stdout
+    warning = next(line for line in out.splitlines() if line.startswith("warning: simulator.api_base: "))
+    shown = warning.replace(dead, str(SimulatorConfig().api_base)).split("): ")[0] + "): ..."
+    assert f"`{shown}`" in readme, shown
+    # nothing to answer from (issue 18 item 7e)
+    nothing = write_config(tmp_path / "nothing.yml", {"mode": "replay", "store": {"path": str(tmp_path / "empty")}})
+    error = next(line for line in cli("doctor", "--config", str(nothing), "--no-probe", cwd=tmp_path).stdout.splitlines()
+                 if line.startswith("error: mode: "))
+    assert error.split(". Point")[0] + ". ..." in readme, error
 
 
 # -- item 14: warm stops early on a dead dependency, and says why each call failed ------------------
