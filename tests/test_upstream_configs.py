@@ -135,4 +135,6 @@ def test_a_typo_in_upstreams_config_yml_is_an_error_naming_the_key(upstream_serv
         assert "not StableToolBench's server config" not in result.stdout + result.stderr
     # a file with keys of neither kind is still left alone
     (tmp_path / "config.yml").write_text("database: postgres\nreplicas: 3\nport: 8080\n")
-    assert cli("doctor", "--no-probe", cwd=tmp_path).returncode == 0
+    left = cli("doctor", "--no-probe", cwd=tmp_path)
+    assert "./config.yml not used: unknown keys database, replicas: not StableToolBench's server config" in left.stdout
+    assert left.returncode != 2 and "configuration error" not in left.stderr
