@@ -35,6 +35,20 @@ NOT_SETTINGS_ENV = frozenset({"STM_CONFIG", "STM_SERVE_SETTINGS_FILE", "STM_REDI
 NOT_SETTINGS_ENV_PREFIXES = ("STM_VLLM_", "STM_CI_")
 
 
+#: upper bounds of durations and counts: a value past them cannot work (a timeout over ~9.2e9 s overflows
+#: the platform's time_t, and every wait with it fails) or is a typo; the error names the key and the bound
+HOUR_S = 3600.0
+DAY_S = 24 * HOUR_S
+MAX_WORKERS = 256
+#: what a bounded key is for, added to the error of a value past its bound
+BOUND_HINTS = {
+    "limits.queue_timeout_s": "the longest a request waits for a slot or a miss turn, in seconds: minutes, at most a day",
+    "simulator.read_timeout_s": "how long one completion may take, in seconds: minutes for a slow model, at most an hour",
+    "real.read_timeout_s": "how long one real API call may take, in seconds: at most an hour",
+    "workers": f"uvicorn worker processes: about one per CPU core (this machine has {os.cpu_count() or 1})",
+}
+
+
 class ConfigError(ValueError):
     """A configuration problem, with the offending key in the message."""
 
@@ -60,11 +74,11 @@ class StoreConfig(_Section):
     """Redis URL, e.g. ``redis://127.0.0.1:6379/0`` (``kind: redis``)."""
     prefix: str = "stm"
     """Key prefix in Redis, so that several caches can share one server."""
-    lock_ttl_s: float = Field(default=15.0, gt=0)
+    lock_ttl_s: float = Field(default=15.0, gt=0, le=HOUR_S)
     """Lease of the cross-host single-flight lock (Redis): renewed while its holder works, so a
     holder that dies blocks the others for at most this long.  (diskcache's lock is a kernel
     file lock, dropped when its holder exits.)"""
-    timeout_s: float = Field(default=2.0, gt=0)
+    timeout_s: float = Field(default=2.0, gt=0, le=HOUR_S)
     """Redis connect and command timeout: how fast a Redis outage becomes an error answer."""
 
 
@@ -82,11 +96,11 @@ class RealConfig(_Section):
     deny_categories: list[str] = Field(default_factory=list)
     allow_tools: list[str] = Field(default_factory=list)
     deny_tools: list[str] = Field(default_factory=list)
-    connect_timeout_s: float = Field(default=3.0, gt=0)
-    read_timeout_s: float = Field(default=10.0, gt=0)
+    connect_timeout_s: float = Field(default=3.0, gt=0, le=HOUR_S)
+    read_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
     breaker_failures: int = Field(default=5, ge=1)
     """Consecutive failures of one host that open its circuit breaker."""
-    breaker_reset_s: float = Field(default=60.0, gt=0)
+    breaker_reset_s: float = Field(default=60.0, gt=0, le=DAY_S)
     """How long an open breaker skips real calls to its host."""
     strict_validity: bool = False
     """Use a stricter validity check than upstream's substring rules."""
@@ -109,9 +123,9 @@ class SimulatorConfig(_Section):
     temperature: float = Field(default=0.0, ge=0)
     max_tokens: int = Field(default=2048, ge=1)
     seed: Optional[int] = 42
-    connect_timeout_s: float = Field(default=3.0, gt=0)
-    read_timeout_s: float = Field(default=120.0, gt=0)
-    max_retries: int = Field(default=3, ge=0)
+    connect_timeout_s: float = Field(default=3.0, gt=0, le=HOUR_S)
+    read_timeout_s: float = Field(default=120.0, gt=0, le=HOUR_S)
+    max_retries: int = Field(default=3, ge=0, le=100)
     backoff_s: float = Field(default=0.5, ge=0)
     system_prompt_file: Optional[str] = None
     """The system prompt: a text file sent verbatim, StableToolBench's ``server/system_prompts.py``
@@ -165,25 +179,25 @@ class LimitsConfig(_Section):
     """Requests one client address has answered at once; more wait for a slot (in order, per client)."""
     max_pending_misses: int = Field(default=256, ge=1)
     """Misses being filled by the real API or simulator at once in one process; more wait for a turn."""
-    queue_timeout_s: float = Field(default=600.0, gt=0)
+    queue_timeout_s: float = Field(default=600.0, gt=0, le=DAY_S)
     """Longest wait for a slot or a miss turn; a request still waiting then gets HTTP 503."""
     max_queued_requests: int = Field(default=100_000, ge=1)
     """Requests waiting for a slot across all clients; one more gets HTTP 503 at once."""
     max_queued_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
     """Bytes of request bodies waiting for a slot across all clients; more get HTTP 503 at once."""
-    header_timeout_s: float = Field(default=10.0, gt=0)
+    header_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
     """A connection whose request headers are not complete this long after it opened (or after its
     previous answer) is closed."""
-    body_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
     """A request whose body has not fully arrived this long after its headers gets HTTP 408 and is closed."""
-    keep_alive_timeout_s: float = Field(default=5.0, gt=0)
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0, le=HOUR_S)
     """An idle kept-alive connection is closed after this long."""
 
 
 class SessionsConfig(_Section):
     """Sessions (``X-STM-Session``, ``/sessions``): kept in the store beside the records."""
 
-    idle_expiry_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    idle_expiry_s: float = Field(default=7 * 24 * 3600.0, gt=0, le=3650 * DAY_S)
     """A session nobody called for this long is forgotten (its recorded answers stay)."""
     max_calls: int = Field(default=500, ge=1)
     """Calls one session may hold; more are refused with an error answer."""
@@ -215,9 +229,9 @@ class Settings(_Section):
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     local_tools: list[str] = Field(default_factory=list)
     """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
-    local_tools_timeout_s: float = Field(default=10.0, gt=0)
+    local_tools_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
     """A local tool running longer than this gets an error answer (its thread cannot be killed)."""
-    workers: int = Field(default=1, ge=1)
+    workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_file: Optional[str] = None
     """Also append the server's log to this file (upstream ``log_file``)."""
@@ -491,8 +505,11 @@ def _format_error(exc: ValidationError, source: str) -> str:
             continue
         got = "an empty value" if err.get("input") is None else repr(err.get("input"))
         reasons = lines.setdefault((key, got), [])
-        if err["msg"] not in reasons:
-            reasons.append(err["msg"])
+        msg = err["msg"]
+        if err["type"] in ("less_than_equal", "less_than"):
+            msg += f": {BOUND_HINTS.get(key, 'a value this large cannot work')}"
+        if msg not in reasons:
+            reasons.append(msg)
     return "\n".join(
         f"{source}: invalid value for '{key}': {', or '.join(reasons)} (got {got})" if got else f"{source}: unknown key '{key}'{reasons[0]}"
         for (key, got), reasons in lines.items()

@@ -445,6 +445,43 @@ def test_something_to_answer_from_is_no_error(tmp_path: Path) -> None:
     assert result.returncode == 0 and "every call will be a miss" not in result.stdout, result.stdout
 
 
+# -- issue 18 item 8: a system_prompt_file that is not a regular file, or too large --------------------
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a prompt file read without a bound fails fast
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo", "sparse"])
+def test_a_prompt_file_that_is_not_a_bounded_regular_file_is_an_error_naming_the_key(tmp_path: Path, kind: str) -> None:
+    server = make_server_folder(tmp_path)
+    if kind == "fifo":
+        path = tmp_path / "prompt.fifo"
+        os.mkfifo(path)
+        expected = f"{path} is not a regular file"
+    elif kind == "sparse":
+        path = tmp_path / "prompt.txt"
+        with open(path, "wb") as fh:
+            fh.truncate(3 << 30)  # 3 GB, no blocks
+        expected = f"{path}: 3,221,225,472 bytes, more than a prompt file may have"
+    else:
+        path, expected = Path(kind), "/dev/zero is not a regular file"
+    cfg = write_config(tmp_path / "c.yml", {
+        "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
+        "simulator": {"enabled": True, "api_base": f"http://127.0.0.1:{closed_port()}/v1", "system_prompt_file": str(path)},
+    })
+    for command in ("doctor", "serve"):
+        result = subprocess.run(
+            [sys.executable, "-m", "stabletoolbench_mirror", command, "--config", str(cfg), *(["--no-probe"] if command == "doctor" else [])],
+            cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=60, preexec_fn=_limit_memory,
+        )
+        assert result.returncode == (1 if command == "doctor" else 2), result.stdout + result.stderr
+        assert f"error: simulator.system_prompt_file: {expected}" in result.stdout + result.stderr
+        assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr
+
+
 # -- README: the troubleshooting section quotes the exact messages --------------------------------
 
 
