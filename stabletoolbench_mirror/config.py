@@ -580,6 +580,10 @@ def _style_note(path: Path, loaded: Mapping[str, Any]) -> str:
     """``<style>: <why>; choose another with ...``: how a StableToolBench file's simulator style was chosen."""
     server, why = upstream_server_for(path, loaded)
     others = ", ".join(s for s in get_args(SimulatorStyle) if s != server.style)
+    # run from upstream's server/ folder, the MirrorAPI configs lie beside config.yml
+    beside = [s.config_file for s in UPSTREAM_SERVERS if s.style != server.style and (path.parent / s.config_file).is_file()]
+    if server.style == "gpt-fewshot" and beside:
+        why += f"; for MirrorAPI pass --config {' or '.join(beside)}"
     return (
         f"{server.style}: {why} ({server.prompt}); "
         f"choose another with STM_SIMULATOR__STYLE=<style> or 'simulator: {{style: <style>}}' in the file ({others})"

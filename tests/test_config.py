@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,20 @@ def test_unknown_keys_suggest_the_nearest_known_one(tmp_path: Path, text: str, e
     with pytest.raises(ConfigError) as err:
         load_settings(write(tmp_path, text), environ=environ)
     assert expected in str(err.value)
+
+
+def test_a_config_yml_left_alone_suggests_too(tmp_path: Path) -> None:
+    from stabletoolbench_mirror.config import discover_config_file
+
+    (tmp_path / "config.yml").write_text("cache_foldr: ./tool_response_cache\ndatabase: x\n")
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        found, note = discover_config_file({})
+    finally:
+        os.chdir(cwd)
+    assert found is None
+    assert "unknown keys cache_foldr (did you mean 'cache_folder'?), database: not StableToolBench's server config" in note
 
 
 def test_no_suggestion_when_nothing_is_close(tmp_path: Path) -> None:

@@ -61,6 +61,8 @@ def test_each_shipped_config_runs_the_style_of_the_server_that_reads_it(upstream
     settings = load_settings(upstream_server / name, environ={})
     assert settings.simulator.enabled and settings.simulator.style == style
     assert settings.style_source.startswith(f"{style}: {name} is the file StableToolBench's {script} reads")
+    if style == "gpt-fewshot":  # upstream's server/ folder: the MirrorAPI configs beside it are named
+        assert "; for MirrorAPI pass --config config_mirrorapi.yml or config_mirrorapi_cache.yml" in settings.style_source
     assert "choose another with STM_SIMULATOR__STYLE=<style>" in settings.style_source
     prompt = system_prompt_for(settings)
     if style == "gpt-fewshot":
