@@ -45,7 +45,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"log_file: cannot open {settings.log_file}: {exc}") from None
     # the summary of what was loaded, and the checks that stop a wrong configuration at start
     # (with --launch-vllm the simulator is not up yet: vLLM's launch waits for its first answer)
-    if not start_checks(settings, probe_endpoints=not args.launch_vllm):
+    if not start_checks(settings, probe_endpoints=not args.launch_vllm, simulator_launched=bool(args.launch_vllm)):
         return 2
     if not args.launch_vllm:
         return run_server(settings)

@@ -14,11 +14,13 @@ folder when there is no file).
 
 from __future__ import annotations
 
+import difflib
 import enum
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Any, Literal, Mapping, Optional, Union, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -31,6 +33,20 @@ DEFAULT_CONFIG_FILE = "server_config.yml"
 #: hand-over to its workers, and the tooling's own (``STM_VLLM_*`` for the vLLM tier, ``STM_CI_*``)
 NOT_SETTINGS_ENV = frozenset({"STM_CONFIG", "STM_SERVE_SETTINGS_FILE", "STM_REDIS_URL"})
 NOT_SETTINGS_ENV_PREFIXES = ("STM_VLLM_", "STM_CI_")
+
+
+#: upper bounds of durations and counts: a value past them cannot work (a timeout over ~9.2e9 s overflows
+#: the platform's time_t, and every wait with it fails) or is a typo; the error names the key and the bound
+HOUR_S = 3600.0
+DAY_S = 24 * HOUR_S
+MAX_WORKERS = 256
+#: what a bounded key is for, added to the error of a value past its bound
+BOUND_HINTS = {
+    "limits.queue_timeout_s": "the longest a request waits for a slot or a miss turn, in seconds: minutes, at most a day",
+    "simulator.read_timeout_s": "how long one completion may take, in seconds: minutes for a slow model, at most an hour",
+    "real.read_timeout_s": "how long one real API call may take, in seconds: at most an hour",
+    "workers": f"uvicorn worker processes: about one per CPU core (this machine has {os.cpu_count() or 1})",
+}
 
 
 class ConfigError(ValueError):
@@ -58,11 +74,11 @@ class StoreConfig(_Section):
     """Redis URL, e.g. ``redis://127.0.0.1:6379/0`` (``kind: redis``)."""
     prefix: str = "stm"
     """Key prefix in Redis, so that several caches can share one server."""
-    lock_ttl_s: float = Field(default=15.0, gt=0)
+    lock_ttl_s: float = Field(default=15.0, gt=0, le=HOUR_S)
     """Lease of the cross-host single-flight lock (Redis): renewed while its holder works, so a
     holder that dies blocks the others for at most this long.  (diskcache's lock is a kernel
     file lock, dropped when its holder exits.)"""
-    timeout_s: float = Field(default=2.0, gt=0)
+    timeout_s: float = Field(default=2.0, gt=0, le=HOUR_S)
     """Redis connect and command timeout: how fast a Redis outage becomes an error answer."""
 
 
@@ -80,11 +96,11 @@ class RealConfig(_Section):
     deny_categories: list[str] = Field(default_factory=list)
     allow_tools: list[str] = Field(default_factory=list)
     deny_tools: list[str] = Field(default_factory=list)
-    connect_timeout_s: float = Field(default=3.0, gt=0)
-    read_timeout_s: float = Field(default=10.0, gt=0)
+    connect_timeout_s: float = Field(default=3.0, gt=0, le=HOUR_S)
+    read_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
     breaker_failures: int = Field(default=5, ge=1)
     """Consecutive failures of one host that open its circuit breaker."""
-    breaker_reset_s: float = Field(default=60.0, gt=0)
+    breaker_reset_s: float = Field(default=60.0, gt=0, le=DAY_S)
     """How long an open breaker skips real calls to its host."""
     strict_validity: bool = False
     """Use a stricter validity check than upstream's substring rules."""
@@ -107,9 +123,9 @@ class SimulatorConfig(_Section):
     temperature: float = Field(default=0.0, ge=0)
     max_tokens: int = Field(default=2048, ge=1)
     seed: Optional[int] = 42
-    connect_timeout_s: float = Field(default=3.0, gt=0)
-    read_timeout_s: float = Field(default=120.0, gt=0)
-    max_retries: int = Field(default=3, ge=0)
+    connect_timeout_s: float = Field(default=3.0, gt=0, le=HOUR_S)
+    read_timeout_s: float = Field(default=120.0, gt=0, le=HOUR_S)
+    max_retries: int = Field(default=3, ge=0, le=100)
     backoff_s: float = Field(default=0.5, ge=0)
     system_prompt_file: Optional[str] = None
     """The system prompt: a text file sent verbatim, StableToolBench's ``server/system_prompts.py``
@@ -163,25 +179,25 @@ class LimitsConfig(_Section):
     """Requests one client address has answered at once; more wait for a slot (in order, per client)."""
     max_pending_misses: int = Field(default=256, ge=1)
     """Misses being filled by the real API or simulator at once in one process; more wait for a turn."""
-    queue_timeout_s: float = Field(default=600.0, gt=0)
+    queue_timeout_s: float = Field(default=600.0, gt=0, le=DAY_S)
     """Longest wait for a slot or a miss turn; a request still waiting then gets HTTP 503."""
     max_queued_requests: int = Field(default=100_000, ge=1)
     """Requests waiting for a slot across all clients; one more gets HTTP 503 at once."""
     max_queued_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
     """Bytes of request bodies waiting for a slot across all clients; more get HTTP 503 at once."""
-    header_timeout_s: float = Field(default=10.0, gt=0)
+    header_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
     """A connection whose request headers are not complete this long after it opened (or after its
     previous answer) is closed."""
-    body_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
     """A request whose body has not fully arrived this long after its headers gets HTTP 408 and is closed."""
-    keep_alive_timeout_s: float = Field(default=5.0, gt=0)
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0, le=HOUR_S)
     """An idle kept-alive connection is closed after this long."""
 
 
 class SessionsConfig(_Section):
     """Sessions (``X-STM-Session``, ``/sessions``): kept in the store beside the records."""
 
-    idle_expiry_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    idle_expiry_s: float = Field(default=7 * 24 * 3600.0, gt=0, le=3650 * DAY_S)
     """A session nobody called for this long is forgotten (its recorded answers stay)."""
     max_calls: int = Field(default=500, ge=1)
     """Calls one session may hold; more are refused with an error answer."""
@@ -216,9 +232,9 @@ class Settings(_Section):
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     local_tools: list[str] = Field(default_factory=list)
     """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
-    local_tools_timeout_s: float = Field(default=10.0, gt=0)
+    local_tools_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
     """A local tool running longer than this gets an error answer (its thread cannot be killed)."""
-    workers: int = Field(default=1, ge=1)
+    workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_file: Optional[str] = None
     """Also append the server's log to this file (upstream ``log_file``)."""
@@ -226,6 +242,8 @@ class Settings(_Section):
     """The folder relative paths are resolved against (the config file's folder)."""
     config_source: str = Field(default="defaults", exclude=True)
     """Where the settings came from (files, environment, flags), for the start-up summary."""
+    style_source: str = Field(default="", exclude=True)
+    """How ``simulator.style`` was chosen for a StableToolBench config file, for the start-up summary."""
 
     def resolve(self, path: str) -> str:
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
@@ -249,10 +267,63 @@ _LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "rapidapi_url", "api
 UPSTREAM_DEFAULT_API_BASE = "https://api.openai.com/v1"
 
 
-def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Map StableToolBench ``config.yml`` keys onto this model (only where they mean the same)."""
+@dataclass(frozen=True)
+class UpstreamServer:
+    """One of StableToolBench's simulator servers: the config file it reads and the prompt it sends."""
+
+    config_file: str
+    script: str
+    style: str
+    prompt: str
+    """What its prompt is, for the start-up summary."""
+
+
+#: upstream's three servers (``server/``), each hard-wired to its own config file
+UPSTREAM_SERVERS = (
+    UpstreamServer("config.yml", "main.py", "gpt-fewshot", "the GPT simulator's few-shot prompt with cached examples"),
+    UpstreamServer("config_mirrorapi.yml", "main_mirrorapi.py", "mirrorapi-sft", "MirrorAPI's SFT_SYSTEM prompt, the doc's API name"),
+    UpstreamServer(
+        "config_mirrorapi_cache.yml", "main_mirrorapi_cache.py", "mirrorapi-cache", "MirrorAPI's SFT_SYSTEM prompt, the standardized API name"
+    ),
+)
+#: keys upstream's GPT server (``main.py``) cannot start without; its MirrorAPI servers read none of them
+UPSTREAM_GPT_ONLY_KEYS = ("cache_folder", "toolbench_url", "rapidapi_url", "is_save")
+#: the model name upstream's MirrorAPI servers use when their file names none
+UPSTREAM_MIRRORAPI_MODEL = "simulation-250123-qwen25-mixed"
+#: the file upstream's MirrorAPI servers import their system prompt from (beside their config file)
+UPSTREAM_PROMPTS_FILE = "system_prompts.py"
+
+
+def upstream_server_for(path: Path | None, data: Mapping[str, Any]) -> tuple[UpstreamServer, str]:
+    """Which of upstream's servers reads the config file ``path`` (holding ``data``), and why we think so.
+
+    Each server opens one fixed file name, so the name decides; a file under another name is the GPT
+    server's when it has one of the keys only that server reads, else a MirrorAPI server's (their
+    files are alike: ``mirrorapi-sft`` is taken, the more general one).
+    """
+    by_name = {server.config_file: server for server in UPSTREAM_SERVERS}
+    name = path.name if path is not None else ""
+    if name in by_name:
+        server = by_name[name]
+        return server, f"{name} is the file StableToolBench's {server.script} reads"
+    gpt_keys = [k for k in UPSTREAM_GPT_ONLY_KEYS if k in data]
+    shown = name or "the file"
+    if gpt_keys:
+        return by_name["config.yml"], f"{shown} has {', '.join(gpt_keys)}, read only by StableToolBench's main.py"
+    return by_name["config_mirrorapi.yml"], (
+        f"{shown} has none of main.py's keys ({', '.join(UPSTREAM_GPT_ONLY_KEYS)}), as StableToolBench's MirrorAPI configs"
+    )
+
+
+def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = None, path: Path | None = None) -> dict[str, Any]:
+    """Map StableToolBench ``config.yml`` keys onto this model (only where they mean the same).
+
+    The simulator style is that of the upstream server that reads the file (:func:`upstream_server_for`);
+    a MirrorAPI server's file also gets the ``system_prompts.py`` beside it, as that server imports it.
+    """
     if not any(k in data for k in _LEGACY_KEYS):
         return data
+    server, _why = upstream_server_for(path, data)
     # upstream's file ships with empty values (``api_key:``, ``api_base:``): they mean "not set"
     data = {k: v for k, v in data.items() if not (k in UPSTREAM_KEYS and (v is None or v == ""))}
     if "cache_folder" in data:
@@ -279,10 +350,15 @@ def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = 
             if old in data:
                 sim.setdefault(new, data.pop(old))
         sim.setdefault("enabled", True)
-        # upstream main.py is the GPT-style simulator, an OpenAI client: without api_base it
-        # talks to OpenAI, and without api_key it reads OPENAI_API_KEY
-        sim.setdefault("style", "gpt-fewshot")
+        # upstream's servers are OpenAI clients: without api_base they talk to OpenAI, and
+        # without api_key they read OPENAI_API_KEY
+        sim.setdefault("style", server.style)
         sim.setdefault("api_base", UPSTREAM_DEFAULT_API_BASE)
+        if server.style != "gpt-fewshot":
+            sim.setdefault("model", UPSTREAM_MIRRORAPI_MODEL)
+            # ``from system_prompts import SFT_SYSTEM``: the file beside the server and its config
+            if path is not None and (path.parent / UPSTREAM_PROMPTS_FILE).is_file():
+                sim.setdefault("system_prompt_file", UPSTREAM_PROMPTS_FILE)
         openai_key = (environ or {}).get("OPENAI_API_KEY")
         if openai_key:
             sim.setdefault("api_key", openai_key)
@@ -301,9 +377,19 @@ def _upstream_file_problem(path: Path) -> str | None:
     if not isinstance(loaded, dict):
         return "its top level is not a mapping of keys"
     unknown = sorted(str(k) for k in loaded if k not in UPSTREAM_KEYS and k not in Settings.model_fields)
-    if unknown:
-        return f"unknown keys {', '.join(unknown[:5])}: not StableToolBench's server config"
+    if unknown and not clearly_upstream(loaded, unknown):
+        known = [*UPSTREAM_KEYS, *(n for n, f in Settings.model_fields.items() if not f.exclude)]
+        shown = [k + (f" (did you mean '{near}'?)" if (near := nearest_key(k, known)) else "") for k in unknown[:5]]
+        return f"unknown keys {', '.join(shown)}: not StableToolBench's server config"
+    # used; an unknown key of a file that is clearly upstream's is then an error naming it (a typo
+    # such as ``is_sav`` must not start the server on the defaults)
     return None
+
+
+def clearly_upstream(loaded: Mapping[Any, Any], unknown: list[str]) -> bool:
+    """Whether a file is StableToolBench's despite ``unknown`` keys: most of its keys are upstream's, one only upstream has among them."""
+    upstream = [k for k in loaded if k in UPSTREAM_KEYS]
+    return any(k in _LEGACY_KEYS for k in loaded) and len(upstream) > len(unknown)
 
 
 def discover_config_file(environ: Mapping[str, str]) -> tuple[str | None, str]:
@@ -378,20 +464,57 @@ def _config_key(loc: tuple[Any, ...]) -> str:
     return key or "(top level)"
 
 
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys accepted in the section ``loc`` is in (upstream's too at the top level)."""
+    model: Any = Settings
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    known = [name for name, field in model.model_fields.items() if not field.exclude]
+    return known + list(UPSTREAM_KEYS) if model is Settings else known
+
+
+def nearest_key(name: str, known: list[str]) -> str | None:
+    """The known key ``name`` is most likely a typo of (difflib), or ``None`` when none is close."""
+    found = difflib.get_close_matches(name, known, n=1, cutoff=0.75) or difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.75)
+    if found:
+        return found[0]
+    # a key cut short or run on (``relay`` for ``relay_url``)
+    cut = [k for k in known if len(name) >= 4 and (k.startswith(name.lower()) or name.lower().startswith(k))]
+    return min(cut, key=lambda k: abs(len(k) - len(name))) if cut else None
+
+
+def _did_you_mean(loc: tuple[Any, ...], key: str) -> str:
+    """`` (did you mean 'simulator.temperature'?)`` for the unknown key ``key`` at ``loc``, or nothing."""
+    found = nearest_key(str(loc[-1]), _keys_at(loc)) if loc else None
+    if found is None:
+        return ""
+    parent = key[: len(key) - len(str(loc[-1]))]
+    return f" (did you mean '{parent}{found}'?)"
+
+
 def _format_error(exc: ValidationError, source: str) -> str:
     """One line per key: ``unknown key``, or ``invalid value`` with every reason given (a union gives several)."""
     lines: dict[tuple[str, str], list[str]] = {}
     for err in exc.errors():
         key = _config_key(tuple(err["loc"]))
         if err["type"] == "extra_forbidden":
-            lines.setdefault((key, ""), [])
+            lines.setdefault((key, ""), []).append(_did_you_mean(tuple(err["loc"]), key))
             continue
         got = "an empty value" if err.get("input") is None else repr(err.get("input"))
         reasons = lines.setdefault((key, got), [])
-        if err["msg"] not in reasons:
-            reasons.append(err["msg"])
+        msg = err["msg"]
+        if err["type"] in ("less_than_equal", "less_than"):
+            msg += f": {BOUND_HINTS.get(key, 'a value this large cannot work')}"
+        if msg not in reasons:
+            reasons.append(msg)
     return "\n".join(
-        f"{source}: invalid value for '{key}': {', or '.join(reasons)} (got {got})" if got else f"{source}: unknown key '{key}'"
+        f"{source}: invalid value for '{key}': {', or '.join(reasons)} (got {got})" if got else f"{source}: unknown key '{key}'{reasons[0]}"
         for (key, got), reasons in lines.items()
     )
 
@@ -408,7 +531,7 @@ def load_settings(
     StableToolBench's ``./config.yml`` when it holds only known keys (see :func:`discover_config_file`).
     """
     environ = os.environ if environ is None else environ
-    note = ""
+    note = style_source = ""
     if config_file is None:
         config_file, note = discover_config_file(environ)
     data: dict[str, Any] = {}
@@ -429,8 +552,10 @@ def load_settings(
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys")
-        data = _translate_legacy(loaded, environ)
+        data = _translate_legacy(loaded, environ, path)
         base_dir = path.resolve().parent
+        if data is not loaded and isinstance(data.get("simulator"), dict) and "style" not in (loaded.get("simulator") or {}):
+            style_source = _style_note(path, loaded)
     env = _env_overrides(environ)
     if env:
         data = _merge(data, env)
@@ -446,7 +571,26 @@ def load_settings(
         raise ConfigError(_format_error(exc, source)) from None
     settings.base_dir = str(base_dir)
     settings.config_source = f"{source} ({note})" if note else source
+    if style_source:
+        inferred, why = style_source.split(": ", 1)
+        if settings.simulator.style != inferred:
+            style_source = f"{settings.simulator.style}: set by the environment or command line (the file alone gives {inferred}: {why.split('; choose')[0]})"
+        settings.style_source = style_source
     return settings
+
+
+def _style_note(path: Path, loaded: Mapping[str, Any]) -> str:
+    """``<style>: <why>; choose another with ...``: how a StableToolBench file's simulator style was chosen."""
+    server, why = upstream_server_for(path, loaded)
+    others = ", ".join(s for s in get_args(SimulatorStyle) if s != server.style)
+    # run from upstream's server/ folder, the MirrorAPI configs lie beside config.yml
+    beside = [s.config_file for s in UPSTREAM_SERVERS if s.style != server.style and (path.parent / s.config_file).is_file()]
+    if server.style == "gpt-fewshot" and beside:
+        why += f"; for MirrorAPI pass --config {' or '.join(beside)}"
+    return (
+        f"{server.style}: {why} ({server.prompt}); "
+        f"choose another with STM_SIMULATOR__STYLE=<style> or 'simulator: {{style: <style>}}' in the file ({others})"
+    )
 
 
 # -- handing settings to another process (``serve --workers N``, ``warm --processes N``) ------------

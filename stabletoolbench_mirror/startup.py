@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .config import UPSTREAM_CONFIG_FILE, Settings
+from .protocol import MISS_ERROR
 from .secrets import public_url
 from .upstream_layout import iter_cache_spans
 
@@ -61,6 +62,8 @@ class StartupReport:
 
     lines: list[tuple[str, str]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    store_entries: int | None = None
+    """Entries of the store when it was opened (or 0 when it does not exist yet), else ``None``."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -497,6 +500,9 @@ def check_endpoints(settings: Settings, report: StartupReport, *, probe_endpoint
         report.add("simulator", "off")
         return results
     report.add("simulator", f"{sim.style}, model '{sim.model}'")
+    if settings.style_source:
+        report.add("simulator style", settings.style_source)
+    check_system_prompt(settings, report)
     for i, endpoint in enumerate(sim.endpoints):
         found = results.get(f"simulator{i}")
         label = f"simulator endpoint {i}" if len(sim.endpoints) > 1 else "simulator endpoint"
@@ -512,6 +518,21 @@ def check_endpoints(settings: Settings, report: StartupReport, *, probe_endpoint
             listed = ", ".join(found.models[:5]) or "none"
             report.warning("simulator.model", f"'{sim.model}' is not among the models {found.url} serves ({listed}): set simulator.model")
     return results
+
+
+def check_system_prompt(settings: Settings, report: StartupReport) -> None:
+    """The simulator's system prompt: where it comes from, or why ``simulator.system_prompt_file`` cannot give it."""
+    from .config import ConfigError
+    from .simulator import system_prompt_for
+
+    key = "simulator.system_prompt_file"
+    try:
+        prompt = system_prompt_for(settings)
+    except ConfigError as exc:
+        report.add("simulator prompt", "NOT USABLE")
+        report.error(key, str(exc).removeprefix(f"{key}: "))
+        return
+    report.add("simulator prompt", f"{prompt.source} (sha256 {prompt.sha256[:12]})")
 
 
 # -- the whole report ------------------------------------------------------------------------------
@@ -535,6 +556,7 @@ def check_store(settings: Settings, report: StartupReport, *, open_store: bool) 
             report.error("store.path", f"{where} does not exist and cannot be created under {parent}")
         else:
             report.add("store", f"diskcache at {where}: does not exist yet (created at the first start)")
+            report.store_entries = 0
         return
     try:
         with build_store(settings) as store:
@@ -545,6 +567,59 @@ def check_store(settings: Settings, report: StartupReport, *, open_store: bool) 
         report.error("store", f"cannot be opened: {exc}")
         return
     report.add("store", f"{cfg.kind} at {where}: {entries:,} entries")
+    report.store_entries = entries
+
+
+def check_anything_answers(settings: Settings, report: StartupReport, *, doctor: bool, simulator_launched: bool = False) -> None:
+    """Nothing can answer: the store is empty, no frozen cache is usable, and nothing fills a miss
+    (replay mode, or record mode with neither the real API nor the simulator), and no local tools:
+    every call a miss.
+
+    ``doctor`` reports it as an error, ``serve`` and ``warm`` as a warning (they start anyway).
+    Record mode with no responder but something cached says so in the ``mode`` line.
+    """
+    fills = settings.real.enabled or settings.simulator.enabled or simulator_launched
+    if settings.mode == "record" and not fills:
+        note = " (neither real.enabled nor simulator.enabled: misses are not filled)"
+        report.lines = [(label, text + note if label == "mode" else text) for label, text in report.lines]
+    if settings.mode == "record" and fills:
+        return
+    bad_frozen = {f.key for f in report.errors if f.key.startswith("frozen_caches[")}
+    if len(settings.frozen_caches) > len(bad_frozen) or settings.local_tools:
+        return  # local tools answer their own calls
+    entries = report.store_entries
+    if entries is None:
+        entries = _store_entries(settings)
+    if entries != 0:
+        return
+    frozen = "no frozen cache is usable" if settings.frozen_caches else "no frozen cache is configured (frozen_caches)"
+    if settings.mode == "replay":
+        what = "replay mode with nothing to replay"
+        fix = "or set mode: record with the real API or the simulator enabled"
+    else:
+        what = "record mode with nothing to answer a miss (neither real.enabled nor simulator.enabled) and nothing recorded"
+        fix = "or enable the real API (real.enabled, upstream's toolbench_url) or the simulator (simulator.enabled)"
+    (report.error if doctor else report.warning)(
+        "mode",
+        f"{what}: the store is empty and {frozen}, so every call will be a miss, answered '{MISS_ERROR}'. "
+        f"Point frozen_caches at a tool_response_cache tree (upstream cache_folder) or store.path at a recorded store, {fix}",
+    )
+
+
+def _store_entries(settings: Settings) -> int | None:
+    """The store's entry count (0 when a diskcache folder does not exist yet), or ``None`` when it cannot be opened."""
+    from .config import ConfigError
+    from .factory import build_store
+    from .stores import StoreError
+
+    cfg = settings.store
+    if cfg.kind == "diskcache" and not Path(settings.resolve(cfg.path)).exists():
+        return 0
+    try:
+        with build_store(settings) as store:
+            return len(store)
+    except (StoreError, ConfigError, OSError):
+        return None
 
 
 def inspect(
@@ -553,11 +628,13 @@ def inspect(
     probe_endpoints: bool = True,
     open_store: bool = False,
     full_counts: bool = False,
+    simulator_launched: bool = False,
 ) -> StartupReport:
     """Run every check on ``settings``: the summary lines and the problems found.
 
     ``open_store`` opens the store and counts its entries (``doctor``; ``serve`` opens it anyway);
-    ``full_counts`` counts entries and APIs however large the trees are.
+    ``full_counts`` counts entries and APIs however large the trees are (both ``doctor``, where
+    nothing answering is an error); ``simulator_launched``: ``serve --launch-vllm`` starts one.
     """
     report = StartupReport()
     report.add("config", settings.config_source)
@@ -571,6 +648,7 @@ def inspect(
     check_tools_folder(settings, report, count_apis=True if full_counts else None)
     check_endpoints(settings, report, probe_endpoints=probe_endpoints)
     check_local_tools(settings, report)
+    check_anything_answers(settings, report, doctor=open_store and full_counts, simulator_launched=simulator_launched)
     if settings.log_file:
         path = Path(settings.resolve(settings.log_file))
         report.add("log file", str(path))
@@ -597,11 +675,11 @@ def print_report(report: StartupReport, stream: Any = None) -> None:
     print(report.render(), file=stream or sys.stderr, flush=True)
 
 
-def start_checks(settings: Settings, *, probe_endpoints: bool = True) -> bool:
+def start_checks(settings: Settings, *, probe_endpoints: bool = True, simulator_launched: bool = False) -> bool:
     """The checks ``serve`` and ``warm`` run before they start: print the summary; ``False`` on an error."""
     from .logs import to_log_file
 
-    report = inspect(settings, probe_endpoints=probe_endpoints)
+    report = inspect(settings, probe_endpoints=probe_endpoints, simulator_launched=simulator_launched)
     print_report(report)
     to_log_file(report.render())
     if report.errors:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,73 @@ def test_serve_fails_at_start_naming_the_key(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "simulator.api_bsae" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "text, environ, expected",
+    [
+        ("simulator:\n  tempreature: 0.1\n", {}, "unknown key 'simulator.tempreature' (did you mean 'simulator.temperature'?)"),
+        ("mdoe: replay\n", {}, "unknown key 'mdoe' (did you mean 'mode'?)"),
+        ("limits:\n  queue_timeout: 3\n", {}, "unknown key 'limits.queue_timeout' (did you mean 'limits.queue_timeout_s'?)"),
+        ("real:\n  relay: http://x\n", {}, "unknown key 'real.relay' (did you mean 'real.relay_url'?)"),
+        # upstream-style keys are known keys too
+        ("cache_folder: ./c\nis_sav: true\n", {}, "unknown key 'is_sav' (did you mean 'is_save'?)"),
+        ("{}\n", {"STM_SIMULATOR__MODLE": "x"}, "unknown key 'simulator.modle' (did you mean 'simulator.model'?)"),
+    ],
+)
+def test_unknown_keys_suggest_the_nearest_known_one(tmp_path: Path, text: str, environ: dict[str, str], expected: str) -> None:
+    """Issue 18 item 7d."""
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, text), environ=environ)
+    assert expected in str(err.value)
+
+
+def test_a_config_yml_left_alone_suggests_too(tmp_path: Path) -> None:
+    from stabletoolbench_mirror.config import discover_config_file
+
+    (tmp_path / "config.yml").write_text("cache_foldr: ./tool_response_cache\ndatabase: x\n")
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        found, note = discover_config_file({})
+    finally:
+        os.chdir(cwd)
+    assert found is None
+    assert "unknown keys cache_foldr (did you mean 'cache_folder'?), database: not StableToolBench's server config" in note
+
+
+def test_no_suggestion_when_nothing_is_close(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, "database: postgres\n"), environ={})
+    assert str(err.value).endswith("unknown key 'database'")
+
+
+# -- issue 18 item 8: values that cannot work are refused, naming the key and the bound ----------------
+
+
+@pytest.mark.parametrize(
+    "text, key, hint",
+    [
+        ("limits:\n  queue_timeout_s: 1.0e+300\n", "limits.queue_timeout_s", "at most a day"),
+        ("simulator:\n  read_timeout_s: 1.0e+10\n", "simulator.read_timeout_s", "at most an hour"),
+        ("workers: 100000\n", "workers", "about one per CPU core"),
+        ("real:\n  read_timeout_s: .inf\n", "real.read_timeout_s", "at most an hour"),
+        ("store:\n  lock_ttl_s: 1.0e+10\n", "store.lock_ttl_s", "cannot work"),
+        ("limits:\n  body_timeout_s: 1.0e+10\n", "limits.body_timeout_s", "cannot work"),
+        ("local_tools_timeout_s: 1.0e+10\n", "local_tools_timeout_s", "cannot work"),
+        ("sessions:\n  idle_expiry_s: 1.0e+300\n", "sessions.idle_expiry_s", "cannot work"),
+        ("simulator:\n  max_retries: 1000000\n", "simulator.max_retries", "cannot work"),
+    ],
+)
+def test_values_that_cannot_work_are_refused_naming_the_key_and_the_bound(tmp_path: Path, text: str, key: str, hint: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, text), environ={})
+    message = str(err.value)
+    assert f"invalid value for '{key}': Input should be less than or equal to " in message and hint in message, message
+
+
+def test_bounds_leave_every_sane_value(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, "limits:\n  queue_timeout_s: 86400\nsimulator:\n  read_timeout_s: 3600\nworkers: 256\n"), environ={})
+    assert (s.limits.queue_timeout_s, s.simulator.read_timeout_s, s.workers) == (86400, 3600, 256)
+    with pytest.raises(ConfigError, match="'workers'"):
+        load_settings(write(tmp_path, "{}\n"), overrides={"workers": 100000}, environ={})

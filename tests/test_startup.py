@@ -23,6 +23,7 @@ import requests
 
 from stabletoolbench_mirror.config import UPSTREAM_DEFAULT_API_BASE, load_settings
 from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.startup import NO_DOCS_MARK, count_tree, frozen_cache_problem
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream_layout import write_cache_file
@@ -401,6 +402,86 @@ def test_doctor_reports_every_error_and_exits_non_zero(tmp_path: Path) -> None:
     assert result.returncode == 1 and f"error: log_file: {tmp_path / 'no' / 'dir' / 'x.log'} cannot be written" in result.stdout
 
 
+# -- issue 18 item 7e: nothing can answer ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode, what", [
+    ("replay", "replay mode with nothing to replay"),
+    ("record", "record mode with nothing to answer a miss (neither real.enabled nor simulator.enabled) and nothing recorded"),
+])
+def test_nothing_to_answer_from_is_a_doctor_error_and_a_serve_warning(tmp_path: Path, served: Any, mode: str, what: str) -> None:
+    port = free_port()
+    cfg = write_config(tmp_path / "c.yml", {"mode": mode, "port": port, "store": {"path": str(tmp_path / "store")}})
+    expected = (f"mode: {what}: the store is empty and no frozen cache is configured (frozen_caches), "
+                "so every call will be a miss, answered 'API not working error...'")
+    result = cli("doctor", "--config", str(cfg), "--no-probe", cwd=tmp_path)
+    assert result.returncode == 1 and f"error: {expected}" in result.stdout, result.stdout
+    s = served("--config", str(cfg), cwd=tmp_path, port=port)
+    assert f"warning: {expected}" in s.output
+    assert requests.post(s.url + "/virtual", json=CALL, timeout=10).headers["x-stm-outcome"] == "unanswered"
+    s.stop()
+    # an unusable frozen cache is no better than none
+    bad = write_config(tmp_path / "bad.yml", {"mode": mode, "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(tmp_path / "nope")]})
+    assert "no frozen cache is usable, so every call will be a miss" in cli("doctor", "--config", str(bad), "--no-probe", cwd=tmp_path).stdout
+
+
+def test_something_to_answer_from_is_no_error(tmp_path: Path) -> None:
+    server = make_server_folder(tmp_path)
+    frozen = {"store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(server / "tool_response_cache")]}
+    for mode in ("replay", "record"):
+        result = cli("doctor", "--config", str(write_config(tmp_path / "c.yml", {"mode": mode, **frozen})), "--no-probe", cwd=tmp_path)
+        assert result.returncode == 0 and "every call will be a miss" not in result.stdout, result.stdout
+    assert "mode: record (neither real.enabled nor simulator.enabled: misses are not filled)" in flat(result.stdout)
+    # a store with records is something to replay
+    with DiskcacheStore(str(tmp_path / "recorded")) as store:
+        store.add(Record.from_answer("Data/demo_tool_for_Data/search", str({"q": "x"}), ANSWER, "real", "relay"), '{"q":"x"}')
+    recorded = write_config(tmp_path / "r.yml", {"mode": "replay", "store": {"path": str(tmp_path / "recorded")}})
+    result = cli("doctor", "--config", str(recorded), "--no-probe", cwd=tmp_path)
+    assert result.returncode == 0 and "every call will be a miss" not in result.stdout, result.stdout
+    # a simulator fills misses: record mode is fine with an empty store
+    sim = write_config(tmp_path / "s.yml", {"store": {"path": str(tmp_path / "empty")}, "tools_folder": str(server / "tools"),
+                                            "simulator": {"enabled": True}})
+    result = cli("doctor", "--config", str(sim), "--no-probe", cwd=tmp_path)
+    assert result.returncode == 0 and "every call will be a miss" not in result.stdout, result.stdout
+
+
+# -- issue 18 item 8: a system_prompt_file that is not a regular file, or too large --------------------
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a prompt file read without a bound fails fast
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo", "sparse"])
+def test_a_prompt_file_that_is_not_a_bounded_regular_file_is_an_error_naming_the_key(tmp_path: Path, kind: str) -> None:
+    server = make_server_folder(tmp_path)
+    if kind == "fifo":
+        path = tmp_path / "prompt.fifo"
+        os.mkfifo(path)
+        expected = f"{path} is not a regular file"
+    elif kind == "sparse":
+        path = tmp_path / "prompt.txt"
+        with open(path, "wb") as fh:
+            fh.truncate(3 << 30)  # 3 GB, no blocks
+        expected = f"{path}: 3,221,225,472 bytes, more than a prompt file may have"
+    else:
+        path, expected = Path(kind), "/dev/zero is not a regular file"
+    cfg = write_config(tmp_path / "c.yml", {
+        "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
+        "simulator": {"enabled": True, "api_base": f"http://127.0.0.1:{closed_port()}/v1", "system_prompt_file": str(path)},
+    })
+    for command in ("doctor", "serve"):
+        result = subprocess.run(
+            [sys.executable, "-m", "stabletoolbench_mirror", command, "--config", str(cfg), *(["--no-probe"] if command == "doctor" else [])],
+            cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=60, preexec_fn=_limit_memory,
+        )
+        assert result.returncode == (1 if command == "doctor" else 2), result.stdout + result.stderr
+        assert f"error: simulator.system_prompt_file: {expected}" in result.stdout + result.stderr
+        assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr
+
+
 # -- README: the troubleshooting section quotes the exact messages --------------------------------
 
 
@@ -429,6 +510,22 @@ def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
     from stabletoolbench_mirror.cache_tools import READER_DIED
 
     assert f"error: {READER_DIED}" in readme
+    # the simulator warning, as it reads for the default api_base (issue 18 item 7j: the README said 8000)
+    from stabletoolbench_mirror.config import SimulatorConfig
+
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    server = make_server_folder(tmp_path / "sim")
+    sim = write_config(tmp_path / "sim.yml", {"store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
+                                              "simulator": {"enabled": True, "api_base": dead}})
+    out = cli("doctor", "--config", str(sim), cwd=tmp_path).stdout
+    warning = next(line for line in out.splitlines() if line.startswith("warning: simulator.api_base: "))
+    shown = warning.replace(dead, str(SimulatorConfig().api_base)).split("): ")[0] + "): ..."
+    assert f"`{shown}`" in readme, shown
+    # nothing to answer from (issue 18 item 7e)
+    nothing = write_config(tmp_path / "nothing.yml", {"mode": "replay", "store": {"path": str(tmp_path / "empty")}})
+    error = next(line for line in cli("doctor", "--config", str(nothing), "--no-probe", cwd=tmp_path).stdout.splitlines()
+                 if line.startswith("error: mode: "))
+    assert error.split(". Point")[0] + ". ..." in readme, error
 
 
 # -- item 14: warm stops early on a dead dependency, and says why each call failed ------------------

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,13 +91,24 @@ def resolve_system_prompt(style: str, path: str | None) -> SystemPrompt:
 
 
 def _read(file: Path) -> bytes:
+    """The bytes of a regular file of at most :data:`MAX_PROMPT_FILE_BYTES` (a device such as ``/dev/zero``
+    or a FIFO is refused before it is read, and the read stops at the bound whatever the size said)."""
+    too_big = f"more than a prompt file may have ({MAX_PROMPT_FILE_BYTES:,} bytes): name a text file or StableToolBench's system_prompts.py"
     try:
-        size = file.stat().st_size
-        if size > MAX_PROMPT_FILE_BYTES:
-            raise PromptFileError(f"{file}: {size} bytes, more than a prompt file may have ({MAX_PROMPT_FILE_BYTES})")
-        return file.read_bytes()
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; the check below refuses it
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            info = os.fstat(fh.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise PromptFileError(f"{file} is not a regular file: name a text file or StableToolBench's system_prompts.py")
+            if info.st_size > MAX_PROMPT_FILE_BYTES:
+                raise PromptFileError(f"{file}: {info.st_size:,} bytes, {too_big}")
+            data = fh.read(MAX_PROMPT_FILE_BYTES + 1)
     except OSError as exc:
         raise PromptFileError(f"cannot read {file}: {exc}") from None
+    if len(data) > MAX_PROMPT_FILE_BYTES:
+        raise PromptFileError(f"{file}: {too_big}")
+    return data
 
 
 def string_constant(source: bytes | str, name: str, label: str = "<source>") -> str:
