@@ -438,3 +438,17 @@ def test_a_toolbench_key_never_reaches_a_session_or_its_prompts(serve, settings_
     subprocess.run([sys.executable, "-m", "stabletoolbench_mirror", "sessions", "export", str(out), "--config", str(config), "-q"],
                    cwd=REPO, env=_clean_env(), check=True, capture_output=True, timeout=120)
     assert secret not in out.read_text()
+
+
+def test_the_prompt_cuts_long_inputs_of_earlier_calls(serve, settings_factory) -> None:
+    with OpenAIStub(CountingModel()) as stub:
+        server = serve(sim_settings(settings_factory, stub, "gpt-fewshot"))
+        sid = new_session(server.url, "t")
+        for n in range(3):
+            post(server.url, call_payload("add_meeting", name=f"m{n}" + "x" * 300_000), sid)
+        post(server.url, call_payload("add_meeting", name="short"), sid)
+        post(server.url, call_payload("query_meeting"), sid)
+        prompt = prompt_text(stub.requests[-1])
+        assert len(prompt) < 20_000
+        assert '{"name": "m0' + "x" * 1000 in prompt and "x" * 1100 not in prompt
+        assert 'input: {"name": "short"}\n' in prompt  # a short input is shown whole, as before
