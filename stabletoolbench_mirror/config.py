@@ -189,6 +189,9 @@ class SessionsConfig(_Section):
     """Largest local-tool state (as JSON) one session may keep."""
     max_task_chars: int = Field(default=20_000, ge=0)
     """Longest ``task`` text accepted by ``POST /sessions``."""
+    allow_client_ids: bool = False
+    """Accept session ids the server did not issue (an unknown ``X-STM-Session`` id then starts a
+    session).  Off: only ids from ``POST /sessions`` are accepted; whoever knows an id owns it."""
 
 
 class Settings(_Section):

@@ -1,7 +1,9 @@
 """Sessions: a client's calls as one trajectory, with a task, a history and a local-tool state.
 
-A client opts in with the header ``X-STM-Session: <id>`` on ``POST /virtual`` (an unknown
-id starts a session), or asks ``POST /sessions`` for a new id.  Inside a session:
+A client asks ``POST /sessions`` for a new id (128 random bits) and sends it in the header
+``X-STM-Session: <id>`` on ``POST /virtual``.  An id the server did not issue is refused (HTTP
+404) unless ``sessions.allow_client_ids`` (then an unknown id starts a session).  Whoever knows
+an id owns the session: there is no other check.  Inside a session:
 
 * a call's record keys carry the session's history hash (see :mod:`.keys`), so the same
   trajectory replays byte for byte and a call made in another state is not served an
@@ -21,9 +23,9 @@ import copy
 import json
 import logging
 import os
+import secrets
 import time
 import unicodedata
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Protocol
 
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 
 HEADER = "x-stm-session"
 MAX_ID_CHARS = 128
+#: random bits of an id issued by ``POST /sessions``
+ID_BITS = 128
 #: the record store's lock name space that serialises the calls of one session
 LOCK_NAMESPACE = "stm-session"
 
@@ -69,7 +73,12 @@ def check_id(value: str) -> str:
 
 
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """A new session id: :data:`ID_BITS` random bits as hex."""
+    return secrets.token_hex(ID_BITS // 8)
+
+
+def unknown(session_id: str) -> SessionError:
+    return SessionError(404, f"no session {session_id!r} (unknown, deleted or expired): session ids are issued by POST /sessions")
 
 
 @dataclass(frozen=True)
@@ -151,29 +160,32 @@ class Sessions:
         if len(task) > self.config.max_task_chars:
             raise SessionError(422, f"task: at most {self.config.max_task_chars} characters (got {len(task)})")
         doc = new_doc(new_id(), task)
-        if not self.store.create(doc):  # pragma: no cover - 122 random bits
+        if not self.store.create(doc):  # pragma: no cover - 128 random bits
             raise SessionError(409, "session id already taken; retry")
         return doc
 
     def get(self, session_id: str) -> dict[str, Any]:
         doc = self.store.load(check_id(session_id))
         if doc is None:
-            raise SessionError(404, f"no session {session_id!r} (unknown, deleted or expired)")
+            raise unknown(session_id)
         return doc
 
     def delete(self, session_id: str) -> None:
         if not self.store.delete(check_id(session_id)):
-            raise SessionError(404, f"no session {session_id!r} (unknown, deleted or expired)")
+            raise unknown(session_id)
 
     def run(self, session_id: str, call: ToolCall, answer: Answer) -> Served:
-        """Answer ``call`` inside the session (started when unknown) and add it to the trajectory.
+        """Answer ``call`` inside the session and add it to the trajectory.
 
-        :class:`SessionError` when the session is full; :class:`~.stores.StoreError` when the store fails.
+        :class:`SessionError` when the session is unknown (and ``sessions.allow_client_ids`` is
+        off) or full; :class:`~.stores.StoreError` when the store fails.
         """
         check_id(session_id)
         with self.lock(session_id):
             doc = self.store.load(session_id)
             if doc is None:
+                if not self.config.allow_client_ids:
+                    raise unknown(session_id)
                 doc = new_doc(session_id)
                 if not self.store.create(doc):  # started by another process meanwhile
                     doc = self.store.load(session_id) or doc

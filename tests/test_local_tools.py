@@ -188,7 +188,8 @@ def test_only_listed_files_are_ever_imported(serve, settings_factory, tmp_path: 
     (folder / "unlisted.py").write_text(
         f"open({str(marker)!r}, 'w').write('imported')\nTOOLS = {{'Tools/Unlisted/Ping': lambda i, s: 'hacked'}}\n"
     )
-    server = serve(settings_factory(local_tools=[str(folder / "listed.py")]))
+    # client-chosen session ids (sessions.allow_client_ids) that name the module too
+    server = serve(settings_factory(local_tools=[str(folder / "listed.py")], sessions={"allow_client_ids": True}))
     assert post(server.url, {"category": "Tools", "tool_name": "Listed", "api_name": "ping", "tool_input": "{}"}).json()["response"] == "pong"
     # requests naming the unlisted module in every field, inside and outside a session
     for name in ("unlisted", "Unlisted", "unlisted.py", "../tools/unlisted", str(folder / "unlisted.py")):
@@ -276,6 +277,10 @@ def test_one_session_through_two_worker_processes_loses_no_update(tmp_path: Path
         for t in threads:
             t.join()
         doc = requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()
+        # an id neither worker issued is refused by both
+        for _ in range(4):
+            r = post(server.url, notes("remember", item="z"), "not-issued")
+            assert r.status_code == 404 and "POST /sessions" in r.json()["error"]
     assert sorted(doc["state"]["items"]) == sorted(items)
     # each call saw the state the one before it left: the answers grow one item at a time
     lengths = [len(json.loads(c["answer"]["response"])) for c in doc["calls"]]

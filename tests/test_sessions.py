@@ -269,6 +269,10 @@ def test_sessions_are_shared_through_redis_and_expire(tmp_path: Path, serve, set
             assert time.monotonic() < deadline, "the idle session never expired"
             time.sleep(0.2)
         assert requests.get(f"{two.url}/sessions/{sid}", timeout=10).status_code == 200
+        # an id no server of this Redis issued is refused by all of them
+        for server in (one, two):
+            r = post(server.url, {**add, "tool_input": '{"item": "c"}'}, "not-issued")
+            assert r.status_code == 404 and "POST /sessions" in r.json()["error"]
 
 
 def test_idle_sessions_expire_in_diskcache(serve, settings_factory) -> None:
@@ -440,6 +444,76 @@ def test_a_toolbench_key_never_reaches_a_session_or_its_prompts(serve, settings_
     assert secret not in out.read_text()
 
 
+# -- who owns a session ----------------------------------------------------------------------------
+
+COUNTER_TOOLS = """\
+RUNS = {"n": 0}
+
+def runs(tool_input, state):
+    RUNS["n"] += 1
+    state["n"] = state.get("n", 0) + 1
+    return RUNS["n"]
+
+def note(tool_input, state):
+    state["n"] = state.get("n", 0) + 1
+    return tool_input.get("text", "") * int(tool_input.get("times", 1))
+
+TOOLS = {"Tools/Counter/Runs": runs, "Tools/Counter/Note": note}
+"""
+
+
+def counter(api: str, **inputs: Any) -> dict[str, Any]:
+    return {"category": "Tools", "tool_name": "Counter", "api_name": api, "tool_input": json.dumps(inputs)}
+
+
+@pytest.fixture
+def counter_tools(tmp_path: Path) -> Path:
+    path = tmp_path / "counter_tools.py"
+    path.write_text(COUNTER_TOOLS)
+    return path
+
+
+def test_post_sessions_issues_ids_of_128_random_bits(serve, settings_factory) -> None:
+    import re
+
+    server = serve(settings_factory())
+    ids = [new_session(server.url) for _ in range(64)]
+    assert len(set(ids)) == 64 and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    varying = 0
+    for other in ids[1:]:
+        varying |= int(other, 16) ^ int(ids[0], 16)
+    assert varying == 2**128 - 1  # every one of the 128 bits takes both values: none is fixed
+
+
+def test_an_id_the_server_did_not_issue_is_refused_and_changes_nothing(serve, settings_factory, counter_tools: Path) -> None:
+    settings = settings_factory(local_tools=[str(counter_tools)])
+    server = serve(settings)
+    for chosen in ("1", "someone-elses-session", "a" * 128):
+        r = post(server.url, counter("runs"), chosen)
+        assert r.status_code == 404 and r.headers["content-type"] == "application/json", r.text
+        assert "POST /sessions" in r.json()["error"] and repr(chosen) in r.json()["error"]
+        assert requests.get(f"{server.url}/sessions/{chosen}", timeout=10).status_code == 404  # not started
+    assert post(server.url, counter("runs")).json()["response"] == "1"  # the refused calls ran no tool
+    # an issued id works on every server of the store; once deleted it is refused, not started again
+    sid = new_session(server.url)
+    other = serve(settings)
+    assert post(other.url, counter("runs"), sid).status_code == 200
+    assert post(server.url, counter("runs"), sid).status_code == 200
+    assert requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()["state"] == {"n": 2}
+    assert requests.delete(f"{other.url}/sessions/{sid}", timeout=10).status_code == 200
+    r = post(server.url, counter("runs"), sid)
+    assert r.status_code == 404 and "POST /sessions" in r.json()["error"]
+    assert "POST /sessions" in requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()["error"]
+
+
+def test_allow_client_ids_lets_an_unknown_id_start_a_session(serve, settings_factory, counter_tools: Path) -> None:
+    server = serve(settings_factory(local_tools=[str(counter_tools)], sessions={"allow_client_ids": True}))
+    assert post(server.url, counter("runs"), "my-own-id").status_code == 200
+    assert post(server.url, counter("runs"), "my-own-id").status_code == 200
+    doc = requests.get(f"{server.url}/sessions/my-own-id", timeout=10).json()
+    assert len(doc["calls"]) == 2 and doc["state"] == {"n": 2}
+
+
 def test_the_prompt_cuts_long_inputs_of_earlier_calls(serve, settings_factory) -> None:
     with OpenAIStub(CountingModel()) as stub:
         server = serve(sim_settings(settings_factory, stub, "gpt-fewshot"))
@@ -452,3 +526,4 @@ def test_the_prompt_cuts_long_inputs_of_earlier_calls(serve, settings_factory) -
         assert len(prompt) < 20_000
         assert '{"name": "m0' + "x" * 1000 in prompt and "x" * 1100 not in prompt
         assert 'input: {"name": "short"}\n' in prompt  # a short input is shown whole, as before
+
