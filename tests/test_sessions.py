@@ -514,6 +514,29 @@ def test_allow_client_ids_lets_an_unknown_id_start_a_session(serve, settings_fac
     assert len(doc["calls"]) == 2 and doc["state"] == {"n": 2}
 
 
+# -- a session's size ------------------------------------------------------------------------------
+
+
+def test_a_call_that_would_make_a_session_too_large_is_refused_and_changes_nothing(serve, settings_factory, counter_tools: Path) -> None:
+    server = serve(settings_factory(local_tools=[str(counter_tools)], sessions={"max_bytes": 60_000}))
+    sid = new_session(server.url)
+    for _ in range(2):  # each call keeps about 20 KB (its input and its answer)
+        assert post(server.url, counter("note", text="x" * 10_000), sid).status_code == 200
+    before = requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()
+    assert before["state"] == {"n": 2}
+    # the input alone would not fit: refused before the tool runs
+    r = post(server.url, counter("note", text="y" * 30_000), sid)
+    assert r.status_code == 409 and "sessions.max_bytes=60000" in r.json()["error"], r.text
+    # a small input whose answer would not fit: the tool ran, but nothing of it is kept
+    r = post(server.url, counter("note", text="z" * 100, times=300), sid)
+    assert r.status_code == 409 and "sessions.max_bytes=60000" in r.json()["error"], r.text
+    assert requests.get(f"{server.url}/sessions/{sid}", timeout=10).json() == before
+    # a call that fits is still kept
+    assert post(server.url, counter("note", text="ok"), sid).json() == {"error": "", "response": "ok"}
+    after = requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()
+    assert after["state"] == {"n": 3} and len(after["calls"]) == 3
+
+
 def test_the_prompt_cuts_long_inputs_of_earlier_calls(serve, settings_factory) -> None:
     with OpenAIStub(CountingModel()) as stub:
         server = serve(sim_settings(settings_factory, stub, "gpt-fewshot"))
