@@ -27,12 +27,14 @@ import os
 import secrets
 import time
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, ContextManager, Protocol
 
 from .call import ToolCall
 from .config import SessionsConfig
 from .keys import history_next, history_start
+from .outcomes import OutcomeKind
+from .stores.base import StoreError
 from .stores.sessions import DOC_VERSION, SessionStore
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,14 @@ class Served(Protocol):
     failure: bool
 
 
+class Health(Protocol):
+    """Where store trouble is reported (the layer's :class:`~.store_health.StoreHealth`)."""
+
+    def failed(self, op: str, exc: BaseException, *, unrecorded: bool) -> None: ...
+
+    def succeeded(self, op: str) -> None: ...
+
+
 Answer = Callable[[ToolCall, dict], Served]
 """Answers a call inside a session; may change the state dict it is given (local tools)."""
 
@@ -186,11 +196,13 @@ class Sessions:
             "(start a new session with POST /sessions, or raise sessions.max_bytes)",
         )
 
-    def run(self, session_id: str, call: ToolCall, answer: Answer) -> Served:
+    def run(self, session_id: str, call: ToolCall, answer: Answer, health: Health | None = None) -> Served:
         """Answer ``call`` inside the session and add it to the trajectory.
 
         :class:`SessionError` when the session is unknown (and ``sessions.allow_client_ids`` is
-        off) or full; :class:`~.stores.StoreError` when the store fails.
+        off) or full; :class:`~.stores.StoreError` when the store cannot be read.  When only
+        the call's entry cannot be written (a full disk) and ``health`` is given, the answer is
+        served as ``unrecorded`` and ``health`` told.
         """
         check_id(session_id)
         with self.lock(session_id):
@@ -253,7 +265,18 @@ class Sessions:
             if size_of(head) > self.config.max_bytes:
                 log.warning("session %r: a call's answer not kept, over sessions.max_bytes=%d", session_id, self.config.max_bytes)
                 raise self._over(session_id, size_of(head))
-            if not self.store.append(head, entry):
+            try:
+                kept = self.store.append(head, entry)
+            except StoreError as exc:
+                if health is None:
+                    raise
+                # a full disk: the answer is served as a plain miss's would be (unrecorded, /health degraded)
+                health.failed("session write", exc, unrecorded=outcome.kind != OutcomeKind.UNRECORDED)
+                log.warning("session %r: the call's answer is served but not kept in the session: %s", session_id, exc)
+                return replace(outcome, kind=OutcomeKind.UNRECORDED)  # type: ignore[type-var]
+            if health is not None:
+                health.succeeded("session write")
+            if not kept:
                 log.info("session %r was deleted while a call ran; its answer is served, not kept", session_id)
             return outcome
 

@@ -550,3 +550,36 @@ def test_the_prompt_cuts_long_inputs_of_earlier_calls(serve, settings_factory) -
         assert '{"name": "m0' + "x" * 1000 in prompt and "x" * 1100 not in prompt
         assert 'input: {"name": "short"}\n' in prompt  # a short input is shown whole, as before
 
+
+# -- the store's disk full -------------------------------------------------------------------------
+
+
+def test_a_full_disk_during_a_session_call_serves_the_answer_unrecorded_then_recovers(tmp_path: Path) -> None:
+    """As a plain miss: RLIMIT_FSIZE of the server lowered to 1 byte (every file write fails, as on
+    a full disk), then raised again, without a restart."""
+    import resource
+
+    with OpenAIStub(CountingModel()) as stub:
+        config = {
+            "store": {"kind": "diskcache", "path": str(tmp_path / "store")},
+            "tools_folder": str(REPO / "examples" / "meetings" / "tools"),
+            "simulator": {"enabled": True, "style": "gpt-fewshot", "api_base": stub.api_base, "max_retries": 0},
+        }
+        with ServeProcess(tmp_path, config, workers=1) as server:
+            sid = new_session(server.url, "t")
+            assert post(server.url, call_payload("add_meeting", name="a"), sid).headers["x-stm-outcome"] == "recorded"
+            soft, hard = resource.prlimit(server.pid, resource.RLIMIT_FSIZE)
+            resource.prlimit(server.pid, resource.RLIMIT_FSIZE, (1, hard))
+            try:
+                r = post(server.url, call_payload("add_meeting", name="b"), sid)
+                assert r.status_code == 200, r.text
+                assert r.json() == {"error": "", "response": "answer #2"} and r.headers["x-stm-outcome"] == "unrecorded"
+                health = requests.get(server.url + "/health", timeout=10).json()
+                assert health["status"] == "degraded" and "session store write failed" in health["store_problems"]["session write"]
+            finally:
+                resource.prlimit(server.pid, resource.RLIMIT_FSIZE, (soft, hard))
+            r = post(server.url, call_payload("add_meeting", name="c"), sid)
+            assert r.status_code == 200 and r.headers["x-stm-outcome"] == "recorded"
+            assert requests.get(server.url + "/health", timeout=10).json()["status"] == "ok"
+            calls = requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()["calls"]
+            assert [c["tool_input"]["name"] for c in calls] == ["a", "c"]  # the call made on the full disk is not kept
