@@ -205,6 +205,12 @@ class SessionsConfig(_Section):
     """Largest local-tool state (as JSON) one session may keep."""
     max_task_chars: int = Field(default=20_000, ge=0)
     """Longest ``task`` text accepted by ``POST /sessions``."""
+    max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """Largest size one session may reach in the store (its calls, inputs and answers, and its state);
+    a call that would make it larger is refused with an error answer and changes nothing."""
+    allow_client_ids: bool = False
+    """Accept session ids the server did not issue (an unknown ``X-STM-Session`` id then starts a
+    session).  Off: only ids from ``POST /sessions`` are accepted; whoever knows an id owns it."""
 
 
 class Settings(_Section):

@@ -171,7 +171,7 @@ class MirrorLayer:
         if self.sessions is None:
             return Outcome.error(422, "sessions are not available on this server")
         try:
-            return self.sessions.run(session, call, self.answer)
+            return self.sessions.run(session, call, self.answer, self.health)
         except SessionError as exc:
             return Outcome.error(exc.status, exc.message)
         except StoreError as exc:

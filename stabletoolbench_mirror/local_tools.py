@@ -139,6 +139,11 @@ class LocalTools:
     def __len__(self) -> int:
         return len(self.tools)
 
+    @property
+    def running(self) -> int:
+        """Local tool threads running (or stuck) now: the slots taken of :data:`MAX_RUNNING`."""
+        return MAX_RUNNING - self._slots._value  # noqa: SLF001 - the semaphore's own count
+
     def find(self, call: ToolCall) -> LocalTool | None:
         return self.tools.get(call.api)
 
@@ -149,20 +154,36 @@ class LocalTools:
             return LocalResult(None, detail=f"{MAX_RUNNING} local tools still running")
         box: dict[str, Any] = {}
         done = threading.Event()
-        tool_input = copy.deepcopy(call.tool_input)
-        work_state = copy.deepcopy(state)
-
-        def target() -> None:
+        # the slot is the tool thread's once it started (it gives it back when the tool returns);
+        # on every path before that (a copy that fails, a thread that cannot start) it is given back here
+        started = False
+        try:
             try:
-                box["value"] = tool.fn(tool_input, work_state)
-            except BaseException as exc:  # noqa: BLE001 - a user's tool may raise anything
-                box["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                box["trace"] = traceback.format_exc()
-            finally:
-                done.set()
-                self._slots.release()
+                tool_input = copy.deepcopy(call.tool_input)
+                work_state = copy.deepcopy(state)
+            except RecursionError:
+                log.error("local tool %s not run: its input or state is nested too deeply to copy", tool.api)
+                return LocalResult(None, detail="not run: its input or state is nested too deeply to copy")
 
-        threading.Thread(target=target, name=f"local tool {tool.api}", daemon=True).start()
+            def target() -> None:
+                try:
+                    box["value"] = tool.fn(tool_input, work_state)
+                except BaseException as exc:  # noqa: BLE001 - a user's tool may raise anything
+                    box["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                    box["trace"] = traceback.format_exc()
+                finally:
+                    done.set()
+                    self._slots.release()
+
+            try:
+                threading.Thread(target=target, name=f"local tool {tool.api}", daemon=True).start()
+            except RuntimeError as exc:  # "can't start new thread"
+                log.error("local tool %s not run: %s", tool.api, exc)
+                return LocalResult(None, detail=f"not run: {exc}"[:300])
+            started = True
+        finally:
+            if not started:
+                self._slots.release()
         if not done.wait(self.timeout_s):
             log.error("local tool %s did not return within local_tools_timeout_s=%gs (its thread keeps running)", tool.api, self.timeout_s)
             return LocalResult(None, detail=f"did not answer within {self.timeout_s:g}s")

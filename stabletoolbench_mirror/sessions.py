@@ -1,7 +1,9 @@
 """Sessions: a client's calls as one trajectory, with a task, a history and a local-tool state.
 
-A client opts in with the header ``X-STM-Session: <id>`` on ``POST /virtual`` (an unknown
-id starts a session), or asks ``POST /sessions`` for a new id.  Inside a session:
+A client asks ``POST /sessions`` for a new id (128 random bits) and sends it in the header
+``X-STM-Session: <id>`` on ``POST /virtual``.  An id the server did not issue is refused (HTTP
+404) unless ``sessions.allow_client_ids`` (then an unknown id starts a session).  Whoever knows
+an id owns the session: there is no other check.  Inside a session:
 
 * a call's record keys carry the session's history hash (see :mod:`.keys`), so the same
   trajectory replays byte for byte and a call made in another state is not served an
@@ -9,33 +11,38 @@ id starts a session), or asks ``POST /sessions`` for a new id.  Inside a session
 * the simulator's prompt carries the task and the last ``simulator.history`` calls;
 * local tools get the session's ``state`` dict, saved after each call.
 
-A session is one JSON document in the store (:mod:`.stores.sessions`), rewritten after
-each call and forgotten after ``sessions.idle_expiry_s`` without calls.  The calls of one
-session run one at a time (the record store's cross-process lock), so its history is a
-sequence.
+A session is a head (task, history hash, state, the number and size of its calls) and its calls
+as separate entries in the store (:mod:`.stores.sessions`): a call adds one entry and rewrites
+the head, never the calls before it.  A session holds at most ``sessions.max_calls`` calls and
+``sessions.max_bytes`` bytes, and is forgotten after ``sessions.idle_expiry_s`` without calls.
+The calls of one session run one at a time (the record store's cross-process lock), so its
+history is a sequence.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
+import secrets
 import time
 import unicodedata
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, ContextManager, Protocol
 
 from .call import ToolCall
 from .config import SessionsConfig
 from .keys import history_next, history_start
+from .outcomes import OutcomeKind
+from .stores.base import StoreError
 from .stores.sessions import DOC_VERSION, SessionStore
 
 log = logging.getLogger(__name__)
 
 HEADER = "x-stm-session"
 MAX_ID_CHARS = 128
+#: random bits of an id issued by ``POST /sessions``
+ID_BITS = 128
 #: the record store's lock name space that serialises the calls of one session
 LOCK_NAMESPACE = "stm-session"
 
@@ -69,7 +76,12 @@ def check_id(value: str) -> str:
 
 
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """A new session id: :data:`ID_BITS` random bits as hex."""
+    return secrets.token_hex(ID_BITS // 8)
+
+
+def unknown(session_id: str) -> SessionError:
+    return SessionError(404, f"no session {session_id!r} (unknown, deleted or expired): session ids are issued by POST /sessions")
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,8 @@ class SessionContext:
     history: tuple[HistoryItem, ...]
 
 
-def new_doc(session_id: str, task: str = "") -> dict[str, Any]:
+def new_head(session_id: str, task: str = "") -> dict[str, Any]:
+    """A new session's head (see :mod:`.stores.sessions`): no calls yet."""
     now = time.time()
     return {
         "v": DOC_VERSION,
@@ -100,17 +113,19 @@ def new_doc(session_id: str, task: str = "") -> dict[str, Any]:
         "updated_at": now,
         "history": history_start(task),
         "state": {},
-        "calls": [],
+        "n_calls": 0,
+        "calls_bytes": 0,
+        "in_history": [],
     }
 
 
-def context_of(doc: dict[str, Any], window: int) -> SessionContext:
-    steps = [s for s in doc["calls"] if s.get("in_history")]
-    recent = steps[-window:] if window > 0 else []
-    return SessionContext(
-        task=doc.get("task", ""),
-        history=tuple(HistoryItem(s["api"], s["api_name"], s["tool_input"], s["answer"]) for s in recent),
-    )
+def _size(value: Any) -> int:
+    return len(SessionStore.encode(value).encode("utf-8", "surrogatepass"))
+
+
+def size_of(head: dict[str, Any]) -> int:
+    """The bytes a session takes in the store: its calls and its head."""
+    return int(head.get("calls_bytes", 0)) + _size(head)
 
 
 # -- the session logic ----------------------------------------------------------------------------
@@ -125,6 +140,14 @@ class Served(Protocol):
     source: str | None
     origin: str
     failure: bool
+
+
+class Health(Protocol):
+    """Where store trouble is reported (the layer's :class:`~.store_health.StoreHealth`)."""
+
+    def failed(self, op: str, exc: BaseException, *, unrecorded: bool) -> None: ...
+
+    def succeeded(self, op: str) -> None: ...
 
 
 Answer = Callable[[ToolCall, dict], Served]
@@ -150,38 +173,62 @@ class Sessions:
     def create(self, task: str = "") -> dict[str, Any]:
         if len(task) > self.config.max_task_chars:
             raise SessionError(422, f"task: at most {self.config.max_task_chars} characters (got {len(task)})")
-        doc = new_doc(new_id(), task)
-        if not self.store.create(doc):  # pragma: no cover - 122 random bits
+        head = new_head(new_id(), task)
+        if not self.store.create(head):  # pragma: no cover - 128 random bits
             raise SessionError(409, "session id already taken; retry")
-        return doc
+        return head
 
     def get(self, session_id: str) -> dict[str, Any]:
         doc = self.store.load(check_id(session_id))
         if doc is None:
-            raise SessionError(404, f"no session {session_id!r} (unknown, deleted or expired)")
+            raise unknown(session_id)
         return doc
 
     def delete(self, session_id: str) -> None:
         if not self.store.delete(check_id(session_id)):
-            raise SessionError(404, f"no session {session_id!r} (unknown, deleted or expired)")
+            raise unknown(session_id)
 
-    def run(self, session_id: str, call: ToolCall, answer: Answer) -> Served:
-        """Answer ``call`` inside the session (started when unknown) and add it to the trajectory.
+    def _over(self, session_id: str, size: int) -> SessionError:
+        limit = self.config.max_bytes
+        return SessionError(
+            409,
+            f"session {session_id!r} is full: with this call it would hold {size} bytes, over sessions.max_bytes={limit} "
+            "(start a new session with POST /sessions, or raise sessions.max_bytes)",
+        )
 
-        :class:`SessionError` when the session is full; :class:`~.stores.StoreError` when the store fails.
+    def run(self, session_id: str, call: ToolCall, answer: Answer, health: Health | None = None) -> Served:
+        """Answer ``call`` inside the session and add it to the trajectory.
+
+        :class:`SessionError` when the session is unknown (and ``sessions.allow_client_ids`` is
+        off) or full; :class:`~.stores.StoreError` when the store cannot be read.  When only
+        the call's entry cannot be written (a full disk) and ``health`` is given, the answer is
+        served as ``unrecorded`` and ``health`` told.
         """
         check_id(session_id)
         with self.lock(session_id):
-            doc = self.store.load(session_id)
-            if doc is None:
-                doc = new_doc(session_id)
-                if not self.store.create(doc):  # started by another process meanwhile
-                    doc = self.store.load(session_id) or doc
-            if len(doc["calls"]) >= self.config.max_calls:
+            head = self.store.load_head(session_id)
+            if head is None:
+                if not self.config.allow_client_ids:
+                    raise unknown(session_id)
+                head = new_head(session_id)
+                if not self.store.create(head):  # started by another process meanwhile
+                    head = self.store.load_head(session_id) or head
+            n = int(head["n_calls"])
+            if n >= self.config.max_calls:
                 raise SessionError(409, f"session {session_id!r} is full: it holds sessions.max_calls={self.config.max_calls} calls")
-            history = doc["history"]
-            state = copy.deepcopy(doc["state"])
-            outcome = answer(call.in_session(history, context_of(doc, self.history)), state)
+            tool_input = _without_key(call.tool_input)
+            # a call whose input alone does not fit is refused before it runs
+            if size_of(head) + _size(tool_input) > self.config.max_bytes:
+                raise self._over(session_id, size_of(head) + _size(tool_input))
+            history = head["history"]
+            state = head["state"]  # just decoded: the head is this call's own
+            window = list(head.get("in_history", []))[-self.history:] if self.history > 0 else []
+            recent = self.store.calls(session_id, window)
+            context = SessionContext(
+                task=head.get("task", ""),
+                history=tuple(HistoryItem(s["api"], s["api_name"], s["tool_input"], s["answer"]) for s in recent),
+            )
+            outcome = answer(call.in_session(history, context), state)
             if outcome.status != 200:
                 return outcome  # not an answer to the call (overloaded, store down): not part of the trajectory
             # answers from a record or a local tool (they have a source) make the history; failures do not
@@ -191,27 +238,45 @@ class Sessions:
                 parsed = json.loads(outcome.body)
             except ValueError:  # pragma: no cover - every body is JSON
                 parsed = outcome.body
-            doc["calls"].append(
-                {
-                    "category": call.category,
-                    "tool_name": call.tool_name,
-                    "api_name": call.api_name,
-                    "api": call.api,
-                    "tool_input": _without_key(call.tool_input),
-                    "answer": parsed,
-                    "source": outcome.source,
-                    "origin": outcome.origin,
-                    "outcome": outcome.kind,
-                    "in_history": counts,
-                    "history": history,
-                    "at": time.time(),
-                }
-            )
-            if counts:
-                doc["history"] = history_next(history, call.api, call.canonical, outcome.body)
-            doc["state"] = state
-            doc["updated_at"] = time.time()
-            if not self.store.replace(doc):
+            entry = {
+                "category": call.category,
+                "tool_name": call.tool_name,
+                "api_name": call.api_name,
+                "api": call.api,
+                "tool_input": tool_input,
+                "answer": parsed,
+                "source": outcome.source,
+                "origin": outcome.origin,
+                "outcome": outcome.kind,
+                "in_history": counts,
+                "history": history,
+                "at": time.time(),
+            }
+            entry_bytes = _size(entry)
+            head = {
+                **head,
+                "n_calls": n + 1,
+                "calls_bytes": int(head.get("calls_bytes", 0)) + entry_bytes,
+                "in_history": [*head.get("in_history", []), n] if counts else list(head.get("in_history", [])),
+                "history": history_next(history, call.api, call.canonical, outcome.body) if counts else history,
+                "state": state,
+                "updated_at": time.time(),
+            }
+            if size_of(head) > self.config.max_bytes:
+                log.warning("session %r: a call's answer not kept, over sessions.max_bytes=%d", session_id, self.config.max_bytes)
+                raise self._over(session_id, size_of(head))
+            try:
+                kept = self.store.append(head, entry)
+            except StoreError as exc:
+                if health is None:
+                    raise
+                # a full disk: the answer is served as a plain miss's would be (unrecorded, /health degraded)
+                health.failed("session write", exc, unrecorded=outcome.kind != OutcomeKind.UNRECORDED)
+                log.warning("session %r: the call's answer is served but not kept in the session: %s", session_id, exc)
+                return replace(outcome, kind=OutcomeKind.UNRECORDED)  # type: ignore[type-var]
+            if health is not None:
+                health.succeeded("session write")
+            if not kept:
                 log.info("session %r was deleted while a call ran; its answer is served, not kept", session_id)
             return outcome
 

@@ -188,7 +188,8 @@ def test_only_listed_files_are_ever_imported(serve, settings_factory, tmp_path: 
     (folder / "unlisted.py").write_text(
         f"open({str(marker)!r}, 'w').write('imported')\nTOOLS = {{'Tools/Unlisted/Ping': lambda i, s: 'hacked'}}\n"
     )
-    server = serve(settings_factory(local_tools=[str(folder / "listed.py")]))
+    # client-chosen session ids (sessions.allow_client_ids) that name the module too
+    server = serve(settings_factory(local_tools=[str(folder / "listed.py")], sessions={"allow_client_ids": True}))
     assert post(server.url, {"category": "Tools", "tool_name": "Listed", "api_name": "ping", "tool_input": "{}"}).json()["response"] == "pong"
     # requests naming the unlisted module in every field, inside and outside a session
     for name in ("unlisted", "Unlisted", "unlisted.py", "../tools/unlisted", str(folder / "unlisted.py")):
@@ -276,6 +277,10 @@ def test_one_session_through_two_worker_processes_loses_no_update(tmp_path: Path
         for t in threads:
             t.join()
         doc = requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()
+        # an id neither worker issued is refused by both
+        for _ in range(4):
+            r = post(server.url, notes("remember", item="z"), "not-issued")
+            assert r.status_code == 404 and "POST /sessions" in r.json()["error"]
     assert sorted(doc["state"]["items"]) == sorted(items)
     # each call saw the state the one before it left: the answers grow one item at a time
     lengths = [len(json.loads(c["answer"]["response"])) for c in doc["calls"]]
@@ -291,3 +296,88 @@ def test_doctor_lists_the_local_tools_files(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "local tools:" in done.stdout + done.stderr and f"{EXAMPLE_TOOLS} (timeout 3 s)" in done.stdout + done.stderr
+
+
+DEEP_INPUT = "[" * 600 + "]" * 600  # valid JSON, too deep for copy.deepcopy
+
+
+def test_deep_inputs_get_an_error_answer_and_never_switch_local_tools_off(local_server) -> None:
+    server, _ = local_server
+    sid = requests.post(server.url + "/sessions", json={}, timeout=10).json()["id"]
+    payload = {**notes("recall"), "tool_input": DEEP_INPUT}
+    for n in range(40):  # more than local_tools.MAX_RUNNING
+        r = post(server.url, payload, sid if n % 2 else None)
+        assert r.status_code == 200, r.text
+        assert r.json()["error"] == "API not working error..."
+        assert "nested too deeply" in r.json()["response"]
+    assert post(server.url, notes("remember", item="a")).json() == {"error": "", "response": '["a"]'}
+    assert post(server.url, notes("remember", item="b"), sid).json() == {"error": "", "response": '["b"]'}
+
+
+def _wait_until_idle(tools: LocalTools, timeout_s: float = 5.0) -> int:
+    # a tool thread gives its slot back just after it returns
+    deadline = time.monotonic() + timeout_s
+    while tools.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return tools.running
+
+
+def test_every_path_of_a_run_gives_its_slot_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stabletoolbench_mirror.call import ToolCall
+    from stabletoolbench_mirror.local_tools import MAX_RUNNING, LocalTool
+
+    release = threading.Event()
+
+    def boom(tool_input: Any, state: dict) -> Any:
+        raise ValueError("broken on purpose")
+
+    def stuck(tool_input: Any, state: dict) -> Any:
+        release.wait(10)
+        return "late"
+
+    def not_json(tool_input: Any, state: dict) -> Any:
+        return {"when": object()}
+
+    def bad_state(tool_input: Any, state: dict) -> Any:
+        state["when"] = object()
+        return "ok"
+
+    def fine(tool_input: Any, state: dict) -> Any:
+        return "ok"
+
+    tools = LocalTools({}, timeout_s=0.1)
+
+    def run(fn: Any, tool_input: Any = None) -> str:
+        call = ToolCall.of("Tools", "Notes", fn.__name__, {} if tool_input is None else tool_input)
+        result = tools.run(LocalTool(call.api, fn, "local:test"), call, {})
+        return result.detail
+
+    assert "nested too deeply" in run(fine, json.loads(DEEP_INPUT))  # deepcopy raises
+    assert tools.running == 0
+    assert "raised ValueError: broken on purpose" in run(boom)
+    assert _wait_until_idle(tools) == 0
+    assert "returned a value that is not JSON" in run(not_json)
+    assert _wait_until_idle(tools) == 0
+    assert "left a state that is not JSON" in run(bad_state)
+    assert _wait_until_idle(tools) == 0
+    # a tool past its timeout keeps its slot while it runs, and gives it back when it returns
+    assert "did not answer within 0.1s" in run(stuck)
+    assert tools.running == 1
+    release.set()
+    assert _wait_until_idle(tools) == 0
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    assert "can't start new thread" in run(fine)
+    assert tools.running == 0
+    monkeypatch.undo()
+    # after all that, every slot is free: MAX_RUNNING stuck tools still fit, one more is refused
+    release.clear()
+    for _ in range(MAX_RUNNING):
+        assert "did not answer" in run(stuck)
+    assert "local tools still running" in run(fine)
+    release.set()
+    assert _wait_until_idle(tools) == 0
+    assert run(fine) == ""

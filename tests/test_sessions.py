@@ -269,6 +269,10 @@ def test_sessions_are_shared_through_redis_and_expire(tmp_path: Path, serve, set
             assert time.monotonic() < deadline, "the idle session never expired"
             time.sleep(0.2)
         assert requests.get(f"{two.url}/sessions/{sid}", timeout=10).status_code == 200
+        # an id no server of this Redis issued is refused by all of them
+        for server in (one, two):
+            r = post(server.url, {**add, "tool_input": '{"item": "c"}'}, "not-issued")
+            assert r.status_code == 404 and "POST /sessions" in r.json()["error"]
 
 
 def test_idle_sessions_expire_in_diskcache(serve, settings_factory) -> None:
@@ -438,3 +442,144 @@ def test_a_toolbench_key_never_reaches_a_session_or_its_prompts(serve, settings_
     subprocess.run([sys.executable, "-m", "stabletoolbench_mirror", "sessions", "export", str(out), "--config", str(config), "-q"],
                    cwd=REPO, env=_clean_env(), check=True, capture_output=True, timeout=120)
     assert secret not in out.read_text()
+
+
+# -- who owns a session ----------------------------------------------------------------------------
+
+COUNTER_TOOLS = """\
+RUNS = {"n": 0}
+
+def runs(tool_input, state):
+    RUNS["n"] += 1
+    state["n"] = state.get("n", 0) + 1
+    return RUNS["n"]
+
+def note(tool_input, state):
+    state["n"] = state.get("n", 0) + 1
+    return tool_input.get("text", "") * int(tool_input.get("times", 1))
+
+TOOLS = {"Tools/Counter/Runs": runs, "Tools/Counter/Note": note}
+"""
+
+
+def counter(api: str, **inputs: Any) -> dict[str, Any]:
+    return {"category": "Tools", "tool_name": "Counter", "api_name": api, "tool_input": json.dumps(inputs)}
+
+
+@pytest.fixture
+def counter_tools(tmp_path: Path) -> Path:
+    path = tmp_path / "counter_tools.py"
+    path.write_text(COUNTER_TOOLS)
+    return path
+
+
+def test_post_sessions_issues_ids_of_128_random_bits(serve, settings_factory) -> None:
+    import re
+
+    server = serve(settings_factory())
+    ids = [new_session(server.url) for _ in range(64)]
+    assert len(set(ids)) == 64 and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    varying = 0
+    for other in ids[1:]:
+        varying |= int(other, 16) ^ int(ids[0], 16)
+    assert varying == 2**128 - 1  # every one of the 128 bits takes both values: none is fixed
+
+
+def test_an_id_the_server_did_not_issue_is_refused_and_changes_nothing(serve, settings_factory, counter_tools: Path) -> None:
+    settings = settings_factory(local_tools=[str(counter_tools)])
+    server = serve(settings)
+    for chosen in ("1", "someone-elses-session", "a" * 128):
+        r = post(server.url, counter("runs"), chosen)
+        assert r.status_code == 404 and r.headers["content-type"] == "application/json", r.text
+        assert "POST /sessions" in r.json()["error"] and repr(chosen) in r.json()["error"]
+        assert requests.get(f"{server.url}/sessions/{chosen}", timeout=10).status_code == 404  # not started
+    assert post(server.url, counter("runs")).json()["response"] == "1"  # the refused calls ran no tool
+    # an issued id works on every server of the store; once deleted it is refused, not started again
+    sid = new_session(server.url)
+    other = serve(settings)
+    assert post(other.url, counter("runs"), sid).status_code == 200
+    assert post(server.url, counter("runs"), sid).status_code == 200
+    assert requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()["state"] == {"n": 2}
+    assert requests.delete(f"{other.url}/sessions/{sid}", timeout=10).status_code == 200
+    r = post(server.url, counter("runs"), sid)
+    assert r.status_code == 404 and "POST /sessions" in r.json()["error"]
+    assert "POST /sessions" in requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()["error"]
+
+
+def test_allow_client_ids_lets_an_unknown_id_start_a_session(serve, settings_factory, counter_tools: Path) -> None:
+    server = serve(settings_factory(local_tools=[str(counter_tools)], sessions={"allow_client_ids": True}))
+    assert post(server.url, counter("runs"), "my-own-id").status_code == 200
+    assert post(server.url, counter("runs"), "my-own-id").status_code == 200
+    doc = requests.get(f"{server.url}/sessions/my-own-id", timeout=10).json()
+    assert len(doc["calls"]) == 2 and doc["state"] == {"n": 2}
+
+
+# -- a session's size ------------------------------------------------------------------------------
+
+
+def test_a_call_that_would_make_a_session_too_large_is_refused_and_changes_nothing(serve, settings_factory, counter_tools: Path) -> None:
+    server = serve(settings_factory(local_tools=[str(counter_tools)], sessions={"max_bytes": 60_000}))
+    sid = new_session(server.url)
+    for _ in range(2):  # each call keeps about 20 KB (its input and its answer)
+        assert post(server.url, counter("note", text="x" * 10_000), sid).status_code == 200
+    before = requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()
+    assert before["state"] == {"n": 2}
+    # the input alone would not fit: refused before the tool runs
+    r = post(server.url, counter("note", text="y" * 30_000), sid)
+    assert r.status_code == 409 and "sessions.max_bytes=60000" in r.json()["error"], r.text
+    # a small input whose answer would not fit: the tool ran, but nothing of it is kept
+    r = post(server.url, counter("note", text="z" * 100, times=300), sid)
+    assert r.status_code == 409 and "sessions.max_bytes=60000" in r.json()["error"], r.text
+    assert requests.get(f"{server.url}/sessions/{sid}", timeout=10).json() == before
+    # a call that fits is still kept
+    assert post(server.url, counter("note", text="ok"), sid).json() == {"error": "", "response": "ok"}
+    after = requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()
+    assert after["state"] == {"n": 3} and len(after["calls"]) == 3
+
+
+def test_the_prompt_cuts_long_inputs_of_earlier_calls(serve, settings_factory) -> None:
+    with OpenAIStub(CountingModel()) as stub:
+        server = serve(sim_settings(settings_factory, stub, "gpt-fewshot"))
+        sid = new_session(server.url, "t")
+        for n in range(3):
+            post(server.url, call_payload("add_meeting", name=f"m{n}" + "x" * 300_000), sid)
+        post(server.url, call_payload("add_meeting", name="short"), sid)
+        post(server.url, call_payload("query_meeting"), sid)
+        prompt = prompt_text(stub.requests[-1])
+        assert len(prompt) < 20_000
+        assert '{"name": "m0' + "x" * 1000 in prompt and "x" * 1100 not in prompt
+        assert 'input: {"name": "short"}\n' in prompt  # a short input is shown whole, as before
+
+
+# -- the store's disk full -------------------------------------------------------------------------
+
+
+def test_a_full_disk_during_a_session_call_serves_the_answer_unrecorded_then_recovers(tmp_path: Path) -> None:
+    """As a plain miss: RLIMIT_FSIZE of the server lowered to 1 byte (every file write fails, as on
+    a full disk), then raised again, without a restart."""
+    import resource
+
+    with OpenAIStub(CountingModel()) as stub:
+        config = {
+            "store": {"kind": "diskcache", "path": str(tmp_path / "store")},
+            "tools_folder": str(REPO / "examples" / "meetings" / "tools"),
+            "simulator": {"enabled": True, "style": "gpt-fewshot", "api_base": stub.api_base, "max_retries": 0},
+        }
+        with ServeProcess(tmp_path, config, workers=1) as server:
+            sid = new_session(server.url, "t")
+            assert post(server.url, call_payload("add_meeting", name="a"), sid).headers["x-stm-outcome"] == "recorded"
+            soft, hard = resource.prlimit(server.pid, resource.RLIMIT_FSIZE)
+            resource.prlimit(server.pid, resource.RLIMIT_FSIZE, (1, hard))
+            try:
+                r = post(server.url, call_payload("add_meeting", name="b"), sid)
+                assert r.status_code == 200, r.text
+                assert r.json() == {"error": "", "response": "answer #2"} and r.headers["x-stm-outcome"] == "unrecorded"
+                health = requests.get(server.url + "/health", timeout=10).json()
+                assert health["status"] == "degraded" and "session store write failed" in health["store_problems"]["session write"]
+            finally:
+                resource.prlimit(server.pid, resource.RLIMIT_FSIZE, (soft, hard))
+            r = post(server.url, call_payload("add_meeting", name="c"), sid)
+            assert r.status_code == 200 and r.headers["x-stm-outcome"] == "recorded"
+            assert requests.get(server.url + "/health", timeout=10).json()["status"] == "ok"
+            calls = requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()["calls"]
+            assert [c["tool_input"]["name"] for c in calls] == ["a", "c"]  # the call made on the full disk is not kept

@@ -2,8 +2,8 @@
 
 ``gpt-fewshot``
     Inside a session, the usual few-shot user turn is preceded by the session block (task,
-    then the last ``simulator.history`` calls with their answers, oldest first).  Outside a
-    session the prompt is exactly as before.
+    then the last ``simulator.history`` calls with their answers, oldest first; each input and
+    answer cut at 1,024 characters).  Outside a session the prompt is exactly as before.
 ``world-model``
     This project's prompt for stateful simulation: the model answers as the environment
     behind all the tools of a task, keeping what earlier calls created, changed or deleted.
@@ -23,6 +23,8 @@ from .prompts import api_doc_dict, request_value
 
 #: an earlier answer longer than this is cut in the prompt (StableToolBench's agents see 1,024 characters too)
 MAX_ANSWER_CHARS = 1024
+#: an earlier call's input (as JSON) longer than this is cut in the prompt, as its answer is
+MAX_INPUT_CHARS = 1024
 MAX_TASK_CHARS = 4000
 
 
@@ -32,6 +34,10 @@ def _cut(text: str, limit: int) -> str:
 
 def _answer_text(answer: Any) -> str:
     return _cut(json.dumps(answer, ensure_ascii=False), MAX_ANSWER_CHARS)
+
+
+def _input_text(tool_input: Any) -> str:
+    return _cut(json.dumps(tool_input, ensure_ascii=False), MAX_INPUT_CHARS)
 
 
 def session_block(call: ToolCall) -> str:
@@ -44,7 +50,7 @@ def session_block(call: ToolCall) -> str:
     if context.history:
         lines.append("Earlier calls in this session (oldest first):")
         for number, item in enumerate(context.history, 1):
-            lines.append(f"{number}. {item.api} input: {json.dumps(item.tool_input, ensure_ascii=False)}")
+            lines.append(f"{number}. {item.api} input: {_input_text(item.tool_input)}")
             lines.append(f"   answer: {_answer_text(item.answer)}")
     else:
         lines.append("Earlier calls in this session: none")
