@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Sequence
 from .config import ConfigError, Mode, Settings
 from .layer import MirrorLayer
 from .responders import Responder
+from .shadow import ShadowedResponder, shadow_settings
+from .simulator import build_simulator
 from .stores import DiskcacheStore, FrozenCache, Store
 from .tooldocs import ToolDocs, tool_docs_for
 
@@ -55,15 +57,27 @@ def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> lis
 
         real: Responder = build_real_responder(settings, docs=docs)
         if settings.real.shadow_simulate:
-            from .shadow import shadowed
-
-            real = shadowed(real, settings, docs)
+            real = _shadowed(real, settings, docs)
         responders.append(real)
     if settings.simulator.enabled:
-        from .simulator import build_simulator
-
         responders.append(build_simulator(settings, docs=docs))
     return responders
+
+
+def build_shadow_store(settings: Settings) -> Store:
+    """The shadow store (``real.shadow_simulate``): the main store's settings, moved aside."""
+    return build_store(shadow_settings(settings))
+
+
+def _shadowed(real: Responder, settings: Settings, docs: ToolDocs) -> ShadowedResponder:
+    """``real`` with shadow simulations, the simulator built from ``simulator.*`` (enabled or not)."""
+    simulator = build_simulator(settings, docs=docs)
+    try:
+        store = build_shadow_store(settings)
+    except BaseException:
+        simulator.close()
+        raise
+    return ShadowedResponder(real, simulator, store)
 
 
 def build_layer(

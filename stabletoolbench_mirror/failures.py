@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 UPSTREAM_FAILURE_BODY = encode_answer(simulation_failed_answer())
 #: the provenance a failure record read from a tree gets
 TREE_FAILURE_REASON = "recorded as a failure"
+MANIFEST_NAME = "manifest.json"
+"""A snapshot's manifest, beside the tree's category folders (it lists the tree's failure entries)."""
 
 
 def failure_entries(manifest: Any) -> set[tuple[str, str]] | None:
@@ -44,8 +46,6 @@ def failure_entries(manifest: Any) -> set[tuple[str, str]] | None:
 
 def tree_failure_entries(root: str | os.PathLike[str]) -> set[tuple[str, str]]:
     """The failure entries listed by ``root``'s snapshot manifest (empty without one; a bad one is logged)."""
-    from .snapshot import MANIFEST_NAME
-
     path = Path(root, MANIFEST_NAME)
     if not path.is_file():
         return set()
@@ -62,8 +62,6 @@ def tree_failure_entries(root: str | os.PathLike[str]) -> set[tuple[str, str]]:
 
 def manifest_mtime_ns(root: str | os.PathLike[str]) -> int:
     """The modification time of ``root``'s manifest, ``-1`` when there is none."""
-    from .snapshot import MANIFEST_NAME
-
     try:
         return os.stat(Path(root, MANIFEST_NAME)).st_mtime_ns
     except OSError:

@@ -246,7 +246,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
             if args.candidate_calls:
                 pairs = attach_candidates(pairs, candidates_from_calls(args.candidate_calls, problems), "--candidate-calls", problems)
             elif args.shadow:
-                from .shadow import build_shadow_store
+                from .factory import build_shadow_store
 
                 shadow = build_shadow_store(settings)
                 closers.append(shadow)

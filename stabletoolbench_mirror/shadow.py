@@ -44,25 +44,6 @@ def shadow_settings(settings: Settings) -> Settings:
     return copy
 
 
-def build_shadow_store(settings: Settings) -> Store:
-    from .factory import build_store
-
-    return build_store(shadow_settings(settings))
-
-
-def shadowed(real: Responder, settings: Settings, docs: Any = None) -> "ShadowedResponder":
-    """``real`` with shadow simulations (``real.shadow_simulate``), built from ``settings``."""
-    from .simulator import build_simulator
-
-    simulator = build_simulator(settings, docs=docs)
-    try:
-        store = build_shadow_store(settings)
-    except BaseException:
-        simulator.close()
-        raise
-    return ShadowedResponder(real, simulator, store)
-
-
 class ShadowedResponder:
     """The real API, plus a background simulation of every call it answers, kept in the shadow store."""
 

@@ -36,13 +36,12 @@ from .cache_tools import ExportSummary, Tally, count, iter_export
 from .cli_common import add_config_arguments, settings_from_args
 from .config import Settings
 from .factory import build_store
-from .failures import failure_entries
+from .failures import MANIFEST_NAME, failure_entries
 from .protocol import encode_answer
 from .secrets import public_settings
 from .stores import Store
 from .upstream_layout import api_path, iter_cache_files, read_cache_file
 
-MANIFEST_NAME = "manifest.json"
 FORMAT = "stabletoolbench-mirror-snapshot"
 FORMAT_VERSION = 1
 HASH_METHOD = (

@@ -29,6 +29,8 @@ from typing import Any, Iterator
 from .config import UPSTREAM_CONFIG_FILE, Settings
 from .protocol import MISS_ERROR
 from .secrets import public_url
+from .simulator import NO_DOCS_MARK
+from .tooldocs import json_files, subfolders, tools_folder_problem
 from .upstream_layout import iter_cache_spans
 
 #: the layout of an upstream cache tree, for messages
@@ -39,7 +41,6 @@ COUNT_ENTRIES_MAX_BYTES = 16 * 1024 * 1024
 COUNT_APIS_MAX_TOOLS = 5000
 #: folder entries a search for a nearby tree may look at (a hint must stay cheap)
 NEAR_SEARCH_BUDGET = 20_000
-NO_DOCS_MARK = " [no tool docs]"
 """Appended to the origin of records simulated without any tool doc (``simulator.allow_without_docs``)."""
 
 
@@ -107,29 +108,11 @@ class TreeCount:
     """Files that could not be parsed while counting entries."""
 
 
-def _dirs(path: Path | str, follow: bool = False) -> Iterator[os.DirEntry[str]]:
-    """Sub-folders of ``path`` (symlinks followed only when ``follow``), sorted; nothing when it cannot be read."""
-    try:
-        with os.scandir(path) as it:
-            entries = [e for e in it if e.is_dir(follow_symlinks=follow)]
-    except OSError:
-        return iter(())
-    return iter(sorted(entries, key=lambda e: e.name))
-
-
-def _api_files(tool_dir: str, follow: bool = False) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(tool_dir) as it:
-            return [e for e in it if e.name.endswith(".json") and e.is_file(follow_symlinks=follow)]
-    except OSError:
-        return []
-
-
 def _tool_dirs(root: Path | str, follow: bool = False) -> Iterator[tuple[str, os.DirEntry[str]]]:
     """``(category, tool folder)`` of every tool folder laid out as upstream's: ``<tool>_for_<category>``."""
-    for category in _dirs(root, follow):
+    for category in subfolders(root, follow):
         suffix = f"_for_{category.name}"
-        for tool in _dirs(category.path, follow):
+        for tool in subfolders(category.path, follow):
             if tool.name.endswith(suffix):
                 yield category.name, tool
 
@@ -144,7 +127,7 @@ def count_tree(root: str | os.PathLike[str], *, count_entries: bool | None = Non
     tools = files = size = 0
     paths: list[str] = []
     for category, tool in _tool_dirs(root, follow_symlinks):
-        api_files = _api_files(tool.path, follow_symlinks)
+        api_files = json_files(tool.path, follow_symlinks)
         if not api_files:
             continue
         categories.add(category)
@@ -174,16 +157,16 @@ def count_tree(root: str | os.PathLike[str], *, count_entries: bool | None = Non
 def looks_like_tree(path: str | os.PathLike[str], budget: list[int] | None = None, *, follow_symlinks: bool = False) -> bool:
     """Whether ``path`` holds at least one upstream cache file (stops at the first one found)."""
     budget = budget if budget is not None else [NEAR_SEARCH_BUDGET]
-    for category in _dirs(path, follow_symlinks):
+    for category in subfolders(path, follow_symlinks):
         budget[0] -= 1
         if budget[0] <= 0:
             return False
         suffix = f"_for_{category.name}"
-        for tool in _dirs(category.path, follow_symlinks):
+        for tool in subfolders(category.path, follow_symlinks):
             budget[0] -= 1
             if budget[0] <= 0:
                 return False
-            if tool.name.endswith(suffix) and _api_files(tool.path, follow_symlinks):
+            if tool.name.endswith(suffix) and json_files(tool.path, follow_symlinks):
                 return True
     return False
 
@@ -196,12 +179,12 @@ def nearby_tree(path: str | os.PathLike[str]) -> tuple[str, Path] | None:
     """
     base = Path(path)
     budget = [NEAR_SEARCH_BUDGET]
-    children = sorted(_dirs(base), key=lambda e: (e.name != "tool_response_cache", e.name))
+    children = sorted(subfolders(base), key=lambda e: (e.name != "tool_response_cache", e.name))
     for child in children:
         if looks_like_tree(child.path, budget):
             return "below", Path(child.path)
     for child in children:
-        for grandchild in sorted(_dirs(child.path), key=lambda e: (e.name != "tool_response_cache", e.name)):
+        for grandchild in sorted(subfolders(child.path), key=lambda e: (e.name != "tool_response_cache", e.name)):
             if looks_like_tree(grandchild.path, budget):
                 return "below", Path(grandchild.path)
             if budget[0] <= 0:
@@ -210,7 +193,7 @@ def nearby_tree(path: str | os.PathLike[str]) -> tuple[str, Path] | None:
         if parent != base and looks_like_tree(parent, budget):
             return "above", parent
     # e.g. the tools folder given instead of the cache tree beside it
-    for sibling in sorted(_dirs(base.parent), key=lambda e: (e.name != "tool_response_cache", e.name)):
+    for sibling in sorted(subfolders(base.parent), key=lambda e: (e.name != "tool_response_cache", e.name)):
         if Path(sibling.path) != base and looks_like_tree(sibling.path, budget):
             return "beside it", Path(sibling.path)
         if budget[0] <= 0:
@@ -288,8 +271,8 @@ def count_tools(root: str | os.PathLike[str], *, count_apis: bool | None = None)
     """Count the tool docs of a ToolBench tools folder (``<Category>/<tool>.json``); APIs when small or asked."""
     categories = 0
     paths: list[str] = []
-    for category in _dirs(root):
-        found = _api_files(category.path)
+    for category in subfolders(root):
+        found = json_files(category.path)
         if found:
             categories += 1
             paths += [e.path for e in found]
@@ -311,28 +294,6 @@ def count_tools(root: str | os.PathLike[str], *, count_apis: bool | None = None)
                 continue
             apis += len(api_list)
     return ToolsCount(categories, len(paths), apis, tuple(unreadable))
-
-
-def tools_folder_problem(settings: Settings) -> str | None:
-    """Why the configured tools folder gives no tool docs, or ``None`` when it has some."""
-    if not settings.tools_folder:
-        return "not set"
-    path = Path(settings.resolve(settings.tools_folder))
-    if not path.exists():
-        return f"{path} does not exist"
-    if not path.is_dir():
-        return f"{path} is not a folder"
-    if not os.access(path, os.R_OK | os.X_OK):
-        return f"{path} cannot be read"
-    for category in _dirs(path):
-        if _api_files(category.path):
-            return None
-    return f"{path} has no tool docs (<Category>/<tool>.json)"
-
-
-def simulates_without_docs(settings: Settings) -> bool:
-    """Whether the simulator works with no tool docs at all (then its records are marked)."""
-    return settings.simulator.enabled and tools_folder_problem(settings) is not None
 
 
 def check_tools_folder(settings: Settings, report: StartupReport, *, count_apis: bool | None = None) -> None:

@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from rapidfuzz import fuzz, process
 
@@ -327,3 +327,41 @@ def tool_docs_for(settings: "Settings") -> ToolDocs | None:
         fuzzy_score=settings.simulator.fuzzy_match_score,
         allow_symlinks=settings.allow_symlinks,
     )
+
+
+# -- the tools folder as a whole ------------------------------------------------------------------
+
+
+def tools_folder_problem(settings: Settings) -> str | None:
+    """Why the configured tools folder gives no tool docs, or ``None`` when it has some."""
+    if not settings.tools_folder:
+        return "not set"
+    path = Path(settings.resolve(settings.tools_folder))
+    if not path.exists():
+        return f"{path} does not exist"
+    if not path.is_dir():
+        return f"{path} is not a folder"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return f"{path} cannot be read"
+    for category in subfolders(path):
+        if json_files(category.path):
+            return None
+    return f"{path} has no tool docs (<Category>/<tool>.json)"
+
+
+def subfolders(path: Path | str, follow: bool = False) -> Iterator[os.DirEntry[str]]:
+    """Sub-folders of ``path`` (symlinks followed only when ``follow``), sorted; nothing when it cannot be read."""
+    try:
+        with os.scandir(path) as it:
+            entries = [e for e in it if e.is_dir(follow_symlinks=follow)]
+    except OSError:
+        return iter(())
+    return iter(sorted(entries, key=lambda e: e.name))
+
+
+def json_files(tool_dir: str, follow: bool = False) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(tool_dir) as it:
+            return [e for e in it if e.name.endswith(".json") and e.is_file(follow_symlinks=follow)]
+    except OSError:
+        return []

@@ -15,7 +15,8 @@ from stabletoolbench_mirror.config import load_settings
 from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.responders import Attempt
 from stabletoolbench_mirror.server import create_app
-from stabletoolbench_mirror.shadow import ShadowedResponder, build_shadow_store
+from stabletoolbench_mirror.factory import build_shadow_store
+from stabletoolbench_mirror.shadow import ShadowedResponder
 from stabletoolbench_mirror.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore
 

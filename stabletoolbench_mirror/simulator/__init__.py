@@ -6,7 +6,7 @@ from typing import Sequence
 
 from ..config import ConfigError, Settings
 from ..secrets import redactor_for
-from ..tooldocs import ToolDocs, tool_docs_for
+from ..tooldocs import ToolDocs, tool_docs_for, tools_folder_problem
 from .client import ChatClient, ChatError, Completion
 from .parsing import Parsed, parse_output
 from .prompt_files import PromptFileError, SystemPrompt, resolve_system_prompt
@@ -56,6 +56,15 @@ def _chat_client(settings: Settings, endpoints: list[str]) -> ChatClient:
     )
 
 
+NO_DOCS_MARK = " [no tool docs]"
+"""Ends the origin of answers simulated without any tool doc (``simulator.allow_without_docs``)."""
+
+
+def simulates_without_docs(settings: Settings) -> bool:
+    """Whether the simulator works with no tool docs at all (then its records are marked)."""
+    return settings.simulator.enabled and tools_folder_problem(settings) is not None
+
+
 def build_simulator(
     settings: Settings, *, api_base: str | Sequence[str] | None = None, docs: ToolDocs | None = None
 ) -> Simulator:
@@ -65,8 +74,6 @@ def build_simulator(
     process started itself); ``docs`` is a tool-doc registry shared with other parts.
     """
     cfg = settings.simulator
-    from ..startup import NO_DOCS_MARK, simulates_without_docs
-
     # allowed only with simulator.allow_without_docs (the start-up checks refuse it otherwise)
     origin_suffix = NO_DOCS_MARK if cfg.allow_without_docs and simulates_without_docs(settings) else ""
     return Simulator(

@@ -8,14 +8,14 @@ import os
 import sqlite3
 import threading
 import time
-import urllib.parse
 from collections import Counter
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import diskcache
 
 from ..logs import clip
 from ..records import Record
+from . import diskcache_layout as layout
 from .base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from .filelock import ByteRangeLocks
 from .leases import MAX_LOCK_WAIT_S
@@ -74,43 +74,24 @@ def _failure_shares_a_key(items: list[tuple[Record, str | None]], entry_keys: li
         return False
     seen = Counter(entry_keys)
     seen.update(k for k in pointer_keys if k is not None)
-    return any(seen[entry_keys[i]] > 1 or (pointer_keys[i] is not None and seen[pointer_keys[i]] > 1) for i in failures)
+    return any(seen[entry_keys[i]] > 1 or seen[pointer_keys[i] or ""] > 1 for i in failures)
 
 
-class _ReadOnlyCache:
-    """The few :class:`diskcache.Cache` reads this store makes, over a read-only SQLite connection.
+def _text(value: object) -> str:
+    """A value this store wrote as text (a record's JSON, a key a canonical pointer names)."""
+    if not isinstance(value, str):
+        raise StoreError(f"diskcache store holds a {type(value).__name__} where text belongs: not a store of this program's")
+    return value
 
-    Opening a :class:`diskcache.Cache` writes (its settings, its tables, a transaction per open):
-    ``cache stats`` on a store a server holds open grew the write-ahead log ~100 KB per run.  This
-    opens ``cache.db`` with ``mode=ro``: SQLite then refuses every write, and reads see what the
-    writers committed (the WAL protocol, shared with them), never a torn page.
-    """
 
-    def __init__(self, path: str) -> None:
-        db = os.path.join(path, "cache.db")
-        if not os.path.isfile(db):
-            raise StoreError(f"no diskcache store at {path} (no cache.db there): check store.path")
-        uri = "file:" + urllib.parse.quote(os.path.abspath(db)) + "?mode=ro"
-        self._con = sqlite3.connect(uri, uri=True, timeout=60, check_same_thread=False, isolation_level=None)
-        self._disk = diskcache.Disk(path)
+def _record(value: object) -> Record:
+    return Record.from_json(_text(value))
 
-    def _sql(self, query: str, params: tuple[object, ...] | list[object] = ()) -> sqlite3.Cursor:
-        return self._con.execute(query, params)
 
-    def get(self, key: str) -> object:
-        rows = self._sql("SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1", (key,)).fetchall()
-        if not rows:
-            return None
-        try:
-            return self._disk.fetch(*rows[0], False)
-        except OSError:  # its file was removed meanwhile
-            return None
-
-    def __contains__(self, key: str) -> bool:
-        return self._sql("SELECT 1 FROM Cache WHERE key = ? AND raw = 1", (key,)).fetchone() is not None
-
-    def close(self) -> None:
-        self._con.close()
+def _int(value: object) -> int:
+    if not isinstance(value, int):
+        raise StoreError(f"diskcache store holds a {type(value).__name__} where a count belongs: not a store of this program's")
+    return value
 
 
 class DiskcacheStore(Store):
@@ -140,10 +121,11 @@ class DiskcacheStore(Store):
         """APIs known to have their key already (they are never removed): no write to find out again."""
         if read_only:
             try:
-                self._cache = _ReadOnlyCache(self.path)  # type: ignore[assignment]
+                self._cache: Any = layout.ReadOnlyCache(self.path)
+                layout.check(self._cache)
             except (OSError, sqlite3.Error) as exc:
                 raise StoreError(f"cannot open diskcache store at {self.path} for reading: {exc}") from exc
-            self._locks = None
+            self._locks: ByteRangeLocks | None = None
             return
         try:
             os.makedirs(self.path, exist_ok=True)
@@ -153,6 +135,7 @@ class DiskcacheStore(Store):
             self._cache = diskcache.Cache(
                 self.path, eviction_policy="none", size_limit=2**62, cull_limit=0, timeout=60, sqlite_temp_store=2
             )
+            layout.check(self._cache)
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
             if _COUNTED not in self._cache and self._first_key(_ENTRY) is None:
                 # an empty store: the counters kept from now on count every record
@@ -161,24 +144,21 @@ class DiskcacheStore(Store):
             raise StoreError(f"cannot open diskcache store at {self.path}: {exc}") from exc
 
     def _first_key(self, kind: str) -> str | None:
-        row = self._cache._sql(  # noqa: SLF001 - diskcache exposes no prefix query
-            "SELECT key FROM Cache WHERE raw = 1 AND key > ? AND key < ? ORDER BY key LIMIT 1", (kind + "\x00", kind + "\x01")
-        ).fetchone()
-        return None if row is None else row[0]
+        return layout.first_key(self._cache, kind + "\x00", kind + "\x01")
 
     def get(self, api: str, key: str) -> Record | None:
         try:
             raw = self._cache.get(_entry_key(api, key))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
-        return None if raw is None else Record.from_json(raw)
+        return None if raw is None else _record(raw)
 
     def get_canonical(self, api: str, canonical: str) -> Record | None:
         try:
             key = self._cache.get(_canonical_key(api, canonical))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
-        return None if key is None else self.get(api, key)
+        return None if key is None else self.get(api, _text(key))
 
     def _writable(self) -> None:
         if self.read_only:
@@ -206,7 +186,7 @@ class DiskcacheStore(Store):
         entry = _entry_key(record.api, record.key)
         raw = cache.get(entry)
         # add-if-absent, except that a usable answer replaces a failure record
-        replaced = None if raw is None or record.is_failure else Record.from_json(raw)
+        replaced = None if raw is None or record.is_failure else _record(raw)
         if replaced is not None and not replaced.is_failure:
             replaced = None
         added = raw is None or replaced is not None
@@ -216,7 +196,7 @@ class DiskcacheStore(Store):
             pointer = _canonical_key(record.api, canonical)
             target = cache.get(pointer)
             # a canonical key names the first record, unless that is a failure and this an answer
-            if target is None or (target != record.key and not record.is_failure and self._holds_failure(record.api, target)):
+            if target is None or (target != record.key and not record.is_failure and self._holds_failure(record.api, _text(target))):
                 cache.set(pointer, record.key)
         if added:
             counts = deltas if deltas is not None else Counter()
@@ -236,7 +216,7 @@ class DiskcacheStore(Store):
     def _holds_failure(self, api: str, key: str) -> bool:
         """Whether ``key``'s entry is a failure record (or missing)."""
         raw = self._cache.get(_entry_key(api, key))
-        return raw is None or Record.from_json(raw).is_failure
+        return raw is None or _record(raw).is_failure
 
     def _apply(self, deltas: Counter[str]) -> None:
         for key, delta in deltas.items():
@@ -262,23 +242,13 @@ class DiskcacheStore(Store):
             self._remember_apis(record for record, _ in items)
         return added
 
-    def _present(self, keys: list[str]) -> set[str]:
-        """Which of ``keys`` the store holds (inside the caller's transaction)."""
-        found: set[str] = set()
-        for i in range(0, len(keys), 500):
-            chunk = keys[i : i + 500]
-            marks = ",".join("?" * len(chunk))
-            rows = self._cache._sql(f"SELECT key FROM Cache WHERE raw = 1 AND key IN ({marks})", chunk).fetchall()  # noqa: SLF001
-            found.update(row[0] for row in rows)
-        return found
-
     def _insert_batch(self, items: list[tuple[Record, str | None]]) -> list[bool]:
         # rows written exactly as diskcache's own ``add`` writes them (no expiry, no tag), add-if-absent
         entry_keys = [_entry_key(record.api, record.key) for record, _ in items]
         pointer_keys = [_canonical_key(record.api, canonical) if canonical is not None else None for record, canonical in items]
         api_keys = [f"{_NAMESPACE}\x00{api}" for api in {record.api for record, _ in items} - self._known_apis]
         record_keys = entry_keys + [k for k in pointer_keys if k is not None]
-        present = self._present(record_keys + api_keys)
+        present = layout.present(self._cache, record_keys + api_keys)
         if not present.isdisjoint(record_keys) or _failure_shares_a_key(items, entry_keys, pointer_keys):
             # keys already there, or a failure record sharing a key in the batch (an answer may replace
             # a failure, or take its canonical key): one by one
@@ -286,14 +256,12 @@ class DiskcacheStore(Store):
             added = [self._add_in_transaction(record, canonical, deltas) for record, canonical in items]
             self._apply(deltas)
             return added
-        disk = self._cache._disk  # noqa: SLF001 - values are stored with diskcache's own encoder
         now = time.time()
-        rows: list[tuple[object, ...]] = []
+        rows: list[layout.Row] = []
 
         def row(key: str, value: object) -> None:
             present.add(key)
-            size, mode, filename, db_value = disk.store(value, False, key=key)
-            rows.append((key, 1, now, None, now, 0, None, size, mode, filename, db_value))
+            rows.append(layout.row(self._cache, key, value, now))
 
         added = []
         deltas = Counter()
@@ -310,11 +278,7 @@ class DiskcacheStore(Store):
                 row(pointer, record.key)
             added.append(is_new)
         if rows:
-            self._cache._con.executemany(  # noqa: SLF001 - the connection of the open transaction
-                "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, size, mode, filename, value)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
+            layout.insert(self._cache, rows)
         self._apply(deltas)
         return added
 
@@ -327,11 +291,11 @@ class DiskcacheStore(Store):
             for key, value in self._scan_values(_COUNT):
                 parts = key.split("\x00")
                 if parts[1:] == ["entries"]:
-                    out.entries = int(value)
+                    out.entries = _int(value)
                 elif parts[1:] == ["apis"]:
-                    out.apis = int(value)
-                elif len(parts) == 3 and int(value):  # a count a replaced failure record took to 0 is left out
-                    getattr(out, f"by_{parts[1]}")[parts[2]] = int(value)
+                    out.apis = _int(value)
+                elif len(parts) == 3 and _int(value):  # a count a replaced failure record took to 0 is left out
+                    getattr(out, f"by_{parts[1]}")[parts[2]] = _int(value)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
         out.disk_bytes = self._disk_bytes()
@@ -347,26 +311,9 @@ class DiskcacheStore(Store):
                     pass
         return total
 
-    def _scan_values(self, kind: str, start: str | None = None, stop: str | None = None) -> Iterator[tuple[str, object]]:
+    def _scan_values(self, kind: str) -> Iterator[tuple[str, object]]:
         """``(key, value)`` of the keys of one kind in key order, a page of rows at a time."""
-        low = start if start is not None else kind + "\x00"
-        high = stop if stop is not None else kind + "\x01"
-        disk = self._cache._disk  # noqa: SLF001 - values are read with diskcache's own decoder
-        inclusive = start is not None
-        while True:
-            rows = self._cache._sql(  # noqa: SLF001
-                f"SELECT key, mode, filename, value FROM Cache WHERE raw = 1 AND key {'>=' if inclusive else '>'} ? AND key < ?"
-                " ORDER BY key LIMIT ?",
-                (low, high, _SCAN_PAGE),
-            ).fetchall()
-            for key, mode, filename, value in rows:
-                try:
-                    yield key, disk.fetch(mode, filename, value, False)
-                except OSError:  # its file was removed meanwhile
-                    continue
-            if len(rows) < _SCAN_PAGE:
-                return
-            low, inclusive = rows[-1][0], False
+        return layout.scan(self._cache, kind + "\x00", kind + "\x01", inclusive=False, page=_SCAN_PAGE)
 
     def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
         """``(api, records)`` in api order, one API in memory at a time (a key-range scan)."""
@@ -374,7 +321,7 @@ class DiskcacheStore(Store):
         group: list[Record] = []
         try:
             for _key, raw in self._scan_values(_ENTRY):
-                record = Record.from_json(raw)
+                record = _record(raw)
                 if record.api != current:
                     if group:
                         yield current, _recording_order(group)  # type: ignore[misc]
@@ -389,16 +336,13 @@ class DiskcacheStore(Store):
         prefix = _entry_key(api, "")
         try:
             # a key-range scan over diskcache's SQLite table (string keys are stored raw)
-            rows = self._cache._sql(  # noqa: SLF001 - diskcache exposes no prefix query
-                "SELECT key FROM Cache WHERE raw = 1 AND key >= ? AND key < ? LIMIT ?",
-                (prefix, prefix + "\U0010ffff", int(limit)),
-            ).fetchall()
+            keys = layout.keys_in_range(self._cache, prefix, prefix + "\U0010ffff", limit)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
-        for (key,) in rows:
+        for key in keys:
             raw = self._cache.get(key)
             if raw is not None:
-                yield Record.from_json(raw)
+                yield _record(raw)
 
     @contextlib.contextmanager
     def flight_lock(self, api: str, canonical: str) -> Iterator[None]:
@@ -409,10 +353,12 @@ class DiskcacheStore(Store):
         ahead without it after :data:`~.leases.MAX_LOCK_WAIT_S`.
         """
         self._writable()
+        locks = self._locks
+        assert locks is not None  # a writable store has its lock file
         name = f"{api}\x00{canonical}"
         deadline = time.monotonic() + MAX_LOCK_WAIT_S
         try:
-            while (offset := self._locks.try_acquire(name)) is None:
+            while (offset := locks.try_acquire(name)) is None:
                 if time.monotonic() >= deadline:
                     log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(api), MAX_LOCK_WAIT_S)
                     break
@@ -424,14 +370,14 @@ class DiskcacheStore(Store):
         finally:
             if offset is not None:
                 try:
-                    self._locks.release(offset)
+                    locks.release(offset)
                 except OSError as exc:  # pragma: no cover - unlocking an open file does not fail
                     log.warning("single-flight lock for %s not released: %s", clip(api), exc)
 
     def __iter__(self) -> Iterator[Record]:
         try:
             for _key, raw in self._scan_values(_ENTRY):
-                yield Record.from_json(raw)
+                yield _record(raw)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
 
@@ -440,12 +386,9 @@ class DiskcacheStore(Store):
         if counts is not None:
             return counts.entries
         try:
-            (n,) = self._cache._sql(  # noqa: SLF001
-                "SELECT COUNT(*) FROM Cache WHERE raw = 1 AND key > ? AND key < ?", (_ENTRY + "\x00", _ENTRY + "\x01")
-            ).fetchone()
+            return layout.count_range(self._cache, _ENTRY + "\x00", _ENTRY + "\x01")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
-        return int(n)
 
     def close(self) -> None:
         if self._locks is not None:
