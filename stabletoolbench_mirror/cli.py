@@ -25,7 +25,7 @@ COMMAND_MODULES: list[str] = [
     "stabletoolbench_mirror.warm",
     "stabletoolbench_mirror.snapshot",
     "stabletoolbench_mirror.check",
-    "stabletoolbench_mirror.sessions",
+    "stabletoolbench_mirror.sessions_export",
     "stabletoolbench_mirror.startup",
     "stabletoolbench_mirror.fidelity_cli",
 ]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import secrets
 import time
 import unicodedata
@@ -301,58 +300,3 @@ def public_view(doc: dict[str, Any]) -> dict[str, Any]:
         "calls": doc.get("calls", []),
         "state": doc.get("state", {}),
     }
-
-
-# -- sessions export ------------------------------------------------------------------------------
-
-
-def export_sessions(store: SessionStore, out_path: str, *, progress: bool = True) -> int:
-    """Write every session as one JSON line (task, calls, answers, provenance); the number written.
-
-    The file appears whole or not at all (written beside it, then renamed).
-    """
-    from tqdm import tqdm
-
-    tmp = f"{out_path}.tmp-{os.getpid()}"
-    written = 0
-    try:
-        with open(tmp, "w", encoding="utf-8") as out:
-            for doc in tqdm(store, total=len(store), desc="sessions", unit="session", disable=not progress):
-                out.write(json.dumps(public_view(doc), ensure_ascii=False) + "\n")
-                written += 1
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return written
-
-
-def cmd_sessions_export(args: Any) -> int:
-    import sys
-
-    from .cli_common import settings_from_args
-    from .factory import build_session_store
-
-    settings = settings_from_args(args)
-    store = build_session_store(settings)
-    try:
-        written = export_sessions(store, args.out, progress=not args.quiet)
-    except OSError as exc:
-        print(f"error: cannot write {args.out}: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        store.close()
-    print(f"exported {written} sessions to {args.out}")
-    return 0
-
-
-def register(sub: Any) -> None:
-    from .cli_common import add_config_arguments
-
-    sessions = sub.add_parser("sessions", help="trajectories of sessions (X-STM-Session)")
-    sessions_sub = sessions.add_subparsers(dest="sessions_command", required=True)
-    export = sessions_sub.add_parser("export", help="write every session as one JSON line: task, calls, answers, provenance")
-    export.add_argument("out", help="the .jsonl file to write")
-    add_config_arguments(export)
-    export.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    export.set_defaults(func=cmd_sessions_export)

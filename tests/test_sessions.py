@@ -250,7 +250,7 @@ def test_sessions_are_shared_through_redis_and_expire(tmp_path: Path, serve, set
         doc = requests.get(f"{one.url}/sessions/{sid}", timeout=10).json()
         assert doc["task"] == "shared" and [c["tool_input"]["item"] for c in doc["calls"]] == ["a", "b"]
         from stabletoolbench_mirror.factory import build_session_store
-        from stabletoolbench_mirror.sessions import export_sessions
+        from stabletoolbench_mirror.sessions_export import export_sessions
 
         other = new_session(one.url, "second")
         out = tmp_path / "redis-sessions.jsonl"
