@@ -215,7 +215,7 @@ class Sessions:
             n = int(head["n_calls"])
             if n >= self.config.max_calls:
                 raise SessionError(409, f"session {session_id!r} is full: it holds sessions.max_calls={self.config.max_calls} calls")
-            tool_input = _without_key(call.tool_input)
+            tool_input = call.tool_input  # its secret fields were taken out when the call was built
             # a call whose input alone does not fit is refused before it runs
             if size_of(head) + _size(tool_input) > self.config.max_bytes:
                 raise self._over(session_id, size_of(head) + _size(tool_input))
@@ -281,13 +281,6 @@ class Sessions:
 
     def close(self) -> None:
         self.store.close()
-
-
-def _without_key(tool_input: Any) -> Any:
-    # a toolbench_key inside the input is a secret: never kept in a session (nor shown to a prompt)
-    if isinstance(tool_input, dict) and "toolbench_key" in tool_input:
-        return {k: v for k, v in tool_input.items() if k != "toolbench_key"}
-    return tool_input
 
 
 def public_view(doc: dict[str, Any]) -> dict[str, Any]:
