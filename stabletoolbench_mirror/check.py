@@ -84,7 +84,7 @@ class Expectation:
 
 
 @dataclass(frozen=True)
-class Reply:
+class TargetReply:
     """What a target answered: HTTP status, body text and (for this project's server) the outcome kind."""
 
     status: int
@@ -95,7 +95,7 @@ class Reply:
 
 
 class Target(Protocol):
-    def send(self, payload: dict[str, Any]) -> Reply: ...
+    def send(self, payload: dict[str, Any]) -> TargetReply: ...
 
     def close(self) -> None: ...
 
@@ -182,7 +182,7 @@ class UrlTarget:
                 self._connections.append(conn)
         return conn
 
-    def send(self, payload: dict[str, Any]) -> Reply:
+    def send(self, payload: dict[str, Any]) -> TargetReply:
         import http.client
 
         body = json.dumps(payload).encode("utf-8")
@@ -197,7 +197,7 @@ class UrlTarget:
                 outcome = response.getheader("X-STM-Outcome")
                 # this project's server says whether an answer is a failure; another's is judged by content
                 failure = None if outcome is None else response.getheader("X-STM-Failure") == "true"
-                return Reply(response.status, text, outcome, failure)
+                return TargetReply(response.status, text, outcome, failure)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                 # a keep-alive connection the server closed meanwhile: once more on a new one
                 if attempt:
@@ -219,9 +219,9 @@ class LayerTarget:
     def __init__(self, layer: MirrorLayer) -> None:
         self.layer = layer
 
-    def send(self, payload: dict[str, Any]) -> Reply:
+    def send(self, payload: dict[str, Any]) -> TargetReply:
         outcome = self.layer.handle_payload(payload)
-        return Reply(outcome.status, outcome.body, outcome.kind, outcome.failure)
+        return TargetReply(outcome.status, outcome.body, outcome.kind, outcome.failure)
 
     def close(self) -> None:
         self.layer.close()
@@ -230,7 +230,7 @@ class LayerTarget:
 # -- comparing ------------------------------------------------------------------------------------
 
 
-def client_answer(reply: Reply) -> Any:
+def client_answer(reply: TargetReply) -> Any:
     """The answer object the StableToolBench client makes of a reply (its exact error texts)."""
     if reply.status != 200:
         return make_answer(f"request invalid, data error. status_code={reply.status}", "")
@@ -240,7 +240,7 @@ def client_answer(reply: Reply) -> Any:
         return make_answer("request invalid, data error", "")
 
 
-def is_failure(reply: Reply) -> bool:
+def is_failure(reply: TargetReply) -> bool:
     """Whether a reply's answer is a failure: as the server says, else an answer with a non-empty ``error``."""
     if reply.failure is not None:
         return reply.failure
@@ -248,7 +248,7 @@ def is_failure(reply: Reply) -> bool:
     return not isinstance(got, dict) or bool(got.get("error"))
 
 
-def verdict(expectation: Expectation, reply: Reply, max_observation_length: int = DEFAULT_MAX_OBSERVATION_LENGTH) -> Verdict:
+def verdict(expectation: Expectation, reply: TargetReply, max_observation_length: int = DEFAULT_MAX_OBSERVATION_LENGTH) -> Verdict:
     if reply.outcome == OutcomeKind.UNANSWERED:
         return MISS
     got = client_answer(reply)
@@ -366,7 +366,7 @@ def run_check(
                 bar.update(1)
         else:
             with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                pending: deque[tuple[Expectation, Future[Reply]]] = deque()
+                pending: deque[tuple[Expectation, Future[TargetReply]]] = deque()
                 for expectation in expectations:
                     pending.append((expectation, pool.submit(target.send, expectation.payload)))
                     if len(pending) >= 4 * concurrency:
@@ -381,7 +381,7 @@ def run_check(
     return report
 
 
-def _judge(report: CheckReport, expectation: Expectation, reply: Reply, max_observation_length: int) -> None:
+def _judge(report: CheckReport, expectation: Expectation, reply: TargetReply, max_observation_length: int) -> None:
     result = verdict(expectation, reply, max_observation_length)
     api = expectation.api
     report.per_api[api][result] += 1

@@ -37,7 +37,7 @@ import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -498,7 +498,3 @@ def write_atomically(path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def pairs_by_key(pairs: Iterable[Pair]) -> dict[tuple[str, str], Pair]:
-    return {(p.api, p.key): p for p in pairs}

@@ -12,7 +12,6 @@ from .protocol import encode_answer
 Source = Literal["real", "simulated", "imported", "local", "frozen"]
 """``real`` and ``simulated`` answers were recorded here, ``imported`` ones copied into the store
 by ``cache import``, ``local`` ones made by a local tool; ``frozen`` marks an answer read from a frozen cache tree (never stored)."""
-SOURCES: tuple[str, ...] = ("real", "simulated", "imported", "local", "frozen")
 RECORD_VERSION = 2
 """Version 2 names the API ``api``; version 1 (still read) named it ``namespace``."""
 

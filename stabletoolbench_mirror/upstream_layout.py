@@ -136,11 +136,6 @@ def _sorted_dirs(folder: Path) -> list[Path]:
         return []
 
 
-def count_cache_files(root: str | os.PathLike[str], *, allow_symlinks: bool = True) -> int:
-    """How many API files an upstream tree holds (a directory walk; no file is read)."""
-    return sum(1 for _ in iter_cache_files(root, allow_symlinks=allow_symlinks))
-
-
 def iter_cache_spans(
     text: str, path: str | os.PathLike[str] = "<text>", *, bodies: bool = True
 ) -> Iterator[tuple[str, Any, str, int, int]]:

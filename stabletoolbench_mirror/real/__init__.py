@@ -14,9 +14,9 @@ from .breaker import BreakerBoard
 from .policy import CallPolicy
 from .responder import RealResponder
 from .transport import Transport
-from .validity import Verdict, classify
+from .validity import Validity, classify
 
-__all__ = ["RealResponder", "Verdict", "build_real_responder", "classify"]
+__all__ = ["RealResponder", "Validity", "build_real_responder", "classify"]
 
 
 def build_real_responder(settings: Settings, *, docs: ToolDocs | None = None) -> RealResponder:

@@ -17,13 +17,13 @@ import re
 from typing import Any, NamedTuple
 
 
-class Verdict(NamedTuple):
+class Validity(NamedTuple):
     valid: bool
     reason: str
     """Empty for a valid answer; otherwise the rule that rejected it."""
 
 
-VALID = Verdict(True, "")
+VALID = Validity(True, "")
 
 #: a response text with this is valid whatever else it says (upstream rule, checked first)
 UNEXPECTED_KEYWORD = "got an unexpected keyword argument"
@@ -77,7 +77,7 @@ RELAY_ERRORS: frozenset[str] = frozenset(
 )
 
 
-def classify(answer: Any, *, strict: bool = False) -> Verdict:
+def classify(answer: Any, *, strict: bool = False) -> Validity:
     """Whether a real ``{"error", "response"}`` answer may be recorded, and if not, why."""
     shape = _check_shape(answer)
     if shape is not None:
@@ -88,33 +88,33 @@ def classify(answer: Any, *, strict: bool = False) -> Verdict:
     return _classify_strict(answer["response"], text) if strict else _classify_compatible(text)
 
 
-def _check_shape(answer: Any) -> Verdict | None:
+def _check_shape(answer: Any) -> Validity | None:
     if not isinstance(answer, dict):
-        return Verdict(False, "the answer is not a JSON object")
+        return Validity(False, "the answer is not a JSON object")
     if "error" not in answer:
-        return Verdict(False, "the answer has no 'error' field")
+        return Validity(False, "the answer has no 'error' field")
     error = answer["error"]
     if error != "":
         if isinstance(error, str) and error in RELAY_ERRORS:
-            return Verdict(False, f"error {error!r}")
+            return Validity(False, f"error {error!r}")
         if isinstance(error, str) and error.startswith("Function executing "):
-            return Verdict(False, "error 'Function executing ... error'")
-        return Verdict(False, "the 'error' field is not empty")
+            return Validity(False, "error 'Function executing ... error'")
+        return Validity(False, "the 'error' field is not empty")
     if "response" not in answer:
-        return Verdict(False, "the answer has no 'response' field")
+        return Validity(False, "the answer has no 'response' field")
     return None
 
 
-def _classify_compatible(text: str) -> Verdict:
+def _classify_compatible(text: str) -> Validity:
     lowered = text.lower()
     for marker in INVALID_MARKERS:
         if marker.lower() in lowered:
-            return Verdict(False, f"response contains {marker!r}")
+            return Validity(False, f"response contains {marker!r}")
     for marker in INVALID_MARKERS_EXACT_CASE:
         if marker in text:
-            return Verdict(False, f"response contains {marker!r}")
+            return Validity(False, f"response contains {marker!r}")
     if not text:
-        return Verdict(False, "empty response")
+        return Validity(False, "empty response")
     return VALID
 
 
@@ -165,18 +165,18 @@ _ERROR_ENVELOPE_KEYS = frozenset({"error", "errors", "message", "messages", "msg
 _HTML_ERROR = re.compile(r"^\s*(?:<!doctype html|<html)[\s\S]{0,2000}?<title>[^<]*(?:error|" + _CODES + r"|not found|forbidden|unavailable)", re.I)
 
 
-def _classify_strict(response: Any, text: str) -> Verdict:
+def _classify_strict(response: Any, text: str) -> Validity:
     if response is None or (isinstance(response, str) and not response.strip()):
-        return Verdict(False, "empty response")
+        return Validity(False, "empty response")
     for name, pattern in _STRICT_RULES:
         if pattern.search(text):
-            return Verdict(False, f"response matches {name!r}")
+            return Validity(False, f"response matches {name!r}")
     if isinstance(response, str) and _HTML_ERROR.search(response):
-        return Verdict(False, "response is an HTML error page")
+        return Validity(False, "response is an HTML error page")
     if isinstance(response, dict):
         envelope = _error_envelope(response)
         if envelope:
-            return Verdict(False, envelope)
+            return Validity(False, envelope)
     return VALID
 
 

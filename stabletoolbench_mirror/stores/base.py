@@ -54,8 +54,6 @@ class CacheTier(abc.ABC):
 
     #: a short name for logs, ``/health`` and stats
     kind: str = "tier"
-    #: lookups touch only local files (no network)
-    is_local: bool = False
 
     @abc.abstractmethod
     def get(self, api: str, key: str) -> Record | None:

@@ -105,7 +105,6 @@ class DiskcacheStore(Store):
     """
 
     kind = "diskcache"
-    is_local = True
 
     #: the lock file beside SQLite's (diskcache's consistency check skips names containing ``cache.db``)
     LOCK_FILE = "cache.db-flightlock"

@@ -41,7 +41,7 @@ from ..keys import canonical_from_upstream_key
 from ..protocol import encode_answer
 from ..records import FAILURE, Record
 from .base import CacheTier
-from ..upstream_layout import OutsideTree, check_inside, count_cache_files, encode_name, iter_cache_spans, split_api
+from ..upstream_layout import OutsideTree, check_inside, encode_name, iter_cache_spans, split_api
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,6 @@ class FrozenCache(CacheTier):
     """
 
     kind = "frozen"
-    is_local = True
 
     def __init__(
         self,
@@ -157,10 +156,6 @@ class FrozenCache(CacheTier):
         self._manifest: tuple[int, dict[str, frozenset[str]]] = (-2, {})
 
     # -- what is known without reading files ---------------------------------------------------
-
-    def count_files(self) -> int:
-        """The number of API files of the tree (a directory walk, no file read)."""
-        return count_cache_files(self.root, allow_symlinks=self.allow_symlinks)
 
     def memory(self) -> dict[str, int]:
         """Indexed files, estimated bytes used, the budget, loads and evictions so far."""
