@@ -532,8 +532,5 @@ def open_read_only(settings: Any) -> Store:
     meanwhile); Redis is read with ``HGETALL`` / ``SCARD`` / ``INFO`` only, which write nothing.
     """
     from .factory import build_store
-    from .stores import DiskcacheStore
 
-    if settings.store.kind == "diskcache":
-        return DiskcacheStore(settings.resolve(settings.store.path), read_only=True)
-    return build_store(settings)
+    return build_store(settings, read_only=True)

@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .config import ConfigError, Mode, Settings
 from .layer import MirrorLayer
@@ -23,19 +24,69 @@ if TYPE_CHECKING:
     from .stores.sessions import SessionStore
 
 
-def build_store(settings: Settings) -> Store:
+# -- store kinds: one registry for the records and the sessions kept beside them -------------------
+
+
+@dataclass(frozen=True)
+class StoreKind:
+    """How one ``store.kind`` opens its record store and the session store beside it."""
+
+    records: Callable[[Settings, bool], Store]
+    """``(settings, read_only)``: the record store; ``read_only`` opens an existing one without writing."""
+    sessions: Callable[[Settings], "SessionStore"]
+
+
+def _diskcache_records(settings: Settings, read_only: bool) -> Store:
+    return DiskcacheStore(settings.resolve(settings.store.path), read_only=read_only)
+
+
+def _diskcache_sessions(settings: Settings) -> "SessionStore":
+    from .stores.sessions import DiskcacheSessionStore
+
+    return DiskcacheSessionStore(os.path.join(settings.resolve(settings.store.path), "sessions"), settings.sessions.idle_expiry_s)
+
+
+def _redis_url(settings: Settings) -> str:
+    if not settings.store.url:
+        raise ConfigError("store.url: required when store.kind is 'redis' (e.g. redis://127.0.0.1:6379/0)")
+    return settings.store.url
+
+
+def _redis_records(settings: Settings, read_only: bool) -> Store:
+    # read_only: its reads (HGET, HGETALL, SCARD, INFO) write nothing anyway
     cfg = settings.store
-    if cfg.kind == "diskcache":
-        return DiskcacheStore(settings.resolve(cfg.path))
-    if cfg.kind == "redis":
-        if not cfg.url:
-            raise ConfigError("store.url: required when store.kind is 'redis'")
-        try:
-            from .stores.redis_store import RedisStore
-        except ImportError as exc:  # the redis extra is missing
-            raise ConfigError(f"store.kind: 'redis' needs the redis extra (pip install 'stabletoolbench-mirror[redis]'): {exc}") from exc
-        return RedisStore(cfg.url, prefix=cfg.prefix, lock_ttl_s=cfg.lock_ttl_s, timeout_s=cfg.timeout_s)
-    raise ConfigError(f"store.kind: unknown store kind {cfg.kind!r}")
+    url = _redis_url(settings)
+    try:
+        from .stores.redis_store import RedisStore  # the redis extra is optional
+    except ImportError as exc:
+        raise ConfigError(f"store.kind: 'redis' needs the redis extra (pip install 'stabletoolbench-mirror[redis]'): {exc}") from exc
+    return RedisStore(url, prefix=cfg.prefix, lock_ttl_s=cfg.lock_ttl_s, timeout_s=cfg.timeout_s)
+
+
+def _redis_sessions(settings: Settings) -> "SessionStore":
+    from .stores.sessions import RedisSessionStore
+
+    cfg = settings.store
+    return RedisSessionStore(_redis_url(settings), settings.sessions.idle_expiry_s, prefix=cfg.prefix, timeout_s=cfg.timeout_s)
+
+
+STORE_KINDS: dict[str, StoreKind] = {
+    "diskcache": StoreKind(_diskcache_records, _diskcache_sessions),
+    "redis": StoreKind(_redis_records, _redis_sessions),
+}
+"""Every ``store.kind``: a new backend is one module plus one entry here."""
+
+
+def store_kind(settings: Settings) -> StoreKind:
+    try:
+        return STORE_KINDS[settings.store.kind]
+    except KeyError:
+        raise ConfigError(f"store.kind: unknown store kind {settings.store.kind!r} (one of: {', '.join(STORE_KINDS)})") from None
+
+
+def build_store(settings: Settings, *, read_only: bool = False) -> Store:
+    """The record store ``store`` describes (``read_only``: an existing one, opened without writing)."""
+    return store_kind(settings).records(settings, read_only)
 
 
 def build_frozen(settings: Settings) -> list[FrozenCache]:
@@ -120,15 +171,7 @@ def build_layer(
 
 def build_session_store(settings: Settings) -> "SessionStore":
     """Where sessions are kept: beside the records (``<store.path>/sessions``, or the same Redis)."""
-    from .stores.sessions import DiskcacheSessionStore, RedisSessionStore
-
-    cfg = settings.store
-    ttl = settings.sessions.idle_expiry_s
-    if cfg.kind == "redis":
-        if not cfg.url:
-            raise ConfigError("store.url: required when store.kind is 'redis'")
-        return RedisSessionStore(cfg.url, ttl, prefix=cfg.prefix, timeout_s=cfg.timeout_s)
-    return DiskcacheSessionStore(os.path.join(settings.resolve(cfg.path), "sessions"), ttl)
+    return store_kind(settings).sessions(settings)
 
 
 def build_sessions(settings: Settings, store: Store) -> "Sessions":
