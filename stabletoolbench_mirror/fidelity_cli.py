@@ -11,6 +11,7 @@ from typing import Any
 
 from . import protocol
 from .cli_common import add_config_arguments, settings_from_args
+from .expectations import load_answer_expectations, load_calls_jsonl
 from .fidelity import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_atomically, write_json
 from .keys import canonical_from_upstream_key
 
@@ -119,8 +120,6 @@ def attach_candidates(pairs: list[Pair], candidates: dict[tuple[str, str], Any],
 
 
 def candidates_from_calls(paths: list[str], problems: list[str]) -> dict[tuple[str, str], Any]:
-    from .check import load_calls_jsonl
-
     found: dict[tuple[str, str], Any] = {}
     for path in paths:
         for pair in pairs_from_expectations(load_calls_jsonl(path), problems):
@@ -178,8 +177,6 @@ class SimulatorCandidate:
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
     from .answers import function_index
-    from .check import load_answer_expectations, load_calls_jsonl
-
     if not (args.calls or args.answers or args.from_store):
         print("error: give the reference answers: --calls FILE.jsonl, --answers PATH or --from-store", file=sys.stderr)
         return 2
