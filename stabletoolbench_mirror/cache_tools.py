@@ -18,7 +18,7 @@ from collections import Counter
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 from tqdm import tqdm
 
@@ -236,7 +236,7 @@ class _Readers:
 
 
 def _read_in_order(tasks: list[list[tuple[str, str]]], origin_root: str, listed: set[tuple[str, str]],
-                   jobs: int) -> Iterator[list[_FileRead]]:
+                   jobs: int) -> Generator[list[_FileRead], None, None]:
     """Each task's reads, in task order: in this process (``jobs`` 0) or in ``jobs`` reader processes.
 
     Task ``i`` goes to reader ``i % jobs``, each reader holding two tasks, and is sent the next

@@ -110,7 +110,7 @@ class UrlTarget:
             conn = None
         if conn is None:
             factory = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
-            conn = self._local.conn = factory(self._parts.hostname, self._parts.port, timeout=self._timeout)
+            conn = self._local.conn = factory(self._parts.hostname or "", self._parts.port, timeout=self._timeout)
             with self._lock:
                 self._connections.append(conn)
         return conn

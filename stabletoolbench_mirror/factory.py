@@ -102,16 +102,16 @@ def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> lis
     responders: list[Responder] = []
     if not (settings.real.enabled or settings.simulator.enabled):
         return responders
-    docs = docs if docs is not None else tool_docs_for(settings)  # one registry, shared by both
+    shared = docs if docs is not None else tool_docs_for(settings)  # one registry, shared by both
     if settings.real.enabled:
         from .real import build_real_responder
 
-        real: Responder = build_real_responder(settings, docs=docs)
+        real: Responder = build_real_responder(settings, docs=shared)
         if settings.real.shadow_simulate:
-            real = _shadowed(real, settings, docs)
+            real = _shadowed(real, settings, shared)
         responders.append(real)
     if settings.simulator.enabled:
-        responders.append(build_simulator(settings, docs=docs))
+        responders.append(build_simulator(settings, docs=shared))
     return responders
 
 
@@ -120,7 +120,7 @@ def build_shadow_store(settings: Settings) -> Store:
     return build_store(shadow_settings(settings))
 
 
-def _shadowed(real: Responder, settings: Settings, docs: ToolDocs) -> ShadowedResponder:
+def _shadowed(real: Responder, settings: Settings, docs: ToolDocs | None) -> ShadowedResponder:
     """``real`` with shadow simulations, the simulator built from ``simulator.*`` (enabled or not)."""
     simulator = build_simulator(settings, docs=docs)
     try:

@@ -228,7 +228,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
                 seen: Counter[str] = Counter()
                 from_store = pairs_from_store(store, problems, progress=progress, docs=tool_docs_for(settings), seen=seen)
                 if not from_store:
-                    message = no_store_references(getattr(store, "path", None) or getattr(store, "url", "?"), seen)
+                    message = no_store_references(str(getattr(store, "path", None) or getattr(store, "url", "?")), seen)
                     if not pairs:
                         print(f"error: {message}", file=sys.stderr)
                         return 1

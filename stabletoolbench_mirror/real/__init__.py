@@ -53,7 +53,7 @@ def build_real_responder(settings: Settings, *, docs: ToolDocs | None = None) ->
         backend = RapidAPIBackend(transport, exact_doc_finder(registry), key, cfg.rapidapi_base_url)
     policy = CallPolicy.of(cfg.allow_categories, cfg.deny_categories, cfg.allow_tools, cfg.deny_tools)
     return RealResponder(
-        backend,  # type: ignore[arg-type]
+        backend,
         transport,
         policy=policy,
         strict_validity=cfg.strict_validity,

@@ -166,10 +166,10 @@ class FrozenCache(CacheTier):
         parts = split_api(api)
         if parts is None:
             return None
-        category, tool, api = (encode_name(p) for p in parts)
-        if category is None or tool is None or api is None:
+        category, tool, name = (encode_name(p) for p in parts)
+        if category is None or tool is None or name is None:
             return None
-        return f"{self._root}/{category}/{tool}/{api}.json"
+        return f"{self._root}/{category}/{tool}/{name}.json"
 
     # -- loading -------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ into a head and entries by the session's next call.  See :mod:`stabletoolbench_m
 from __future__ import annotations
 
 import abc
+import functools
 import json
 import os
 import sqlite3
@@ -210,7 +211,7 @@ class DiskcacheSessionStore(SessionStore):
         cache = self._cache
         found = []
         for n in indexes:
-            call = self.decode_call(self._do("read", lambda n=n: cache.get(self._call_key(session_id, n))))
+            call = self.decode_call(self._do("read", functools.partial(cache.get, self._call_key(session_id, n))))
             if call is not None:
                 found.append(call)
         return found
@@ -352,7 +353,7 @@ class RedisSessionStore(SessionStore):
             return raw
         head, calls = self.split_legacy(raw)
         keys = [self._key(session_id), self._calls_key(session_id)]
-        args = [self.encode(head), self._ttl_ms, *(self.encode(c) for c in calls)]
+        args: list[str | int] = [self.encode(head), self._ttl_ms, *(self.encode(c) for c in calls)]
         return head if int(self._do("write", lambda: self._split(keys=keys, args=args))) else None
 
     def calls(self, session_id: str, indexes: Sequence[int]) -> list[dict[str, Any]]:
@@ -378,7 +379,7 @@ class RedisSessionStore(SessionStore):
 
     def append(self, head: dict[str, Any], call: dict[str, Any]) -> bool:
         keys = [self._key(head["id"]), self._calls_key(head["id"])]
-        args = [self.encode(head), self.encode(call), self._ttl_ms]
+        args: list[str | int] = [self.encode(head), self.encode(call), self._ttl_ms]
         return bool(int(self._do("write", lambda: self._append(keys=keys, args=args))))
 
     def delete(self, session_id: str) -> bool:

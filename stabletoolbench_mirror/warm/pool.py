@@ -95,7 +95,8 @@ class _Pool:
         self.shares = [max(1, concurrency // processes + (1 if i < concurrency % processes else 0)) for i in range(processes)]
         # fork where there is one: the workers start in milliseconds with everything imported
         # (no thread runs in this process yet, and each worker opens its own store connection)
-        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+        forks = "fork" in multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork") if forks else multiprocessing.get_context("spawn")
         self.stop = ctx.Event()
         self.tasks = [ctx.Queue() for _ in self.shares]
         self.results = [ctx.Queue() for _ in self.shares]

@@ -187,10 +187,10 @@ class Tracker:
     def done(self, item: WarmItem, kind: OutcomeKind | None, reason: str, cause: str = "", *, made: bool = True) -> None:
         """Count one call; ``cause`` (:func:`failure_cause`, ``reason`` when not given) is what the early stop compares."""
         with self._lock:
-            cause = self._first.see(not reason, cause or reason) if made else None
-            if cause is not None:
+            shared = self._first.see(not reason, cause or reason) if made else None
+            if shared is not None:
                 self.stopped = (
-                    f"the first {self._first.n} calls all failed with the same cause: {cause}\n"
+                    f"the first {self._first.n} calls all failed with the same cause: {shared}\n"
                     "fix it and run the same command again (calls already recorded are skipped)"
                 )
                 if self._stop is not None:
