@@ -118,6 +118,18 @@ def _probe_timeout(configured: float) -> float:
 
 def check_endpoints(settings: Settings, report: Report, *, probe_endpoints: bool = True) -> dict[str, Probe]:
     """Probe the relay and the simulator endpoints (all at once); warnings for those that do not answer."""
+    jobs = _probe_jobs(settings, report, probe_endpoints)
+    results = _run_probes(jobs)
+    _report_real(settings, report, results)
+    if settings.simulator.enabled:
+        _report_simulator(settings, report, results)
+    else:
+        report.add("simulator", "off")
+    return results
+
+
+def _probe_jobs(settings: Settings, report: Report, probe_endpoints: bool) -> dict[str, Any]:
+    """The probes to run, by name (``real``, ``simulator<i>``); an error when the relay URL is missing."""
     real, sim = settings.real, settings.simulator
     jobs: dict[str, Any] = {}
     if real.enabled:
@@ -132,29 +144,39 @@ def check_endpoints(settings: Settings, report: Report, *, probe_endpoints: bool
         key = sim.api_key.get_secret_value() if sim.api_key is not None else None
         for i, endpoint in enumerate(sim.endpoints):
             jobs[f"simulator{i}"] = (lambda e=endpoint: probe_simulator(e, sim.model, key, _probe_timeout(sim.connect_timeout_s)))
-    results: dict[str, Probe] = {}
-    if jobs:
-        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-            futures = {name: pool.submit(job) for name, job in jobs.items()}
-            results = {name: f.result() for name, f in futures.items()}
-    # the real API
+    return jobs
+
+
+def _run_probes(jobs: dict[str, Any]) -> dict[str, Probe]:
+    """Run every probe at once; their results by name."""
+    if not jobs:
+        return {}
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _report_real(settings: Settings, report: Report, results: dict[str, Probe]) -> None:
+    """The ``real API`` line, and a warning when its endpoint does not answer."""
+    real = settings.real
     if not real.enabled:
         report.add("real API", "off")
-    elif real.backend == "relay":
-        found = results.get("real")
+        return
+    found = results.get("real")
+    if real.backend == "relay":
         report.add("real API", f"relay {found.describe() if found else public_url(real.relay_url or '') + ' (not checked)'}")
         if found is not None and not found.answered:
             report.warning("real.relay_url", f"{found.url} does not answer ({found.detail}): real calls will fail and fall through to the simulator")
-    else:
-        found = results.get("real")
-        where = found.describe() if found else "each API's own host (not checked)"
-        report.add("real API", f"rapidapi, {where}")
-        if found is not None and not found.answered:
-            report.warning("real.rapidapi_base_url", f"{found.url} does not answer ({found.detail}): real calls will fail")
-    # the simulator
-    if not sim.enabled:
-        report.add("simulator", "off")
-        return results
+        return
+    where = found.describe() if found else "each API's own host (not checked)"
+    report.add("real API", f"rapidapi, {where}")
+    if found is not None and not found.answered:
+        report.warning("real.rapidapi_base_url", f"{found.url} does not answer ({found.detail}): real calls will fail")
+
+
+def _report_simulator(settings: Settings, report: Report, results: dict[str, Probe]) -> None:
+    """The simulator's lines (style, prompt, each endpoint) and a warning for each endpoint that is not usable."""
+    sim = settings.simulator
     report.add("simulator", f"{sim.style}, model '{sim.model}'")
     if settings.style_source:
         report.add("simulator style", settings.style_source)
@@ -163,17 +185,19 @@ def check_endpoints(settings: Settings, report: Report, *, probe_endpoints: bool
         found = results.get(f"simulator{i}")
         label = f"simulator endpoint {i}" if len(sim.endpoints) > 1 else "simulator endpoint"
         report.add(label, found.describe() if found else f"{public_url(endpoint)} (not checked)")
-        if found is None:
-            continue
-        key = "simulator.api_base"
-        if not found.answered:
-            report.warning(key, f"{found.url} does not answer ({found.detail}): simulated calls will fail until it does")
-        elif found.status in (401, 403):
-            report.warning("simulator.api_key", f"{found.url} refused the request (HTTP {found.status}): check simulator.api_key (STM_SIMULATOR__API_KEY)")
-        elif found.models is not None and sim.model not in found.models:
-            listed = ", ".join(found.models[:5]) or "none"
-            report.warning("simulator.model", f"'{sim.model}' is not among the models {found.url} serves ({listed}): set simulator.model")
-    return results
+        if found is not None:
+            _warn_endpoint(sim.model, found, report)
+
+
+def _warn_endpoint(model: str, found: Probe, report: Report) -> None:
+    """A warning when a simulator endpoint does not answer, refuses the key, or does not serve ``model``."""
+    if not found.answered:
+        report.warning("simulator.api_base", f"{found.url} does not answer ({found.detail}): simulated calls will fail until it does")
+    elif found.status in (401, 403):
+        report.warning("simulator.api_key", f"{found.url} refused the request (HTTP {found.status}): check simulator.api_key (STM_SIMULATOR__API_KEY)")
+    elif found.models is not None and model not in found.models:
+        listed = ", ".join(found.models[:5]) or "none"
+        report.warning("simulator.model", f"'{model}' is not among the models {found.url} serves ({listed}): set simulator.model")
 
 
 def check_system_prompt(settings: Settings, report: Report) -> None:
