@@ -178,7 +178,7 @@ def _open_store(args: argparse.Namespace):
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
     from .cache_tools import ImportFailed, import_tree
-    from .startup import frozen_cache_problem
+    from .trees import frozen_cache_problem
 
     # a folder with no cache files (often one level above or below the tree) would import nothing
     problem = frozen_cache_problem(os.path.abspath(args.directory))

@@ -332,6 +332,13 @@ def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = 
     server, _why = upstream_server_for(path, data)
     # upstream's file ships with empty values (``api_key:``, ``api_base:``): they mean "not set"
     data = {k: v for k, v in data.items() if not (k in UPSTREAM_KEYS and (v is None or v == ""))}
+    _translate_legacy_files_and_relay(data)
+    _translate_legacy_simulator(data, server, environ, path)
+    return data
+
+
+def _translate_legacy_files_and_relay(data: dict[str, Any]) -> None:
+    """Upstream's ``cache_folder``, ``is_save``, ``rapidapi_url`` and ``toolbench_url``, in place."""
     if "cache_folder" in data:
         frozen = list(data.get("frozen_caches") or [])
         folder = data.pop("cache_folder")
@@ -349,27 +356,33 @@ def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = 
         real.setdefault("enabled", True)
         real.setdefault("backend", "relay")
         data["real"] = real
+
+
+def _translate_legacy_simulator(
+    data: dict[str, Any], server: UpstreamServer, environ: Mapping[str, str] | None, path: Path | None
+) -> None:
+    """Upstream's ``api_base``, ``api_key``, ``model`` and ``temperature``, in place, as the server reading the file takes them."""
     sim_keys = {"api_base": "api_base", "api_key": "api_key", "model": "model", "temperature": "temperature"}
-    if any(k in data for k in sim_keys):
-        sim = dict(data.get("simulator") or {})
-        for old, new in sim_keys.items():
-            if old in data:
-                sim.setdefault(new, data.pop(old))
-        sim.setdefault("enabled", True)
-        # upstream's servers are OpenAI clients: without api_base they talk to OpenAI, and
-        # without api_key they read OPENAI_API_KEY
-        sim.setdefault("style", server.style)
-        sim.setdefault("api_base", UPSTREAM_DEFAULT_API_BASE)
-        if server.style != "gpt-fewshot":
-            sim.setdefault("model", UPSTREAM_MIRRORAPI_MODEL)
-            # ``from system_prompts import SFT_SYSTEM``: the file beside the server and its config
-            if path is not None and (path.parent / UPSTREAM_PROMPTS_FILE).is_file():
-                sim.setdefault("system_prompt_file", UPSTREAM_PROMPTS_FILE)
-        openai_key = (environ or {}).get("OPENAI_API_KEY")
-        if openai_key:
-            sim.setdefault("api_key", openai_key)
-        data["simulator"] = sim
-    return data
+    if not any(k in data for k in sim_keys):
+        return
+    sim = dict(data.get("simulator") or {})
+    for old, new in sim_keys.items():
+        if old in data:
+            sim.setdefault(new, data.pop(old))
+    sim.setdefault("enabled", True)
+    # upstream's servers are OpenAI clients: without api_base they talk to OpenAI, and
+    # without api_key they read OPENAI_API_KEY
+    sim.setdefault("style", server.style)
+    sim.setdefault("api_base", UPSTREAM_DEFAULT_API_BASE)
+    if server.style != "gpt-fewshot":
+        sim.setdefault("model", UPSTREAM_MIRRORAPI_MODEL)
+        # ``from system_prompts import SFT_SYSTEM``: the file beside the server and its config
+        if path is not None and (path.parent / UPSTREAM_PROMPTS_FILE).is_file():
+            sim.setdefault("system_prompt_file", UPSTREAM_PROMPTS_FILE)
+    openai_key = (environ or {}).get("OPENAI_API_KEY")
+    if openai_key:
+        sim.setdefault("api_key", openai_key)
+    data["simulator"] = sim
 
 
 def _upstream_file_problem(path: Path) -> str | None:
@@ -546,22 +559,8 @@ def load_settings(
     if config_file is not None:
         path = Path(config_file)
         source = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of keys")
-        data = _translate_legacy(loaded, environ, path)
+        data, style_source = _read_config_file(path, environ)
         base_dir = path.resolve().parent
-        if data is not loaded and isinstance(data.get("simulator"), dict) and "style" not in (loaded.get("simulator") or {}):
-            style_source = _style_note(path, loaded)
     env = _env_overrides(environ)
     if env:
         data = _merge(data, env)
@@ -578,11 +577,37 @@ def load_settings(
     settings.base_dir = str(base_dir)
     settings.config_source = f"{source} ({note})" if note else source
     if style_source:
-        inferred, why = style_source.split(": ", 1)
-        if settings.simulator.style != inferred:
-            style_source = f"{settings.simulator.style}: set by the environment or command line (the file alone gives {inferred}: {why.split('; choose')[0]})"
-        settings.style_source = style_source
+        settings.style_source = _final_style_source(settings, style_source)
     return settings
+
+
+def _read_config_file(path: Path, environ: Mapping[str, str]) -> tuple[dict[str, Any], str]:
+    """A config file's keys (StableToolBench's translated) and, for StableToolBench's, how its simulator style was chosen."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    data = _translate_legacy(loaded, environ, path)
+    style_source = ""
+    if data is not loaded and isinstance(data.get("simulator"), dict) and "style" not in (loaded.get("simulator") or {}):
+        style_source = _style_note(path, loaded)
+    return data, style_source
+
+
+def _final_style_source(settings: Settings, style_source: str) -> str:
+    """The file's style note, or a note that the environment or command line set another style."""
+    inferred, why = style_source.split(": ", 1)
+    if settings.simulator.style != inferred:
+        return f"{settings.simulator.style}: set by the environment or command line (the file alone gives {inferred}: {why.split('; choose')[0]})"
+    return style_source
 
 
 def _style_note(path: Path, loaded: Mapping[str, Any]) -> str:

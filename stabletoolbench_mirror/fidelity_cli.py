@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections import Counter
+from contextlib import ExitStack
 from typing import Any
 
 from . import protocol
@@ -176,7 +177,31 @@ class SimulatorCandidate:
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
-    from .answers import function_index
+    code = _check_arguments(args)
+    if code is not None:
+        return code
+    settings = settings_from_args(args)
+    progress = not args.quiet
+    report = FidelityReport()
+    problems = report.problems
+    with ExitStack() as closers:
+        try:
+            pairs, store = _load_pairs(args, settings, problems, closers, progress)
+            if pairs is None:
+                return 1
+            pairs, candidate = _attach_candidate(args, settings, pairs, store, problems, closers)
+        except ValueError as exc:  # CheckInputError, QueryFileError, the answer files' function index
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        embeddings, judge = _build_scorers(args, closers)
+        report.pairs = score_pairs(
+            pairs, candidate=candidate, embeddings=embeddings, judge=judge, concurrency=args.concurrency, progress=progress
+        )
+    return _write_reports(args, report)
+
+
+def _check_arguments(args: argparse.Namespace) -> int | None:
+    """Exit status 2 (with the message printed) for flags that cannot go together or a missing dependency, else ``None``."""
     if not (args.calls or args.answers or args.from_store):
         print("error: give the reference answers: --calls FILE.jsonl, --answers PATH or --from-store", file=sys.stderr)
         return 2
@@ -200,79 +225,97 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         if folder is not None and not os.path.isdir(folder):
             print(f"error: {flag} {out}: the folder {folder} does not exist", file=sys.stderr)
             return 2
-    settings = settings_from_args(args)
-    progress = not args.quiet
-    report = FidelityReport()
-    problems = report.problems
+    return None
+
+
+def _load_pairs(
+    args: argparse.Namespace, settings: Any, problems: list[str], closers: ExitStack, progress: bool
+) -> tuple[list[Pair] | None, Any]:
+    """The reference pairs (``--calls``, ``--answers``, ``--from-store``, then ``--category`` and ``--limit``)
+    and the store when one is needed (closed by ``closers``).
+
+    The pairs are ``None`` (the error printed) when ``--from-store`` is the only source and gives nothing.
+    """
+    from .answers import function_index
+
+    pairs: list[Pair] = []
+    for path in args.calls or []:
+        pairs += pairs_from_expectations(load_calls_jsonl(path), problems)
+    if args.answers:
+        tools = args.tools_folder or (settings.resolve(settings.tools_folder) if settings.tools_folder else None)
+        found, bad = load_answer_expectations(args.answers, function_index(args.queries or [], tools))
+        problems.extend(bad)
+        pairs += pairs_from_expectations(found, problems)
     store = None
-    closers: list[Any] = []
-    try:
-        try:
-            pairs: list[Pair] = []
-            for path in args.calls or []:
-                pairs += pairs_from_expectations(load_calls_jsonl(path), problems)
-            if args.answers:
-                tools = args.tools_folder or (settings.resolve(settings.tools_folder) if settings.tools_folder else None)
-                found, bad = load_answer_expectations(args.answers, function_index(args.queries or [], tools))
-                problems.extend(bad)
-                pairs += pairs_from_expectations(found, problems)
-            needs_store = args.from_store or not (args.candidate_calls or args.shadow)
-            if needs_store:
-                from .factory import build_store
+    if args.from_store or not (args.candidate_calls or args.shadow):
+        from .factory import build_store
 
-                store = build_store(settings)
-                closers.append(store)
-            if args.from_store:
-                from .tooldocs import tool_docs_for
+        store = build_store(settings)
+        closers.callback(store.close)
+    if args.from_store:
+        from_store = _pairs_from_store(settings, store, problems, progress, have_others=bool(pairs))
+        if from_store is None:
+            return None, store
+        pairs += from_store
+    if args.category:
+        wanted = set(args.category)
+        pairs = [p for p in pairs if p.category in wanted]
+    if args.limit is not None:
+        pairs = pairs[: args.limit]
+    return pairs, store
 
-                seen: Counter[str] = Counter()
-                from_store = pairs_from_store(store, problems, progress=progress, docs=tool_docs_for(settings), seen=seen)
-                if not from_store:
-                    message = no_store_references(str(getattr(store, "path", None) or getattr(store, "url", "?")), seen)
-                    if not pairs:
-                        print(f"error: {message}", file=sys.stderr)
-                        return 1
-                    print(f"warning: {message}", file=sys.stderr)
-                pairs += from_store
-            if args.category:
-                wanted = set(args.category)
-                pairs = [p for p in pairs if p.category in wanted]
-            if args.limit is not None:
-                pairs = pairs[: args.limit]
-            candidate = None
-            if args.candidate_calls:
-                pairs = attach_candidates(pairs, candidates_from_calls(args.candidate_calls, problems), "--candidate-calls", problems)
-            elif args.shadow:
-                from .factory import build_shadow_store
 
-                shadow = build_shadow_store(settings)
-                closers.append(shadow)
-                pairs = attach_candidates(pairs, candidates_from_shadow(pairs, shadow), "the shadow store", problems)
-            else:
-                from .factory import build_frozen
-                from .simulator import build_simulator
+def _pairs_from_store(settings: Any, store: Any, problems: list[str], progress: bool, *, have_others: bool) -> list[Pair] | None:
+    """``--from-store``'s pairs; when there are none, a warning, or an error (``None``) without ``have_others``."""
+    from .tooldocs import tool_docs_for
 
-                simulator = build_simulator(settings)
-                closers.append(simulator)
-                frozen = build_frozen(settings)
-                candidate = SimulatorCandidate(simulator, store, frozen, record=args.record)
-        except ValueError as exc:  # CheckInputError, QueryFileError, the answer files' function index
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        key = os.environ.get(args.api_key_env) if args.api_key_env else None
-        embeddings = judge = None
-        if args.embeddings_api_base:
-            embeddings = EmbeddingClient(args.embeddings_api_base, args.embeddings_model, api_key=key)
-            closers.append(embeddings)
-        if args.judge_api_base:
-            judge = Judge(args.judge_api_base, args.judge_model, api_key=key)
-            closers.append(judge)
-        report.pairs = score_pairs(
-            pairs, candidate=candidate, embeddings=embeddings, judge=judge, concurrency=args.concurrency, progress=progress
-        )
-    finally:
-        for closer in reversed(closers):
-            closer.close()
+    seen: Counter[str] = Counter()
+    from_store = pairs_from_store(store, problems, progress=progress, docs=tool_docs_for(settings), seen=seen)
+    if not from_store:
+        message = no_store_references(str(getattr(store, "path", None) or getattr(store, "url", "?")), seen)
+        if not have_others:
+            print(f"error: {message}", file=sys.stderr)
+            return None
+        print(f"warning: {message}", file=sys.stderr)
+    return from_store
+
+
+def _attach_candidate(
+    args: argparse.Namespace, settings: Any, pairs: list[Pair], store: Any, problems: list[str], closers: ExitStack
+) -> tuple[list[Pair], SimulatorCandidate | None]:
+    """The pairs with their candidates attached (``--candidate-calls``, ``--shadow``), or the simulator to ask."""
+    if args.candidate_calls:
+        return attach_candidates(pairs, candidates_from_calls(args.candidate_calls, problems), "--candidate-calls", problems), None
+    if args.shadow:
+        from .factory import build_shadow_store
+
+        shadow = build_shadow_store(settings)
+        closers.callback(shadow.close)
+        return attach_candidates(pairs, candidates_from_shadow(pairs, shadow), "the shadow store", problems), None
+    from .factory import build_frozen
+    from .simulator import build_simulator
+
+    simulator = build_simulator(settings)
+    closers.callback(simulator.close)
+    frozen = build_frozen(settings)
+    return pairs, SimulatorCandidate(simulator, store, frozen, record=args.record)
+
+
+def _build_scorers(args: argparse.Namespace, closers: ExitStack) -> tuple[EmbeddingClient | None, Judge | None]:
+    """The optional scorers: embeddings (``--embeddings-api-base``) and the judge (``--judge-api-base``)."""
+    key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    embeddings = judge = None
+    if args.embeddings_api_base:
+        embeddings = EmbeddingClient(args.embeddings_api_base, args.embeddings_model, api_key=key)
+        closers.callback(embeddings.close)
+    if args.judge_api_base:
+        judge = Judge(args.judge_api_base, args.judge_model, api_key=key)
+        closers.callback(judge.close)
+    return embeddings, judge
+
+
+def _write_reports(args: argparse.Namespace, report: FidelityReport) -> int:
+    """Print the summary, write ``--json`` and ``--html``; exit 1 when they cannot be written or nothing was scored."""
     data = report.to_json()
     print("\n".join(report.lines(data)))
     try:
@@ -284,7 +327,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         print(f"error: the report cannot be written: {exc}", file=sys.stderr)
         return 1
     if not report.pairs:
-        print(f"error: nothing was scored: none of the {len(problems)} calls read could be (see above)" if problems
+        print(f"error: nothing was scored: none of the {len(report.problems)} calls read could be (see above)" if report.problems
               else "error: nothing was scored: no reference answer was found or left (--category, --limit)", file=sys.stderr)
         return 1
     return 0

@@ -246,6 +246,29 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
     """
     root = Path(out)
     problems: list[str] = []
+    manifest = _read_manifest(root)
+    if isinstance(manifest, Verification):
+        return manifest
+    if manifest.get("format_version") != FORMAT_VERSION:
+        problems.append(f"unsupported format_version {manifest.get('format_version')!r}")
+    listed = failure_entries(manifest)
+    scan = _scan_tree(root, {api for api, _key in listed or ()}, problems, progress)
+    actual = scan.digest.hexdigest()
+    expected = manifest.get("content_hash")
+    if actual != expected:
+        problems.append("content hash differs: an entry was added, removed or changed")
+        problems.extend(changed_apis(root, manifest.get("api_hashes"), scan.digest.apis, scan.paths))
+    if manifest.get("entries") != scan.entries:
+        problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {scan.entries}")
+    if isinstance(manifest.get("by_category"), dict) and manifest["by_category"] != dict(sorted(scan.by_category.items())):
+        problems.append("entry counts by category differ from the manifest")
+    _check_failures(manifest, listed, scan.present, problems)
+    _check_left_out(manifest, allow_left_out, problems)
+    return Verification(not problems, expected, actual, scan.entries, scan.files, problems)
+
+
+def _read_manifest(root: Path) -> dict[str, Any] | Verification:
+    """The snapshot's manifest, or the failed verification saying why there is none to use."""
     try:
         manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
     except OSError as exc:
@@ -254,40 +277,49 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
         return Verification(False, None, None, problems=[f"{MANIFEST_NAME} is not JSON: {exc}"])
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         return Verification(False, None, None, problems=[f"{MANIFEST_NAME} is not a {FORMAT} manifest"])
-    if manifest.get("format_version") != FORMAT_VERSION:
-        problems.append(f"unsupported format_version {manifest.get('format_version')!r}")
-    digest = ContentHash()
-    entries = files = 0
-    by_category: Counter[str] = Counter()
-    listed = failure_entries(manifest)
-    listed_apis = {api for api, _key in listed or ()}
-    present: set[tuple[str, str]] = set()
-    paths: dict[str, Path] = {}
-    for api, group in groupby(tree_entries(root, problems, progress=progress, paths=paths), key=lambda e: e[0]):
+    return manifest
+
+
+@dataclass
+class _TreeScan:
+    """What a snapshot's files hold: their content hash, counts, and the failure entries found."""
+
+    digest: ContentHash
+    entries: int = 0
+    files: int = 0
+    by_category: Counter[str] = field(default_factory=Counter)
+    present: set[tuple[str, str]] = field(default_factory=set)
+    """``(api, key)`` of the entries of APIs the manifest lists failure entries of."""
+    paths: dict[str, Path] = field(default_factory=dict)
+
+
+def _scan_tree(root: Path, listed_apis: set[str], problems: list[str], progress: bool) -> _TreeScan:
+    scan = _TreeScan(ContentHash())
+    for api, group in groupby(tree_entries(root, problems, progress=progress, paths=scan.paths), key=lambda e: e[0]):
         items = [(key, answer) for _, key, answer in group]
         if api in listed_apis:
-            present.update((api, key) for key, _ in items)
-        digest.add_api(api, items)
-        files += 1
-        entries += len(items)
-        by_category[api.split("/", 1)[0]] += len(items)
-    actual = digest.hexdigest()
-    expected = manifest.get("content_hash")
-    if actual != expected:
-        problems.append("content hash differs: an entry was added, removed or changed")
-        problems.extend(changed_apis(root, manifest.get("api_hashes"), digest.apis, paths))
-    if manifest.get("entries") != entries:
-        problems.append(f"entry count differs: manifest {manifest.get('entries')}, files {entries}")
-    if isinstance(manifest.get("by_category"), dict) and manifest["by_category"] != dict(sorted(by_category.items())):
-        problems.append("entry counts by category differ from the manifest")
+            scan.present.update((api, key) for key, _ in items)
+        scan.digest.add_api(api, items)
+        scan.files += 1
+        scan.entries += len(items)
+        scan.by_category[api.split("/", 1)[0]] += len(items)
+    return scan
+
+
+def _check_failures(manifest: dict[str, Any], listed: set[tuple[str, str]] | None, present: set[tuple[str, str]], problems: list[str]) -> None:
+    """The manifest's failure entries: a list of pairs, each in the files, as many as its ``failures``."""
     if listed is None:
         problems.append("failure_entries is not a list of [api, key] pairs")
-    else:
-        missing = [entry for entry in listed if entry not in present]
-        if missing:
-            problems.append(f"{len(missing)} failure entries of the manifest are not in the files")
-        if manifest.get("failures", len(listed)) != len(listed):
-            problems.append(f"failure count differs: manifest {manifest.get('failures')}, listed {len(listed)}")
+        return
+    missing = [entry for entry in listed if entry not in present]
+    if missing:
+        problems.append(f"{len(missing)} failure entries of the manifest are not in the files")
+    if manifest.get("failures", len(listed)) != len(listed):
+        problems.append(f"failure count differs: manifest {manifest.get('failures')}, listed {len(listed)}")
+
+
+def _check_left_out(manifest: dict[str, Any], allow_left_out: bool, problems: list[str]) -> None:
+    """A problem when the store held entries the snapshot left out (unless ``allow_left_out``)."""
     left_out = manifest.get("left_out") or {}
     if left_out and not allow_left_out:
         n = sum(left_out.values()) if isinstance(left_out, dict) else len(left_out)
@@ -295,7 +327,6 @@ def verify_snapshot(out: str | os.PathLike[str], *, allow_left_out: bool = False
             f"incomplete: the store held {n} more entries ({len(left_out)} APIs with names too long for a file name) "
             "that the snapshot left out (--skip-unsafe accepts that)"
         )
-    return Verification(not problems, expected, actual, entries, files, problems)
 
 
 #: APIs named per kind of change (changed, missing, added) when a verification fails

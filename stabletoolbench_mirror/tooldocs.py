@@ -349,7 +349,7 @@ def tools_folder_problem(settings: Settings) -> str | None:
     return f"{path} has no tool docs (<Category>/<tool>.json)"
 
 
-def subfolders(path: Path | str, follow: bool = False) -> Iterator[os.DirEntry[str]]:
+def subfolders(path: str | os.PathLike[str], follow: bool = False) -> Iterator[os.DirEntry[str]]:
     """Sub-folders of ``path`` (symlinks followed only when ``follow``), sorted; nothing when it cannot be read."""
     try:
         with os.scandir(path) as it:

@@ -25,7 +25,7 @@ from stabletoolbench_mirror.config import UPSTREAM_DEFAULT_API_BASE, load_settin
 from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.simulator import NO_DOCS_MARK
-from stabletoolbench_mirror.startup import count_tree, frozen_cache_problem
+from stabletoolbench_mirror.trees import count_tree, frozen_cache_problem
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream_layout import write_cache_file
 

@@ -1,0 +1,215 @@
+"""Network probes of the endpoints a configuration points at: the real API relay and the simulator.
+
+Each endpoint gets one ``GET`` (the simulator's ``/models``), all at once, with a short
+timeout; one that does not answer is a warning, never fatal (it may come up later).  The
+results are written to a start-up report (anything with ``add``, ``error`` and ``warning``).
+No key is ever printed: URLs are shown without user info or query string.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .config import Settings
+from .secrets import public_url
+
+
+class Report(Protocol):
+    """Where the checks write: summary lines and findings (``startup.StartupReport``)."""
+
+    def add(self, label: str, text: str) -> None: ...
+
+    def error(self, key: str, message: str) -> None: ...
+
+    def warning(self, key: str, message: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Whether an endpoint answered an HTTP request."""
+
+    url: str
+    """Shown without user info or query string."""
+    answered: bool
+    status: int | None = None
+    detail: str = ""
+    models: tuple[str, ...] | None = None
+    """For a simulator endpoint: the models its ``/models`` lists, when it does."""
+
+    def describe(self) -> str:
+        if not self.answered:
+            return f"{self.url}: NOT ANSWERING ({self.detail})"
+        return f"{self.url}: answered (HTTP {self.status}{', ' + self.detail if self.detail else ''})"
+
+
+def _cause(exc: BaseException) -> str:
+    """A short, stable cause for a failed request: ``connection refused``, ``no answer within 2 s``, ..."""
+    import requests
+
+    if isinstance(exc, requests.Timeout):
+        return "timed out"
+    seen: set[int] = set()
+    stack: list[Any] = [exc]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.strerror:
+            return current.strerror.lower()
+        if isinstance(current, BaseException):
+            stack += [current.__cause__, current.__context__, *[a for a in current.args if isinstance(a, BaseException)]]
+            reason = getattr(current, "reason", None)
+            if isinstance(reason, BaseException):
+                stack.append(reason)
+    text = str(exc)
+    if "Name or service not known" in text or "nodename nor servname" in text:
+        return "host name not found"
+    if "refused" in text.lower():
+        return "connection refused"
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+def probe(url: str, *, timeout_s: float = 3.0, headers: dict[str, str] | None = None) -> tuple[Probe, Any]:
+    """GET ``url``: any HTTP answer counts as answered.  Returns the probe and the parsed JSON body (or ``None``)."""
+    import requests
+
+    shown = public_url(url)
+    try:
+        response = requests.get(url, timeout=(timeout_s, timeout_s), headers=headers or {}, allow_redirects=False, stream=True)
+    except requests.RequestException as exc:
+        return Probe(shown, False, detail=_cause(exc)), None
+    try:
+        raw = response.raw.read(1024 * 1024, decode_content=True) if response.status_code == 200 else b""
+    except Exception:  # noqa: BLE001 - a broken body still proves the endpoint answers
+        raw = b""
+    finally:
+        response.close()
+    try:
+        body = json.loads(raw) if raw else None
+    except (ValueError, RecursionError):
+        body = None
+    return Probe(shown, True, response.status_code), body
+
+
+def probe_simulator(api_base: str, model: str, api_key: str | None, timeout_s: float) -> Probe:
+    """``GET <api_base>/models`` of an OpenAI-compatible endpoint; notes whether ``model`` is listed."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    result, body = probe(api_base.rstrip("/") + "/models", timeout_s=timeout_s, headers=headers)
+    if not result.answered:
+        return Probe(public_url(api_base), False, detail=result.detail)
+    models: tuple[str, ...] | None = None
+    if isinstance(body, dict) and isinstance(body.get("data"), list):
+        models = tuple(str(m.get("id")) for m in body["data"] if isinstance(m, dict) and m.get("id") is not None)
+    detail = ""
+    if result.status in (401, 403):
+        detail = "refused: check simulator.api_key"
+    elif models is not None:
+        detail = f"serves '{model}'" if model in models else f"does not list '{model}'"
+    return Probe(public_url(api_base), True, result.status, detail, models)
+
+
+def _probe_timeout(configured: float) -> float:
+    return max(0.2, min(configured, 3.0))
+
+
+def check_endpoints(settings: Settings, report: Report, *, probe_endpoints: bool = True) -> dict[str, Probe]:
+    """Probe the relay and the simulator endpoints (all at once); warnings for those that do not answer."""
+    jobs = _probe_jobs(settings, report, probe_endpoints)
+    results = _run_probes(jobs)
+    _report_real(settings, report, results)
+    if settings.simulator.enabled:
+        _report_simulator(settings, report, results)
+    else:
+        report.add("simulator", "off")
+    return results
+
+
+def _probe_jobs(settings: Settings, report: Report, probe_endpoints: bool) -> dict[str, Any]:
+    """The probes to run, by name (``real``, ``simulator<i>``); an error when the relay URL is missing."""
+    real, sim = settings.real, settings.simulator
+    jobs: dict[str, Any] = {}
+    if real.enabled:
+        if real.backend == "relay":
+            if not real.relay_url:
+                report.error("real.relay_url", "not set, but real.enabled is true with backend 'relay': set the ToolBench relay URL (upstream toolbench_url)")
+            elif probe_endpoints:
+                jobs["real"] = lambda: probe(real.relay_url or "", timeout_s=_probe_timeout(real.connect_timeout_s))[0]
+        elif real.rapidapi_base_url and probe_endpoints:
+            jobs["real"] = lambda: probe(real.rapidapi_base_url or "", timeout_s=_probe_timeout(real.connect_timeout_s))[0]
+    if sim.enabled and probe_endpoints:
+        key = sim.api_key.get_secret_value() if sim.api_key is not None else None
+        for i, endpoint in enumerate(sim.endpoints):
+            jobs[f"simulator{i}"] = (lambda e=endpoint: probe_simulator(e, sim.model, key, _probe_timeout(sim.connect_timeout_s)))
+    return jobs
+
+
+def _run_probes(jobs: dict[str, Any]) -> dict[str, Probe]:
+    """Run every probe at once; their results by name."""
+    if not jobs:
+        return {}
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _report_real(settings: Settings, report: Report, results: dict[str, Probe]) -> None:
+    """The ``real API`` line, and a warning when its endpoint does not answer."""
+    real = settings.real
+    if not real.enabled:
+        report.add("real API", "off")
+        return
+    found = results.get("real")
+    if real.backend == "relay":
+        report.add("real API", f"relay {found.describe() if found else public_url(real.relay_url or '') + ' (not checked)'}")
+        if found is not None and not found.answered:
+            report.warning("real.relay_url", f"{found.url} does not answer ({found.detail}): real calls will fail and fall through to the simulator")
+        return
+    where = found.describe() if found else "each API's own host (not checked)"
+    report.add("real API", f"rapidapi, {where}")
+    if found is not None and not found.answered:
+        report.warning("real.rapidapi_base_url", f"{found.url} does not answer ({found.detail}): real calls will fail")
+
+
+def _report_simulator(settings: Settings, report: Report, results: dict[str, Probe]) -> None:
+    """The simulator's lines (style, prompt, each endpoint) and a warning for each endpoint that is not usable."""
+    sim = settings.simulator
+    report.add("simulator", f"{sim.style}, model '{sim.model}'")
+    if settings.style_source:
+        report.add("simulator style", settings.style_source)
+    check_system_prompt(settings, report)
+    for i, endpoint in enumerate(sim.endpoints):
+        found = results.get(f"simulator{i}")
+        label = f"simulator endpoint {i}" if len(sim.endpoints) > 1 else "simulator endpoint"
+        report.add(label, found.describe() if found else f"{public_url(endpoint)} (not checked)")
+        if found is not None:
+            _warn_endpoint(sim.model, found, report)
+
+
+def _warn_endpoint(model: str, found: Probe, report: Report) -> None:
+    """A warning when a simulator endpoint does not answer, refuses the key, or does not serve ``model``."""
+    if not found.answered:
+        report.warning("simulator.api_base", f"{found.url} does not answer ({found.detail}): simulated calls will fail until it does")
+    elif found.status in (401, 403):
+        report.warning("simulator.api_key", f"{found.url} refused the request (HTTP {found.status}): check simulator.api_key (STM_SIMULATOR__API_KEY)")
+    elif found.models is not None and model not in found.models:
+        listed = ", ".join(found.models[:5]) or "none"
+        report.warning("simulator.model", f"'{model}' is not among the models {found.url} serves ({listed}): set simulator.model")
+
+
+def check_system_prompt(settings: Settings, report: Report) -> None:
+    """The simulator's system prompt: where it comes from, or why ``simulator.system_prompt_file`` cannot give it."""
+    from .config import ConfigError
+    from .simulator import system_prompt_for
+
+    key = "simulator.system_prompt_file"
+    try:
+        prompt = system_prompt_for(settings)
+    except ConfigError as exc:
+        report.add("simulator prompt", "NOT USABLE")
+        report.error(key, str(exc).removeprefix(f"{key}: "))
+        return
+    report.add("simulator prompt", f"{prompt.source} (sha256 {prompt.sha256[:12]})")

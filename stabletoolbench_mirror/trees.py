@@ -1,0 +1,207 @@
+"""Upstream cache trees and ToolBench tools folders, read from their listings.
+
+The counts shown at start (files, tools, categories, entries of a ``tool_response_cache``
+tree; tools and APIs of a tools folder) and the hints when a path is one level off (a cache
+tree just below, above or beside it), used by the start-up checks and by ``cache import``.
+
+Everything here reads folder listings and small files; nothing is imported or evaluated.
+This is a low "upstream format" module: it imports no command, check or factory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .tooldocs import json_files, subfolders
+from .upstream_layout import iter_cache_spans
+
+#: the layout of an upstream cache tree, for messages
+TREE_LAYOUT = "<Category>/<tool>_for_<Category>/<api>.json"
+#: entries of frozen trees are counted (by parsing their files) only up to this many bytes in total
+COUNT_ENTRIES_MAX_BYTES = 16 * 1024 * 1024
+#: APIs of a tools folder are counted (by parsing the tool docs) only up to this many tool files
+COUNT_APIS_MAX_TOOLS = 5000
+#: folder entries a search for a nearby tree may look at (a hint must stay cheap)
+NEAR_SEARCH_BUDGET = 20_000
+
+
+# -- cache trees -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeCount:
+    """What an upstream ``tool_response_cache`` tree holds (from its listing; entries optional)."""
+
+    categories: int = 0
+    tools: int = 0
+    files: int = 0
+    bytes: int = 0
+    entries: int | None = None
+    """Entries over all files, or ``None`` when not counted (a large tree)."""
+    unreadable: tuple[str, ...] = ()
+    """Files that could not be parsed while counting entries."""
+
+
+def _tool_dirs(root: str | os.PathLike[str], follow: bool = False) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """``(category, tool folder)`` of every tool folder laid out as upstream's: ``<tool>_for_<category>``."""
+    for category in subfolders(root, follow):
+        suffix = f"_for_{category.name}"
+        for tool in subfolders(category.path, follow):
+            if tool.name.endswith(suffix):
+                yield category.name, tool
+
+
+def count_tree(root: str | os.PathLike[str], *, count_entries: bool | None = None, follow_symlinks: bool = False) -> TreeCount:
+    """Count a tree's API files from its listing; its entries too when it is small (or when asked).
+
+    Entries are counted with the frozen cache's own reader, so a file it would refuse (not a JSON
+    object, nested too deeply, a lone surrogate) is listed as unreadable here too.
+    """
+    categories: set[str] = set()
+    tools = files = size = 0
+    paths: list[str] = []
+    for category, tool in _tool_dirs(root, follow_symlinks):
+        api_files = json_files(tool.path, follow_symlinks)
+        if not api_files:
+            continue
+        categories.add(category)
+        tools += 1
+        files += len(api_files)
+        for entry in api_files:
+            try:
+                size += entry.stat(follow_symlinks=follow_symlinks).st_size
+            except OSError:
+                pass
+            paths.append(entry.path)
+    if count_entries is None:
+        count_entries = size <= COUNT_ENTRIES_MAX_BYTES
+    entries: int | None = None
+    unreadable: list[str] = []
+    if count_entries:
+        entries = 0
+        for path in paths:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    entries += sum(1 for _ in iter_cache_spans(fh.read(), path, bodies=False))
+            except (OSError, ValueError, RecursionError, MemoryError):
+                unreadable.append(path)
+    return TreeCount(len(categories), tools, files, size, entries, tuple(unreadable))
+
+
+def looks_like_tree(path: str | os.PathLike[str], budget: list[int] | None = None, *, follow_symlinks: bool = False) -> bool:
+    """Whether ``path`` holds at least one upstream cache file (stops at the first one found)."""
+    budget = budget if budget is not None else [NEAR_SEARCH_BUDGET]
+    for category in subfolders(path, follow_symlinks):
+        budget[0] -= 1
+        if budget[0] <= 0:
+            return False
+        suffix = f"_for_{category.name}"
+        for tool in subfolders(category.path, follow_symlinks):
+            budget[0] -= 1
+            if budget[0] <= 0:
+                return False
+            if tool.name.endswith(suffix) and json_files(tool.path, follow_symlinks):
+                return True
+    return False
+
+
+def nearby_tree(path: str | os.PathLike[str]) -> tuple[str, Path] | None:
+    """A folder just below (one or two levels) or above (one or two levels) ``path`` that is a cache tree.
+
+    ``("below", folder)``, ``("above", folder)`` or ``("beside it", folder)``; a folder named
+    ``tool_response_cache`` is preferred.
+    """
+    base = Path(path)
+    budget = [NEAR_SEARCH_BUDGET]
+    children = sorted(subfolders(base), key=lambda e: (e.name != "tool_response_cache", e.name))
+    for child in children:
+        if looks_like_tree(child.path, budget):
+            return "below", Path(child.path)
+    for child in children:
+        for grandchild in sorted(subfolders(child.path), key=lambda e: (e.name != "tool_response_cache", e.name)):
+            if looks_like_tree(grandchild.path, budget):
+                return "below", Path(grandchild.path)
+            if budget[0] <= 0:
+                return None
+    for parent in (base.parent, base.parent.parent):
+        if parent != base and looks_like_tree(parent, budget):
+            return "above", parent
+    # e.g. the tools folder given instead of the cache tree beside it
+    for sibling in sorted(subfolders(base.parent), key=lambda e: (e.name != "tool_response_cache", e.name)):
+        if Path(sibling.path) != base and looks_like_tree(sibling.path, budget):
+            return "beside it", Path(sibling.path)
+        if budget[0] <= 0:
+            break
+    return None
+
+
+def frozen_cache_problem(path: str | os.PathLike[str], *, follow_symlinks: bool = False) -> str | None:
+    """Why ``path`` cannot be a frozen cache (with a hint where one is near), or ``None``.
+
+    Used at start for every frozen cache and by ``cache import``.
+    """
+    p = Path(path)
+    if not p.exists():
+        # a path relative to the wrong folder: look below the nearest folder that exists
+        existing = next((a for a in p.parents if a.is_dir()), None)
+        if existing is not None and looks_like_tree(existing):
+            return f"{p} does not exist; {existing} above it looks like a tool_response_cache tree: use that path"
+        near = nearby_tree(existing) if existing is not None and existing != Path(existing.anchor) else None
+        if near is not None and near[0] == "below":
+            return f"{p} does not exist; {near[1]} looks like a tool_response_cache tree: use that path"
+        return f"{p} does not exist"
+    if not p.is_dir():
+        return f"{p} is not a folder"
+    if looks_like_tree(p, follow_symlinks=follow_symlinks):
+        return None
+    message = f"{p} has no cache files ({TREE_LAYOUT})"
+    near = nearby_tree(p)
+    if near is None:
+        return message + ", nor has any folder just below or above it"
+    where, folder = near
+    return f"{message}; the folder {where}, {folder}, looks like a tool_response_cache tree: use that path"
+
+
+# -- tools folders ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolsCount:
+    categories: int = 0
+    tools: int = 0
+    apis: int | None = None
+    """APIs over all tool docs, or ``None`` when not counted (a large folder)."""
+    unreadable: tuple[str, ...] = ()
+
+
+def count_tools(root: str | os.PathLike[str], *, count_apis: bool | None = None) -> ToolsCount:
+    """Count the tool docs of a ToolBench tools folder (``<Category>/<tool>.json``); APIs when small or asked."""
+    categories = 0
+    paths: list[str] = []
+    for category in subfolders(root):
+        found = json_files(category.path)
+        if found:
+            categories += 1
+            paths += [e.path for e in found]
+    if count_apis is None:
+        count_apis = len(paths) <= COUNT_APIS_MAX_TOOLS
+    apis: int | None = None
+    unreadable: list[str] = []
+    if count_apis:
+        apis = 0
+        for path in paths:
+            try:
+                with open(path, "rb") as fh:
+                    data = json.loads(fh.read())
+                api_list = data.get("api_list") if isinstance(data, dict) else None
+            except (OSError, ValueError, RecursionError, MemoryError):
+                api_list = None
+            if not isinstance(api_list, list):
+                unreadable.append(path)
+                continue
+            apis += len(api_list)
+    return ToolsCount(categories, len(paths), apis, tuple(unreadable))
