@@ -28,10 +28,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from . import __version__, protocol, sessions
+from . import __version__, fair, protocol, sessions
 from .admission import REQUEST_OVERHEAD, Admission, Refused
 from .config import Settings
 from .factory import build_layer
+from .fair import FairLimiter
 from .layer import MirrorLayer
 from .outcomes import Outcome, OutcomeKind
 from .logs import clip
@@ -81,9 +82,14 @@ class _RefusalLog:
 class _Front:
     """Pure ASGI front: bearer token on every route, then ``/virtual``: body read, admission, answer."""
 
-    def __init__(self, app: Any, layer: MirrorLayer, token: bytes | None, admission: Admission, max_body: int, body_timeout_s: float) -> None:
+    def __init__(
+        self, app: Any, layer: MirrorLayer, token: bytes | None, admission: Admission, max_body: int, body_timeout_s: float,
+        threads: FairLimiter | None = None,
+    ) -> None:
         self.app = app
         self.layer = layer
+        self.threads = threads or FairLimiter(40)
+        """The worker threads of ``/virtual`` (local tools, sessions, store I/O, misses), shared fairly between clients."""
         self.token = token
         self.admission = admission
         self.max_body = max_body
@@ -107,6 +113,7 @@ class _Front:
         # and is cut off after limits.body_timeout_s; its bytes count against limits.max_queued_bytes
         # from its headers until it has a slot
         client = scope["client"][0] if scope.get("client") else "?"
+        fair.CLIENT.set(client)  # this request's task (and its worker threads) work for this client
         reservation = _Reservation(self.admission)
         try:
             body = await self._read_body(scope, receive, reservation)
@@ -212,13 +219,13 @@ class _Front:
             return prepared
         if session is not None or layer.runs_locally(prepared):
             # a session's calls and local tools read and write state: always in a worker thread
-            return await anyio.to_thread.run_sync(layer.handle_call, prepared, session)
+            return await anyio.to_thread.run_sync(layer.handle_call, prepared, session, limiter=self.threads)
         # hits are answered on the event loop (a local store at once, Redis through its async
         # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
         hit = await layer.cached_async(prepared)
         if hit is not None:
             return hit
-        return await anyio.to_thread.run_sync(layer.handle_call, prepared)
+        return await anyio.to_thread.run_sync(layer.handle_call, prepared, limiter=self.threads)
 
 
 _REFUSAL_HEADERS = ((b"retry-after", b"5"),)
@@ -374,7 +381,8 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # misses wait on the real API or the simulator in worker threads
+        # misses wait on the real API or the simulator in worker threads: /virtual's, shared fairly
+        # between clients (threads); the rest (frozen files parsed, other routes) anyio's default
         anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.limits.max_pending_misses + 32)
         try:
             yield
@@ -386,8 +394,12 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     app.state.layer = layer
     app.state.settings = settings
     token = settings.auth_token.get_secret_value().encode() if settings.auth_token else None
+    # 32 more threads only for clients with nothing running: threads held by other clients' misses
+    # (waiting for the simulator) never keep a client's first call waiting for one to finish
+    threads = FairLimiter(max(40, settings.limits.max_pending_misses + 32), reserve=32)
     app.add_middleware(
         _Front,
+        threads=threads,
         layer=layer,
         token=token,
         admission=Admission(

@@ -78,3 +78,19 @@ def peer_closed(sock: socket.socket, within_s: float) -> bool:
             return False
         except (ConnectionResetError, BrokenPipeError):
             return True
+
+
+def crowd_of_requests(port: int, bodies_by_source: dict[str, list[bytes]]) -> list[socket.socket]:
+    """One connection per request, from each source address (``127.0.0.x``: another client as the server sees
+    it), each sending its ``POST /virtual`` at once; the answers are left unread until the sockets close."""
+    socks = []
+    for source, bodies in bodies_by_source.items():
+        for body in bodies:
+            sock = socket.socket()
+            sock.settimeout(10)
+            sock.bind((source, 0))
+            sock.connect(("127.0.0.1", port))
+            sock.sendall((f"POST /virtual HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+            socks.append(sock)
+    return socks
