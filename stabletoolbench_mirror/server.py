@@ -271,8 +271,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     uvicorn hands a whole answer to the transport, which keeps what the socket does not take in
     its write buffer until the client reads it, and closing the connection waits for that buffer to
     drain: a client that never reads holds its answer for as long as it stays connected.  While the
-    buffer holds anything, it is checked every ``send_timeout_s``; a client that has read nothing since
-    the last check is dropped (the connection aborted, its buffer freed).
+    buffer holds anything, the unsent bytes are looked at every fifth of ``send_timeout_s``; a client
+    that has read nothing for ``send_timeout_s`` is dropped (the connection aborted, its buffer freed).
     """
 
     def __init__(self, *args: Any, header_timeout_s: float = 10.0, send_timeout_s: float = 30.0, **kwargs: Any) -> None:
@@ -282,6 +282,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         self._unsent = 0
+        self._sent_at = 0.0
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
@@ -298,10 +299,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _watch_sending(self) -> None:
-        """Check the write buffer in ``send_timeout_s`` (once armed, until it is empty)."""
+        """Look at the unsent bytes every fifth of ``send_timeout_s`` while the write buffer holds anything."""
         if self._send_timer is None and self.transport.get_write_buffer_size():
             self._unsent = self._unsent_bytes()
-            self._send_timer = self.loop.call_later(self.send_timeout_s, self._check_sending)
+            self._sent_at = self.loop.time()
+            self._send_timer = self.loop.call_later(self.send_timeout_s / 5, self._check_sending)
 
     def _unsent_bytes(self) -> int:
         """The answer bytes not yet taken by the client: the transport's buffer and the socket's send queue.
@@ -324,12 +326,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if not self.transport.get_write_buffer_size():
             return
         unsent = self._unsent_bytes()
-        if unsent != self._unsent:  # the client read some: it has another send_timeout_s
-            self._watch_sending()
+        now = self.loop.time()
+        if unsent != self._unsent:  # the client read some
+            self._unsent, self._sent_at = unsent, now
+        elif now - self._sent_at >= self.send_timeout_s * 0.999:
+            log.debug("dropped a client that read nothing of its answer for %g s (%d bytes unsent; limits.send_timeout_s)",
+                      self.send_timeout_s, unsent)
+            self.transport.abort()
             return
-        log.debug("dropped a client that read nothing of its answer for %g s (%d bytes unsent; limits.send_timeout_s)",
-                  self.send_timeout_s, unsent)
-        self.transport.abort()
+        self._send_timer = self.loop.call_later(self.send_timeout_s / 5, self._check_sending)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
