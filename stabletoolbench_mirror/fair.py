@@ -6,10 +6,9 @@ concurrency.  First come, first served, one client with many slow requests queue
 other client wait behind all of them (199 addresses with 8 slow misses each kept 127.0.0.1, with
 free slots, waiting 62 s for a local tool).  Here each client waits in its own FIFO queue, and a
 freed turn goes to the waiting client that holds the fewest turns at that moment (ties: the one
-that has waited longest), so a client under its limit is served at the next free turn whatever
+served least recently, then the one with the least work in all, then the one waiting longest), so a client under its limit is served at the next free turn whatever
 others queue (and with a ``reserve``, a client with nothing running is served at once even when
-others' work fills every turn), and clients that keep queues take turns (round robin: among those holding as many,
-the one served least recently goes first).
+others' work fills every turn), and clients that keep queues take turns (round robin).
 
 Who the client is comes from :data:`CLIENT`, a context variable the server sets for each
 ``/virtual`` request; anyio runs worker threads in a copy of the caller's context, so code in a
@@ -39,8 +38,8 @@ class _Turns(Generic[W]):
     """The bookkeeping of both kinds (not thread-safe: callers hold a lock or run on one loop).
 
     ``held``: turns each client holds; ``waiting``: each client's waiters in order; ``_last``: when
-    each active client was last handed a turn; ``_ready``: a heap of ``(held, last, since, seq,
-    client)`` with one live entry per waiting client (stale ones are skipped when popped).
+    each active client was last handed a turn; ``_ready``: a heap of ``(held, last, held + waiting,
+    since, seq, client)`` with one live entry per waiting client (stale ones are skipped when popped).
     """
 
     def __init__(self, total: int, reserve: int = 0) -> None:
@@ -51,8 +50,8 @@ class _Turns(Generic[W]):
         self.in_use = 0
         self.held: dict[str, int] = {}
         self.waiting: dict[str, deque[W]] = {}
-        self._ready: list[tuple[int, int, int, int, str]] = []
-        self._live: dict[str, tuple[int, int, int, int, str]] = {}
+        self._ready: list[tuple[int, int, int, int, int, str]] = []
+        self._live: dict[str, tuple[int, int, int, int, int, str]] = {}
         self._last: dict[str, int] = {}
         self._since: dict[str, int] = {}
         self._seq = itertools.count()
@@ -78,7 +77,7 @@ class _Turns(Generic[W]):
         queue.append(waiter)
         if len(queue) == 1:
             self._since[client] = next(self._seq)
-            self._push(client)
+        self._push(client)
 
     def forget(self, client: str, waiter: W) -> None:
         """A waiter that gave up (timeout, cancel) before it was handed a turn."""
@@ -93,6 +92,8 @@ class _Turns(Generic[W]):
             del self.waiting[client]
             self._live.pop(client, None)
             self._idle(client)
+        else:
+            self._push(client)
 
     def release(self, client: str) -> tuple[str, W] | None:
         """Give back ``client``'s turn; the ``(client, waiter)`` it goes to, if anyone waits (already counted)."""
@@ -141,7 +142,9 @@ class _Turns(Generic[W]):
             self._since.pop(client, None)
 
     def _push(self, client: str) -> None:
-        entry = (self.held.get(client, 0), self._last.get(client, -1), self._since.get(client, 0), next(self._seq), client)
+        held = self.held.get(client, 0)
+        queued = len(self.waiting[client])
+        entry = (held, self._last.get(client, -1), held + queued, self._since.get(client, 0), next(self._seq), client)
         self._live[client] = entry
         heapq.heappush(self._ready, entry)
         if len(self._ready) > 4 * len(self._live) + 64:  # drop stale entries now and then

@@ -196,3 +196,29 @@ def test_miss_turns_go_to_the_client_holding_none_before_another_clients_queue(t
     assert answer.startswith(b"HTTP/1.1 200") and b"x-stm-outcome: recorded" in answer
     assert elapsed < 1.2, f"a miss of another client waited {elapsed:.2f} s behind 12 queued misses (0.4 s each, 2 at a time)"
     assert responder.max_active == 2
+
+
+def test_among_clients_never_served_the_one_with_the_least_work_goes_first() -> None:
+    async def main() -> list[str]:
+        limiter = FairLimiter(1)
+        done: list[str] = []
+        gate = asyncio.Event()
+
+        async def one(client: str) -> None:
+            CLIENT.set(client)
+            async with limiter:
+                if client == "holder":
+                    await gate.wait()
+                done.append(client)
+
+        tasks = [asyncio.create_task(one("holder"))]
+        await asyncio.sleep(0.01)
+        tasks += [asyncio.create_task(one("crowd")) for _ in range(8)]  # queued first, 8 of them
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.create_task(one("newcomer")))
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(*tasks)
+        return done
+
+    assert asyncio.run(main()) == ["holder", "newcomer"] + ["crowd"] * 8
