@@ -4,8 +4,15 @@ StableToolBench's client has no timeout and turns any answer other than HTTP 200
 error the agent reads, so an overloaded server must make requests *wait*, not refuse them.
 Each client address has ``per_client`` slots; more requests from it wait in that client's own
 FIFO queue (so clients do not wait behind each other), up to ``queue_timeout_s``.  Only a full
-queue (``max_queued`` requests, or ``max_queued_bytes`` of waiting bodies, across all clients)
-or a wait past the timeout is refused.  Runs on one event loop: no locks.
+queue (``max_queued`` requests, or ``max_queued_bytes`` across all clients) or a wait past the
+timeout is refused.  Runs on one event loop: no locks.
+
+``max_queued_bytes`` bounds what requests not yet admitted hold: a request :meth:`reserve`\ s its
+body (its ``Content-Length``, or each chunk as it arrives) plus :data:`REQUEST_OVERHEAD` before its
+body is read, and keeps that until it has a slot.  So bodies being read count as well as bodies
+waiting (1,000 clients stalling mid-body cannot hold 1,000 bodies), and a request that would go
+over is refused before its body is read.  The first request is never refused by it (nothing else
+holds any bytes then), so a small setting never locks every request out.
 """
 
 from __future__ import annotations
@@ -16,6 +23,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
+
+REQUEST_OVERHEAD = 15 * 1024
+"""What one request being read or waiting costs the server beside its body (its connection's parser,
+scope, task and buffers), counted against ``max_queued_bytes``."""
 
 
 class Refused(Exception):
@@ -47,8 +58,22 @@ class Admission:
         self.waited = 0
         """Requests admitted after waiting (for /stats)."""
 
-    async def enter(self, client: str, size: int = 0) -> None:
-        """Take one of ``client``'s slots, waiting for one if needed; :class:`Refused` when it cannot."""
+    def reserve(self, size: int) -> None:
+        """Count ``size`` more bytes against ``max_queued_bytes``; :class:`Refused` (nothing counted) when they
+        would go over it while other requests hold bytes.  Give them back with :meth:`release`."""
+        if self.queued_bytes and self.queued_bytes + size > self.max_queued_bytes:
+            raise Refused(f"{self.queued_bytes} bytes of requests are already being read or waiting", "limits.max_queued_bytes")
+        self.queued_bytes += size
+
+    def release(self, size: int) -> None:
+        """Give back bytes counted by :meth:`reserve`."""
+        self.queued_bytes -= size
+
+    async def enter(self, client: str) -> None:
+        """Take one of ``client``'s slots, waiting for one if needed; :class:`Refused` when it cannot.
+
+        The request's bytes are counted by :meth:`reserve` (the caller releases them once this returns or raises).
+        """
         state = self._clients.get(client)
         if state is None:
             state = self._clients[client] = _Client()
@@ -58,13 +83,9 @@ class Admission:
         if self.queued >= self.max_queued:
             self._forget_if_idle(client, state)
             raise Refused(f"{self.queued} requests are already waiting", "limits.max_queued_requests")
-        if self.queued_bytes + size > self.max_queued_bytes:
-            self._forget_if_idle(client, state)
-            raise Refused(f"{self.queued_bytes} bytes of requests are already waiting", "limits.max_queued_bytes")
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         state.waiters.append(waiter)
         self.queued += 1
-        self.queued_bytes += size
         try:
             await asyncio.wait_for(asyncio.shield(waiter), self.queue_timeout_s)
         except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
@@ -80,7 +101,6 @@ class Admission:
             raise Refused(f"waited {self.queue_timeout_s:g} s for a slot", "limits.queue_timeout_s") from None
         finally:
             self.queued -= 1
-            self.queued_bytes -= size
         self.waited += 1
 
     def leave(self, client: str) -> None:

@@ -43,6 +43,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         setup_logging(settings.log_level, settings.secrets(), settings.resolve(settings.log_file) if settings.log_file else None)
     except OSError as exc:
         raise ConfigError(f"log_file: cannot open {settings.log_file}: {exc}") from None
+    problem = listen_problem(settings.host, settings.port)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     # the summary of what was loaded, and the checks that stop a wrong configuration at start
     # (with --launch-vllm the simulator is not up yet: vLLM's launch waits for its first answer)
     if not start_checks(settings, probe_endpoints=not args.launch_vllm, simulator_launched=bool(args.launch_vllm)):
@@ -107,6 +111,33 @@ def _port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on ``host:port`` (bound the way uvicorn binds), else ``None``.
+
+    Checked before anything starts, so a port in use is one line naming the port and the fix,
+    not uvicorn's bare errno after the start-up summary (or after vLLM's launch).
+    """
+    import errno
+    import socket
+
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    with socket.socket(family=family) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+            if exc.errno == errno.EADDRINUSE:
+                return (f"cannot listen on {where}: port {port} is already in use (another server, or an earlier "
+                        f"serve still running); stop it, or choose a free port with --port (or `port:` in the config)")
+            if exc.errno == errno.EACCES:
+                return f"cannot listen on {where}: permission denied for port {port}; choose a port above 1023 with --port"
+            return f"cannot listen on {where}: {exc.strerror or exc}; check `host`, or choose another port with --port"
+    return None
 
 
 def run_server(settings: Settings) -> int:

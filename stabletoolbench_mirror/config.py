@@ -192,6 +192,8 @@ class LimitsConfig(_Section):
     """A request whose body has not fully arrived this long after its headers gets HTTP 408 and is closed."""
     keep_alive_timeout_s: float = Field(default=5.0, gt=0, le=HOUR_S)
     """An idle kept-alive connection is closed after this long."""
+    send_timeout_s: float = Field(default=30.0, gt=0)
+    """A client that reads nothing of its answer for this long is dropped (its unsent answer freed)."""
 
 
 class SessionsConfig(_Section):

@@ -20,7 +20,6 @@ request once, from its final outcome.
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -29,6 +28,7 @@ from pydantic import ValidationError
 from . import protocol
 from .call import ToolCall
 from .config import Mode
+from .fair import FairSemaphore
 from .local_tools import LocalTool, LocalTools
 from .logs import clip
 from .naming import resolve_names
@@ -86,8 +86,9 @@ class MirrorLayer:
             if callable(getattr(type(responder), "use_stats", None)):
                 responder.use_stats(self.stats)  # type: ignore[attr-defined]  # their own events (parse retries, shadows)
         self._flight: SingleFlight[Outcome] = SingleFlight()
-        self._max_pending = max_pending_misses
-        self._pending = threading.BoundedSemaphore(max_pending_misses)
+        # misses past max_pending_misses wait for a turn: each client in its own queue, a freed turn
+        # to the waiting client holding the fewest (see :mod:`.fair`)
+        self._pending = FairSemaphore(max_pending_misses)
         self.pending_timeout_s = pending_timeout_s
         self.sessions = sessions
         self.local_tools = local_tools if local_tools is not None and len(local_tools) else None
@@ -133,7 +134,7 @@ class MirrorLayer:
     @property
     def pending_misses(self) -> int:
         """Misses of this process waiting for the real API or the simulator now (filling or sharing)."""
-        return self._max_pending - self._pending._value  # noqa: SLF001 - the semaphore's own count
+        return self._pending.in_use
 
     def runs_locally(self, call: ToolCall) -> bool:
         """Whether ``call`` is one of the local tools (it always runs: never answered from the cache)."""

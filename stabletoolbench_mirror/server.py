@@ -9,11 +9,14 @@ is a plain FastAPI route.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import hmac
 import json
 import logging
 import os
+import struct
+import termios
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
@@ -25,10 +28,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from . import __version__, protocol, sessions
-from .admission import Admission, Refused
+from . import __version__, fair, protocol, sessions
+from .admission import REQUEST_OVERHEAD, Admission, Refused
 from .config import Settings
 from .factory import build_layer
+from .fair import FairLimiter
 from .layer import MirrorLayer
 from .outcomes import Outcome, OutcomeKind
 from .logs import clip
@@ -78,9 +82,14 @@ class _RefusalLog:
 class _Front:
     """Pure ASGI front: bearer token on every route, then ``/virtual``: body read, admission, answer."""
 
-    def __init__(self, app: Any, layer: MirrorLayer, token: bytes | None, admission: Admission, max_body: int, body_timeout_s: float) -> None:
+    def __init__(
+        self, app: Any, layer: MirrorLayer, token: bytes | None, admission: Admission, max_body: int, body_timeout_s: float,
+        threads: FairLimiter | None = None,
+    ) -> None:
         self.app = app
         self.layer = layer
+        self.threads = threads or FairLimiter(40)
+        """The worker threads of ``/virtual`` (local tools, sessions, store I/O, misses), shared fairly between clients."""
         self.token = token
         self.admission = admission
         self.max_body = max_body
@@ -101,19 +110,24 @@ class _Front:
             await self._finish(send, Outcome.error(405, "use POST /virtual"), ((b"allow", b"POST"),))
             return
         # the body is read before a slot is taken: a client that stalls mid-body holds no slot,
-        # and is cut off after limits.body_timeout_s
-        body = await self._read_body(scope, receive)
-        if isinstance(body, Outcome):
-            await self._finish(send, body, ((b"connection", b"close"),) if body.status == 408 else ())
-            return
+        # and is cut off after limits.body_timeout_s; its bytes count against limits.max_queued_bytes
+        # from its headers until it has a slot
         client = scope["client"][0] if scope.get("client") else "?"
+        fair.CLIENT.set(client)  # this request's task (and its worker threads) work for this client
+        reservation = _Reservation(self.admission)
         try:
-            await self.admission.enter(client, len(body))
-        except Refused as refusal:
-            self.refusals.refused(503, str(refusal), refusal.setting)
-            message = f"stabletoolbench-mirror is overloaded ({refusal}); the server's {refusal.setting} setting bounds this"
-            await self._finish(send, Outcome.error(503, message, OutcomeKind.REFUSED, refusal.setting), ((b"retry-after", b"5"),))
-            return
+            body = await self._read_body(scope, receive, reservation)
+            if isinstance(body, Outcome):
+                await self._finish(send, body, _REFUSAL_HEADERS if body.kind is OutcomeKind.REFUSED and body.status == 503
+                                   else ((b"connection", b"close"),) if body.status == 408 else ())
+                return
+            try:
+                await self.admission.enter(client)
+            except Refused as refusal:
+                await self._finish(send, self._refused(refusal), _REFUSAL_HEADERS)
+                return
+        finally:
+            reservation.release()
         try:
             try:
                 outcome = await self._virtual(body, _session_header(scope))
@@ -123,6 +137,12 @@ class _Front:
             await self._finish(send, outcome)
         finally:
             self.admission.leave(client)
+
+    def _refused(self, refusal: Refused) -> Outcome:
+        """The HTTP 503 answer to a request over a limit (logged at most once a minute per limit)."""
+        self.refusals.refused(503, str(refusal), refusal.setting)
+        message = f"stabletoolbench-mirror is overloaded ({refusal}); the server's {refusal.setting} setting bounds this"
+        return Outcome.error(503, message, OutcomeKind.REFUSED, refusal.setting)
 
     async def _finish(self, send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         """Send the final answer of a ``/virtual`` request, counted here: once, by its outcome.
@@ -140,23 +160,43 @@ class _Front:
                 return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
         return False
 
-    async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes | Outcome:
+    async def _read_body(self, scope: dict[str, Any], receive: Any, reservation: "_Reservation") -> bytes | Outcome:
+        """The body, or the answer that ends the request: too large, gone, too slow, or over ``max_queued_bytes``.
+
+        The body's bytes (its ``Content-Length`` at once, else each chunk as it comes) are counted in
+        ``reservation`` before they are read.
+        """
         too_large = Outcome.error(413, f"request body larger than {self.max_body} bytes")
+        length: int | None = None
         for name, value in scope.get("headers", ()):
-            if name == b"content-length" and (not value.isdigit() or int(value) > self.max_body):
-                return too_large
-        body = bytearray()
+            if name == b"content-length":
+                if not value.isdigit() or int(value) > self.max_body:
+                    return too_large
+                length = int(value)
+        try:
+            reservation.add(REQUEST_OVERHEAD + (length or 0))
+        except Refused as refusal:
+            return self._refused(refusal)
+        chunks: list[bytes] = []
+        size = 0
         try:
             with anyio.fail_after(self.body_timeout_s):
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
                         return Outcome.error(400, "the client went away")
-                    body += message.get("body", b"")
-                    if len(body) > self.max_body:
-                        return too_large
+                    chunk = message.get("body", b"")
+                    if chunk:
+                        size += len(chunk)
+                        if size > self.max_body:
+                            return too_large
+                        if length is None or size > length:
+                            reservation.add(len(chunk))
+                        chunks.append(chunk)
                     if not message.get("more_body"):
-                        return bytes(body)
+                        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        except Refused as refusal:
+            return self._refused(refusal)
         except TimeoutError:
             self.refusals.refused(408, "the request body did not arrive in time", "limits.body_timeout_s")
             message = f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)"
@@ -179,13 +219,34 @@ class _Front:
             return prepared
         if session is not None or layer.runs_locally(prepared):
             # a session's calls and local tools read and write state: always in a worker thread
-            return await anyio.to_thread.run_sync(layer.handle_call, prepared, session)
+            return await anyio.to_thread.run_sync(layer.handle_call, prepared, session, limiter=self.threads)
         # hits are answered on the event loop (a local store at once, Redis through its async
         # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
         hit = await layer.cached_async(prepared)
         if hit is not None:
             return hit
-        return await anyio.to_thread.run_sync(layer.handle_call, prepared)
+        return await anyio.to_thread.run_sync(layer.handle_call, prepared, limiter=self.threads)
+
+
+_REFUSAL_HEADERS = ((b"retry-after", b"5"),)
+
+
+class _Reservation:
+    """The bytes one request counts against ``limits.max_queued_bytes`` until it has a slot (see :mod:`.admission`)."""
+
+    __slots__ = ("admission", "size")
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+        self.size = 0
+
+    def add(self, size: int) -> None:
+        self.admission.reserve(size)  # Refused: nothing counted
+        self.size += size
+
+    def release(self) -> None:
+        self.admission.release(self.size)
+        self.size = 0
 
 
 def _session_header(scope: dict[str, Any]) -> str | None | Outcome:
@@ -202,16 +263,26 @@ def _session_header(scope: dict[str, Any]) -> str | None | Outcome:
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol plus a header timeout.
+    """uvicorn's httptools protocol plus a header timeout and a send timeout.
 
     uvicorn closes idle keep-alive connections (``timeout_keep_alive``) but waits forever for a
     request whose headers never finish; this closes such a connection after ``header_timeout_s``.
+
+    uvicorn hands a whole answer to the transport, which keeps what the socket does not take in
+    its write buffer until the client reads it, and closing the connection waits for that buffer to
+    drain: a client that never reads holds its answer for as long as it stays connected.  While the
+    buffer holds anything, the unsent bytes are looked at every fifth of ``send_timeout_s``; a client
+    that has read nothing for ``send_timeout_s`` is dropped (the connection aborted, its buffer freed).
     """
 
-    def __init__(self, *args: Any, header_timeout_s: float = 10.0, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, header_timeout_s: float = 10.0, send_timeout_s: float = 30.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.header_timeout_s = header_timeout_s
+        self.send_timeout_s = send_timeout_s
         self._header_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._unsent = 0
+        self._sent_at = 0.0
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
@@ -227,6 +298,44 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.close()
 
+    def _watch_sending(self) -> None:
+        """Look at the unsent bytes every fifth of ``send_timeout_s`` while the write buffer holds anything."""
+        if self._send_timer is None and self.transport.get_write_buffer_size():
+            self._unsent = self._unsent_bytes()
+            self._sent_at = self.loop.time()
+            self._send_timer = self.loop.call_later(self.send_timeout_s / 5, self._check_sending)
+
+    def _unsent_bytes(self) -> int:
+        """The answer bytes not yet taken by the client: the transport's buffer and the socket's send queue.
+
+        The send queue counts: a client reading slowly drains the kernel's buffers long before the
+        transport's buffer moves.  (Its size changes only when the client reads: uvicorn writes the
+        next answer only once the buffer has drained.)
+        """
+        unsent = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+            except (OSError, ValueError):
+                pass
+        return unsent
+
+    def _check_sending(self) -> None:
+        self._send_timer = None
+        if not self.transport.get_write_buffer_size():
+            return
+        unsent = self._unsent_bytes()
+        now = self.loop.time()
+        if unsent != self._unsent:  # the client read some
+            self._unsent, self._sent_at = unsent, now
+        elif now - self._sent_at >= self.send_timeout_s * 0.999:
+            log.debug("dropped a client that read nothing of its answer for %g s (%d bytes unsent; limits.send_timeout_s)",
+                      self.send_timeout_s, unsent)
+            self.transport.abort()
+            return
+        self._send_timer = self.loop.call_later(self.send_timeout_s / 5, self._check_sending)
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_header_timer()  # a connection that sends nothing at all
@@ -239,16 +348,32 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._disarm_header_timer()
         super().on_headers_complete()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._watch_sending()  # the buffer went over the transport's high-water mark
+
+    def on_response_complete(self) -> None:
+        self._watch_sending()  # what is left of an answer below the high-water mark
+        if self.cycle is not None and self.cycle.body:
+            # the body of a request answered before it was read (refused, too large): uvicorn keeps
+            # what had arrived (up to a read's worth, ~256 KB) for as long as the connection lasts, and
+            # ignores the rest; nothing reads it after the answer
+            self.cycle.body = bytearray()
+        super().on_response_complete()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         super().connection_lost(exc)
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
-    """The uvicorn settings that guard connections: the header timeout and the keep-alive timeout."""
+    """The uvicorn settings that guard connections: the header, send and keep-alive timeouts."""
     limits = settings.limits
     return {
-        "http": functools.partial(GuardedHttpProtocol, header_timeout_s=limits.header_timeout_s),
+        "http": functools.partial(GuardedHttpProtocol, header_timeout_s=limits.header_timeout_s, send_timeout_s=limits.send_timeout_s),
         "timeout_keep_alive": limits.keep_alive_timeout_s,
     }
 
@@ -261,7 +386,8 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # misses wait on the real API or the simulator in worker threads
+        # misses wait on the real API or the simulator in worker threads: /virtual's, shared fairly
+        # between clients (threads); the rest (frozen files parsed, other routes) anyio's default
         anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.limits.max_pending_misses + 32)
         try:
             yield
@@ -273,8 +399,12 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     app.state.layer = layer
     app.state.settings = settings
     token = settings.auth_token.get_secret_value().encode() if settings.auth_token else None
+    # 32 more threads only for clients with nothing running: threads held by other clients' misses
+    # (waiting for the simulator) never keep a client's first call waiting for one to finish
+    threads = FairLimiter(max(40, settings.limits.max_pending_misses + 32), reserve=32)
     app.add_middleware(
         _Front,
+        threads=threads,
         layer=layer,
         token=token,
         admission=Admission(

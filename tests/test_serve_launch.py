@@ -107,3 +107,48 @@ def test_serve_launch_vllm_refuses_a_busy_port(tmp_path: Path) -> None:
             env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
         )
     assert result.returncode != 0 and f"port {port}" in result.stderr
+
+
+def test_serve_on_a_port_in_use_names_the_port_and_the_fix(tmp_path: Path) -> None:
+    """Another server holds the port: one line naming it and `--port`, exit 2, for one worker and for several."""
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
+    env["PYTHONPATH"] = str(REPO)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for workers in ("1", "2"):
+            result = subprocess.run(
+                [sys.executable, "-m", "stabletoolbench_mirror", "serve", "--store-path", str(tmp_path / "s"),
+                 "--port", str(port), "--workers", workers],
+                env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+            )
+            assert result.returncode == 2, (workers, result.returncode, result.stderr[-2000:])
+            assert f"error: cannot listen on 127.0.0.1:{port}: port {port} is already in use" in result.stderr, result.stderr[-2000:]
+            assert "--port" in result.stderr and "Errno" not in result.stderr
+            assert "Uvicorn running" not in result.stderr
+
+
+def test_readme_quotes_the_port_in_use_message() -> None:
+    from stabletoolbench_mirror.cli import listen_problem
+
+    with socket_listening() as port:
+        message = listen_problem("127.0.0.1", port)
+    assert message is not None
+    assert f"error: {message}".replace(str(port), "8080") in (REPO / "README.md").read_text()
+
+
+def socket_listening():
+    import contextlib
+    import socket
+
+    @contextlib.contextmanager
+    def listening():
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            yield busy.getsockname()[1]
+
+    return listening()

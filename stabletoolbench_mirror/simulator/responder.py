@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any, Sequence
 
 from .. import protocol
 from ..call import ToolCall
+from ..fair import FairSemaphore
 from ..logs import clip
 from ..real.validity import classify
 from ..records import Record, Source
@@ -77,7 +77,7 @@ class Simulator:
         self.extra: dict[str, Any] = (
             prompts.structured_output_fields(style == "mirrorapi-cot", structured_max_chars) if structured_output else {}
         )
-        self._slots = threading.BoundedSemaphore(max_concurrency)
+        self._slots = FairSemaphore(max_concurrency)  # shared fairly between the server's clients
         self._events: Any = LocalEvents()
         self.redactor = redactor or Redactor()
         """Configured keys: an endpoint may echo its key (its ``Authorization`` header) into an answer."""

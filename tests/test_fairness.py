@@ -1,0 +1,224 @@
+"""Blocking work is shared fairly between clients (issue 18, item 4): a client under its limit is served
+within seconds whatever others queue.  The turns themselves (``fair.py``), then a crowd of 199 loopback
+addresses with 8 slow misses each against a real ``serve`` process and a slow simulator on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from stabletoolbench_mirror.fair import CLIENT, FairLimiter, FairSemaphore, run_as
+
+from tests.helpers.crowd import close_all, crowd_of_requests
+from tests.helpers.processes import ServeProcess, StubProcess
+
+
+# -- the turns -----------------------------------------------------------------------------------
+
+
+def test_a_freed_turn_goes_to_the_client_holding_the_fewest_then_in_turn() -> None:
+    turns = FairSemaphore(2)
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def work(client: str) -> None:
+        def one() -> None:
+            with turns:
+                with lock:
+                    order.append(client)
+                time.sleep(0.3)
+
+        run_as(client, one)
+
+    threads = [threading.Thread(target=work, args=("busy",)) for _ in range(10)]
+    for t in threads:
+        t.start()
+        time.sleep(0.005)  # "busy" queues 8 behind its 2 running
+    time.sleep(0.05)
+    late = [threading.Thread(target=work, args=(c,)) for c in ("a", "b")]
+    for t in late:
+        t.start()
+        time.sleep(0.005)
+    for t in threads + late:
+        t.join(10)
+    # a and b hold nothing: they get the next two turns, not the 8 queued before them
+    assert order[:2] == ["busy", "busy"] and sorted(order[2:4]) == ["a", "b"], order
+    assert turns.in_use == 0
+
+
+def test_clients_with_queues_share_turns_equally_fifo_within_each() -> None:
+    async def main() -> list[tuple[str, int]]:
+        limiter = FairLimiter(1)
+        done: list[tuple[str, int]] = []
+        gate = asyncio.Event()
+
+        async def one(client: str, n: int) -> None:
+            CLIENT.set(client)
+            async with limiter:
+                await gate.wait()
+                done.append((client, n))
+
+        tasks = [asyncio.create_task(one(c, n)) for c in ("x", "y", "z") for n in range(3)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(*tasks)
+        assert limiter.borrowed_tokens == 0 and limiter.waiting == 0
+        return done
+
+    done = asyncio.run(main())
+    assert done == [("x", 0), ("y", 0), ("z", 0), ("x", 1), ("y", 1), ("z", 1), ("x", 2), ("y", 2), ("z", 2)]
+
+
+def test_a_wait_that_times_out_or_is_cancelled_leaves_no_turn_behind() -> None:
+    turns = FairSemaphore(1)
+    assert run_as("a", turns.acquire)
+    assert run_as("b", turns.acquire, True, 0.05) is False  # timed out
+    assert run_as("b", turns.acquire, False) is False
+    run_as("a", turns.release)
+    assert turns.in_use == 0 and run_as("b", turns.acquire, True, 0.05)
+    run_as("b", turns.release)
+
+    async def main() -> None:
+        limiter = FairLimiter(1)
+        await limiter.__aenter__()
+        waiter = asyncio.create_task(limiter.__aenter__())
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        await limiter.__aexit__(None, None, None)
+        assert limiter.borrowed_tokens == 0 and limiter.waiting == 0
+        async with limiter:
+            pass
+
+    asyncio.run(main())
+
+
+# -- a crowd over real sockets -------------------------------------------------------------------
+
+TOOLS_FILE = """\
+def recall(tool_input, state):
+    state["n"] = state.get("n", 0) + 1
+    return {"calls": state["n"]}
+
+TOOLS = {"Tools/Notes/Recall": recall}
+"""
+
+
+def _payload(category: str, tool: str, api: str, tool_input: dict[str, Any]) -> dict[str, Any]:
+    return {"category": category, "tool_name": tool, "api_name": api, "tool_input": json.dumps(tool_input),
+            "strip": "", "toolbench_key": ""}
+
+
+def _timed(fn: Any) -> tuple[requests.Response, float]:
+    start = time.monotonic()
+    r = fn()
+    return r, time.monotonic() - start
+
+
+def test_a_client_under_its_limit_is_served_within_seconds_beside_a_199_address_crowd(tmp_path: Path) -> None:
+    tools = tmp_path / "tools.py"
+    tools.write_text(TOOLS_FILE)
+    frozen = tmp_path / "frozen" / "Data" / "cold_for_Data"
+    frozen.mkdir(parents=True)
+    (frozen / "hit.json").write_text(json.dumps({"{'q': 'x'}": {"error": "", "response": "frozen answer"}}))
+    latency_s = 2.0
+    with StubProcess(tmp_path, latency_ms=latency_s * 1000, echo_prompt=False) as stub:
+        config = {"mode": "record", "store": {"kind": "diskcache", "path": str(tmp_path / "store")},
+                  "frozen_caches": [str(tmp_path / "frozen")], "local_tools": [str(tools)],
+                  "simulator": {"enabled": True, "api_base": stub.api_base, "max_retries": 0, "allow_without_docs": True}}
+        with ServeProcess(tmp_path, config) as server:  # default limits: 8 a client is well within them
+            crowd = {f"127.0.0.{i}": [json.dumps(_payload("Data", "Crowd Tool", "slow", {"who": i, "n": n})).encode()
+                                      for n in range(8)] for i in range(2, 201)}
+            t_crowd = time.monotonic()
+            socks = crowd_of_requests(server.port, crowd)
+            t_crowd = time.monotonic() - t_crowd
+            try:
+                time.sleep(2 * latency_s)  # the crowd's queue is built up: 1,592 misses, 64 at a time
+                url = server.url + "/virtual"
+                local, t_local = _timed(lambda: requests.post(url, json=_payload("Tools", "Notes", "Recall", {}), timeout=120))
+                sid = requests.post(server.url + "/sessions", json={}, timeout=120).json()["id"]
+                session, t_session = _timed(lambda: requests.post(
+                    url, json=_payload("Tools", "Notes", "Recall", {}), headers={"X-STM-Session": sid}, timeout=120))
+                hit, t_hit = _timed(lambda: requests.post(url, json=_payload("Data", "cold", "hit", {"q": "x"}), timeout=120))
+                miss, t_miss = _timed(lambda: requests.post(url, json=_payload("Data", "Own Tool", "mine", {"q": 1}), timeout=120))
+                stats = requests.get(server.url + "/stats", timeout=120).json()
+            finally:
+                close_all(socks)
+                t_close = time.monotonic()
+                os.killpg(server.pid, signal.SIGKILL)  # not a graceful stop: 1,000 misses still wait
+        t_close = time.monotonic() - t_close
+    print(f"closed in {t_close:.1f} s")
+    assert local.json() == {"error": "", "response": '{"calls": 1}'} and local.headers["x-stm-outcome"] == "local"
+    assert session.json() == {"error": "", "response": '{"calls": 1}'}
+    assert hit.json() == {"error": "", "response": "frozen answer"} and hit.headers["x-stm-outcome"] == "hit"
+    assert miss.status_code == 200 and miss.headers["x-stm-outcome"] == "recorded"
+    print(f"crowd sent in {t_crowd:.1f} s; answered {stats['requests']}")
+    times = f"local {t_local:.2f} s, session {t_session:.2f} s, frozen {t_hit:.2f} s, miss {t_miss:.2f} s"
+    assert t_local < 2 and t_session < 2 and t_hit < 2, times
+    assert t_miss < 5, times
+    assert stats["requests"] < 800, f"the crowd was not queued any more ({stats['requests']} answered)"
+    print(times)
+
+
+def test_miss_turns_go_to_the_client_holding_none_before_another_clients_queue(tmp_path: Path, serve, settings_factory) -> None:
+    """limits.max_pending_misses turns: 127.0.0.2 queues 12 misses behind its 2 turns; 127.0.0.3's one miss
+    takes the next free turn (first come, first served it would wait for all 12)."""
+    from stabletoolbench_mirror.layer import MirrorLayer
+    from stabletoolbench_mirror.stores import DiskcacheStore
+
+    from tests.helpers.responders import KeyedResponder
+
+    settings = settings_factory(limits={"max_pending_misses": 2, "max_in_flight_per_client": 100})
+    responder = KeyedResponder(delay_s=0.4)
+    server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[responder], max_pending_misses=2))
+    port = int(server.url.rsplit(":", 1)[1])
+    crowd = {"127.0.0.2": [json.dumps(_payload("Data", "Turn Tool", "slow", {"n": n})).encode() for n in range(14)]}
+    socks = crowd_of_requests(port, crowd)
+    try:
+        time.sleep(0.2)
+        start = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=("127.0.0.3", 0)) as sock:
+            body = json.dumps(_payload("Data", "Turn Tool", "mine", {"n": 1})).encode()
+            sock.sendall(f"POST /virtual HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            answer = sock.recv(65536)
+        elapsed = time.monotonic() - start
+    finally:
+        close_all(socks)
+    assert answer.startswith(b"HTTP/1.1 200") and b"x-stm-outcome: recorded" in answer
+    assert elapsed < 1.2, f"a miss of another client waited {elapsed:.2f} s behind 12 queued misses (0.4 s each, 2 at a time)"
+    assert responder.max_active == 2
+
+
+def test_among_clients_never_served_the_one_with_the_least_work_goes_first() -> None:
+    async def main() -> list[str]:
+        limiter = FairLimiter(1)
+        done: list[str] = []
+        gate = asyncio.Event()
+
+        async def one(client: str) -> None:
+            CLIENT.set(client)
+            async with limiter:
+                if client == "holder":
+                    await gate.wait()
+                done.append(client)
+
+        tasks = [asyncio.create_task(one("holder"))]
+        await asyncio.sleep(0.01)
+        tasks += [asyncio.create_task(one("crowd")) for _ in range(8)]  # queued first, 8 of them
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.create_task(one("newcomer")))
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(*tasks)
+        return done
+
+    assert asyncio.run(main()) == ["holder", "newcomer"] + ["crowd"] * 8

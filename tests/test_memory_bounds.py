@@ -1,0 +1,150 @@
+"""Memory stays bounded whatever clients do (issue 18, item 3): bodies being read count against
+``limits.max_queued_bytes``, and a client that reads nothing of its answer for ``limits.send_timeout_s`` is
+dropped.  Real sockets against a real ``serve`` process; resident memory from /proc."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.stores import DiskcacheStore
+
+from tests.helpers.crowd import close_all, peer_closed, request_without_reading, rss_mb, stalled_bodies
+from tests.helpers.processes import ServeProcess
+
+NS = "Data/memory_tool_for_Data/big"
+
+
+def payload(n: int) -> dict[str, Any]:
+    return {"category": "Data", "tool_name": "Memory Tool", "api_name": "big", "tool_input": json.dumps({"n": n}),
+            "strip": "", "toolbench_key": ""}
+
+
+def settle(pid: int, s: float = 1.0) -> float:
+    time.sleep(s)
+    return rss_mb(pid)
+
+
+def test_1000_stalled_1mb_bodies_stay_within_max_queued_bytes(tmp_path: Path) -> None:
+    config = {"mode": "replay", "store": {"kind": "diskcache", "path": str(tmp_path / "store")},
+              "limits": {"max_queued_bytes": 64 * 1024 * 1024, "body_timeout_s": 60}}
+    with ServeProcess(tmp_path, config) as server:
+        requests.post(server.url + "/virtual", json=payload(0), timeout=10)  # the path warmed up once
+        start = settle(server.pid)
+        socks = stalled_bodies(server.port, 1000)
+        try:
+            peak = settle(server.pid)
+            stats = requests.get(server.url + "/stats", timeout=10).json()
+            answered = b""
+            for sock in socks[-50:]:  # the last ones were refused at their headers
+                sock.settimeout(0.2)
+                try:
+                    answered = sock.recv(65536)
+                except OSError:
+                    continue
+                if answered:
+                    break
+        finally:
+            close_all(socks)
+        # once they are gone, their bytes are given back: the next request is read and answered
+        time.sleep(0.5)
+        after = requests.post(server.url + "/virtual", json=payload(1), timeout=10)
+    assert peak - start <= 160, f"1,000 stalled 1 MB bodies took the server from {start:.0f} MB to {peak:.0f} MB"
+    # 64 MiB hold about 63 bodies of 1 MiB and their overhead: all the others were refused
+    assert stats["refusals"].get("limits.max_queued_bytes", 0) >= 900, stats["refusals"]
+    head, _, body = answered.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 5" in head.lower(), answered[:300]
+    assert "limits.max_queued_bytes" in json.loads(body)["error"]
+    assert after.status_code == 200 and after.headers["x-stm-outcome"] == "unanswered"
+
+
+def test_a_body_over_max_queued_bytes_is_refused_with_the_setting_and_counted_until_it_is_gone(serve, settings_factory) -> None:
+    server = serve(settings_factory(mode="replay", limits={"max_queued_bytes": 200_000, "body_timeout_s": 30}))
+    port = int(server.url.rsplit(":", 1)[1])
+    (holder,) = stalled_bodies(port, 1, body_bytes=150_000)  # holds 150,000 + 15 KiB while its body is read
+    try:
+        time.sleep(0.2)
+        r = requests.post(server.url + "/virtual", json=dict(payload(1), tool_input=json.dumps({"q": "x" * 50_000})), timeout=10)
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"
+        assert r.json() == {
+            "error": "stabletoolbench-mirror is overloaded (165360 bytes of requests are already being read or waiting); "
+                     "the server's limits.max_queued_bytes setting bounds this",
+            "response": "",
+        }
+        assert r.headers["x-stm-outcome"] == "refused"
+        # a small request still fits beside it
+        assert requests.post(server.url + "/virtual", json=payload(2), timeout=10).status_code == 200
+    finally:
+        holder.close()
+    time.sleep(0.3)  # the stalled body went away: its bytes were given back
+    r = requests.post(server.url + "/virtual", json=dict(payload(1), tool_input=json.dumps({"q": "x" * 150_000})), timeout=10)
+    assert r.status_code == 200
+    stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert stats["refusals"] == {"limits.max_queued_bytes": 1}
+
+
+def _store_with_big_answer(path: Path, size: int) -> None:
+    with DiskcacheStore(path) as store:
+        store.add(Record.from_answer(NS, "{'n': 1}", {"error": "", "response": "x" * size}, "imported"), None)
+
+
+def test_200_clients_that_never_read_a_4mb_answer_are_dropped_after_the_send_timeout(tmp_path: Path) -> None:
+    _store_with_big_answer(tmp_path / "store", 4 * 1024 * 1024)
+    config = {"mode": "replay", "store": {"kind": "diskcache", "path": str(tmp_path / "store")},
+              "limits": {"send_timeout_s": 3}}
+    body = json.dumps(payload(1)).encode()
+    with ServeProcess(tmp_path, config) as server:
+        requests.post(server.url + "/virtual", json=payload(0), timeout=10)
+        start = settle(server.pid)
+        socks = request_without_reading(server.port, 200, body)
+        try:
+            peak = rss = start
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the answers pile up, then go once the clients are dropped
+                time.sleep(0.2)
+                rss = rss_mb(server.pid)
+                peak = max(peak, rss)
+                if peak - start > 300 and rss - start <= 100:
+                    break
+            closed = sum(peer_closed(sock, 0.5) for sock in socks[:20])
+        finally:
+            close_all(socks)
+        r = requests.post(server.url + "/virtual", json=payload(1), timeout=30)  # a client that reads gets it all
+    assert peak - start > 300, f"the test did not hold answers ({start:.0f} MB -> at most {peak:.0f} MB)"
+    assert rss - start <= 100, f"non-reading clients still hold {rss - start:.0f} MB 30 s later (send timeout 3 s)"
+    assert closed == 20, "the server dropped the clients that read nothing"
+    assert r.status_code == 200 and len(r.content) > 4 * 1024 * 1024
+
+
+def test_a_slow_reader_that_keeps_reading_is_not_dropped(tmp_path: Path, serve, settings_factory) -> None:
+    size = 12 * 1024 * 1024  # more than the kernel's socket buffers take: the server's buffer holds the rest
+    _store_with_big_answer(tmp_path / "big", size)
+    settings = settings_factory(mode="replay", store={"kind": "diskcache", "path": str(tmp_path / "big")},
+                                limits={"send_timeout_s": 0.5})
+    server = serve(settings)
+    port = int(server.url.rsplit(":", 1)[1])
+    (sock,) = request_without_reading(port, 1, json.dumps(payload(1)).encode(), rcvbuf=8192)
+    got = bytearray()
+    started = time.monotonic()
+    with sock:
+        sock.settimeout(5)
+        while b"\r\n\r\n" not in got or len(got.partition(b"\r\n\r\n")[2]) < size + 25:
+            try:
+                chunk = sock.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not chunk:
+                break
+            got += chunk
+            time.sleep(0.001)  # a few MB/s at most, through a small buffer: never idle for 0.5 s
+    elapsed = time.monotonic() - started
+    head, _, answer = bytes(got).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and len(answer) == size + 26, f"dropped after {len(answer)} bytes, {elapsed:.1f} s"
+    assert json.loads(answer) == {"error": "", "response": "x" * size}
+    assert elapsed > 1.5, "the reader was not slow enough to test anything"
