@@ -54,7 +54,7 @@ class ConfigError(ValueError):
 
 
 class Mode(enum.StrEnum):
-    """What a miss may do (see the README's mode table)."""
+    """What a miss may do (see the mode table in docs/configuration.md)."""
 
     REPLAY = "replay"
     """Answer only from the caches; a miss gets upstream's "API not working" answer."""

@@ -424,7 +424,7 @@ class MirrorLayer:
 
 
 def _lookup_order(tiers: Sequence[CacheTier]) -> Iterator[tuple[Any, Any, KeyOf]]:
-    """The README's "Cache keys" order: the exact key in every tier, then the canonical key.
+    """The "Cache keys" order of docs/cache-keys.md: the exact key in every tier, then the canonical key.
 
     Tiers come in their order (the store, then the frozen caches as listed).  The exact key is
     the call's record key (:attr:`ToolCall.key`) in every tier, then, for a call whose upstream

@@ -1,4 +1,4 @@
-"""The README's "Cache keys" lookup order, rule by rule, over real HTTP.
+"""The "Cache keys" lookup order of docs/cache-keys.md, rule by rule, over real HTTP.
 
 Each test sets up the same call in two places with different answers, so that looking
 in the wrong order serves the wrong answer:

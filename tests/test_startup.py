@@ -483,11 +483,18 @@ def test_a_prompt_file_that_is_not_a_bounded_regular_file_is_an_error_naming_the
         assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr
 
 
-# -- README: the troubleshooting section quotes the exact messages --------------------------------
+# -- the documentation (README.md, CONTRIBUTING.md, docs/*.md) quotes the exact messages ----------
+
+
+def documentation() -> str:
+    """README.md, CONTRIBUTING.md and every ``docs/*.md``, one after the other."""
+    files = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
+    assert all(path.is_file() for path in files[:2]) and len(files) > 2
+    return "\n".join(path.read_text(encoding="utf-8") for path in files)
 
 
 def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
-    readme = (REPO / "README.md").read_text()
+    readme = documentation()
     data = tmp_path / "data"
     make_server_folder(data)
     quoted = {
@@ -497,7 +504,7 @@ def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
     for what, message in quoted.items():
         assert message is not None
         shown = f"error: frozen_caches[0]: {message}".replace(str(tmp_path), "")
-        assert shown in readme, f"README does not quote the {what} message: {shown}"
+        assert shown in readme, f"the documentation does not quote the {what} message: {shown}"
     (tmp_path / "config.yml").write_text("database: postgres\nreplicas: 3\n")
     out = cli("doctor", "--no-probe", cwd=tmp_path).stdout
     warning = next(line for line in out.splitlines() if line.startswith("warning: config: "))
@@ -527,6 +534,13 @@ def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
     error = next(line for line in cli("doctor", "--config", str(nothing), "--no-probe", cwd=tmp_path).stdout.splitlines()
                  if line.startswith("error: mode: "))
     assert error.split(". Point")[0] + ". ..." in readme, error
+    # the warning of a MirrorAPI style without system_prompt_file (the README's record-with-MirrorAPI job)
+    from stabletoolbench_mirror.simulator import prompt_warning
+
+    mirror = load_settings(REPO / "examples" / "configs" / "record-mirrorapi.yml", environ={})
+    mirror.simulator.system_prompt_file = None
+    warning = prompt_warning(mirror)
+    assert warning is not None and f"`{warning.split(', but ')[0]}, ...`" in readme, warning
 
 
 # -- item 14: warm stops early on a dead dependency, and says why each call failed ------------------

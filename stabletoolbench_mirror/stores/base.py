@@ -46,7 +46,7 @@ def _recording_order(records: list["Record"]) -> list["Record"]:
 class CacheTier(abc.ABC):
     """One place answers may be found: the writable store or a frozen upstream tree.
 
-    The layer looks a call up in every tier, in the order the README's "Cache keys" section
+    The layer looks a call up in every tier, in the order the "Cache keys" section of docs/cache-keys.md
     gives: the exact upstream key in each tier, then the canonical key in each tier (see
     :meth:`stabletoolbench_mirror.layer.MirrorLayer.lookup`).  Implementations raise
     :class:`StoreError` for backend failures.
