@@ -22,12 +22,12 @@ from typing import Any, Generator, Iterator
 
 from tqdm import tqdm
 
-from .failures import TREE_FAILURE_REASON, is_tree_failure, tree_failure_entries
-from .interrupts import CtrlC
-from .keys import canonical_from_upstream_key
-from .records import FAILURE, Record
-from .stores import Store
-from .upstream_layout import ENCODED_PREFIX, api_path, is_utf8_encodable, iter_cache_entries, iter_cache_files, write_cache_file
+from stabletoolbench_mirror.failures import TREE_FAILURE_REASON, is_tree_failure, tree_failure_entries
+from stabletoolbench_mirror.interrupts import CtrlC
+from stabletoolbench_mirror.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.records import FAILURE, Record
+from stabletoolbench_mirror.stores import Store
+from stabletoolbench_mirror.upstream_layout import ENCODED_PREFIX, api_path, is_utf8_encodable, iter_cache_entries, iter_cache_files, write_cache_file
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ def shown_path(path: str | os.PathLike[str]) -> str:
 def _files_to_import(root: str | os.PathLike[str], allow_symlinks: bool, max_file_bytes: int | None,
                      skipped: list[str]) -> list[tuple[str, Path, int]]:
     """``(api, path, size)`` of the files to read; those that cannot be imported go to ``skipped``, with a warning."""
-    from .stores.frozen import too_large
+    from stabletoolbench_mirror.stores.frozen import too_large
 
     files = []
     for api, path in iter_cache_files(root, allow_symlinks=allow_symlinks, refused=skipped):
@@ -531,6 +531,6 @@ def open_read_only(settings: Any) -> Store:
     A diskcache folder is opened with a read-only SQLite connection (a server may hold it open
     meanwhile); Redis is read with ``HGETALL`` / ``SCARD`` / ``INFO`` only, which write nothing.
     """
-    from .factory import build_store
+    from stabletoolbench_mirror.factory import build_store
 
     return build_store(settings, read_only=True)

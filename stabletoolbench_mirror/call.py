@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .keys import canonical_key, record_key, session_key, upstream_key
-from .naming import CallNames, resolve_names
-from .protocol import VirtualRequest, parse_tool_input
-from .secrets import without_secret_fields
+from stabletoolbench_mirror.keys import canonical_key, record_key, session_key, upstream_key
+from stabletoolbench_mirror.naming import CallNames, resolve_names
+from stabletoolbench_mirror.protocol import VirtualRequest, parse_tool_input
+from stabletoolbench_mirror.secrets import without_secret_fields
 
 if TYPE_CHECKING:
-    from .sessions import SessionContext
+    from stabletoolbench_mirror.sessions import SessionContext
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .cli_common import add_config_arguments, settings_from_args
-from .config import ConfigError, Settings
+from stabletoolbench_mirror.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.config import ConfigError, Settings
 
 if TYPE_CHECKING:
-    from .simulator.vllm_launch import VllmServer
+    from stabletoolbench_mirror.simulator.vllm_launch import VllmServer
 
 #: modules with a ``register(subparsers)`` function adding their commands
 COMMAND_MODULES: list[str] = [
@@ -35,8 +35,8 @@ COMMAND_MODULES: list[str] = [
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .logs import setup_logging
-    from .startup import start_checks
+    from stabletoolbench_mirror.logs import setup_logging
+    from stabletoolbench_mirror.startup import start_checks
 
     settings = settings_from_args(args, host=args.host, port=args.port, workers=args.workers)
     try:
@@ -72,7 +72,7 @@ def launch_vllm(settings: Settings, args: argparse.Namespace) -> "VllmServer":
     """Start vLLM's OpenAI-compatible server for ``serve --launch-vllm`` and wait until it completes a chat."""
     from urllib.parse import urlsplit
 
-    from .simulator.vllm_launch import VllmLaunchError, VllmServer, find_free_port
+    from stabletoolbench_mirror.simulator.vllm_launch import VllmLaunchError, VllmServer, find_free_port
 
     port = args.vllm_port
     if port is None:
@@ -143,12 +143,12 @@ def listen_problem(host: str, port: int) -> str | None:
 def run_server(settings: Settings) -> int:
     import uvicorn
 
-    from .stores import StoreError
+    from stabletoolbench_mirror.stores import StoreError
 
     _warn_about_prompt(settings)
 
     if settings.workers > 1:
-        from .factory import build_layer
+        from stabletoolbench_mirror.factory import build_layer
 
         # a store or simulator that cannot be built fails here, once, with a clear message,
         # rather than in every worker process
@@ -157,10 +157,10 @@ def run_server(settings: Settings) -> int:
         except StoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        from .handoff import SettingsHandoff
-        from .server import uvicorn_options
+        from stabletoolbench_mirror.handoff import SettingsHandoff
+        from stabletoolbench_mirror.server import uvicorn_options
 
-        from .metrics import SharedCountsFolder
+        from stabletoolbench_mirror.metrics import SharedCountsFolder
 
         # the workers read the settings (keys included) from a private file, never from the environment;
         # they add their counts up in a shared folder, so /stats and /metrics show every worker's
@@ -175,7 +175,7 @@ def run_server(settings: Settings) -> int:
                 **uvicorn_options(settings),
             )
         return 0
-    from .server import create_app, freeze_startup_objects, uvicorn_options
+    from stabletoolbench_mirror.server import create_app, freeze_startup_objects, uvicorn_options
 
     try:
         app = create_app(settings)
@@ -191,7 +191,7 @@ def _warn_about_prompt(settings: Settings) -> None:
     """One WARNING when a MirrorAPI style runs on the built-in prompt (the model was trained on another)."""
     import logging
 
-    from .simulator import prompt_warning
+    from stabletoolbench_mirror.simulator import prompt_warning
 
     warning = prompt_warning(settings)
     if warning:
@@ -202,14 +202,14 @@ def _warn_about_prompt(settings: Settings) -> None:
 
 
 def _open_store(args: argparse.Namespace):
-    from .factory import build_store
+    from stabletoolbench_mirror.factory import build_store
 
     return build_store(settings_from_args(args))
 
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
-    from .cache_tools import ImportFailed, import_tree
-    from .trees import frozen_cache_problem
+    from stabletoolbench_mirror.cache_tools import ImportFailed, import_tree
+    from stabletoolbench_mirror.trees import frozen_cache_problem
 
     # a folder with no cache files (often one level above or below the tree) would import nothing
     problem = frozen_cache_problem(os.path.abspath(args.directory))
@@ -217,7 +217,7 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     settings = settings_from_args(args)
-    from .factory import build_store
+    from stabletoolbench_mirror.factory import build_store
 
     with build_store(settings) as store:
         try:
@@ -240,7 +240,7 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
     if args.style or args.source or args.category:
         print("error: --style, --source and --category belong to --format chat-jsonl", file=sys.stderr)
         return 2
-    from .cache_tools import export_tree
+    from stabletoolbench_mirror.cache_tools import export_tree
 
     with _open_store(args) as store:
         summary = export_tree(store, args.directory, progress=not args.quiet)
@@ -252,8 +252,8 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
 
 
 def _export_chat(args: argparse.Namespace) -> int:
-    from .chat_export import export_chat_jsonl
-    from .factory import build_store
+    from stabletoolbench_mirror.chat_export import export_chat_jsonl
+    from stabletoolbench_mirror.factory import build_store
 
     if not args.style:
         print("error: --format chat-jsonl needs --style mirrorapi-sft, mirrorapi-cot or mirrorapi-cache", file=sys.stderr)
@@ -271,8 +271,8 @@ def _export_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_stats(args: argparse.Namespace) -> int:
-    from .cache_tools import open_read_only, store_stats
-    from .stores import StoreError
+    from stabletoolbench_mirror.cache_tools import open_read_only, store_stats
+    from stabletoolbench_mirror.stores import StoreError
 
     try:
         with open_read_only(settings_from_args(args)) as store:  # counting writes nothing
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .memory import tune_malloc
+    from stabletoolbench_mirror.memory import tune_malloc
 
     tune_malloc()  # bulk commands and servers alike: freed file texts go back to the system
     try:

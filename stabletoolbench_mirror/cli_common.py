@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any
 
-from .config import Mode, Settings, load_settings
+from stabletoolbench_mirror.config import Mode, Settings, load_settings
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Literal, Mapping, Optional, Union, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from .secrets import secret_values
+from stabletoolbench_mirror.secrets import secret_values
 
 ENV_PREFIX = "STM_"
 DEFAULT_CONFIG_FILE = "server_config.yml"

@@ -10,18 +10,18 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from .config import ConfigError, Mode, Settings
-from .layer import MirrorLayer
-from .responders import Responder
-from .shadow import ShadowedResponder, shadow_settings
-from .simulator import build_simulator
-from .stores import DiskcacheStore, FrozenCache, Store
-from .tooldocs import ToolDocs, tool_docs_for
+from stabletoolbench_mirror.config import ConfigError, Mode, Settings
+from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.responders import Responder
+from stabletoolbench_mirror.shadow import ShadowedResponder, shadow_settings
+from stabletoolbench_mirror.simulator import build_simulator
+from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache, Store
+from stabletoolbench_mirror.tooldocs import ToolDocs, tool_docs_for
 
 if TYPE_CHECKING:
-    from .local_tools import LocalTools
-    from .sessions import Sessions
-    from .stores.sessions import SessionStore
+    from stabletoolbench_mirror.local_tools import LocalTools
+    from stabletoolbench_mirror.sessions import Sessions
+    from stabletoolbench_mirror.stores.sessions import SessionStore
 
 
 # -- store kinds: one registry for the records and the sessions kept beside them -------------------
@@ -41,7 +41,7 @@ def _diskcache_records(settings: Settings, read_only: bool) -> Store:
 
 
 def _diskcache_sessions(settings: Settings) -> "SessionStore":
-    from .stores.sessions import DiskcacheSessionStore
+    from stabletoolbench_mirror.stores.sessions import DiskcacheSessionStore
 
     return DiskcacheSessionStore(os.path.join(settings.resolve(settings.store.path), "sessions"), settings.sessions.idle_expiry_s)
 
@@ -57,14 +57,14 @@ def _redis_records(settings: Settings, read_only: bool) -> Store:
     cfg = settings.store
     url = _redis_url(settings)
     try:
-        from .stores.redis_store import RedisStore  # the redis extra is optional
+        from stabletoolbench_mirror.stores.redis_store import RedisStore  # the redis extra is optional
     except ImportError as exc:
         raise ConfigError(f"store.kind: 'redis' needs the redis extra (pip install 'stabletoolbench-mirror[redis]'): {exc}") from exc
     return RedisStore(url, prefix=cfg.prefix, lock_ttl_s=cfg.lock_ttl_s, timeout_s=cfg.timeout_s)
 
 
 def _redis_sessions(settings: Settings) -> "SessionStore":
-    from .stores.sessions import RedisSessionStore
+    from stabletoolbench_mirror.stores.sessions import RedisSessionStore
 
     cfg = settings.store
     return RedisSessionStore(_redis_url(settings), settings.sessions.idle_expiry_s, prefix=cfg.prefix, timeout_s=cfg.timeout_s)
@@ -104,7 +104,7 @@ def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> lis
         return responders
     shared = docs if docs is not None else tool_docs_for(settings)  # one registry, shared by both
     if settings.real.enabled:
-        from .real import build_real_responder
+        from stabletoolbench_mirror.real import build_real_responder
 
         real: Responder = build_real_responder(settings, docs=shared)
         if settings.real.shadow_simulate:
@@ -176,7 +176,7 @@ def build_session_store(settings: Settings) -> "SessionStore":
 
 def build_sessions(settings: Settings, store: Store) -> "Sessions":
     """Sessions kept beside ``store``; the calls of one session are serialised by the store's lock."""
-    from .sessions import LOCK_NAMESPACE, Sessions
+    from stabletoolbench_mirror.sessions import LOCK_NAMESPACE, Sessions
 
     return Sessions(
         build_session_store(settings),
@@ -190,7 +190,7 @@ def build_local_tools(settings: Settings) -> "LocalTools | None":
     """The local tools of the ``local_tools`` files (only those files are imported), or ``None``."""
     if not settings.local_tools:
         return None
-    from .local_tools import LocalTools
+    from stabletoolbench_mirror.local_tools import LocalTools
 
     return LocalTools.load(
         [settings.resolve(p) for p in settings.local_tools],

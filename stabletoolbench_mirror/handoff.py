@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from .config import NOT_SETTINGS_ENV, NOT_SETTINGS_ENV_PREFIXES, Settings, deserialize_settings, serialize_settings
+from stabletoolbench_mirror.config import NOT_SETTINGS_ENV, NOT_SETTINGS_ENV_PREFIXES, Settings, deserialize_settings, serialize_settings
 
 ENV = "STM_SERVE_SETTINGS_FILE"
 FILE_NAME = "settings.json"

@@ -15,9 +15,9 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from . import keys
-from .records import Record
-from .stores import Store
+from stabletoolbench_mirror import keys
+from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.stores import Store
 
 
 def planted_records(store: Store, *, progress: bool = False) -> Iterator[Record]:

@@ -25,22 +25,22 @@ from typing import Any, Callable, Iterator, Sequence
 
 from pydantic import ValidationError
 
-from . import protocol
-from .call import ToolCall
-from .config import Mode
-from .fair import FairSemaphore
-from .local_tools import LocalTool, LocalTools
-from .logs import clip
-from .naming import resolve_names
-from .outcomes import Outcome, OutcomeKind
-from .protocol import ToolInputParseError, VirtualRequest, parse_tool_input
-from .records import Record
-from .responders import Attempt, Responder
-from .sessions import SessionError, Sessions
-from .singleflight import SingleFlight
-from .stats import Stats
-from .store_health import StoreHealth
-from .stores import CacheTier, FrozenCache, Store, StoreError
+from stabletoolbench_mirror import protocol
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.config import Mode
+from stabletoolbench_mirror.fair import FairSemaphore
+from stabletoolbench_mirror.local_tools import LocalTool, LocalTools
+from stabletoolbench_mirror.logs import clip
+from stabletoolbench_mirror.naming import resolve_names
+from stabletoolbench_mirror.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.protocol import ToolInputParseError, VirtualRequest, parse_tool_input
+from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.responders import Attempt, Responder
+from stabletoolbench_mirror.sessions import SessionError, Sessions
+from stabletoolbench_mirror.singleflight import SingleFlight
+from stabletoolbench_mirror.stats import Stats
+from stabletoolbench_mirror.store_health import StoreHealth
+from stabletoolbench_mirror.stores import CacheTier, FrozenCache, Store, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Iterable
 
-from .secrets import Redactor
+from stabletoolbench_mirror.secrets import Redactor
 
 
 _FORMATTER = logging.Formatter()

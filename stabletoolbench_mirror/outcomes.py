@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from . import protocol
+from stabletoolbench_mirror import protocol
 
 
 class OutcomeKind(enum.StrEnum):

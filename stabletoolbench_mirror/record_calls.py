@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .call import ToolCall
-from .keys import value_from_upstream_key
-from .records import Record
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.keys import value_from_upstream_key
+from stabletoolbench_mirror.records import Record
 
 
 def call_of_record(record: Record, docs: Any = None) -> ToolCall | None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
-from .call import ToolCall
-from .records import Record, Source
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.records import Record, Source
 
 
 @dataclass(frozen=True)

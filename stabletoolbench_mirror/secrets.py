@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from stabletoolbench_mirror.config import Settings
 
 MASK = "***"
 MIN_LENGTH = 4

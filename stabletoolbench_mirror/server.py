@@ -28,16 +28,16 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from . import __version__, fair, protocol, sessions
-from .admission import REQUEST_OVERHEAD, Admission, Refused
-from .config import Settings
-from .factory import build_layer
-from .fair import FairLimiter
-from .layer import MirrorLayer
-from .outcomes import Outcome, OutcomeKind
-from .logs import clip
-from .memory import tune_malloc
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from stabletoolbench_mirror import __version__, fair, protocol, sessions
+from stabletoolbench_mirror.admission import REQUEST_OVERHEAD, Admission, Refused
+from stabletoolbench_mirror.config import Settings
+from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.fair import FairLimiter
+from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.logs import clip
+from stabletoolbench_mirror.memory import tune_malloc
+from stabletoolbench_mirror.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -501,7 +501,7 @@ def _answer_unknown_routes(app: FastAPI) -> None:
 
 def _add_session_routes(app: FastAPI, layer: MirrorLayer, settings: Settings) -> None:
     """``POST /sessions``, ``GET /sessions/{id}``, ``DELETE /sessions/{id}`` (see :mod:`.sessions`)."""
-    from .stores import StoreError
+    from stabletoolbench_mirror.stores import StoreError
 
     def fail(status: int, message: str) -> JSONResponse:
         return JSONResponse(protocol.answer(message, ""), status_code=status)
@@ -568,8 +568,8 @@ async def _read_capped(request: Any, limit: int) -> bytes | JSONResponse:
 
 def app_from_environment() -> FastAPI:
     """The app of a ``serve --workers N`` worker process (settings handed over in a private file, see :mod:`.handoff`)."""
-    from .handoff import ENV, read_settings_file
-    from .logs import setup_logging
+    from stabletoolbench_mirror.handoff import ENV, read_settings_file
+    from stabletoolbench_mirror.logs import setup_logging
 
     try:
         settings = read_settings_file(os.environ[ENV])

@@ -29,12 +29,12 @@ import unicodedata
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ContextManager, Protocol
 
-from .call import ToolCall
-from .config import SessionsConfig
-from .keys import history_next, history_start
-from .outcomes import OutcomeKind
-from .stores.base import StoreError
-from .stores.sessions import DOC_VERSION, SessionStore
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.config import SessionsConfig
+from stabletoolbench_mirror.keys import history_next, history_start
+from stabletoolbench_mirror.outcomes import OutcomeKind
+from stabletoolbench_mirror.stores.base import StoreError
+from stabletoolbench_mirror.stores.sessions import DOC_VERSION, SessionStore
 
 log = logging.getLogger(__name__)
 

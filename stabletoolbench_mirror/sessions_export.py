@@ -9,10 +9,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .cli_common import add_config_arguments, settings_from_args
-from .factory import build_session_store
-from .sessions import public_view
-from .stores.sessions import SessionStore
+from stabletoolbench_mirror.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.factory import build_session_store
+from stabletoolbench_mirror.sessions import public_view
+from stabletoolbench_mirror.stores.sessions import SessionStore
 
 
 def export_sessions(store: SessionStore, out_path: str, *, progress: bool = True) -> int:

@@ -18,13 +18,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from .call import ToolCall
-from .config import Settings
-from .logs import clip
-from .records import Record, Source
-from .responders import Attempt, Responder
-from .stats import LocalEvents, event_section
-from .stores import Store
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.config import Settings
+from stabletoolbench_mirror.logs import clip
+from stabletoolbench_mirror.records import Record, Source
+from stabletoolbench_mirror.responders import Attempt, Responder
+from stabletoolbench_mirror.stats import LocalEvents, event_section
+from stabletoolbench_mirror.stores import Store
 
 log = logging.getLogger(__name__)
 

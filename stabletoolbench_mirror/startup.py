@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import UPSTREAM_CONFIG_FILE, Settings
-from .probes import check_endpoints
-from .protocol import MISS_ERROR
-from .secrets import public_url
-from .simulator import NO_DOCS_MARK
-from .tooldocs import tools_folder_problem
-from .trees import TreeCount, count_tools, count_tree, frozen_cache_problem
+from stabletoolbench_mirror.config import UPSTREAM_CONFIG_FILE, Settings
+from stabletoolbench_mirror.probes import check_endpoints
+from stabletoolbench_mirror.protocol import MISS_ERROR
+from stabletoolbench_mirror.secrets import public_url
+from stabletoolbench_mirror.simulator import NO_DOCS_MARK
+from stabletoolbench_mirror.tooldocs import tools_folder_problem
+from stabletoolbench_mirror.trees import TreeCount, count_tools, count_tree, frozen_cache_problem
 
 
 @dataclass(frozen=True)
@@ -156,9 +156,9 @@ def check_store(settings: Settings, report: StartupReport, *, open_store: bool) 
     if not open_store:
         report.add("store", f"{cfg.kind} at {where}")
         return
-    from .config import ConfigError
-    from .factory import build_store
-    from .stores import StoreError
+    from stabletoolbench_mirror.config import ConfigError
+    from stabletoolbench_mirror.factory import build_store
+    from stabletoolbench_mirror.stores import StoreError
 
     if cfg.kind == "diskcache" and not Path(where).exists():
         # a check changes nothing: the store is created by the first serve or warm
@@ -220,9 +220,9 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
 
 def _store_entries(settings: Settings) -> int | None:
     """The store's entry count (0 when a diskcache folder does not exist yet), or ``None`` when it cannot be opened."""
-    from .config import ConfigError
-    from .factory import build_store
-    from .stores import StoreError
+    from stabletoolbench_mirror.config import ConfigError
+    from stabletoolbench_mirror.factory import build_store
+    from stabletoolbench_mirror.stores import StoreError
 
     cfg = settings.store
     if cfg.kind == "diskcache" and not Path(settings.resolve(cfg.path)).exists():
@@ -289,7 +289,7 @@ def print_report(report: StartupReport, stream: Any = None) -> None:
 
 def start_checks(settings: Settings, *, probe_endpoints: bool = True, simulator_launched: bool = False) -> bool:
     """The checks ``serve`` and ``warm`` run before they start: print the summary; ``False`` on an error."""
-    from .logs import to_log_file
+    from stabletoolbench_mirror.logs import to_log_file
 
     report = inspect(settings, probe_endpoints=probe_endpoints, simulator_launched=simulator_launched)
     print_report(report)
@@ -305,7 +305,7 @@ def start_checks(settings: Settings, *, probe_endpoints: bool = True, simulator_
 
 def cmd_doctor(args: Any) -> int:
     """``stabletoolbench-mirror doctor``: every start-up check, without serving; exit 1 on any error."""
-    from .cli_common import settings_from_args
+    from stabletoolbench_mirror.cli_common import settings_from_args
 
     settings = settings_from_args(args)
     if args.keys:
@@ -320,7 +320,7 @@ def cmd_doctor(args: Any) -> int:
 
 
 def register(sub: Any) -> None:
-    from .cli_common import add_config_arguments
+    from stabletoolbench_mirror.cli_common import add_config_arguments
 
     parser = sub.add_parser(
         "doctor",
@@ -338,8 +338,8 @@ def register(sub: Any) -> None:
 
 
 def _doctor_keys(settings: Settings) -> int:
-    from .factory import build_store
-    from .key_report import planted_records, render
+    from stabletoolbench_mirror.factory import build_store
+    from stabletoolbench_mirror.key_report import planted_records, render
 
     with build_store(settings) as store:
         found = list(planted_records(store, progress=sys.stderr.isatty()))

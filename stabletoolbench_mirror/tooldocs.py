@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from rapidfuzz import fuzz, process
 
-from .logs import clip
-from .naming import CallNames, change_name, standardize, standardize_category
-from .upstream_layout import OutsideTree, check_inside
+from stabletoolbench_mirror.logs import clip
+from stabletoolbench_mirror.naming import CallNames, change_name, standardize, standardize_category
+from stabletoolbench_mirror.upstream_layout import OutsideTree, check_inside
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from stabletoolbench_mirror.config import Settings
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..call import ToolCall
-from ..naming import standardize, standardize_category
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.naming import standardize, standardize_category
 
 
 def _category(name: str) -> str:

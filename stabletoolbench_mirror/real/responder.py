@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Sequence
 
-from ..call import ToolCall
-from ..records import Record, Source
-from ..responders import Attempt
-from ..secrets import Redactor
-from .policy import CallPolicy
-from .transport import Transport
-from .validity import classify
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.records import Record, Source
+from stabletoolbench_mirror.responders import Attempt
+from stabletoolbench_mirror.secrets import Redactor
+from stabletoolbench_mirror.real.policy import CallPolicy
+from stabletoolbench_mirror.real.transport import Transport
+from stabletoolbench_mirror.real.validity import classify
 
 @dataclass(frozen=True)
 class Fetched:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..config import ConfigError, Settings
-from ..secrets import redactor_for
-from ..tooldocs import ToolDocs, tool_docs_for, tools_folder_problem
-from .client import ChatClient, ChatError, Completion
-from .parsing import Parsed, parse_output
-from .prompt_files import PromptFileError, SystemPrompt, resolve_system_prompt
-from .prompts import MIRRORAPI_STYLES
-from .responder import Simulator
+from stabletoolbench_mirror.config import ConfigError, Settings
+from stabletoolbench_mirror.secrets import redactor_for
+from stabletoolbench_mirror.tooldocs import ToolDocs, tool_docs_for, tools_folder_problem
+from stabletoolbench_mirror.simulator.client import ChatClient, ChatError, Completion
+from stabletoolbench_mirror.simulator.parsing import Parsed, parse_output
+from stabletoolbench_mirror.simulator.prompt_files import PromptFileError, SystemPrompt, resolve_system_prompt
+from stabletoolbench_mirror.simulator.prompts import MIRRORAPI_STYLES
+from stabletoolbench_mirror.simulator.responder import Simulator
 
 __all__ = [
     "ChatClient",

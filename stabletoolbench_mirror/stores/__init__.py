@@ -1,7 +1,7 @@
 """Cache tiers: the writable :class:`Store` (diskcache, Redis) and read-only frozen trees."""
 
-from .base import CacheTier, Store, StoreCounts, StoreError
-from .diskcache_store import DiskcacheStore
-from .frozen import FrozenCache
+from stabletoolbench_mirror.stores.base import CacheTier, Store, StoreCounts, StoreError
+from stabletoolbench_mirror.stores.diskcache_store import DiskcacheStore
+from stabletoolbench_mirror.stores.frozen import FrozenCache
 
 __all__ = ["CacheTier", "Store", "StoreCounts", "StoreError", "DiskcacheStore", "FrozenCache"]

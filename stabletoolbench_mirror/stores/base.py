@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import ContextManager, Iterable, Iterator
 
-from ..records import Record
+from stabletoolbench_mirror.records import Record
 
 
 class StoreError(RuntimeError):

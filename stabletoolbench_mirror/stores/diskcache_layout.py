@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator
 
 import diskcache
 
-from .base import StoreError
+from stabletoolbench_mirror.stores.base import StoreError
 
 #: ``Cache``'s columns (name, type) as diskcache 5.6 creates them
 COLUMNS = (

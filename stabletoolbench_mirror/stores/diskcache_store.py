@@ -13,12 +13,12 @@ from typing import Any, Iterable, Iterator
 
 import diskcache
 
-from ..logs import clip
-from ..records import Record
-from . import diskcache_layout as layout
-from .base import Store, StoreCounts, StoreError, _recording_order, origin_key
-from .filelock import ByteRangeLocks
-from .leases import MAX_LOCK_WAIT_S
+from stabletoolbench_mirror.logs import clip
+from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.stores import diskcache_layout as layout
+from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order, origin_key
+from stabletoolbench_mirror.stores.filelock import ByteRangeLocks
+from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S
 
 log = logging.getLogger(__name__)
 

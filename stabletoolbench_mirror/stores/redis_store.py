@@ -39,11 +39,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from ..logs import clip
-from ..records import Record, Source
-from ..secrets import public_url
-from .base import Store, StoreCounts, StoreError, _recording_order, origin_key
-from .leases import MAX_LOCK_WAIT_S, LeaseKeeper
+from stabletoolbench_mirror.logs import clip
+from stabletoolbench_mirror.records import Record, Source
+from stabletoolbench_mirror.secrets import public_url
+from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order, origin_key
+from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S, LeaseKeeper
 
 log = logging.getLogger(__name__)
 

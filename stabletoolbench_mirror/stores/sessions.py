@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
-from .base import StoreError
+from stabletoolbench_mirror.stores.base import StoreError
 
 #: the version of a session head (its calls kept as separate entries)
 DOC_VERSION = 2
@@ -307,7 +307,7 @@ class RedisSessionStore(SessionStore):
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        from ..secrets import public_url
+        from stabletoolbench_mirror.secrets import public_url
 
         self.url = public_url(url)
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)

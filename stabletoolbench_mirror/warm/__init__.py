@@ -22,9 +22,9 @@ simulator chain) with ``--concurrency`` calls in flight, in threads of this proc
 never recorded.  :mod:`.command` is the CLI.
 """
 
-from .command import build_plan, cmd_warm, register
-from .inputs import add_answers, add_payloads, add_queries
-from .plan import (
+from stabletoolbench_mirror.warm.command import build_plan, cmd_warm, register
+from stabletoolbench_mirror.warm.inputs import add_answers, add_payloads, add_queries
+from stabletoolbench_mirror.warm.plan import (
     INPUT_KINDS,
     Failure,
     KindCounts,
@@ -34,8 +34,8 @@ from .plan import (
     WarmReport,
     payload_of,
 )
-from .pool import default_processes, run_warm_processes
-from .runner import SWITCH_INTERVAL_S, run_warm, warm_layer, warm_settings
+from stabletoolbench_mirror.warm.pool import default_processes, run_warm_processes
+from stabletoolbench_mirror.warm.runner import SWITCH_INTERVAL_S, run_warm, warm_layer, warm_settings
 
 __all__ = [
     "INPUT_KINDS",

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..answers import iter_answer_calls
-from ..call import ToolCall
-from ..outcomes import OutcomeKind
-from ..queries import FunctionIndex, QueryFileError, default_calls, iter_jsonl
-from .plan import WarmInputError, WarmPlan
+from stabletoolbench_mirror.answers import iter_answer_calls
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.outcomes import OutcomeKind
+from stabletoolbench_mirror.queries import FunctionIndex, QueryFileError, default_calls, iter_jsonl
+from stabletoolbench_mirror.warm.plan import WarmInputError, WarmPlan
 
 #: a decoded ``/virtual`` body -> its call, or the final answer the server gives it without the cache
 Prepare = Callable[[Any], Any]

@@ -20,14 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .. import protocol
-from ..call import ToolCall
-from ..config import Mode, Settings
-from ..factory import build_layer
-from ..records import Record, Source
-from ..responders import Attempt
-from ..secrets import Redactor
-from ..tooldocs import tool_docs_for
+from stabletoolbench_mirror import protocol
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.config import Mode, Settings
+from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.records import Record, Source
+from stabletoolbench_mirror.responders import Attempt
+from stabletoolbench_mirror.secrets import Redactor
+from stabletoolbench_mirror.tooldocs import tool_docs_for
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,8 @@ class BatchingSimulator:
         self._worker.start()
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
-        from ..simulator import parse_output
-        from ..simulator.responder import invalid
+        from stabletoolbench_mirror.simulator import parse_output
+        from stabletoolbench_mirror.simulator.responder import invalid
 
         pending = _Pending(self._render(call, examples))
         with self._cond:
@@ -228,7 +228,7 @@ def _load(vllm: Any, settings: Settings, model: str, llm_options: dict[str, Any]
     if cfg.seed is not None:
         sampling["seed"] = cfg.seed
     if cfg.structured_output:
-        from ..simulator.prompts import response_schema
+        from stabletoolbench_mirror.simulator.prompts import response_schema
 
         sampling.update(_structured_params(vllm, response_schema(cfg.style == "mirrorapi-cot", cfg.structured_max_chars)))
     params = vllm.SamplingParams(**sampling)
@@ -249,7 +249,7 @@ def offline_layer(
     generate: GenerateFn | None = None,
 ) -> tuple[Any, None]:
     """A warming layer whose simulator is a :class:`BatchingSimulator` over vLLM (or ``generate``)."""
-    from ..simulator import build_simulator
+    from stabletoolbench_mirror.simulator import build_simulator
 
     if generate is None:
         if not model:
@@ -265,7 +265,7 @@ def offline_layer(
     )
     responders: list[Any] = []
     if settings.real.enabled:
-        from ..real import build_real_responder
+        from stabletoolbench_mirror.real import build_real_responder
 
         responders.append(build_real_responder(settings, docs=docs))
     responders.append(batcher)

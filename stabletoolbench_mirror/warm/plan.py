@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..answers import answer_payload
-from ..call import ToolCall
-from ..queries import ApiRef
+from stabletoolbench_mirror.answers import answer_payload
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.queries import ApiRef
 
 #: the kinds of input warm reads: query files, answer files, JSONL of /virtual bodies
 INPUT_KINDS = ("queries", "answers", "payloads")

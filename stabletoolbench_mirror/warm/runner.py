@@ -11,14 +11,14 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from ..call import ToolCall
-from ..config import Mode, Settings
-from ..factory import build_layer
-from ..layer import MirrorLayer
-from ..outcomes import Outcome, OutcomeKind
-from ..responders import Responder
-from ..stores import StoreError
-from .plan import (
+from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.config import Mode, Settings
+from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.responders import Responder
+from stabletoolbench_mirror.stores import StoreError
+from stabletoolbench_mirror.warm.plan import (
     Failure,
     KindCounts,
     WarmInputError,
