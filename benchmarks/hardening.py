@@ -35,7 +35,7 @@ import requests
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from stabletoolbench_mirror.records import Record  # noqa: E402
+from stabletoolbench_mirror.core.records import Record  # noqa: E402
 from stabletoolbench_mirror.stores import DiskcacheStore  # noqa: E402
 from tests.helpers.crowd import close_all, crowd_of_requests, request_without_reading, rss_mb, stalled_bodies  # noqa: E402
 from tests.helpers.processes import ServeProcess, StubProcess  # noqa: E402

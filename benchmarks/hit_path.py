@@ -18,7 +18,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _loadgen import json_bodies, run_load  # noqa: E402
 from _procs import free_port, process, serve_args  # noqa: E402

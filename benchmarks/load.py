@@ -21,15 +21,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _loadgen import run_load  # noqa: E402
 from _procs import free_port, process, serve_args  # noqa: E402
 
-from stabletoolbench_mirror.call import ToolCall  # noqa: E402
-from stabletoolbench_mirror.records import Record  # noqa: E402
+from stabletoolbench_mirror.core.call import ToolCall  # noqa: E402
+from stabletoolbench_mirror.core.records import Record  # noqa: E402
 from stabletoolbench_mirror.stores import DiskcacheStore, Store  # noqa: E402
 
 APIS = 20
@@ -77,9 +76,8 @@ def main() -> int:
         if any(c.startswith("redis") for c in args.configs):
             if shutil.which("redis-server") is None:
                 raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-            from tests.helpers.redis_server import RedisServer
-
             from stabletoolbench_mirror.stores.redis_store import RedisStore
+            from tests.helpers.redis_server import RedisServer
 
             redis_server = RedisServer(tmp_path / "redis").start()
             with RedisStore(redis_server.url, prefix="bench") as rstore:

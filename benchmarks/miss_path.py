@@ -44,8 +44,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from _loadgen import run_load  # noqa: E402
 from _procs import free_port, process, serve_args, stub_args  # noqa: E402
 
-from stabletoolbench_mirror.call import ToolCall  # noqa: E402
-from stabletoolbench_mirror.simulator.prompts import SFT_SYSTEM_PROMPT, mirrorapi_messages  # noqa: E402
+from stabletoolbench_mirror.core.call import ToolCall  # noqa: E402
+from stabletoolbench_mirror.responders.simulator.prompts import SFT_SYSTEM_PROMPT, mirrorapi_messages  # noqa: E402
 
 CONCURRENCY = 32
 STUB_LATENCY_MS = 50.0

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import requests
-
 from _procs import REPO, clean_env, free_port, process
 
 SKIP_HEADERS = {"date", "server", "x-stm-worker"}

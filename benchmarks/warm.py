@@ -18,15 +18,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _procs import free_port, process, stub_args  # noqa: E402
 
-from stabletoolbench_mirror.config import load_settings  # noqa: E402
-from stabletoolbench_mirror.warm import (  # noqa: E402
+from stabletoolbench_mirror.commands.warm import (  # noqa: E402
     WarmPlan,
     add_queries,
     default_processes,
@@ -35,6 +33,7 @@ from stabletoolbench_mirror.warm import (  # noqa: E402
     warm_layer,
     warm_settings,
 )
+from stabletoolbench_mirror.config import load_settings  # noqa: E402
 
 
 def run_point(queries: Path, api_base: str, concurrency: int, processes: int | None) -> tuple[dict, int]:

@@ -1,5 +1,5 @@
 import sys
 
-from stabletoolbench_mirror.cli import main
+from stabletoolbench_mirror.commands.cli import main
 
 sys.exit(main())

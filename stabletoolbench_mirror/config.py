@@ -25,7 +25,7 @@ from typing import Any, Literal, Mapping, Optional, Union, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from stabletoolbench_mirror.secrets import secret_values
+from stabletoolbench_mirror.core.secrets import secret_values
 
 ENV_PREFIX = "STM_"
 DEFAULT_CONFIG_FILE = "server_config.yml"
@@ -257,7 +257,7 @@ class Settings(_Section):
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
 
     def secrets(self) -> list[str]:
-        """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.secrets`)."""
+        """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.core.secrets`)."""
         return secret_values(self)
 
 

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from stabletoolbench_mirror.config import ConfigError, Mode, Settings
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.responders import Responder
-from stabletoolbench_mirror.shadow import ShadowedResponder, shadow_settings
-from stabletoolbench_mirror.simulator import build_simulator
+from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.engine.responders import Responder
+from stabletoolbench_mirror.responders.shadow import ShadowedResponder, shadow_settings
+from stabletoolbench_mirror.responders.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache, Store
-from stabletoolbench_mirror.tooldocs import ToolDocs, tool_docs_for
+from stabletoolbench_mirror.upstream.tooldocs import ToolDocs, tool_docs_for
 
 if TYPE_CHECKING:
-    from stabletoolbench_mirror.local_tools import LocalTools
-    from stabletoolbench_mirror.sessions import Sessions
+    from stabletoolbench_mirror.engine.local_tools import LocalTools
+    from stabletoolbench_mirror.engine.sessions import Sessions
     from stabletoolbench_mirror.stores.sessions import SessionStore
 
 
@@ -104,7 +104,7 @@ def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> lis
         return responders
     shared = docs if docs is not None else tool_docs_for(settings)  # one registry, shared by both
     if settings.real.enabled:
-        from stabletoolbench_mirror.real import build_real_responder
+        from stabletoolbench_mirror.responders.real import build_real_responder
 
         real: Responder = build_real_responder(settings, docs=shared)
         if settings.real.shadow_simulate:
@@ -176,7 +176,7 @@ def build_session_store(settings: Settings) -> "SessionStore":
 
 def build_sessions(settings: Settings, store: Store) -> "Sessions":
     """Sessions kept beside ``store``; the calls of one session are serialised by the store's lock."""
-    from stabletoolbench_mirror.sessions import LOCK_NAMESPACE, Sessions
+    from stabletoolbench_mirror.engine.sessions import LOCK_NAMESPACE, Sessions
 
     return Sessions(
         build_session_store(settings),
@@ -190,7 +190,7 @@ def build_local_tools(settings: Settings) -> "LocalTools | None":
     """The local tools of the ``local_tools`` files (only those files are imported), or ``None``."""
     if not settings.local_tools:
         return None
-    from stabletoolbench_mirror.local_tools import LocalTools
+    from stabletoolbench_mirror.engine.local_tools import LocalTools
 
     return LocalTools.load(
         [settings.resolve(p) for p in settings.local_tools],

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from stabletoolbench_mirror.config import Settings, load_settings
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.server import create_app, uvicorn_options
-
+from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.serving.server import create_app, uvicorn_options
 from tests.helpers.live import UvicornThread
 
 # CI runs property tests derandomized (reproducible); local runs keep exploring new examples

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from stabletoolbench_mirror.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.stores import DiskcacheStore
-from stabletoolbench_mirror.upstream_layout import iter_cache_files, read_cache_file
-
+from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
 from tests.helpers.processes import ServeProcess, popen_as_from_a_terminal
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from stabletoolbench_mirror.stores import DiskcacheStore
-from stabletoolbench_mirror.upstream_layout import iter_cache_files, read_cache_file
+from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -68,7 +68,7 @@ def test_import_of_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def _store_with_records(path: Path, n: int = 40) -> None:
-    from stabletoolbench_mirror.records import Record
+    from stabletoolbench_mirror.core.records import Record
 
     with DiskcacheStore(path) as store:
         store.add_many([
@@ -125,7 +125,7 @@ def test_cache_stats_of_a_closed_store_leaves_its_file_as_it_was(tmp_path: Path)
 def test_cache_stats_sends_redis_no_write(tmp_path: Path) -> None:
     import redis
 
-    from stabletoolbench_mirror.records import Record
+    from stabletoolbench_mirror.core.records import Record
     from stabletoolbench_mirror.stores.redis_store import RedisStore
     from tests.helpers.redis_server import RedisServer, require_redis_server
 

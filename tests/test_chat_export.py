@@ -8,13 +8,12 @@ from typing import Any
 
 import pytest
 
-from stabletoolbench_mirror.cache_tools import import_tree
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.cli import main
-from stabletoolbench_mirror.protocol import VirtualRequest
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.commands.cache_tools import import_tree
+from stabletoolbench_mirror.commands.cli import main
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.protocol import VirtualRequest
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore
-
 from tests.helpers.openai_stub import OpenAIStub
 from tests.test_prompt_parity import upstream_messages, write_upstream_prompts
 

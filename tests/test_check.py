@@ -11,10 +11,10 @@ from pathlib import Path
 
 import yaml
 
-from stabletoolbench_mirror.answers import observation_text
-from stabletoolbench_mirror.check import LayerTarget, run_check
-from stabletoolbench_mirror.expectations import Expectation
+from stabletoolbench_mirror.commands.check import LayerTarget, run_check
 from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.upstream.answers import observation_text
+from stabletoolbench_mirror.upstream.expectations import Expectation
 from tests.helpers.answer_files import api, cot_answer, dfs_answer, param, query
 
 

@@ -17,12 +17,12 @@ from typing import Any, Sequence
 import pytest
 import requests
 
-from stabletoolbench_mirror.call import ToolCall
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.engine.responders import Attempt
+from stabletoolbench_mirror.engine.stats import COUNTER_NAMES
 from stabletoolbench_mirror.factory import build_store
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.records import Record
-from stabletoolbench_mirror.responders import Attempt
-from stabletoolbench_mirror.stats import COUNTER_NAMES
 
 API = "Tools/t_for_Tools/a"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import diskcache
 import pytest
 
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore, StoreError
 from stabletoolbench_mirror.stores import diskcache_layout as layout
 

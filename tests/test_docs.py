@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from stabletoolbench_mirror.config import load_settings
-
 from tests.test_startup import cli, make_server_folder
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from stabletoolbench_mirror.keys import canonical_from_upstream_key
-from stabletoolbench_mirror.records import Record
-from stabletoolbench_mirror.snapshot import verify_snapshot, write_snapshot
+from stabletoolbench_mirror.commands.snapshot import verify_snapshot, write_snapshot
+from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
-from stabletoolbench_mirror.upstream_layout import iter_cache_files, read_cache_file
+from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
 
 NS = "Data/flaky_for_Data/lookup"
 UPSTREAM_FAILED = {"error": "Failed to generate fake response", "response": ""}

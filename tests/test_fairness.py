@@ -16,11 +16,9 @@ from typing import Any
 
 import requests
 
-from stabletoolbench_mirror.fair import CLIENT, FairLimiter, FairSemaphore, run_as
-
+from stabletoolbench_mirror.engine.fair import CLIENT, FairLimiter, FairSemaphore, run_as
 from tests.helpers.crowd import close_all, crowd_of_requests
 from tests.helpers.processes import ServeProcess, StubProcess
-
 
 # -- the turns -----------------------------------------------------------------------------------
 
@@ -172,9 +170,8 @@ def test_a_client_under_its_limit_is_served_within_seconds_beside_a_199_address_
 def test_miss_turns_go_to_the_client_holding_none_before_another_clients_queue(tmp_path: Path, serve, settings_factory) -> None:
     """limits.max_pending_misses turns: 127.0.0.2 queues 12 misses behind its 2 turns; 127.0.0.3's one miss
     takes the next free turn (first come, first served it would wait for all 12)."""
-    from stabletoolbench_mirror.layer import MirrorLayer
+    from stabletoolbench_mirror.engine.layer import MirrorLayer
     from stabletoolbench_mirror.stores import DiskcacheStore
-
     from tests.helpers.responders import KeyedResponder
 
     settings = settings_factory(limits={"max_pending_misses": 2, "max_in_flight_per_client": 100})

@@ -17,13 +17,12 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.cli import main
-from stabletoolbench_mirror.fidelity import JUDGE_SYSTEM_PROMPT, METRICS, Scorer, import_rouge, parse_judge_score
-from stabletoolbench_mirror.protocol import VirtualRequest
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.commands.cli import main
+from stabletoolbench_mirror.commands.fidelity import JUDGE_SYSTEM_PROMPT, METRICS, Scorer, import_rouge, parse_judge_score
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.protocol import VirtualRequest
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore
-
 from tests.helpers.openai_stub import OpenAIStub, Reply, letter_embedder
 
 # rouge-score's default tokenizer without stemming (given explicitly: the default path logs through absl,
@@ -258,8 +257,7 @@ def test_rouge_l_equals_rouge_score(reference: str, candidate: str) -> None:
 
 
 def test_answer_files_as_reference(tmp_path, reference_dir, reference_calls) -> None:
-    from stabletoolbench_mirror.answers import observation_text
-
+    from stabletoolbench_mirror.upstream.answers import observation_text
     from tests.helpers.answer_files import api, dfs_answer, param, query
 
     artist, info = ("Songkick artist", '{\n  "artist_id": "28003"\n}'), ("Get info about artist", '{\n  "parameter": "Lionel Messi"\n}')

@@ -18,10 +18,9 @@ from typing import Any
 
 import requests
 
-from stabletoolbench_mirror.protocol import encode_answer
+from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.stores import FrozenCache
-from stabletoolbench_mirror.tooldocs import ToolDocs
-
+from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
 from tests.helpers.openai_stub import OpenAIStub
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,7 +151,7 @@ def test_symlinks_are_followed_when_allowed(tmp_path: Path, settings_factory, se
 
 
 def test_cache_import_refuses_symlinks_out_of_the_tree(tmp_path: Path) -> None:
-    from stabletoolbench_mirror.cache_tools import import_tree
+    from stabletoolbench_mirror.commands.cache_tools import import_tree
     from stabletoolbench_mirror.stores import DiskcacheStore
 
     root = symlinked_tree(tmp_path)
@@ -215,7 +214,7 @@ def test_memory_budget_evicts_and_reloads_byte_identical(tmp_path: Path) -> None
     assert len(cache.memory()) and cache.memory()["files"] <= 4
     # canonical lookups after eviction: same bytes
     for (api, key), body in list(expected.items())[::7]:
-        from stabletoolbench_mirror.keys import canonical_from_upstream_key
+        from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 
         record = cache.get_canonical(api, canonical_from_upstream_key(key))
         assert record is not None and record.body == body

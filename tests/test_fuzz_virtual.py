@@ -14,12 +14,12 @@ from typing import Any, Iterator
 
 import pytest
 import requests
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.stats import COUNTER_NAMES
+from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.engine.stats import COUNTER_NAMES
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
-
 from tests.helpers.responders import KeyedResponder, expected_answer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,10 +12,9 @@ from typing import Any
 
 import requests
 
-from stabletoolbench_mirror.cli import main
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.commands.cli import main
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore
-
 from tests.helpers.openai_stub import OpenAIStub, Reply
 
 PAYLOAD = {

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.stores import DiskcacheStore
-
 from tests.helpers.responders import KeyedResponder, expected_answer
 
 NS = "Data/key_tool_for_Data/api"

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from stabletoolbench_mirror import protocol
-from stabletoolbench_mirror.keys import canonical_from_upstream_key, canonical_key, upstream_key
-from stabletoolbench_mirror.protocol import ToolInputParseError, parse_tool_input
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.keys import canonical_from_upstream_key, canonical_key, upstream_key
+from stabletoolbench_mirror.core.protocol import ToolInputParseError, parse_tool_input
 
 
 def test_upstream_key_is_python_repr_of_the_parsed_dict() -> None:

@@ -12,12 +12,11 @@ from typing import Any
 
 import requests
 
-from stabletoolbench_mirror import protocol
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore
-
 from tests.helpers.openai_stub import OpenAIStub, Reply
 from tests.helpers.responders import KeyedResponder
 

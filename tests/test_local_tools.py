@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from stabletoolbench_mirror.config import ConfigError
+from stabletoolbench_mirror.engine.local_tools import LocalTools, answer_of
 from stabletoolbench_mirror.factory import build_store
-from stabletoolbench_mirror.local_tools import LocalTools, answer_of
 from tests.helpers.processes import _clean_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,7 +247,7 @@ def test_two_files_defining_one_api_are_refused(tmp_path: Path) -> None:
 
 def test_the_example_tools_load_and_match_client_spellings() -> None:
     tools = LocalTools.load([str(EXAMPLE_TOOLS)])
-    from stabletoolbench_mirror.call import ToolCall
+    from stabletoolbench_mirror.core.call import ToolCall
 
     for api in ("add_meeting", "Add Meeting", "add meeting"):
         assert tools.find(ToolCall.of("Tools", "Example Meetings", api, {})) is not None
@@ -323,8 +323,8 @@ def _wait_until_idle(tools: LocalTools, timeout_s: float = 5.0) -> int:
 
 
 def test_every_path_of_a_run_gives_its_slot_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stabletoolbench_mirror.call import ToolCall
-    from stabletoolbench_mirror.local_tools import MAX_RUNNING, LocalTool
+    from stabletoolbench_mirror.core.call import ToolCall
+    from stabletoolbench_mirror.engine.local_tools import MAX_RUNNING, LocalTool
 
     release = threading.Event()
 

@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
+from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.factory import build_store
-from stabletoolbench_mirror.keys import canonical_from_upstream_key
-from stabletoolbench_mirror.records import Record
-
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server  # noqa: F401
 
 API = "Tools/t_for_Tools/a"

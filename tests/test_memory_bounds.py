@@ -12,9 +12,8 @@ from typing import Any
 
 import requests
 
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore
-
 from tests.helpers.crowd import close_all, peer_closed, request_without_reading, rss_mb, stalled_bodies
 from tests.helpers.processes import ServeProcess
 

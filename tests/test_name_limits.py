@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 import requests
 
-from stabletoolbench_mirror import logs, stats as stats_module, tooldocs as tooldocs_module
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.naming import resolve_names
-from stabletoolbench_mirror.outcomes import Outcome, OutcomeKind
-from stabletoolbench_mirror.protocol import MAX_NAME_CHARS
-from stabletoolbench_mirror.stats import Stats
+from stabletoolbench_mirror.core import logs
+from stabletoolbench_mirror.core.naming import resolve_names
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.core.protocol import MAX_NAME_CHARS
+from stabletoolbench_mirror.engine import stats as stats_module
+from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.engine.stats import Stats
 from stabletoolbench_mirror.stores import DiskcacheStore
-from stabletoolbench_mirror.tooldocs import ToolDocs
-
+from stabletoolbench_mirror.upstream import tooldocs as tooldocs_module
+from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
 from tests.helpers.processes import ServeProcess, StubProcess
 from tests.helpers.responders import KeyedResponder, expected_answer
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stabletoolbench_mirror.naming import (
+from stabletoolbench_mirror.core.naming import (
     change_name,
     is_safe_path_component,
     parameter_name,

@@ -15,8 +15,7 @@ from typing import Any
 
 import requests
 
-from stabletoolbench_mirror.queries import default_calls
-
+from stabletoolbench_mirror.upstream.queries import default_calls
 from tests.helpers.loadclient import send_all
 from tests.helpers.processes import ServeProcess, StubProcess
 

@@ -18,9 +18,8 @@ import pytest
 import requests
 
 from stabletoolbench_mirror.config import ConfigError
-from stabletoolbench_mirror.simulator import build_simulator, prompt_warning, system_prompt_for
-from stabletoolbench_mirror.simulator.prompts import SFT_SYSTEM_PROMPT
-
+from stabletoolbench_mirror.responders.simulator import build_simulator, prompt_warning, system_prompt_for
+from stabletoolbench_mirror.responders.simulator.prompts import SFT_SYSTEM_PROMPT
 from tests.conftest import make_settings
 from tests.helpers.openai_stub import OpenAIStub
 
@@ -166,7 +165,7 @@ def test_prompts_file_is_never_run(tmp_path) -> None:
 
 
 def test_builtin_prompt_warns_once_at_start(tmp_path, layout, caplog) -> None:
-    from stabletoolbench_mirror.cli import _warn_about_prompt
+    from stabletoolbench_mirror.commands.cli import _warn_about_prompt
 
     builtin = make_settings(tmp_path, simulator={"enabled": True, "style": "mirrorapi-cot"})
     assert "trained on StableToolBench's SFT_SYSTEM / COT_SYSTEM" in (prompt_warning(builtin) or "")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stabletoolbench_mirror.answers import calls_in_answer, observation_text, query_id_of, read_answer_file
-from stabletoolbench_mirror.queries import (
+from stabletoolbench_mirror.upstream.answers import calls_in_answer, observation_text, query_id_of, read_answer_file
+from stabletoolbench_mirror.upstream.queries import (
     ApiRef,
     FunctionIndex,
     QueryFileError,
@@ -101,7 +101,7 @@ def test_default_calls_keys_match_what_the_agent_sends(tmp_path: Path) -> None:
     call = calls[0].call
     assert call.api == "Data/theclique_for_Data/transfermarkt_search"
     # the agent's later call, as its arguments text, resolves to the same key
-    from stabletoolbench_mirror.protocol import parse_tool_input
+    from stabletoolbench_mirror.core.protocol import parse_tool_input
 
     agent_text = '{\n  "name": "messi",\n  "limit": 5\n}'
     assert str(parse_tool_input(agent_text)) == call.key == "{'name': 'messi', 'limit': 5}"

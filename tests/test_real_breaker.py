@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stabletoolbench_mirror.real.breaker import BreakerBoard, CircuitBreaker
+from stabletoolbench_mirror.responders.real.breaker import BreakerBoard, CircuitBreaker
 
 
 class Clock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stabletoolbench_mirror.real.rapidapi import RequestBuildError, build_request, map_arguments
+from stabletoolbench_mirror.responders.real.rapidapi import RequestBuildError, build_request, map_arguments
 
 GET_DOC = {
     "name": "Get Order",
@@ -76,8 +76,8 @@ def test_bad_docs_and_inputs_give_clear_errors(doc, args, message) -> None:
 
 
 def test_origins_drop_credentials_query_and_fragment() -> None:
-    from stabletoolbench_mirror.real.transport import host_key
-    from stabletoolbench_mirror.secrets import public_url
+    from stabletoolbench_mirror.core.secrets import public_url
+    from stabletoolbench_mirror.responders.real.transport import host_key
 
     url = "https://user:secret-pw@Relay.Example:8443/api/virtual?key=SECRET#frag"
     assert public_url(url) == "https://relay.example:8443/api/virtual"

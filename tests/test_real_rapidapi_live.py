@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 
-from stabletoolbench_mirror import protocol
-from stabletoolbench_mirror.call import ToolCall
 from stabletoolbench_mirror.config import ConfigError, Settings
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.factory import build_layer
-from stabletoolbench_mirror.real import build_real_responder
-
+from stabletoolbench_mirror.responders.real import build_real_responder
 from tests.conftest import make_settings
 from tests.helpers.api_host import ApiHost, HostReply, Received
 

@@ -10,14 +10,13 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from stabletoolbench_mirror import protocol
-from stabletoolbench_mirror.call import ToolCall
 from stabletoolbench_mirror.config import ConfigError
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.real import build_real_responder
-from stabletoolbench_mirror.server import create_app
-
+from stabletoolbench_mirror.responders.real import build_real_responder
+from stabletoolbench_mirror.serving.server import create_app
 from tests.conftest import make_settings
 from tests.helpers.api_host import ApiHost, HostReply, Received, relay_reply
 from tests.helpers.live import UvicornThread
@@ -78,7 +77,7 @@ def relay_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mirror]:
 
 @pytest.fixture(scope="module")
 def relay_then_simulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mirror, Any]]:
-    pytest.importorskip("stabletoolbench_mirror.simulator")
+    pytest.importorskip("stabletoolbench_mirror.responders.simulator")
     from tests.helpers.openai_stub import OpenAIStub
 
     with ApiHost(table_script) as host, OpenAIStub() as stub:

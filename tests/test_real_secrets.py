@@ -16,8 +16,8 @@ import requests
 
 from tests.conftest import REPO, make_settings
 from tests.helpers.api_host import ApiHost, HostReply, Received, relay_reply
-from tests.helpers.live import free_port
 from tests.helpers.files import files_containing
+from tests.helpers.live import free_port
 
 REQUEST_KEY = "TBKEY-REQUEST-7f3a9c1e"
 CONFIG_KEY = "TBKEY-CONFIG-5b2d8e04"

@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from stabletoolbench_mirror.real.validity import classify
-
+from stabletoolbench_mirror.upstream.validity import classify
 from tests.helpers.validity_rows import INVALID_ROWS, VALID_ROWS
 
 

@@ -13,9 +13,8 @@ import pytest
 import redis
 import requests
 
-from stabletoolbench_mirror.layer import MirrorLayer
+from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.stores.redis_store import RedisStore
-
 from tests.helpers.redis_server import RedisServer, require_redis_server
 from tests.helpers.responders import KeyedResponder, expected_answer
 
@@ -120,7 +119,7 @@ class LoadClient(threading.Thread):
 def test_redis_restart_mid_run_answers_while_down_then_records(own_redis: RedisServer, redis_app, caplog) -> None:
     server, layer = redis_app
     layer.health.log_interval_s = 3600.0  # one message for the whole outage, however slow the machine
-    caplog.set_level("WARNING", logger="stabletoolbench_mirror.store_health")
+    caplog.set_level("WARNING", logger="stabletoolbench_mirror.engine.store_health")
     session = requests.Session()
     for i in range(20):
         r = session.post(server.url + "/virtual", json=payload(i), timeout=10)
@@ -291,7 +290,7 @@ def test_a_redis_that_never_answers_is_an_error_within_the_timeout() -> None:
 def test_async_reads_match_sync_reads_and_fail_as_store_errors(own_redis: RedisServer) -> None:
     import asyncio
 
-    from stabletoolbench_mirror.records import Record
+    from stabletoolbench_mirror.core.records import Record
     from stabletoolbench_mirror.stores import StoreError
 
     ns = "Data/t_for_Data/a"

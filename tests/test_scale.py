@@ -19,13 +19,12 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from stabletoolbench_mirror import protocol
-from stabletoolbench_mirror.call import ToolCall
 from stabletoolbench_mirror.config import load_settings
-from stabletoolbench_mirror.protocol import VirtualRequest, parse_tool_input
-from stabletoolbench_mirror.simulator import build_simulator
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.protocol import VirtualRequest, parse_tool_input
+from stabletoolbench_mirror.responders.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore, Store
-
 from tests.helpers.loadclient import Answer, send_all
 from tests.helpers.openai_stub import OpenAIStub, Reply
 from tests.helpers.processes import ServeProcess, StubProcess
@@ -298,7 +297,7 @@ def test_workers_that_cannot_open_the_store_stop_with_a_clear_error(tmp_path: Pa
     handed_over = tmp_path / "settings.json"
     handed_over.write_text(json.dumps({"store": {"kind": "diskcache", "path": bad_store}, "base_dir": str(tmp_path)}))
     env["STM_SERVE_SETTINGS_FILE"] = str(handed_over)
-    done = subprocess.run([sys.executable, "-m", "uvicorn", "stabletoolbench_mirror.server:app_from_environment", "--factory",
+    done = subprocess.run([sys.executable, "-m", "uvicorn", "stabletoolbench_mirror.serving.server:app_from_environment", "--factory",
                            "--workers", "2", "--port", str(free_port()), "--host", "127.0.0.1"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert "failed to start, stopping the parent process" in done.stderr

@@ -6,8 +6,8 @@ import json
 import logging
 from pathlib import Path
 
-from stabletoolbench_mirror.logs import RedactSecrets
-from stabletoolbench_mirror.secrets import MASK, Redactor, mask_fields, public_settings, public_url
+from stabletoolbench_mirror.core.logs import RedactSecrets
+from stabletoolbench_mirror.core.secrets import MASK, Redactor, mask_fields, public_settings, public_url
 from tests.conftest import make_settings
 
 

@@ -131,13 +131,13 @@ def test_serve_on_a_port_in_use_names_the_port_and_the_fix(tmp_path: Path) -> No
             assert "Uvicorn running" not in result.stderr
 
 
-def test_readme_quotes_the_port_in_use_message() -> None:
-    from stabletoolbench_mirror.cli import listen_problem
+def test_the_troubleshooting_table_quotes_the_port_in_use_message() -> None:
+    from stabletoolbench_mirror.commands.cli import listen_problem
 
     with socket_listening() as port:
         message = listen_problem("127.0.0.1", port)
     assert message is not None
-    assert f"error: {message}".replace(str(port), "8080") in (REPO / "README.md").read_text()
+    assert f"error: {message}".replace(str(port), "8080") in (REPO / "docs" / "troubleshooting.md").read_text()
 
 
 def socket_listening():

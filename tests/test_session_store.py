@@ -10,10 +10,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from stabletoolbench_mirror.sessions import new_head, public_view
-from stabletoolbench_mirror.sessions_export import export_sessions
+from stabletoolbench_mirror.commands.sessions_export import export_sessions
+from stabletoolbench_mirror.engine.sessions import new_head, public_view
 from stabletoolbench_mirror.stores.sessions import DiskcacheSessionStore, RedisSessionStore, SessionStore
-
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server  # noqa: F401
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from stabletoolbench_mirror import protocol
+from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.factory import build_store
 from tests.helpers.openai_stub import OpenAIStub, Reply
 from tests.helpers.processes import ServeProcess, _clean_env
@@ -192,8 +192,8 @@ def test_calls_without_the_header_are_byte_identical_with_every_feature_configur
         # a miss without the header: the usual key, and the prompt of before (no session block)
         miss = call_payload("query_meeting", day="monday")
         post(featured.url, miss)
-        from stabletoolbench_mirror.simulator.prompts import GPT_SYSTEM_PROMPT, gpt_fewshot_messages
-        from stabletoolbench_mirror.call import ToolCall
+        from stabletoolbench_mirror.core.call import ToolCall
+        from stabletoolbench_mirror.responders.simulator.prompts import GPT_SYSTEM_PROMPT, gpt_fewshot_messages
 
         expected = gpt_fewshot_messages(GPT_SYSTEM_PROMPT, ToolCall.of("Tools", "Meetings", "query_meeting", {"day": "monday"}), None, [])
         assert stub.requests[-1]["messages"] == expected
@@ -249,8 +249,8 @@ def test_sessions_are_shared_through_redis_and_expire(tmp_path: Path, serve, set
         assert post(two.url, {**add, "tool_input": '{"item": "b"}'}, sid).json()["response"] == '["a", "b"]'
         doc = requests.get(f"{one.url}/sessions/{sid}", timeout=10).json()
         assert doc["task"] == "shared" and [c["tool_input"]["item"] for c in doc["calls"]] == ["a", "b"]
+        from stabletoolbench_mirror.commands.sessions_export import export_sessions
         from stabletoolbench_mirror.factory import build_session_store
-        from stabletoolbench_mirror.sessions_export import export_sessions
 
         other = new_session(one.url, "second")
         out = tmp_path / "redis-sessions.jsonl"

@@ -9,17 +9,15 @@ from typing import Any
 
 import requests
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.cli import main
+from stabletoolbench_mirror.commands.cli import main
 from stabletoolbench_mirror.config import load_settings
-from stabletoolbench_mirror.factory import build_layer
-from stabletoolbench_mirror.responders import Attempt
-from stabletoolbench_mirror.server import create_app
-from stabletoolbench_mirror.factory import build_shadow_store
-from stabletoolbench_mirror.shadow import ShadowedResponder
-from stabletoolbench_mirror.simulator import build_simulator
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.engine.responders import Attempt
+from stabletoolbench_mirror.factory import build_layer, build_shadow_store
+from stabletoolbench_mirror.responders.shadow import ShadowedResponder
+from stabletoolbench_mirror.responders.simulator import build_simulator
+from stabletoolbench_mirror.serving.server import create_app
 from stabletoolbench_mirror.stores import DiskcacheStore
-
 from tests.helpers.api_host import ApiHost, Received, relay_reply
 from tests.helpers.live import UvicornThread
 from tests.helpers.openai_stub import OpenAIStub, Reply

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from stabletoolbench_mirror.simulator.parsing import decode_string, parse_output
+from stabletoolbench_mirror.responders.simulator.parsing import decode_string, parse_output
 
 # what MirrorAPI puts in "response": free text with quotes and braces, or a JSON document
 TEXT_CHARS = st.characters(

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.naming import change_name, standardize
-from stabletoolbench_mirror.protocol import VirtualRequest
-from stabletoolbench_mirror.records import Record
-from stabletoolbench_mirror.simulator import prompts
-from stabletoolbench_mirror.tooldocs import ToolDocs
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.naming import change_name, standardize
+from stabletoolbench_mirror.core.protocol import VirtualRequest
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.responders.simulator import prompts
+from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_user_turn_matches_reference_layout_byte_for_byte(layout, reference_dir:
 
 def test_sample_doc_rendering_is_exact() -> None:
     call = ToolCall.of("Artificial_Intelligence_Machine_Learning", "TTSKraken", "List Languages", {"lang": "en", "n": 3})
-    from stabletoolbench_mirror.tooldocs import ApiDoc
+    from stabletoolbench_mirror.upstream.tooldocs import ApiDoc
 
     doc = ApiDoc(
         category="Artificial_Intelligence_Machine_Learning",

@@ -13,10 +13,10 @@ from typing import Any
 import requests
 
 from tests.conftest import REPO
+from tests.helpers.files import files_containing
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub, Reply
 from tests.helpers.processes import ServeProcess
-from tests.helpers.files import files_containing
 
 SIM_KEY = "sk-SIMKEY-0c9e77d1a2"
 AUTH_TOKEN = "AUTHTOKEN-55e1b0f3"

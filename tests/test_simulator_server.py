@@ -17,13 +17,12 @@ from typing import Any, Callable, Iterator, Sequence
 import pytest
 import requests
 
-from stabletoolbench_mirror import protocol
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.records import Record
-from stabletoolbench_mirror.simulator.prompts import COT_SYSTEM_PROMPT, SFT_SYSTEM_PROMPT
+from stabletoolbench_mirror.responders.simulator.prompts import COT_SYSTEM_PROMPT, SFT_SYSTEM_PROMPT
 from stabletoolbench_mirror.stores import DiskcacheStore
-
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub, Reply
 
@@ -522,7 +521,7 @@ def test_mirrorapi_styles_send_no_examples(mirror) -> None:
 
 def test_bad_api_base_is_a_config_error(settings_factory) -> None:
     from stabletoolbench_mirror.config import ConfigError
-    from stabletoolbench_mirror.simulator import build_simulator
+    from stabletoolbench_mirror.responders.simulator import build_simulator
 
     with pytest.raises(ConfigError, match="simulator.api_base"):
         build_simulator(settings_factory(simulator={"enabled": True, "api_base": "ftp://127.0.0.1/v1"}))
@@ -546,7 +545,7 @@ def test_an_error_body_echoing_the_key_is_redacted(mirror, caplog: pytest.LogCap
 
 def test_credentials_in_the_api_base_are_refused(settings_factory) -> None:
     from stabletoolbench_mirror.config import ConfigError
-    from stabletoolbench_mirror.simulator import build_simulator
+    from stabletoolbench_mirror.responders.simulator import build_simulator
 
     with pytest.raises(ConfigError) as info:
         build_simulator(settings_factory(simulator={"enabled": True, "api_base": "http://user:hunter22@127.0.0.1:9/v1?key=abc"}))

@@ -22,13 +22,12 @@ import pytest
 import requests
 
 from stabletoolbench_mirror.config import UPSTREAM_DEFAULT_API_BASE, load_settings
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.factory import build_layer
-from stabletoolbench_mirror.records import Record
-from stabletoolbench_mirror.simulator import NO_DOCS_MARK
-from stabletoolbench_mirror.trees import count_tree, frozen_cache_problem
+from stabletoolbench_mirror.responders.simulator import NO_DOCS_MARK
 from stabletoolbench_mirror.stores import DiskcacheStore
-from stabletoolbench_mirror.upstream_layout import write_cache_file
-
+from stabletoolbench_mirror.upstream.layout import write_cache_file
+from stabletoolbench_mirror.upstream.trees import count_tree, frozen_cache_problem
 from tests.helpers.api_host import ApiHost, relay_reply
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub
@@ -515,7 +514,7 @@ def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
     refused = cli("doctor", cwd=tmp_path / "own")
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[0] == "configuration error:"
     assert f"configuration error: {refused.stderr.strip().splitlines()[1]}" in readme
-    from stabletoolbench_mirror.cache_tools import READER_DIED
+    from stabletoolbench_mirror.commands.cache_tools import READER_DIED
 
     assert f"error: {READER_DIED}" in readme
     # the simulator warning, as it reads for the default api_base (issue 18 item 7j: the README said 8000)
@@ -535,7 +534,7 @@ def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
                  if line.startswith("error: mode: "))
     assert error.split(". Point")[0] + ". ..." in readme, error
     # the warning of a MirrorAPI style without system_prompt_file (the README's record-with-MirrorAPI job)
-    from stabletoolbench_mirror.simulator import prompt_warning
+    from stabletoolbench_mirror.responders.simulator import prompt_warning
 
     mirror = load_settings(REPO / "examples" / "configs" / "record-mirrorapi.yml", environ={})
     mirror.simulator.system_prompt_file = None
@@ -602,7 +601,7 @@ def test_warm_goes_on_when_a_first_call_succeeds_and_failed_lines_carry_the_caus
 
 
 def test_first_calls_stop_only_when_all_failed_alike() -> None:
-    from stabletoolbench_mirror.warm.runner import FirstCalls
+    from stabletoolbench_mirror.commands.warm.runner import FirstCalls
 
     watch = FirstCalls(3)
     assert [watch.see(False, f"refused <conn object at 0x{i:x}>") for i in range(3)] == [None, None, "refused <conn object at 0x2>"]

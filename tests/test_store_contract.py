@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.stores import DiskcacheStore, Store, StoreError
-
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server, require_redis_server  # noqa: F401
 from tests.helpers.responders import KeyedResponder, expected_answer
 from tests.helpers.store_fixtures import spec, store  # noqa: F401

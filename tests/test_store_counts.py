@@ -10,11 +10,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.cache_tools import export_tree, store_stats
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.commands.cache_tools import export_tree, store_stats
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore, Store
 from stabletoolbench_mirror.stores.base import origin_key
-
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server  # noqa: F401
 from tests.helpers.store_fixtures import spec, store  # noqa: F401
 
@@ -115,7 +114,7 @@ def test_export_streams_the_same_tree(store: Store, tmp_path: Path) -> None:
     store.add_many(records(200))
     summary = export_tree(store, tmp_path / "out", progress=False)
     assert summary.entries == 200
-    from stabletoolbench_mirror.upstream_layout import iter_cache_files, read_cache_file
+    from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
 
     seen = {}
     for ns, path in iter_cache_files(tmp_path / "out"):

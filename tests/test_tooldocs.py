@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from rapidfuzz import fuzz
 
-from stabletoolbench_mirror.naming import resolve_names
-from stabletoolbench_mirror.tooldocs import ToolDocs
+from stabletoolbench_mirror.core.naming import resolve_names
+from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
 
 
 def write_tool(root: Path, category: str, stem: str, tool_name: str, apis: list[dict]) -> Path:
@@ -57,7 +57,7 @@ def test_exact_lookup_by_request_names(tools: Path) -> None:
 
 def test_fuzzy_fallback_is_logged(tools: Path, caplog: pytest.LogCaptureFixture) -> None:
     docs = ToolDocs(tools, fuzzy_score=85)
-    with caplog.at_level(logging.INFO, logger="stabletoolbench_mirror.tooldocs"):
+    with caplog.at_level(logging.INFO, logger="stabletoolbench_mirror.upstream.tooldocs"):
         doc = docs.find(resolve_names("Data", "Keyword Analysys", "PopularSiteForQuery"))
     assert doc is not None and doc.fuzzy and doc.name == "PopularSitesForQuery"
     assert "matched to 'keyword_analysis'" in caplog.text

@@ -19,8 +19,7 @@ import pytest
 import requests
 
 from stabletoolbench_mirror.config import load_settings
-from stabletoolbench_mirror.simulator import system_prompt_for
-
+from stabletoolbench_mirror.responders.simulator import system_prompt_for
 from tests.conftest import REFERENCE
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stabletoolbench_mirror.simulator.vllm_launch import (
+from stabletoolbench_mirror.responders.simulator.vllm_launch import (
     VllmLaunchError,
     VllmServer,
     find_free_port,

@@ -16,9 +16,9 @@ import pytest
 import requests
 import yaml
 
-from stabletoolbench_mirror.queries import default_calls
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore
+from stabletoolbench_mirror.upstream.queries import default_calls
 from tests.helpers.answer_files import api, cot_answer, dfs_answer, param, query
 from tests.helpers.openai_stub import OpenAIStub, Reply, echo_responder
 from tests.helpers.processes import popen_as_from_a_terminal

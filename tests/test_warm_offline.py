@@ -16,10 +16,10 @@ from typing import Sequence
 
 import pytest
 
-from stabletoolbench_mirror.simulator import build_simulator
+from stabletoolbench_mirror.commands.warm import WarmPlan, add_queries, run_warm, warm_settings
+from stabletoolbench_mirror.commands.warm.offline import BatchingSimulator, offline_layer
+from stabletoolbench_mirror.responders.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore
-from stabletoolbench_mirror.warm import WarmPlan, add_queries, run_warm, warm_settings
-from stabletoolbench_mirror.warm.offline import BatchingSimulator, offline_layer
 from tests.helpers.answer_files import api, param, query
 
 
@@ -99,7 +99,7 @@ def test_offline_unparsable_output_and_engine_errors_are_failure_records(setting
 def test_batcher_flushes_a_partial_batch_and_closes_cleanly() -> None:
     generate = Generator()
     batcher = BatchingSimulator(lambda call, examples: [{"role": "user", "content": str(call)}], generate, origin="m", batch_size=100, linger_s=0.02)
-    from stabletoolbench_mirror.call import ToolCall
+    from stabletoolbench_mirror.core.call import ToolCall
 
     results = []
     threads = [threading.Thread(target=lambda i=i: results.append(batcher.respond(ToolCall.of("C", "t", "a", {"i": i}), []))) for i in range(3)]

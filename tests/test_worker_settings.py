@@ -11,7 +11,7 @@ from pathlib import Path
 
 import requests
 
-from stabletoolbench_mirror.handoff import ENV, SettingsHandoff, read_settings_file
+from stabletoolbench_mirror.serving.handoff import ENV, SettingsHandoff, read_settings_file
 from tests.conftest import make_settings
 from tests.helpers.processes import ServeProcess
 

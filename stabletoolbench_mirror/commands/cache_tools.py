@@ -22,12 +22,19 @@ from typing import Any, Generator, Iterator
 
 from tqdm import tqdm
 
-from stabletoolbench_mirror.failures import TREE_FAILURE_REASON, is_tree_failure, tree_failure_entries
-from stabletoolbench_mirror.interrupts import CtrlC
-from stabletoolbench_mirror.keys import canonical_from_upstream_key
-from stabletoolbench_mirror.records import FAILURE, Record
+from stabletoolbench_mirror.commands.interrupts import CtrlC
+from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.core.records import FAILURE, Record
 from stabletoolbench_mirror.stores import Store
-from stabletoolbench_mirror.upstream_layout import ENCODED_PREFIX, api_path, is_utf8_encodable, iter_cache_entries, iter_cache_files, write_cache_file
+from stabletoolbench_mirror.upstream.failures import TREE_FAILURE_REASON, is_tree_failure, tree_failure_entries
+from stabletoolbench_mirror.upstream.layout import (
+    ENCODED_PREFIX,
+    api_path,
+    is_utf8_encodable,
+    iter_cache_entries,
+    iter_cache_files,
+    write_cache_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +372,7 @@ class ExportSummary:
     files: int = 0
     entries: int = 0
     encoded_names: int = 0
-    """Files written under an encoded name (see :mod:`~stabletoolbench_mirror.upstream_layout`)."""
+    """Files written under an encoded name (see :mod:`~stabletoolbench_mirror.upstream.layout`)."""
     left_out: dict[str, int] = field(default_factory=dict)
     """Entries per API whose name is too long for a file name even encoded: not written."""
     seconds: float = 0.0

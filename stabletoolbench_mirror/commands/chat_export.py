@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from stabletoolbench_mirror.config import Settings
-from stabletoolbench_mirror.keys import canonical_from_upstream_key
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.core.records import Record
 
 CHAT_STYLES = ("mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache")
 
@@ -91,10 +91,10 @@ def export_chat_jsonl(
 ) -> ChatExportSummary:
     from tqdm import tqdm
 
-    from stabletoolbench_mirror.record_calls import call_of_record
-    from stabletoolbench_mirror.simulator import system_prompt_for
-    from stabletoolbench_mirror.simulator.prompts import mirrorapi_messages
-    from stabletoolbench_mirror.tooldocs import tool_docs_for
+    from stabletoolbench_mirror.core.record_calls import call_of_record
+    from stabletoolbench_mirror.responders.simulator import system_prompt_for
+    from stabletoolbench_mirror.responders.simulator.prompts import mirrorapi_messages
+    from stabletoolbench_mirror.upstream.tooldocs import tool_docs_for
 
     if style not in CHAT_STYLES:
         raise ValueError(f"--style must be one of {', '.join(CHAT_STYLES)}")

@@ -31,15 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from stabletoolbench_mirror.answers import DEFAULT_MAX_OBSERVATION_LENGTH, function_index, observation_text
-from stabletoolbench_mirror.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import Mode, Settings
-from stabletoolbench_mirror.expectations import CheckInputError, Expectation, iter_calls_jsonl, load_answer_expectations
+from stabletoolbench_mirror.core.outcomes import OutcomeKind
+from stabletoolbench_mirror.core.protocol import answer as make_answer
+from stabletoolbench_mirror.core.protocol import encode_answer
+from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.outcomes import OutcomeKind
-from stabletoolbench_mirror.protocol import answer as make_answer
-from stabletoolbench_mirror.protocol import encode_answer
+from stabletoolbench_mirror.upstream.answers import DEFAULT_MAX_OBSERVATION_LENGTH, function_index, observation_text
+from stabletoolbench_mirror.upstream.expectations import CheckInputError, Expectation, iter_calls_jsonl, load_answer_expectations
+
 
 class Verdict(enum.StrEnum):
     """What a replayed call gave, compared with what was observed."""

@@ -13,21 +13,21 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from stabletoolbench_mirror.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import ConfigError, Settings
 
 if TYPE_CHECKING:
-    from stabletoolbench_mirror.simulator.vllm_launch import VllmServer
+    from stabletoolbench_mirror.responders.simulator.vllm_launch import VllmServer
 
 #: modules with a ``register(subparsers)`` function adding their commands
 COMMAND_MODULES: list[str] = [
-    "stabletoolbench_mirror.cli",
-    "stabletoolbench_mirror.warm",
-    "stabletoolbench_mirror.snapshot",
-    "stabletoolbench_mirror.check",
-    "stabletoolbench_mirror.sessions_export",
-    "stabletoolbench_mirror.startup",
-    "stabletoolbench_mirror.fidelity_cli",
+    "stabletoolbench_mirror.commands.cli",
+    "stabletoolbench_mirror.commands.warm",
+    "stabletoolbench_mirror.commands.snapshot",
+    "stabletoolbench_mirror.commands.check",
+    "stabletoolbench_mirror.commands.sessions_export",
+    "stabletoolbench_mirror.commands.startup",
+    "stabletoolbench_mirror.commands.fidelity_cli",
 ]
 
 
@@ -35,8 +35,8 @@ COMMAND_MODULES: list[str] = [
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.logs import setup_logging
-    from stabletoolbench_mirror.startup import start_checks
+    from stabletoolbench_mirror.commands.startup import start_checks
+    from stabletoolbench_mirror.core.logs import setup_logging
 
     settings = settings_from_args(args, host=args.host, port=args.port, workers=args.workers)
     try:
@@ -72,7 +72,7 @@ def launch_vllm(settings: Settings, args: argparse.Namespace) -> "VllmServer":
     """Start vLLM's OpenAI-compatible server for ``serve --launch-vllm`` and wait until it completes a chat."""
     from urllib.parse import urlsplit
 
-    from stabletoolbench_mirror.simulator.vllm_launch import VllmLaunchError, VllmServer, find_free_port
+    from stabletoolbench_mirror.responders.simulator.vllm_launch import VllmLaunchError, VllmServer, find_free_port
 
     port = args.vllm_port
     if port is None:
@@ -157,16 +157,15 @@ def run_server(settings: Settings) -> int:
         except StoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        from stabletoolbench_mirror.handoff import SettingsHandoff
-        from stabletoolbench_mirror.server import uvicorn_options
-
-        from stabletoolbench_mirror.metrics import SharedCountsFolder
+        from stabletoolbench_mirror.engine.metrics import SharedCountsFolder
+        from stabletoolbench_mirror.serving.handoff import SettingsHandoff
+        from stabletoolbench_mirror.serving.server import uvicorn_options
 
         # the workers read the settings (keys included) from a private file, never from the environment;
         # they add their counts up in a shared folder, so /stats and /metrics show every worker's
         with SettingsHandoff(settings, workers=settings.workers), SharedCountsFolder():
             uvicorn.run(
-                "stabletoolbench_mirror.server:app_from_environment",
+                "stabletoolbench_mirror.serving.server:app_from_environment",
                 factory=True,
                 host=settings.host,
                 port=settings.port,
@@ -175,7 +174,7 @@ def run_server(settings: Settings) -> int:
                 **uvicorn_options(settings),
             )
         return 0
-    from stabletoolbench_mirror.server import create_app, freeze_startup_objects, uvicorn_options
+    from stabletoolbench_mirror.serving.server import create_app, freeze_startup_objects, uvicorn_options
 
     try:
         app = create_app(settings)
@@ -191,11 +190,11 @@ def _warn_about_prompt(settings: Settings) -> None:
     """One WARNING when a MirrorAPI style runs on the built-in prompt (the model was trained on another)."""
     import logging
 
-    from stabletoolbench_mirror.simulator import prompt_warning
+    from stabletoolbench_mirror.responders.simulator import prompt_warning
 
     warning = prompt_warning(settings)
     if warning:
-        logging.getLogger("stabletoolbench_mirror.simulator").warning(warning)
+        logging.getLogger("stabletoolbench_mirror.responders.simulator").warning(warning)
 
 
 # -- cache ---------------------------------------------------------------------------------------
@@ -208,8 +207,8 @@ def _open_store(args: argparse.Namespace):
 
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.cache_tools import ImportFailed, import_tree
-    from stabletoolbench_mirror.trees import frozen_cache_problem
+    from stabletoolbench_mirror.commands.cache_tools import ImportFailed, import_tree
+    from stabletoolbench_mirror.upstream.trees import frozen_cache_problem
 
     # a folder with no cache files (often one level above or below the tree) would import nothing
     problem = frozen_cache_problem(os.path.abspath(args.directory))
@@ -240,7 +239,7 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
     if args.style or args.source or args.category:
         print("error: --style, --source and --category belong to --format chat-jsonl", file=sys.stderr)
         return 2
-    from stabletoolbench_mirror.cache_tools import export_tree
+    from stabletoolbench_mirror.commands.cache_tools import export_tree
 
     with _open_store(args) as store:
         summary = export_tree(store, args.directory, progress=not args.quiet)
@@ -252,7 +251,7 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
 
 
 def _export_chat(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.chat_export import export_chat_jsonl
+    from stabletoolbench_mirror.commands.chat_export import export_chat_jsonl
     from stabletoolbench_mirror.factory import build_store
 
     if not args.style:
@@ -271,7 +270,7 @@ def _export_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_stats(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.cache_tools import open_read_only, store_stats
+    from stabletoolbench_mirror.commands.cache_tools import open_read_only, store_stats
     from stabletoolbench_mirror.stores import StoreError
 
     try:
@@ -366,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from stabletoolbench_mirror.memory import tune_malloc
+    from stabletoolbench_mirror.serving.memory import tune_malloc
 
     tune_malloc()  # bulk commands and servers alike: freed file texts go back to the system
     try:

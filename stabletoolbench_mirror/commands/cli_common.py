@@ -1,7 +1,7 @@
 """Command-line helpers every command module shares: the config options and the settings they give.
 
 Command modules (``cli``, ``warm``, ``snapshot``, ``check``) import this module; nothing
-imports :mod:`stabletoolbench_mirror.cli`, which only assembles the commands.
+imports :mod:`stabletoolbench_mirror.commands.cli`, which only assembles the commands.
 """
 
 from __future__ import annotations

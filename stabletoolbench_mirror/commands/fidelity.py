@@ -245,7 +245,7 @@ class Judge:
     """An LLM judge through an OpenAI-compatible chat endpoint (one request per pair)."""
 
     def __init__(self, api_base: str, model: str, *, api_key: str | None = None, timeout_s: float = 120.0) -> None:
-        from stabletoolbench_mirror.simulator.client import ChatClient
+        from stabletoolbench_mirror.responders.simulator.client import ChatClient
 
         self.client = ChatClient(
             api_base, model=model, api_key=api_key, temperature=0.0, max_tokens=32, seed=0, read_timeout_s=timeout_s, max_retries=2
@@ -261,7 +261,7 @@ class Judge:
         return [{"role": "system", "content": JUDGE_SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
     def score(self, api: str, tool_input: str, reference: str, candidate: str) -> float | None:
-        from stabletoolbench_mirror.simulator.client import ChatError
+        from stabletoolbench_mirror.responders.simulator.client import ChatError
 
         try:
             completion = self.client.complete(self.messages(api, tool_input, reference, candidate))
@@ -302,7 +302,7 @@ class Pair:
     origin: str = ""
     scores: dict[str, Any] = field(default_factory=dict)
     call: Any = field(default=None, repr=False)
-    """The :class:`~stabletoolbench_mirror.call.ToolCall` (for asking a simulator)."""
+    """The :class:`~stabletoolbench_mirror.core.call.ToolCall` (for asking a simulator)."""
 
     @property
     def category(self) -> str:

@@ -10,11 +10,13 @@ from collections import Counter
 from contextlib import ExitStack
 from typing import Any
 
-from stabletoolbench_mirror import protocol
-from stabletoolbench_mirror.cli_common import add_config_arguments, settings_from_args
-from stabletoolbench_mirror.expectations import load_answer_expectations, load_calls_jsonl
-from stabletoolbench_mirror.fidelity import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_atomically, write_json
-from stabletoolbench_mirror.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.fidelity import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_atomically, write_json
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.engine.responders import TakesExamples
+from stabletoolbench_mirror.upstream.expectations import load_answer_expectations, load_calls_jsonl
+
 
 def no_store_references(where: str, seen: Counter[str]) -> str:
     """Why ``--from-store`` found nothing to score, and what to do about it."""
@@ -54,8 +56,8 @@ def pairs_from_expectations(expectations: Any, problems: list[str]) -> list[Pair
     """Pairs (reference only) from ``check``'s expectations: calls files and answer files."""
     from pydantic import ValidationError
 
-    from stabletoolbench_mirror.call import ToolCall
-    from stabletoolbench_mirror.protocol import ToolInputParseError, VirtualRequest
+    from stabletoolbench_mirror.core.call import ToolCall
+    from stabletoolbench_mirror.core.protocol import ToolInputParseError, VirtualRequest
 
     pairs = []
     for exp in expectations:
@@ -87,7 +89,7 @@ def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: A
     """
     from tqdm import tqdm
 
-    from stabletoolbench_mirror.record_calls import call_of_record
+    from stabletoolbench_mirror.core.record_calls import call_of_record
 
     seen = seen if seen is not None else Counter()
     pairs = []
@@ -156,10 +158,10 @@ class SimulatorCandidate:
         ]
 
     def __call__(self, pair: Pair) -> Any:
-        from stabletoolbench_mirror.records import Record
+        from stabletoolbench_mirror.core.records import Record
 
         call = pair.call
-        examples = self.examples(call) if getattr(self.simulator, "wants_examples", False) else []
+        examples = self.examples(call) if isinstance(self.simulator, TakesExamples) and self.simulator.wants_examples else []
         attempt = self.simulator.respond(call, examples)
         if attempt.answer is not None and not protocol.is_encodable(attempt.answer):
             # as the server does: an answer with a lone surrogate can be neither stored nor written as UTF-8
@@ -236,7 +238,7 @@ def _load_pairs(
 
     The pairs are ``None`` (the error printed) when ``--from-store`` is the only source and gives nothing.
     """
-    from stabletoolbench_mirror.answers import function_index
+    from stabletoolbench_mirror.upstream.answers import function_index
 
     pairs: list[Pair] = []
     for path in args.calls or []:
@@ -267,7 +269,7 @@ def _load_pairs(
 
 def _pairs_from_store(settings: Any, store: Any, problems: list[str], progress: bool, *, have_others: bool) -> list[Pair] | None:
     """``--from-store``'s pairs; when there are none, a warning, or an error (``None``) without ``have_others``."""
-    from stabletoolbench_mirror.tooldocs import tool_docs_for
+    from stabletoolbench_mirror.upstream.tooldocs import tool_docs_for
 
     seen: Counter[str] = Counter()
     from_store = pairs_from_store(store, problems, progress=progress, docs=tool_docs_for(settings), seen=seen)
@@ -293,7 +295,7 @@ def _attach_candidate(
         closers.callback(shadow.close)
         return attach_candidates(pairs, candidates_from_shadow(pairs, shadow), "the shadow store", problems), None
     from stabletoolbench_mirror.factory import build_frozen
-    from stabletoolbench_mirror.simulator import build_simulator
+    from stabletoolbench_mirror.responders.simulator import build_simulator
 
     simulator = build_simulator(settings)
     closers.callback(simulator.close)

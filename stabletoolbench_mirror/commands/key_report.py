@@ -1,6 +1,6 @@
 """``doctor --keys``: the records a string input wrote under a key that an input of another kind has.
 
-Before record keys carried an input's kind (:func:`~stabletoolbench_mirror.keys.record_key`),
+Before record keys carried an input's kind (:func:`~stabletoolbench_mirror.core.keys.record_key`),
 a string input such as ``"{'city': 'Rome'}"`` was recorded under exactly the key of the object
 ``{"city": "Rome"}``, and that object call was then answered with the string call's record.
 Such a record still answers both calls (it cannot tell them apart); this one-off scan finds
@@ -15,8 +15,8 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from stabletoolbench_mirror import keys
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.core import keys
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import Store
 
 

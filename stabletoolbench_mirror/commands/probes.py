@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stabletoolbench_mirror.config import Settings
-from stabletoolbench_mirror.secrets import public_url
+from stabletoolbench_mirror.core.secrets import public_url
 
 
 class Report(Protocol):
@@ -203,7 +203,7 @@ def _warn_endpoint(model: str, found: Probe, report: Report) -> None:
 def check_system_prompt(settings: Settings, report: Report) -> None:
     """The simulator's system prompt: where it comes from, or why ``simulator.system_prompt_file`` cannot give it."""
     from stabletoolbench_mirror.config import ConfigError
-    from stabletoolbench_mirror.simulator import system_prompt_for
+    from stabletoolbench_mirror.responders.simulator import system_prompt_for
 
     key = "simulator.system_prompt_file"
     try:

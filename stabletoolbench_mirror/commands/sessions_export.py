@@ -9,9 +9,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from stabletoolbench_mirror.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.engine.sessions import public_view
 from stabletoolbench_mirror.factory import build_session_store
-from stabletoolbench_mirror.sessions import public_view
 from stabletoolbench_mirror.stores.sessions import SessionStore
 
 

@@ -32,15 +32,15 @@ from typing import Any, Iterable, Iterator
 from tqdm import tqdm
 
 from stabletoolbench_mirror import __version__
-from stabletoolbench_mirror.cache_tools import ExportSummary, Tally, count, iter_export
-from stabletoolbench_mirror.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cache_tools import ExportSummary, Tally, count, iter_export
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import Settings
+from stabletoolbench_mirror.core.protocol import encode_answer
+from stabletoolbench_mirror.core.secrets import public_settings
 from stabletoolbench_mirror.factory import build_store
-from stabletoolbench_mirror.failures import MANIFEST_NAME, failure_entries
-from stabletoolbench_mirror.protocol import encode_answer
-from stabletoolbench_mirror.secrets import public_settings
 from stabletoolbench_mirror.stores import Store
-from stabletoolbench_mirror.upstream_layout import api_path, iter_cache_files, read_cache_file
+from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME, failure_entries
+from stabletoolbench_mirror.upstream.layout import api_path, iter_cache_files, read_cache_file
 
 FORMAT = "stabletoolbench-mirror-snapshot"
 FORMAT_VERSION = 1

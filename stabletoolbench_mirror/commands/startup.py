@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stabletoolbench_mirror.commands.probes import check_endpoints
 from stabletoolbench_mirror.config import UPSTREAM_CONFIG_FILE, Settings
-from stabletoolbench_mirror.probes import check_endpoints
-from stabletoolbench_mirror.protocol import MISS_ERROR
-from stabletoolbench_mirror.secrets import public_url
-from stabletoolbench_mirror.simulator import NO_DOCS_MARK
-from stabletoolbench_mirror.tooldocs import tools_folder_problem
-from stabletoolbench_mirror.trees import TreeCount, count_tools, count_tree, frozen_cache_problem
+from stabletoolbench_mirror.core.protocol import MISS_ERROR
+from stabletoolbench_mirror.core.secrets import public_url
+from stabletoolbench_mirror.responders.simulator import NO_DOCS_MARK
+from stabletoolbench_mirror.upstream.tooldocs import tools_folder_problem
+from stabletoolbench_mirror.upstream.trees import TreeCount, count_tools, count_tree, frozen_cache_problem
 
 
 @dataclass(frozen=True)
@@ -289,7 +289,7 @@ def print_report(report: StartupReport, stream: Any = None) -> None:
 
 def start_checks(settings: Settings, *, probe_endpoints: bool = True, simulator_launched: bool = False) -> bool:
     """The checks ``serve`` and ``warm`` run before they start: print the summary; ``False`` on an error."""
-    from stabletoolbench_mirror.logs import to_log_file
+    from stabletoolbench_mirror.core.logs import to_log_file
 
     report = inspect(settings, probe_endpoints=probe_endpoints, simulator_launched=simulator_launched)
     print_report(report)
@@ -305,7 +305,7 @@ def start_checks(settings: Settings, *, probe_endpoints: bool = True, simulator_
 
 def cmd_doctor(args: Any) -> int:
     """``stabletoolbench-mirror doctor``: every start-up check, without serving; exit 1 on any error."""
-    from stabletoolbench_mirror.cli_common import settings_from_args
+    from stabletoolbench_mirror.commands.cli_common import settings_from_args
 
     settings = settings_from_args(args)
     if args.keys:
@@ -320,7 +320,7 @@ def cmd_doctor(args: Any) -> int:
 
 
 def register(sub: Any) -> None:
-    from stabletoolbench_mirror.cli_common import add_config_arguments
+    from stabletoolbench_mirror.commands.cli_common import add_config_arguments
 
     parser = sub.add_parser(
         "doctor",
@@ -338,8 +338,8 @@ def register(sub: Any) -> None:
 
 
 def _doctor_keys(settings: Settings) -> int:
+    from stabletoolbench_mirror.commands.key_report import planted_records, render
     from stabletoolbench_mirror.factory import build_store
-    from stabletoolbench_mirror.key_report import planted_records, render
 
     with build_store(settings) as store:
         found = list(planted_records(store, progress=sys.stderr.isatty()))

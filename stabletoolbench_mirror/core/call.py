@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from stabletoolbench_mirror.keys import canonical_key, record_key, session_key, upstream_key
-from stabletoolbench_mirror.naming import CallNames, resolve_names
-from stabletoolbench_mirror.protocol import VirtualRequest, parse_tool_input
-from stabletoolbench_mirror.secrets import without_secret_fields
+from stabletoolbench_mirror.core.keys import canonical_key, record_key, session_key, upstream_key
+from stabletoolbench_mirror.core.naming import CallNames, resolve_names
+from stabletoolbench_mirror.core.protocol import VirtualRequest, parse_tool_input
+from stabletoolbench_mirror.core.secrets import without_secret_fields
 
 if TYPE_CHECKING:
-    from stabletoolbench_mirror.sessions import SessionContext
+    from stabletoolbench_mirror.engine.sessions import SessionContext
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,9 @@ class ToolCall:
     """The parsed input (normally a dict)."""
     key: str
     """The record key in the writable store: upstream's ``str(tool_input)``, kind-marked for a string
-    input that reads like another kind's key (:func:`~stabletoolbench_mirror.keys.record_key`)."""
+    input that reads like another kind's key (:func:`~stabletoolbench_mirror.core.keys.record_key`)."""
     canonical: str
-    """Order-insensitive key (see :mod:`stabletoolbench_mirror.keys`)."""
+    """Order-insensitive key (see :mod:`stabletoolbench_mirror.core.keys`)."""
     upstream: str = ""
     """Upstream's own key, ``str(tool_input)``: frozen trees are looked up with it as upstream does
     (after :attr:`key`, which a snapshot of this project's store holds).  Inside a session, :attr:`key`."""
@@ -69,7 +69,7 @@ class ToolCall:
 
     @classmethod
     def from_request(cls, request: VirtualRequest) -> "ToolCall":
-        """Resolve a request; raise :class:`~stabletoolbench_mirror.protocol.ToolInputParseError` on bad input."""
+        """Resolve a request; raise :class:`~stabletoolbench_mirror.core.protocol.ToolInputParseError` on bad input."""
         return cls.build(request, parse_tool_input(request.tool_input))
 
     @classmethod

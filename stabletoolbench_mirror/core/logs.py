@@ -12,8 +12,7 @@ import logging
 import threading
 from typing import Iterable
 
-from stabletoolbench_mirror.secrets import Redactor
-
+from stabletoolbench_mirror.core.secrets import Redactor
 
 _FORMATTER = logging.Formatter()
 

@@ -1,7 +1,7 @@
 """How a ``/virtual`` request ended: the :class:`OutcomeKind` vocabulary and the :class:`Outcome` served.
 
 Every request ends in exactly one outcome.  The server counts it once, when it is final
-(see :meth:`stabletoolbench_mirror.stats.Stats.count`), and names it in the
+(see :meth:`stabletoolbench_mirror.engine.stats.Stats.count`), and names it in the
 ``X-STM-Outcome`` response header.
 """
 
@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from stabletoolbench_mirror import protocol
+from stabletoolbench_mirror.core import protocol
 
 
 class OutcomeKind(enum.StrEnum):

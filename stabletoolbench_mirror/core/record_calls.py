@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.keys import value_from_upstream_key
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.keys import value_from_upstream_key
+from stabletoolbench_mirror.core.records import Record
 
 
 def call_of_record(record: Record, docs: Any = None) -> ToolCall | None:
     """The call of ``record``, or ``None`` when its key is not a Python literal or its api does not round-trip.
 
     A record keeps only the standardised names of its call (``<category>/<tool>_for_<category>/<api>``).
-    When ``docs`` (a :class:`~stabletoolbench_mirror.tooldocs.ToolDocs`) has the API, the call
+    When ``docs`` (a :class:`~stabletoolbench_mirror.upstream.tooldocs.ToolDocs`) has the API, the call
     gets the tool and API names as the doc spells them, which is what a client sends (so a
     prompt built for it is the live prompt); otherwise the standardised names.
     """

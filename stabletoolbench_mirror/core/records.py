@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from stabletoolbench_mirror.protocol import encode_answer
+from stabletoolbench_mirror.core.protocol import encode_answer
 
 Source = Literal["real", "simulated", "imported", "local", "frozen"]
 """``real`` and ``simulated`` answers were recorded here, ``imported`` ones copied into the store

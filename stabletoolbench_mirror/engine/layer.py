@@ -20,26 +20,26 @@ request once, from its final outcome.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from pydantic import ValidationError
 
-from stabletoolbench_mirror import protocol
-from stabletoolbench_mirror.call import ToolCall
 from stabletoolbench_mirror.config import Mode
-from stabletoolbench_mirror.fair import FairSemaphore
-from stabletoolbench_mirror.local_tools import LocalTool, LocalTools
-from stabletoolbench_mirror.logs import clip
-from stabletoolbench_mirror.naming import resolve_names
-from stabletoolbench_mirror.outcomes import Outcome, OutcomeKind
-from stabletoolbench_mirror.protocol import ToolInputParseError, VirtualRequest, parse_tool_input
-from stabletoolbench_mirror.records import Record
-from stabletoolbench_mirror.responders import Attempt, Responder
-from stabletoolbench_mirror.sessions import SessionError, Sessions
-from stabletoolbench_mirror.singleflight import SingleFlight
-from stabletoolbench_mirror.stats import Stats
-from stabletoolbench_mirror.store_health import StoreHealth
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core.naming import resolve_names
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.core.protocol import ToolInputParseError, VirtualRequest, parse_tool_input
+from stabletoolbench_mirror.core.records import Record, Source
+from stabletoolbench_mirror.engine.fair import FairSemaphore
+from stabletoolbench_mirror.engine.local_tools import LocalTool, LocalTools
+from stabletoolbench_mirror.engine.responders import Attempt, CountsEvents, Responder, wants_examples
+from stabletoolbench_mirror.engine.sessions import SessionError, Sessions
+from stabletoolbench_mirror.engine.singleflight import SingleFlight
+from stabletoolbench_mirror.engine.stats import Stats
+from stabletoolbench_mirror.engine.store_health import StoreHealth
 from stabletoolbench_mirror.stores import CacheTier, FrozenCache, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -82,9 +82,11 @@ class MirrorLayer:
         """Whether the store can be read and written now (``/health``)."""
         self.stats = stats or Stats()
         """The server's counters (the server counts each request's final outcome here)."""
-        for responder in self.responders:
-            if callable(getattr(type(responder), "use_stats", None)):
-                responder.use_stats(self.stats)  # type: ignore[attr-defined]  # their own events (parse retries, shadows)
+        self.event_counters = [r for r in self.responders if isinstance(r, CountsEvents)]
+        """The responders with counters of their own (parse retries, shadow answers), for ``/stats``."""
+        for responder in self.event_counters:
+            responder.use_stats(self.stats)
+        self._wants_examples = tuple(wants_examples(r) for r in self.responders)
         self._flight: SingleFlight[Outcome] = SingleFlight()
         # misses past max_pending_misses wait for a turn: each client in its own queue, a freed turn
         # to the waiting client holding the fewest (see :mod:`.fair`)
@@ -302,15 +304,11 @@ class MirrorLayer:
             failure = None
         if failure is not None and not self.retries(failure):
             return _served(call, failure, OutcomeKind.SHARED)
-        fallback: Any = None
-        fallback_by: tuple[str, str] | None = None
         examples: list[Record] | None = None
-        problems: list[str] = []
-        tried: list[str] = []
-        for responder in self.responders:
+        misses = _Misses()
+        for responder, wants in zip(self.responders, self._wants_examples):
             if examples is None:
                 # only a few-shot simulator reads examples (a store scan per miss otherwise)
-                wants = responder.source == "simulated" and getattr(responder, "wants_examples", True)
                 examples = self.examples(call) if wants else None
             attempt = responder.respond(call, examples or [])
             if attempt.answer is not None and not protocol.is_encodable(attempt.answer):
@@ -318,18 +316,15 @@ class MirrorLayer:
                 attempt = Attempt(None, attempt.origin, "answer contains a lone UTF-16 surrogate", attempt.fallback)
             if attempt.answer is None:
                 log.info("%s gave no usable answer for %s: %s", responder.source, clip(call.api), clip(attempt.detail, 500))
-                problems.append(f"{responder.source}: {attempt.detail}")
-                tried.append(f"{responder.source}:{attempt.origin}")
-                if attempt.fallback is not None and protocol.is_encodable(attempt.fallback):
-                    fallback, fallback_by = attempt.fallback, (responder.source, attempt.origin)
+                misses.add(responder.source, attempt)
                 continue
             record = Record.from_answer(call.api, call.key, attempt.answer, responder.source, attempt.origin, attempt.meta)
             if failure is not None and failure.key == call.key and failure.source != "frozen":
                 # the store's failure record of this very key: the answer replaces it, keeping its provenance
                 record = replace(record, replaced=failure.provenance())
-                return self._record(call, record, OutcomeKind.REPLACED, problems)
-            return self._record(call, record, OutcomeKind.RECORDED, problems)
-        return self._failed(call, failure, fallback, fallback_by, tried, problems)
+                return self._record(call, record, OutcomeKind.REPLACED, misses.problems)
+            return self._record(call, record, OutcomeKind.RECORDED, misses.problems)
+        return self._failed(call, failure, misses)
 
     def _record(self, call: ToolCall, record: Record, kind: OutcomeKind, problems: list[str]) -> Outcome:
         """Store a usable answer (unless ``save`` is off) and serve what the store holds for the key."""
@@ -349,25 +344,23 @@ class MirrorLayer:
             log.info("a usable answer replaced the failure record of %s key=%s", clip(call.api), clip(call.key))
         return replace(_served(call, record, kind), problems=tuple(problems))
 
-    def _failed(
-        self, call: ToolCall, failure: Record | None, fallback: Any, fallback_by: tuple[str, str] | None,
-        tried: list[str], problems: list[str],
-    ) -> Outcome:
+    def _failed(self, call: ToolCall, failure: Record | None, misses: "_Misses") -> Outcome:
         """No usable answer: serve, and record, a failure.
 
         A failure record found for the call is served again unchanged (every observation of the
         call in a run is then what a replay serves); otherwise the fallback answer (else the miss
         error) is served and recorded as a new failure record.
         """
+        problems = misses.problems
         if failure is not None:
             return replace(_served(call, failure, OutcomeKind.FAILED), source=None, problems=tuple(problems))
+        fallback = misses.fallback
         if fallback is None:
             fallback = protocol.miss_answer(call.api, "the real API and the simulator gave no usable answer")
-        if fallback_by is None:
-            fallback_by = (tried[-1].split(":", 1)[0], tried[-1].split(":", 1)[1]) if tried else ("simulated", "")
+        source, origin = misses.served_by()
         record = Record.failure(
-            call.api, call.key, fallback, fallback_by[0], fallback_by[1],  # type: ignore[arg-type]
-            reason="; ".join(problems) or "no responder answered", tried=tuple(tried),
+            call.api, call.key, fallback, source, origin,
+            reason="; ".join(problems) or "no responder answered", tried=misses.tried_names(),
         )
         written = False
         if self.save:
@@ -421,6 +414,34 @@ class MirrorLayer:
             self.sessions.close()
         for tier in self.tiers:
             tier.close()
+
+
+@dataclass
+class _Misses:
+    """What the responders asked for one miss said when they gave no usable answer (a failure record's provenance)."""
+
+    problems: list[str] = field(default_factory=list)
+    """``<source>: <why>``, in order."""
+    tried: list[tuple[Source, str]] = field(default_factory=list)
+    """``(source, origin)`` of each responder asked, in order."""
+    fallback: Any = None
+    """The last answer a responder offered to serve unrecorded (e.g. the real API's own error answer)."""
+    fallback_by: tuple[Source, str] | None = None
+
+    def add(self, source: Source, attempt: Attempt) -> None:
+        self.problems.append(f"{source}: {attempt.detail}")
+        self.tried.append((source, attempt.origin))
+        if attempt.fallback is not None and protocol.is_encodable(attempt.fallback):
+            self.fallback, self.fallback_by = attempt.fallback, (source, attempt.origin)
+
+    def served_by(self) -> tuple[Source, str]:
+        """Who the failure served is from: the fallback's responder, else the last one asked."""
+        if self.fallback_by is not None:
+            return self.fallback_by
+        return self.tried[-1] if self.tried else ("simulated", "")
+
+    def tried_names(self) -> tuple[str, ...]:
+        return tuple(f"{source}:{origin}" for source, origin in self.tried)
 
 
 def _lookup_order(tiers: Sequence[CacheTier]) -> Iterator[tuple[Any, Any, KeyOf]]:

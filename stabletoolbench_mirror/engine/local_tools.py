@@ -34,10 +34,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from stabletoolbench_mirror import protocol
-from stabletoolbench_mirror.call import ToolCall
 from stabletoolbench_mirror.config import ConfigError
-from stabletoolbench_mirror.naming import resolve_names
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.naming import resolve_names
 
 log = logging.getLogger(__name__)
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.records import Record, Source
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.records import Record, Source
+
+if TYPE_CHECKING:
+    from stabletoolbench_mirror.engine.stats import Stats
 
 
 @dataclass(frozen=True)
@@ -39,3 +42,51 @@ class Responder(Protocol):
 
     def close(self) -> None:
         ...
+
+
+# -- optional capabilities: small protocols, each checked once when the layer is built --------------
+
+
+@runtime_checkable
+class CountsEvents(Protocol):
+    """A responder with counters of its own in ``/stats`` (the simulator's parse retries, shadow answers)."""
+
+    def use_stats(self, stats: "Stats") -> None:
+        """Count its events in the server's counters (shared by every worker)."""
+        ...
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Its sections of ``/stats``."""
+        ...
+
+
+@runtime_checkable
+class TakesExamples(Protocol):
+    """A simulator that says whether its prompt uses cached answers of the same API (few-shot examples).
+
+    A ``simulated`` responder that does not say gets them; other responders never do.
+    """
+
+    @property
+    def wants_examples(self) -> bool: ...
+
+
+class PromptSource(Protocol):
+    def describe(self) -> dict[str, str]:
+        """Where the system prompt comes from, and its sha256."""
+        ...
+
+
+@runtime_checkable
+class Prompted(Protocol):
+    """A simulator whose style and system prompt ``/stats`` shows."""
+
+    style: str
+    prompt: PromptSource
+
+
+def wants_examples(responder: Responder) -> bool:
+    """Whether a miss asks the store for examples before ``responder`` answers (a store scan per miss otherwise)."""
+    if responder.source != "simulated":
+        return False
+    return responder.wants_examples if isinstance(responder, TakesExamples) else True

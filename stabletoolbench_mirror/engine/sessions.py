@@ -29,10 +29,10 @@ import unicodedata
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ContextManager, Protocol
 
-from stabletoolbench_mirror.call import ToolCall
 from stabletoolbench_mirror.config import SessionsConfig
-from stabletoolbench_mirror.keys import history_next, history_start
-from stabletoolbench_mirror.outcomes import OutcomeKind
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.keys import history_next, history_start
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.stores.base import StoreError
 from stabletoolbench_mirror.stores.sessions import DOC_VERSION, SessionStore
 
@@ -130,17 +130,6 @@ def size_of(head: dict[str, Any]) -> int:
 # -- the session logic ----------------------------------------------------------------------------
 
 
-class Served(Protocol):
-    """What the layer answers a call with (its :class:`~.layer.Outcome`)."""
-
-    body: str
-    kind: str
-    status: int
-    source: str | None
-    origin: str
-    failure: bool
-
-
 class Health(Protocol):
     """Where store trouble is reported (the layer's :class:`~.store_health.StoreHealth`)."""
 
@@ -149,7 +138,7 @@ class Health(Protocol):
     def succeeded(self, op: str) -> None: ...
 
 
-Answer = Callable[[ToolCall, dict], Served]
+Answer = Callable[[ToolCall, dict], Outcome]
 """Answers a call inside a session; may change the state dict it is given (local tools)."""
 
 
@@ -195,7 +184,7 @@ class Sessions:
             "(start a new session with POST /sessions, or raise sessions.max_bytes)",
         )
 
-    def run(self, session_id: str, call: ToolCall, answer: Answer, health: Health | None = None) -> Served:
+    def run(self, session_id: str, call: ToolCall, answer: Answer, health: Health | None = None) -> Outcome:
         """Answer ``call`` inside the session and add it to the trajectory.
 
         :class:`SessionError` when the session is unknown (and ``sessions.allow_client_ids`` is
@@ -272,7 +261,7 @@ class Sessions:
                 # a full disk: the answer is served as a plain miss's would be (unrecorded, /health degraded)
                 health.failed("session write", exc, unrecorded=outcome.kind != OutcomeKind.UNRECORDED)
                 log.warning("session %r: the call's answer is served but not kept in the session: %s", session_id, exc)
-                return replace(outcome, kind=OutcomeKind.UNRECORDED)  # type: ignore[type-var]
+                return replace(outcome, kind=OutcomeKind.UNRECORDED)
             if health is not None:
                 health.succeeded("session write")
             if not kept:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from stabletoolbench_mirror.metrics import Counters
-from stabletoolbench_mirror.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.engine.metrics import Counters
 
 MAX_TRACKED_APIS = 10_000
 #: API names are client text: the per-API table is also bounded by their total size

@@ -18,12 +18,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from stabletoolbench_mirror.call import ToolCall
 from stabletoolbench_mirror.config import Settings
-from stabletoolbench_mirror.logs import clip
-from stabletoolbench_mirror.records import Record, Source
-from stabletoolbench_mirror.responders import Attempt, Responder
-from stabletoolbench_mirror.stats import LocalEvents, event_section
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core.records import Record, Source
+from stabletoolbench_mirror.engine.responders import Attempt, Responder
+from stabletoolbench_mirror.engine.stats import LocalEvents, event_section
 from stabletoolbench_mirror.stores import Store
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ FIFO queue (so clients do not wait behind each other), up to ``queue_timeout_s``
 queue (``max_queued`` requests, or ``max_queued_bytes`` across all clients) or a wait past the
 timeout is refused.  Runs on one event loop: no locks.
 
-``max_queued_bytes`` bounds what requests not yet admitted hold: a request :meth:`reserve`\ s its
+``max_queued_bytes`` bounds what requests not yet admitted hold: a request reserves (:meth:`reserve`) its
 body (its ``Content-Length``, or each chunk as it arrives) plus :data:`REQUEST_OVERHEAD` before its
 body is read, and keeps that until it has a slot.  So bodies being read count as well as bodies
 waiting (1,000 clients stalling mid-body cannot hold 1,000 bodies), and a request that would go

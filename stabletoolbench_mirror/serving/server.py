@@ -19,7 +19,7 @@ import struct
 import termios
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, cast
 
 import anyio
 import anyio.to_thread
@@ -28,16 +28,19 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from stabletoolbench_mirror import __version__, fair, protocol, sessions
-from stabletoolbench_mirror.admission import REQUEST_OVERHEAD, Admission, Refused
+from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.config import Settings
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.engine import fair, sessions
+from stabletoolbench_mirror.engine.fair import FairLimiter
+from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.engine.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from stabletoolbench_mirror.engine.responders import Prompted
 from stabletoolbench_mirror.factory import build_layer
-from stabletoolbench_mirror.fair import FairLimiter
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.outcomes import Outcome, OutcomeKind
-from stabletoolbench_mirror.logs import clip
-from stabletoolbench_mirror.memory import tune_malloc
-from stabletoolbench_mirror.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from stabletoolbench_mirror.serving.admission import REQUEST_OVERHEAD, Admission, Refused
+from stabletoolbench_mirror.serving.memory import tune_malloc
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,8 @@ class _Front:
         self.app = app
         self.layer = layer
         self.threads = threads or FairLimiter(40)
+        # anyio only enters its limiter (``async with``), which a FairLimiter does as a CapacityLimiter would
+        self._limiter = cast(anyio.CapacityLimiter, self.threads)
         """The worker threads of ``/virtual`` (local tools, sessions, store I/O, misses), shared fairly between clients."""
         self.token = token
         self.admission = admission
@@ -219,13 +224,13 @@ class _Front:
             return prepared
         if session is not None or layer.runs_locally(prepared):
             # a session's calls and local tools read and write state: always in a worker thread
-            return await anyio.to_thread.run_sync(layer.handle_call, prepared, session, limiter=self.threads)
+            return await anyio.to_thread.run_sync(layer.handle_call, prepared, session, limiter=self._limiter)
         # hits are answered on the event loop (a local store at once, Redis through its async
         # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
         hit = await layer.cached_async(prepared)
         if hit is not None:
             return hit
-        return await anyio.to_thread.run_sync(layer.handle_call, prepared, limiter=self.threads)
+        return await anyio.to_thread.run_sync(layer.handle_call, prepared, limiter=self._limiter)
 
 
 _REFUSAL_HEADERS = ((b"retry-after", b"5"),)
@@ -454,19 +459,16 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 def _responder_stats(layer: MirrorLayer) -> dict[str, Any]:
     """The responders' own counters (``simulator``: parse retries; ``shadow``: shadow answers)."""
     out: dict[str, Any] = {}
-    for responder in layer.responders:
-        stats = getattr(type(responder), "stats", None)
-        if callable(stats):
-            out.update(responder.stats())
+    for responder in layer.event_counters:
+        out.update(responder.stats())
     return out
 
 
 def _simulator_prompt(layer: MirrorLayer) -> dict[str, str] | None:
     """The simulator's style and system prompt source and sha256 (``None`` without a simulator)."""
     for responder in layer.responders:
-        prompt = getattr(responder, "prompt", None)
-        if prompt is not None:
-            return {"style": getattr(responder, "style", ""), **prompt.describe()}
+        if isinstance(responder, Prompted):
+            return {"style": responder.style, **responder.prompt.describe()}
     return None
 
 
@@ -568,8 +570,8 @@ async def _read_capped(request: Any, limit: int) -> bytes | JSONResponse:
 
 def app_from_environment() -> FastAPI:
     """The app of a ``serve --workers N`` worker process (settings handed over in a private file, see :mod:`.handoff`)."""
-    from stabletoolbench_mirror.handoff import ENV, read_settings_file
-    from stabletoolbench_mirror.logs import setup_logging
+    from stabletoolbench_mirror.core.logs import setup_logging
+    from stabletoolbench_mirror.serving.handoff import ENV, read_settings_file
 
     try:
         settings = read_settings_file(os.environ[ENV])

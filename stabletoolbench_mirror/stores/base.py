@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import ContextManager, Iterable, Iterator
 
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.core.records import Record
 
 
 class StoreError(RuntimeError):
@@ -48,7 +48,7 @@ class CacheTier(abc.ABC):
 
     The layer looks a call up in every tier, in the order the "Cache keys" section of docs/cache-keys.md
     gives: the exact upstream key in each tier, then the canonical key in each tier (see
-    :meth:`stabletoolbench_mirror.layer.MirrorLayer.lookup`).  Implementations raise
+    :meth:`stabletoolbench_mirror.engine.layer.MirrorLayer.lookup`).  Implementations raise
     :class:`StoreError` for backend failures.
     """
 
@@ -83,7 +83,7 @@ class CacheTier(abc.ABC):
 class Store(CacheTier):
     """A persistent map from ``(api, upstream key)`` to a :class:`Record`: the writable tier.
 
-    Each record is also findable by its canonical key (see :mod:`stabletoolbench_mirror.keys`).
+    Each record is also findable by its canonical key (see :mod:`stabletoolbench_mirror.core.keys`).
     Writes are add-if-absent: the first record for a key wins and is never torn or
     overwritten, so concurrent writers (threads, processes, hosts) agree on one answer.
     The one exception is a failure record (:attr:`Record.is_failure`): a usable answer

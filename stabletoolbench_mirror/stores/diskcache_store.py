@@ -13,8 +13,8 @@ from typing import Any, Iterable, Iterator
 
 import diskcache
 
-from stabletoolbench_mirror.logs import clip
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import diskcache_layout as layout
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from stabletoolbench_mirror.stores.filelock import ByteRangeLocks

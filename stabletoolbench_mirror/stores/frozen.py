@@ -36,12 +36,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from stabletoolbench_mirror.failures import TREE_FAILURE_REASON, UPSTREAM_FAILURE_BODY, manifest_mtime_ns, tree_failure_entries
-from stabletoolbench_mirror.keys import canonical_from_upstream_key
-from stabletoolbench_mirror.protocol import encode_answer
-from stabletoolbench_mirror.records import FAILURE, Record
+from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.core.protocol import encode_answer
+from stabletoolbench_mirror.core.records import FAILURE, Record
 from stabletoolbench_mirror.stores.base import CacheTier
-from stabletoolbench_mirror.upstream_layout import OutsideTree, check_inside, encode_name, iter_cache_spans, split_api
+from stabletoolbench_mirror.upstream.failures import TREE_FAILURE_REASON, UPSTREAM_FAILURE_BODY, manifest_mtime_ns, tree_failure_entries
+from stabletoolbench_mirror.upstream.layout import OutsideTree, check_inside, encode_name, iter_cache_spans, split_api
 
 log = logging.getLogger(__name__)
 

@@ -39,9 +39,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from stabletoolbench_mirror.logs import clip
-from stabletoolbench_mirror.records import Record, Source
-from stabletoolbench_mirror.secrets import public_url
+from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core.records import Record, Source
+from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S, LeaseKeeper
 

@@ -11,7 +11,7 @@ Beside the records: a diskcache folder (``<store.path>/sessions``: heads under t
 calls under ``("call", id, n)``, opened on first use) or the same Redis (heads as strings
 ``<prefix>:session:<id>``, calls as the list ``<prefix>:session-calls:<id>``).  Documents of
 version 1 (one document with the calls inside, written before) are read as they are and split
-into a head and entries by the session's next call.  See :mod:`stabletoolbench_mirror.sessions`.
+into a head and entries by the session's next call.  See :mod:`stabletoolbench_mirror.engine.sessions`.
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ class RedisSessionStore(SessionStore):
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        from stabletoolbench_mirror.secrets import public_url
+        from stabletoolbench_mirror.core.secrets import public_url
 
         self.url = public_url(url)
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from stabletoolbench_mirror.queries import ApiRef, FunctionIndex, QueryFileError, iter_json_files, read_json_file
+from stabletoolbench_mirror.upstream.queries import ApiRef, FunctionIndex, QueryFileError, iter_json_files, read_json_file
 
 FINISH = "Finish"
 DEFAULT_MAX_OBSERVATION_LENGTH = 1024

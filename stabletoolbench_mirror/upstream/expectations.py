@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from stabletoolbench_mirror.answers import iter_answer_calls
-from stabletoolbench_mirror.naming import resolve_names
-from stabletoolbench_mirror.queries import QueryFileError, iter_jsonl
+from stabletoolbench_mirror.core.naming import resolve_names
+from stabletoolbench_mirror.upstream.answers import iter_answer_calls
+from stabletoolbench_mirror.upstream.queries import QueryFileError, iter_jsonl
 
 
 class CheckInputError(ValueError):

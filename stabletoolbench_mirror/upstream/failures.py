@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.protocol import encode_answer, simulation_failed_answer
+from stabletoolbench_mirror.core.protocol import encode_answer, simulation_failed_answer
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import unquote_to_bytes
 
-from stabletoolbench_mirror.naming import is_safe_path_component
+from stabletoolbench_mirror.core.naming import is_safe_path_component
 
 log = logging.getLogger(__name__)
 

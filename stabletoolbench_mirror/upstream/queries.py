@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.naming import change_name, parameter_name, standardize
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.naming import change_name, parameter_name, standardize
 
 #: StableToolBench's ``map_type`` (exact keys); anything else is shown as ``string``
 CLIENT_TYPE_MAP = {"NUMBER": "integer", "STRING": "string", "BOOLEAN": "boolean"}

@@ -8,7 +8,7 @@ registry only lists file names at first use (one directory scan, no file read) a
 parses a tool's file the first time one of its APIs is asked for, keeping a bounded
 number of parsed tools in memory.
 
-Lookups use StableToolBench's names (:func:`stabletoolbench_mirror.naming.resolve_names`):
+Lookups use StableToolBench's names (:func:`stabletoolbench_mirror.core.naming.resolve_names`):
 the category folder, the standardised tool name (the file's stem) and
 ``change_name(standardize(api name))``.  A name that is slightly off (an agent's typo, a
 different standardisation) falls back to rapidfuzz matching above a configurable score;
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from rapidfuzz import fuzz, process
 
-from stabletoolbench_mirror.logs import clip
-from stabletoolbench_mirror.naming import CallNames, change_name, standardize, standardize_category
-from stabletoolbench_mirror.upstream_layout import OutsideTree, check_inside
+from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core.naming import CallNames, change_name, standardize, standardize_category
+from stabletoolbench_mirror.upstream.layout import OutsideTree, check_inside
 
 if TYPE_CHECKING:
     from stabletoolbench_mirror.config import Settings

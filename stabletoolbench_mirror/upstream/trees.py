@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from stabletoolbench_mirror.tooldocs import json_files, subfolders
-from stabletoolbench_mirror.upstream_layout import iter_cache_spans
+from stabletoolbench_mirror.upstream.layout import iter_cache_spans
+from stabletoolbench_mirror.upstream.tooldocs import json_files, subfolders
 
 #: the layout of an upstream cache tree, for messages
 TREE_LAYOUT = "<Category>/<tool>_for_<Category>/<api>.json"

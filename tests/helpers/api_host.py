@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import parse_qs
 
-
 from tests.helpers.live import UvicornThread, free_port
 
 

@@ -1,4 +1,4 @@
-"""A small real :class:`~stabletoolbench_mirror.responders.Responder` for store and layer tests.
+"""A small real :class:`~stabletoolbench_mirror.engine.responders.Responder` for store and layer tests.
 
 It answers every call with a deterministic answer derived from the call's key (so a
 test can check that each stored entry belongs to its key), optionally after a delay,
@@ -12,9 +12,9 @@ import threading
 import time
 from typing import Any, Sequence
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.records import Record
-from stabletoolbench_mirror.responders import Attempt
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.engine.responders import Attempt
 
 
 def expected_answer(api: str, key: str) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from typing import Any, Iterator
 import pytest
 
 from stabletoolbench_mirror.stores import Store
-
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.store_workers import open_store
 

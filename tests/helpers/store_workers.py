@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stabletoolbench_mirror.records import Record
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore, Store
 
 

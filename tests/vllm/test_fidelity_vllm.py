@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from stabletoolbench_mirror.simulator.vllm_launch import VllmServer, find_free_port
+from stabletoolbench_mirror.responders.simulator.vllm_launch import VllmServer, find_free_port
 from stabletoolbench_mirror.stores import DiskcacheStore
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]

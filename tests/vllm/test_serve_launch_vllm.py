@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from stabletoolbench_mirror.simulator.vllm_launch import find_free_port, process_group_members
+from stabletoolbench_mirror.responders.simulator.vllm_launch import find_free_port, process_group_members
 from stabletoolbench_mirror.stores import DiskcacheStore
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from stabletoolbench_mirror.simulator.prompts import structured_output_fields
-from stabletoolbench_mirror.simulator.vllm_launch import (
+from stabletoolbench_mirror.responders.simulator.prompts import structured_output_fields
+from stabletoolbench_mirror.responders.simulator.vllm_launch import (
     VllmServer,
     find_free_port,
     process_group_members,

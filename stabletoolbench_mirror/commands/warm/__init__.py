@@ -3,10 +3,10 @@
 Inputs (:mod:`.inputs`), by *input kind*:
 
 * ``queries``: StableToolBench query files or folders; one *default call* per API of each
-  query's ``api_list`` (see :mod:`stabletoolbench_mirror.queries` for how the agent's own
+  query's ``api_list`` (see :mod:`stabletoolbench_mirror.upstream.queries` for how the agent's own
   default call is keyed and typed);
 * ``answers``: StableToolBench / ToolBench answer files or folders; every call the agent
-  made (see :mod:`stabletoolbench_mirror.answers`);
+  made (see :mod:`stabletoolbench_mirror.upstream.answers`);
 * ``payloads``: JSONL of ``/virtual`` bodies (or ``{"payload": ...}`` lines, such as the
   failures file a previous ``warm`` wrote).
 
@@ -22,9 +22,9 @@ simulator chain) with ``--concurrency`` calls in flight, in threads of this proc
 never recorded.  :mod:`.command` is the CLI.
 """
 
-from stabletoolbench_mirror.warm.command import build_plan, cmd_warm, register
-from stabletoolbench_mirror.warm.inputs import add_answers, add_payloads, add_queries
-from stabletoolbench_mirror.warm.plan import (
+from stabletoolbench_mirror.commands.warm.command import build_plan, cmd_warm, register
+from stabletoolbench_mirror.commands.warm.inputs import add_answers, add_payloads, add_queries
+from stabletoolbench_mirror.commands.warm.plan import (
     INPUT_KINDS,
     Failure,
     KindCounts,
@@ -34,8 +34,8 @@ from stabletoolbench_mirror.warm.plan import (
     WarmReport,
     payload_of,
 )
-from stabletoolbench_mirror.warm.pool import default_processes, run_warm_processes
-from stabletoolbench_mirror.warm.runner import SWITCH_INTERVAL_S, run_warm, warm_layer, warm_settings
+from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes
+from stabletoolbench_mirror.commands.warm.runner import SWITCH_INTERVAL_S, run_warm, warm_layer, warm_settings
 
 __all__ = [
     "INPUT_KINDS",

@@ -6,15 +6,15 @@ import argparse
 import sys
 from typing import Any, Callable, Sequence
 
-from stabletoolbench_mirror.answers import function_index
-from stabletoolbench_mirror.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.warm.inputs import add_answers, add_payloads, add_queries
+from stabletoolbench_mirror.commands.warm.plan import WarmInputError, WarmPlan, WarmReport
+from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes
+from stabletoolbench_mirror.commands.warm.runner import STOP_AFTER_FAILURES, Handler, run_warm, warm_layer, warm_settings
 from stabletoolbench_mirror.config import Mode
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.logs import setup_logging
-from stabletoolbench_mirror.warm.inputs import add_answers, add_payloads, add_queries
-from stabletoolbench_mirror.warm.plan import WarmInputError, WarmPlan, WarmReport
-from stabletoolbench_mirror.warm.pool import default_processes, run_warm_processes
-from stabletoolbench_mirror.warm.runner import STOP_AFTER_FAILURES, Handler, run_warm, warm_layer, warm_settings
+from stabletoolbench_mirror.core.logs import setup_logging
+from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.upstream.answers import function_index
 
 
 class UsageError(ValueError):
@@ -30,7 +30,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
 
 
 def _warm(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.startup import start_checks
+    from stabletoolbench_mirror.commands.startup import start_checks
 
     _check_arguments(args)
     settings = warm_settings(settings_from_args(args), args.concurrency)
@@ -74,7 +74,7 @@ def _engine(args: argparse.Namespace, settings: Any) -> tuple[MirrorLayer, Handl
     if args.engine != "vllm-offline":
         processes = default_processes(args.concurrency) if args.processes is None else args.processes
         return warm_layer(settings), None, processes
-    from stabletoolbench_mirror.warm.offline import OfflineEngineError, offline_layer
+    from stabletoolbench_mirror.commands.warm.offline import OfflineEngineError, offline_layer
 
     try:
         layer, handler = offline_layer(settings, model=args.model, concurrency=args.concurrency, llm_options=vllm_options(args.vllm_option or []))

@@ -1,9 +1,9 @@
 """Reading warm's inputs into a :class:`~.plan.WarmPlan`.
 
 * ``queries``: StableToolBench query files or folders; one *default call* per API of each
-  query's ``api_list`` (see :mod:`stabletoolbench_mirror.queries`);
+  query's ``api_list`` (see :mod:`stabletoolbench_mirror.upstream.queries`);
 * ``answers``: answer files or folders; every call the agent made (see
-  :mod:`stabletoolbench_mirror.answers`), mapped back to its API through a function index;
+  :mod:`stabletoolbench_mirror.upstream.answers`), mapped back to its API through a function index;
 * ``payloads``: JSONL of ``/virtual`` bodies, or ``{"payload": ...}`` lines such as the
   failures file a previous ``warm`` wrote.
 
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from stabletoolbench_mirror.answers import iter_answer_calls
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.outcomes import OutcomeKind
-from stabletoolbench_mirror.queries import FunctionIndex, QueryFileError, default_calls, iter_jsonl
-from stabletoolbench_mirror.warm.plan import WarmInputError, WarmPlan
+from stabletoolbench_mirror.commands.warm.plan import WarmInputError, WarmPlan
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.outcomes import OutcomeKind
+from stabletoolbench_mirror.upstream.answers import iter_answer_calls
+from stabletoolbench_mirror.upstream.queries import FunctionIndex, QueryFileError, default_calls, iter_jsonl
 
 #: a decoded ``/virtual`` body -> its call, or the final answer the server gives it without the cache
 Prepare = Callable[[Any], Any]
@@ -74,7 +74,7 @@ def add_payload(plan: WarmPlan, input_kind: str, location: str, payload: Any, pr
 
 
 def refusal_reason(outcome: Any) -> str:
-    """Why the server answers a body without the cache (an :class:`~stabletoolbench_mirror.layer.Outcome`)."""
+    """Why the server answers a body without the cache (an :class:`~stabletoolbench_mirror.engine.layer.Outcome`)."""
     if outcome.kind is OutcomeKind.LOCAL:
         return "chat_with_user is answered locally"
     try:

@@ -4,9 +4,9 @@ Instead of one HTTP request per miss, the warming threads hand their prompts to 
 :class:`BatchingSimulator`, which gathers up to ``--concurrency`` of them and runs them as
 one ``LLM.chat`` batch.  Everything else is the ordinary path: the real API first when it
 is enabled, then this simulator, then the store, all through :class:`MirrorLayer`.  The
-prompts are rendered by the configured :class:`~stabletoolbench_mirror.simulator.Simulator`
+prompts are rendered by the configured :class:`~stabletoolbench_mirror.responders.simulator.Simulator`
 (same style, system prompt, tool docs and few-shot examples as the HTTP simulator) and the
-outputs parsed by its :func:`~stabletoolbench_mirror.simulator.parse_output`, so an
+outputs parsed by its :func:`~stabletoolbench_mirror.responders.simulator.parse_output`, so an
 offline-warmed entry is what the server would have recorded.
 
 vLLM is optional (``pip install 'stabletoolbench-mirror[vllm]'``) and imported only here.
@@ -20,14 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from stabletoolbench_mirror import protocol
-from stabletoolbench_mirror.call import ToolCall
 from stabletoolbench_mirror.config import Mode, Settings
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.records import Record, Source
+from stabletoolbench_mirror.core.secrets import Redactor
+from stabletoolbench_mirror.engine.responders import Attempt
 from stabletoolbench_mirror.factory import build_layer
-from stabletoolbench_mirror.records import Record, Source
-from stabletoolbench_mirror.responders import Attempt
-from stabletoolbench_mirror.secrets import Redactor
-from stabletoolbench_mirror.tooldocs import tool_docs_for
+from stabletoolbench_mirror.upstream.tooldocs import tool_docs_for
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,8 @@ class BatchingSimulator:
         self._worker.start()
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
-        from stabletoolbench_mirror.simulator import parse_output
-        from stabletoolbench_mirror.simulator.responder import invalid
+        from stabletoolbench_mirror.responders.simulator import parse_output
+        from stabletoolbench_mirror.responders.simulator.responder import invalid
 
         pending = _Pending(self._render(call, examples))
         with self._cond:
@@ -228,7 +228,7 @@ def _load(vllm: Any, settings: Settings, model: str, llm_options: dict[str, Any]
     if cfg.seed is not None:
         sampling["seed"] = cfg.seed
     if cfg.structured_output:
-        from stabletoolbench_mirror.simulator.prompts import response_schema
+        from stabletoolbench_mirror.responders.simulator.prompts import response_schema
 
         sampling.update(_structured_params(vllm, response_schema(cfg.style == "mirrorapi-cot", cfg.structured_max_chars)))
     params = vllm.SamplingParams(**sampling)
@@ -249,7 +249,7 @@ def offline_layer(
     generate: GenerateFn | None = None,
 ) -> tuple[Any, None]:
     """A warming layer whose simulator is a :class:`BatchingSimulator` over vLLM (or ``generate``)."""
-    from stabletoolbench_mirror.simulator import build_simulator
+    from stabletoolbench_mirror.responders.simulator import build_simulator
 
     if generate is None:
         if not model:
@@ -265,7 +265,7 @@ def offline_layer(
     )
     responders: list[Any] = []
     if settings.real.enabled:
-        from stabletoolbench_mirror.real import build_real_responder
+        from stabletoolbench_mirror.responders.real import build_real_responder
 
         responders.append(build_real_responder(settings, docs=docs))
     responders.append(batcher)

@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from stabletoolbench_mirror.answers import answer_payload
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.queries import ApiRef
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.upstream.answers import answer_payload
+from stabletoolbench_mirror.upstream.queries import ApiRef
 
 #: the kinds of input warm reads: query files, answer files, JSONL of /virtual bodies
 INPUT_KINDS = ("queries", "answers", "payloads")

@@ -11,14 +11,7 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.config import Mode, Settings
-from stabletoolbench_mirror.factory import build_layer
-from stabletoolbench_mirror.layer import MirrorLayer
-from stabletoolbench_mirror.outcomes import Outcome, OutcomeKind
-from stabletoolbench_mirror.responders import Responder
-from stabletoolbench_mirror.stores import StoreError
-from stabletoolbench_mirror.warm.plan import (
+from stabletoolbench_mirror.commands.warm.plan import (
     Failure,
     KindCounts,
     WarmInputError,
@@ -27,6 +20,13 @@ from stabletoolbench_mirror.warm.plan import (
     WarmReport,
     payload_of,
 )
+from stabletoolbench_mirror.config import Mode, Settings
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.engine.responders import Responder
+from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.stores import StoreError
 
 log = logging.getLogger(__name__)
 

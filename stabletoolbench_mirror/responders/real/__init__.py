@@ -9,12 +9,12 @@ simulator.  Modules: :mod:`.validity` (which answers count), :mod:`.relay` and
 from __future__ import annotations
 
 from stabletoolbench_mirror.config import ConfigError, Settings
-from stabletoolbench_mirror.tooldocs import ToolDocs, tool_docs_for
-from stabletoolbench_mirror.real.breaker import BreakerBoard
-from stabletoolbench_mirror.real.policy import CallPolicy
-from stabletoolbench_mirror.real.responder import RealResponder
-from stabletoolbench_mirror.real.transport import Transport
-from stabletoolbench_mirror.real.validity import Validity, classify
+from stabletoolbench_mirror.responders.real.breaker import BreakerBoard
+from stabletoolbench_mirror.responders.real.policy import CallPolicy
+from stabletoolbench_mirror.responders.real.responder import RealResponder
+from stabletoolbench_mirror.responders.real.transport import Transport
+from stabletoolbench_mirror.upstream.tooldocs import ToolDocs, tool_docs_for
+from stabletoolbench_mirror.upstream.validity import Validity, classify
 
 __all__ = ["RealResponder", "Validity", "build_real_responder", "classify"]
 
@@ -33,7 +33,7 @@ def build_real_responder(settings: Settings, *, docs: ToolDocs | None = None) ->
     )
     backend: object
     if cfg.backend == "relay":
-        from stabletoolbench_mirror.real.relay import RelayBackend
+        from stabletoolbench_mirror.responders.real.relay import RelayBackend
 
         if not cfg.relay_url:
             raise ConfigError("real.relay_url: required when real.enabled is true and real.backend is 'relay'")
@@ -41,7 +41,7 @@ def build_real_responder(settings: Settings, *, docs: ToolDocs | None = None) ->
         key = cfg.toolbench_key.get_secret_value() if cfg.toolbench_key else ""
         backend = RelayBackend(transport, cfg.relay_url, key)
     else:
-        from stabletoolbench_mirror.real.rapidapi import RapidAPIBackend, exact_doc_finder
+        from stabletoolbench_mirror.responders.real.rapidapi import RapidAPIBackend, exact_doc_finder
 
         if not settings.tools_folder:
             raise ConfigError("tools_folder: required when real.backend is 'rapidapi' (the tool docs give the URLs)")

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.naming import standardize, standardize_category
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.naming import standardize, standardize_category
 
 
 def _category(name: str) -> str:

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 from urllib.parse import SplitResult, quote, urlsplit, urlunsplit
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.logs import clip
-from stabletoolbench_mirror.naming import parameter_name
-from stabletoolbench_mirror.secrets import public_url
-from stabletoolbench_mirror.tooldocs import ToolDocs
-from stabletoolbench_mirror.real.responder import Fetched
-from stabletoolbench_mirror.real.transport import Reply, Transport
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core.naming import parameter_name
+from stabletoolbench_mirror.core.secrets import public_url
+from stabletoolbench_mirror.responders.real.responder import Fetched
+from stabletoolbench_mirror.responders.real.transport import Reply, Transport
+from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
 
 QUERY_METHODS = frozenset({"GET", "DELETE", "HEAD", "OPTIONS"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.secrets import public_url
-from stabletoolbench_mirror.real.responder import Fetched
-from stabletoolbench_mirror.real.transport import Transport
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.secrets import public_url
+from stabletoolbench_mirror.responders.real.responder import Fetched
+from stabletoolbench_mirror.responders.real.transport import Transport
 
 
 def relay_tool_name(tool_name: str) -> str:

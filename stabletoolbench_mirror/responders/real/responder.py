@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Sequence
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.records import Record, Source
-from stabletoolbench_mirror.responders import Attempt
-from stabletoolbench_mirror.secrets import Redactor
-from stabletoolbench_mirror.real.policy import CallPolicy
-from stabletoolbench_mirror.real.transport import Transport
-from stabletoolbench_mirror.real.validity import classify
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.records import Record, Source
+from stabletoolbench_mirror.core.secrets import Redactor
+from stabletoolbench_mirror.engine.responders import Attempt
+from stabletoolbench_mirror.responders.real.policy import CallPolicy
+from stabletoolbench_mirror.responders.real.transport import Transport
+from stabletoolbench_mirror.upstream.validity import classify
+
 
 @dataclass(frozen=True)
 class Fetched:

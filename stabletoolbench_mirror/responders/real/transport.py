@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 import requests
 from requests.adapters import HTTPAdapter
 
-from stabletoolbench_mirror.secrets import public_url
-from stabletoolbench_mirror.real.breaker import BreakerBoard
+from stabletoolbench_mirror.core.secrets import public_url
+from stabletoolbench_mirror.responders.real.breaker import BreakerBoard
 
 log = logging.getLogger(__name__)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from stabletoolbench_mirror.config import ConfigError, Settings
-from stabletoolbench_mirror.secrets import redactor_for
-from stabletoolbench_mirror.tooldocs import ToolDocs, tool_docs_for, tools_folder_problem
-from stabletoolbench_mirror.simulator.client import ChatClient, ChatError, Completion
-from stabletoolbench_mirror.simulator.parsing import Parsed, parse_output
-from stabletoolbench_mirror.simulator.prompt_files import PromptFileError, SystemPrompt, resolve_system_prompt
-from stabletoolbench_mirror.simulator.prompts import MIRRORAPI_STYLES
-from stabletoolbench_mirror.simulator.responder import Simulator
+from stabletoolbench_mirror.core.secrets import redactor_for
+from stabletoolbench_mirror.responders.simulator.client import ChatClient, ChatError, Completion
+from stabletoolbench_mirror.responders.simulator.parsing import Parsed, parse_output
+from stabletoolbench_mirror.responders.simulator.prompt_files import PromptFileError, SystemPrompt, resolve_system_prompt
+from stabletoolbench_mirror.responders.simulator.prompts import MIRRORAPI_STYLES
+from stabletoolbench_mirror.responders.simulator.responder import Simulator
+from stabletoolbench_mirror.upstream.tooldocs import ToolDocs, tool_docs_for, tools_folder_problem
 
 __all__ = [
     "ChatClient",

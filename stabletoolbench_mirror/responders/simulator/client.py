@@ -20,7 +20,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import urllib3
 
-from stabletoolbench_mirror.secrets import Redactor
+from stabletoolbench_mirror.core.secrets import Redactor
 
 log = logging.getLogger(__name__)
 

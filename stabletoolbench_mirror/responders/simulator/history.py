@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.tooldocs import ApiDoc
-from stabletoolbench_mirror.simulator.prompts import api_doc_dict, request_value
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.responders.simulator.prompts import api_doc_dict, request_value
+from stabletoolbench_mirror.upstream.tooldocs import ApiDoc
 
 #: an earlier answer longer than this is cut in the prompt (StableToolBench's agents see 1,024 characters too)
 MAX_ANSWER_CHARS = 1024

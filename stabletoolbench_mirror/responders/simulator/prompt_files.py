@@ -24,7 +24,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from stabletoolbench_mirror.simulator import prompts
+from stabletoolbench_mirror.responders.simulator import prompts
 
 #: the constant of upstream's ``system_prompts.py`` each MirrorAPI style was trained on
 UPSTREAM_CONSTANTS = {"mirrorapi-sft": "SFT_SYSTEM", "mirrorapi-cache": "SFT_SYSTEM", "mirrorapi-cot": "COT_SYSTEM"}

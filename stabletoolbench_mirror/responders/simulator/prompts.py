@@ -29,11 +29,11 @@ from typing import Any, Sequence
 
 from rapidfuzz import fuzz
 
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.keys import plain_key
-from stabletoolbench_mirror.naming import standardize
-from stabletoolbench_mirror.records import Record
-from stabletoolbench_mirror.tooldocs import ApiDoc
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.keys import plain_key
+from stabletoolbench_mirror.core.naming import standardize
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.upstream.tooldocs import ApiDoc
 
 MIRRORAPI_STYLES = ("mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache")
 STYLES = (*MIRRORAPI_STYLES, "gpt-fewshot", "world-model")

@@ -6,20 +6,20 @@ import logging
 import time
 from typing import Any, Sequence
 
-from stabletoolbench_mirror import protocol
-from stabletoolbench_mirror.call import ToolCall
-from stabletoolbench_mirror.fair import FairSemaphore
-from stabletoolbench_mirror.logs import clip
-from stabletoolbench_mirror.real.validity import classify
-from stabletoolbench_mirror.records import Record, Source
-from stabletoolbench_mirror.responders import Attempt
-from stabletoolbench_mirror.secrets import Redactor
-from stabletoolbench_mirror.stats import LocalEvents, event_section
-from stabletoolbench_mirror.tooldocs import ToolDocs
-from stabletoolbench_mirror.simulator import history, prompts
-from stabletoolbench_mirror.simulator.client import ChatClient, ChatError, Completion
-from stabletoolbench_mirror.simulator.parsing import Parsed, parse_output
-from stabletoolbench_mirror.simulator.prompt_files import SystemPrompt, built_in_prompt
+from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core.records import Record, Source
+from stabletoolbench_mirror.core.secrets import Redactor
+from stabletoolbench_mirror.engine.fair import FairSemaphore
+from stabletoolbench_mirror.engine.responders import Attempt
+from stabletoolbench_mirror.engine.stats import LocalEvents, event_section
+from stabletoolbench_mirror.responders.simulator import history, prompts
+from stabletoolbench_mirror.responders.simulator.client import ChatClient, ChatError, Completion
+from stabletoolbench_mirror.responders.simulator.parsing import Parsed, parse_output
+from stabletoolbench_mirror.responders.simulator.prompt_files import SystemPrompt, built_in_prompt
+from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
+from stabletoolbench_mirror.upstream.validity import classify
 
 #: longest rationale kept on a record (characters)
 MAX_RATIONALE_CHARS = 100_000

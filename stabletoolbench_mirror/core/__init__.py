@@ -1,0 +1,1 @@
+"""The call and its keys, the records, outcomes and secrets: what every layer above shares."""

@@ -1,0 +1,1 @@
+"""What answers a miss: the real API, the simulator, shadow pairs."""
