@@ -38,7 +38,7 @@ def _config(tmp: Path, store: Path) -> Path:
         "simulator:\n  enabled: true\n  style: mirrorapi-sft\n  model: MirrorAPI\n  temperature: 0\n  seed: 7\n"
         "  max_tokens: 256\n  structured_output: true\n  structured_max_chars: 64\n  read_timeout_s: 120\n"
         # the random-weight model writes gibberish into "error" too: this pins the pipeline, not the
-        # validity rules for simulated answers (tests/test_failure_records.py covers those)
+        # validity rules for simulated answers (tests/integration/test_failure_records.py covers those)
         "  validity: 'off'\n"
     )
     return cfg

@@ -67,7 +67,7 @@ def config(tmp: Path, store: Path) -> Path:
         "simulator:\n  style: mirrorapi-sft\n  temperature: 0\n  seed: 7\n  max_tokens: 128\n"
         "  structured_output: true\n  structured_max_chars: 48\n"
         # the random-weight model writes gibberish into "error" too: this pins the pipeline, not the
-        # validity rules for simulated answers (tests/test_failure_records.py covers those)
+        # validity rules for simulated answers (tests/integration/test_failure_records.py covers those)
         "  validity: 'off'\n"
     )
     return cfg

@@ -28,11 +28,12 @@ from stabletoolbench_mirror.responders.simulator import NO_DOCS_MARK
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream.layout import write_cache_file
 from stabletoolbench_mirror.upstream.trees import count_tree, frozen_cache_problem
+from tests.helpers import paths
 from tests.helpers.api_host import ApiHost, relay_reply
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 
 #: StableToolBench's server/config.yml as shipped (upstream commit 9fd0a3c), with its relay address
 #: replaced by a closed local port: empty api_key and api_base, a log_file

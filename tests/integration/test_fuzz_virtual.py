@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.stats import COUNTER_NAMES
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
+from tests.helpers import paths
 from tests.helpers.responders import KeyedResponder, expected_answer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 SKIP_IN_REPO = {".git", ".venv", ".hypothesis", ".pytest_cache", "__pycache__"}
 FIELDS = ("category", "tool_name", "api_name", "tool_input", "strip", "toolbench_key")
 ALLOWED = {200, 400, 404, 405, 413, 422}

@@ -287,7 +287,7 @@ def test_answer_files_as_reference(tmp_path, reference_dir, reference_calls) -> 
 
 
 def test_from_store_asks_the_simulator_with_the_live_prompt(tmp_path, reference_dir, reference_calls) -> None:
-    from tests.test_prompt_parity import upstream_messages, write_upstream_prompts
+    from tests.integration.test_prompt_parity import upstream_messages, write_upstream_prompts
 
     layout = json.loads((reference_dir / "mirrorapi_prompts.json").read_text())
     prompts_file = write_upstream_prompts(tmp_path / "system_prompts.py", layout)

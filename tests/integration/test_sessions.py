@@ -16,10 +16,11 @@ import requests
 
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.factory import build_store
+from tests.helpers import paths
 from tests.helpers.openai_stub import OpenAIStub, Reply
 from tests.helpers.processes import ServeProcess, _clean_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 
 
 class CountingModel:

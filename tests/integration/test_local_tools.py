@@ -16,13 +16,15 @@ import requests
 from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.engine.local_tools import LocalTools, answer_of
 from stabletoolbench_mirror.factory import build_store
+from tests.helpers import paths
 from tests.helpers.processes import _clean_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 EXAMPLE_TOOLS = REPO / "examples" / "meetings" / "tools.py"
 
 TOOLS_FILE = """\
 import time
+from tests.helpers import paths
 
 RUNS = {"n": 0}
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import paths
 from tests.helpers.live import free_port
 from tests.helpers.processes import _clean_env, _stop_group, _wait_http
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 EXAMPLE = REPO / "examples" / "meetings"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
 

@@ -15,7 +15,7 @@ from stabletoolbench_mirror.core.protocol import VirtualRequest
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore
 from tests.helpers.openai_stub import OpenAIStub
-from tests.test_prompt_parity import upstream_messages, write_upstream_prompts
+from tests.integration.test_prompt_parity import upstream_messages, write_upstream_prompts
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:

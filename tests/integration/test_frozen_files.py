@@ -21,9 +21,10 @@ import requests
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.stores import FrozenCache
 from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
+from tests.helpers import paths
 from tests.helpers.openai_stub import OpenAIStub
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 SIM_ANSWER = {"error": "", "response": "simulated"}
 
 

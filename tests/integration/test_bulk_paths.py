@@ -20,9 +20,10 @@ import pytest
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
+from tests.helpers import paths
 from tests.helpers.processes import ServeProcess, popen_as_from_a_terminal
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 
 
 def run(*args: str, cwd: Path, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:

@@ -23,8 +23,8 @@ from stabletoolbench_mirror.responders.simulator import system_prompt_for
 from tests.conftest import REFERENCE
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub
-from tests.test_prompt_parity import upstream_messages
-from tests.test_startup import served  # noqa: F401 - the fixture
+from tests.integration.test_prompt_parity import upstream_messages
+from tests.integration.test_startup import served  # noqa: F401 - the fixture
 
 UPSTREAM_SERVER = REFERENCE / "stabletoolbench" / "server"
 #: config file -> (the style upstream's server that reads it runs, that server)
@@ -124,7 +124,7 @@ def test_serving_a_shipped_mirrorapi_config_sends_mirrorapis_prompt(
 
 
 def test_a_typo_in_upstreams_config_yml_is_an_error_naming_the_key(upstream_server: Path, tmp_path: Path) -> None:
-    from tests.test_startup import cli
+    from tests.integration.test_startup import cli
 
     shipped = (upstream_server / "config.yml").read_text()
     assert "is_save:" in shipped

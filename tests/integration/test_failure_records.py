@@ -16,6 +16,7 @@ from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
+from tests.helpers import paths
 
 NS = "Data/flaky_for_Data/lookup"
 UPSTREAM_FAILED = {"error": "Failed to generate fake response", "response": ""}
@@ -23,7 +24,7 @@ UPSTREAM_FAILED = {"error": "Failed to generate fake response", "response": ""}
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = str(paths.REPO)
     return subprocess.run([sys.executable, "-m", "stabletoolbench_mirror", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 

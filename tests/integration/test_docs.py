@@ -1,7 +1,7 @@
 """The documentation stays true: the code layout of CONTRIBUTING.md is the package's, the example configs load
 (and the README shows them as they are), a replay example passes ``doctor``, and every link resolves.
 
-The messages the documentation quotes are checked in ``tests/test_startup.py``
+The messages the documentation quotes are checked in ``tests/integration/test_startup.py``
 (``test_readme_quotes_the_exact_messages``), over README.md, CONTRIBUTING.md and ``docs/*.md``.
 """
 
@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from stabletoolbench_mirror.config import load_settings
-from tests.test_startup import cli, make_server_folder
+from tests.helpers import paths
+from tests.integration.test_startup import cli, make_server_folder
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 PACKAGE = REPO / "stabletoolbench_mirror"
 EXAMPLES = REPO / "examples" / "configs"
 #: the documentation files: what users read first, what developers read, the reference

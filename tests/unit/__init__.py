@@ -1,0 +1,1 @@
+"""Unit tests, one folder per sub-package of stabletoolbench_mirror."""
