@@ -26,6 +26,7 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from stabletoolbench_mirror import __version__
@@ -45,7 +46,7 @@ from stabletoolbench_mirror.serving.memory import tune_malloc
 log = logging.getLogger(__name__)
 
 
-async def _send(send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+async def _send(send: Send, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     body = outcome.body.encode("utf-8")
     headers = [
         (b"content-type", b"application/json"),
@@ -86,7 +87,7 @@ class _Front:
     """Pure ASGI front: bearer token on every route, then ``/virtual``: body read, admission, answer."""
 
     def __init__(
-        self, app: Any, layer: MirrorLayer, token: bytes | None, admission: Admission, max_body: int, body_timeout_s: float,
+        self, app: ASGIApp, layer: MirrorLayer, token: bytes | None, admission: Admission, max_body: int, body_timeout_s: float,
         threads: FairLimiter | None = None,
     ) -> None:
         self.app = app
@@ -101,7 +102,7 @@ class _Front:
         self.body_timeout_s = body_timeout_s
         self.refusals = _RefusalLog()
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -149,7 +150,7 @@ class _Front:
         message = f"stabletoolbench-mirror is overloaded ({refusal}); the server's {refusal.setting} setting bounds this"
         return Outcome.error(503, message, OutcomeKind.REFUSED, refusal.setting)
 
-    async def _finish(self, send: Any, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    async def _finish(self, send: Send, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         """Send the final answer of a ``/virtual`` request, counted here: once, by its outcome.
 
         (A request without the right bearer token is refused before it counts.)
@@ -157,7 +158,7 @@ class _Front:
         self.layer.stats.count(outcome)
         await _send(send, outcome, extra_headers)
 
-    def _authorized(self, scope: dict[str, Any]) -> bool:
+    def _authorized(self, scope: Scope) -> bool:
         assert self.token is not None
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
@@ -165,7 +166,7 @@ class _Front:
                 return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
         return False
 
-    async def _read_body(self, scope: dict[str, Any], receive: Any, reservation: "_Reservation") -> bytes | Outcome:
+    async def _read_body(self, scope: Scope, receive: Receive, reservation: "_Reservation") -> bytes | Outcome:
         """The body, or the answer that ends the request: too large, gone, too slow, or over ``max_queued_bytes``.
 
         The body's bytes (its ``Content-Length`` at once, else each chunk as it comes) are counted in
@@ -204,8 +205,8 @@ class _Front:
             return self._refused(refusal)
         except TimeoutError:
             self.refusals.refused(408, "the request body did not arrive in time", "limits.body_timeout_s")
-            message = f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)"
-            return Outcome.error(408, message, OutcomeKind.REFUSED, "limits.body_timeout_s")
+            late = f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)"
+            return Outcome.error(408, late, OutcomeKind.REFUSED, "limits.body_timeout_s")
 
     async def _virtual(self, body: bytes, session: str | None | Outcome = None) -> Outcome:
         try:
@@ -254,7 +255,7 @@ class _Reservation:
         self.size = 0
 
 
-def _session_header(scope: dict[str, Any]) -> str | None | Outcome:
+def _session_header(scope: Scope) -> str | None | Outcome:
     """The ``X-STM-Session`` id of a request, ``None`` without one, or the 422 answer to a bad one."""
     for name, value in scope.get("headers", ()):
         if name == sessions.HEADER.encode():
