@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from stabletoolbench_mirror.core.keys import canonical_key, record_key, session_key, upstream_key
 from stabletoolbench_mirror.core.naming import CallNames, resolve_names
 from stabletoolbench_mirror.core.protocol import VirtualRequest, parse_tool_input
-from stabletoolbench_mirror.core.secrets import without_secret_fields
+from stabletoolbench_mirror.core.secrets import may_name_a_secret_field, without_secret_fields
 
 if TYPE_CHECKING:
     from stabletoolbench_mirror.engine.sessions import SessionContext
@@ -53,16 +53,20 @@ class ToolCall:
     @classmethod
     def build(cls, request: VirtualRequest, tool_input: Any, names: CallNames | None = None) -> "ToolCall":
         """The call of ``request`` with its already parsed ``tool_input`` (secret fields taken out)."""
-        tool_input = without_secret_fields(tool_input)
+        upstream = upstream_key(tool_input)
+        if may_name_a_secret_field(upstream):  # a substring test first: the walk is for the rare input that may
+            scrubbed = without_secret_fields(tool_input)
+            if scrubbed is not tool_input:
+                tool_input, upstream = scrubbed, upstream_key(scrubbed)
         return cls(
             names=names or resolve_names(request.category, request.tool_name, request.api_name),
             category=request.category,
             tool_name=request.tool_name,
             api_name=request.api_name,
             tool_input=tool_input,
-            key=record_key(tool_input),
+            key=record_key(tool_input, upstream),
             canonical=canonical_key(tool_input),
-            upstream=upstream_key(tool_input),
+            upstream=upstream,
             strip=request.strip,
             toolbench_key=request.toolbench_key,
         )

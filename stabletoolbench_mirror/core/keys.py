@@ -52,15 +52,16 @@ def upstream_key(value: Any) -> str:
     return str(value)
 
 
-def record_key(value: Any) -> str:
+def record_key(value: Any, upstream: str | None = None) -> str:
     """The key a call's record has in the writable store: :func:`upstream_key`, kind-marked when ambiguous.
 
     A string input that ``str()`` of an object, a list, a number, a boolean or ``None`` could
     spell, or that ends like a session key or like a marked key, gets :data:`STRING_MARK`
     appended; every other input keeps upstream's key.  So a string input never answers an
     object input (nor the reverse), and no input outside a session reaches a session key.
+    ``upstream``: ``str(value)`` when the caller has it already.
     """
-    key = str(value)
+    key = str(value) if upstream is None else upstream
     return key + STRING_MARK if isinstance(value, str) and _spells_another_kind(key) else key
 
 

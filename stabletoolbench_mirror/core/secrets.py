@@ -102,6 +102,19 @@ def is_secret_name(name: str) -> bool:
     return lowered in SECRET_FIELDS or lowered in SECRET_HEADERS
 
 
+#: what every name of :data:`INPUT_SECRET_FIELDS` ends with (``_key``, ``_token``)
+_INPUT_SECRET_ENDINGS = tuple(sorted({name[name.rindex("_"):] for name in INPUT_SECRET_FIELDS}))
+
+
+def may_name_a_secret_field(text: str) -> bool:
+    """Whether ``text`` (``str()`` of an input, or its JSON) could name one of :data:`INPUT_SECRET_FIELDS`.
+
+    A cheap test before :func:`without_secret_fields` walks the input: ``False`` means it names none.
+    """
+    lowered = text.lower()
+    return any(ending in lowered for ending in _INPUT_SECRET_ENDINGS)
+
+
 def without_secret_fields(tool_input: Any) -> Any:
     """``tool_input`` without the :data:`INPUT_SECRET_FIELDS` of its objects, at any depth.
 

@@ -158,6 +158,9 @@ class _Front:
         self.layer.stats.count(outcome)
         await _send(send, outcome, extra_headers)
 
+    def _too_large(self) -> Outcome:
+        return Outcome.error(413, f"request body larger than {self.max_body} bytes")
+
     def _authorized(self, scope: Scope) -> bool:
         assert self.token is not None
         for name, value in scope.get("headers", ()):
@@ -172,12 +175,11 @@ class _Front:
         The body's bytes (its ``Content-Length`` at once, else each chunk as it comes) are counted in
         ``reservation`` before they are read.
         """
-        too_large = Outcome.error(413, f"request body larger than {self.max_body} bytes")
         length: int | None = None
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 if not value.isdigit() or int(value) > self.max_body:
-                    return too_large
+                    return self._too_large()
                 length = int(value)
         try:
             reservation.add(REQUEST_OVERHEAD + (length or 0))
@@ -195,7 +197,7 @@ class _Front:
                     if chunk:
                         size += len(chunk)
                         if size > self.max_body:
-                            return too_large
+                            return self._too_large()
                         if length is None or size > length:
                             reservation.add(len(chunk))
                         chunks.append(chunk)
