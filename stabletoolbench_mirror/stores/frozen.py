@@ -41,7 +41,7 @@ from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.core.records import FAILURE, Record
 from stabletoolbench_mirror.stores.base import CacheTier
 from stabletoolbench_mirror.upstream.failures import TREE_FAILURE_REASON, UPSTREAM_FAILURE_BODY, manifest_mtime_ns, tree_failure_entries
-from stabletoolbench_mirror.upstream.layout import OutsideTree, check_inside, encode_name, iter_cache_spans, split_api
+from stabletoolbench_mirror.upstream.layout import OutsideTree, api_file_parts, check_inside, iter_cache_spans
 
 log = logging.getLogger(__name__)
 
@@ -163,13 +163,8 @@ class FrozenCache(CacheTier):
                 "answers_kept": len(self._bodies), "loads": self.loads, "evictions": self.evictions}
 
     def _path(self, api: str) -> str | None:
-        parts = split_api(api)
-        if parts is None:
-            return None
-        category, tool, name = (encode_name(p) for p in parts)
-        if category is None or tool is None or name is None:
-            return None
-        return f"{self._root}/{category}/{tool}/{name}.json"
+        parts = api_file_parts(api)
+        return None if parts is None else f"{self._root}/{parts[0]}/{parts[1]}/{parts[2]}.json"
 
     # -- loading -------------------------------------------------------------------------------
 

@@ -63,18 +63,22 @@ def split_api(api: str) -> tuple[str, str, str] | None:
     return category, tool, api_name
 
 
-def api_path(root: str | os.PathLike[str], api: str) -> Path | None:
-    """The cache file of ``api`` under ``root`` (names encoded as needed); ``None`` if it cannot have one.
-
-    The path never leaves ``root``: every part is one plain folder or file name.
-    """
+def api_file_parts(api: str) -> tuple[str, str, str] | None:
+    """The folder, subfolder and file name (without ``.json``) of ``api``'s cache file, encoded as needed;
+    ``None`` if it cannot have one.  Each is one plain name: a path made of them never leaves its root."""
     parts = split_api(api)
     if parts is None:
         return None
     category, tool, name = (encode_name(p) for p in parts)
     if category is None or tool is None or name is None:
         return None
-    return Path(root, category, tool, name + ".json")
+    return category, tool, name
+
+
+def api_path(root: str | os.PathLike[str], api: str) -> Path | None:
+    """The cache file of ``api`` under ``root`` (names encoded as needed); ``None`` if it cannot have one."""
+    parts = api_file_parts(api)
+    return None if parts is None else Path(root, parts[0], parts[1], parts[2] + ".json")
 
 
 class OutsideTree(ValueError):
