@@ -33,7 +33,7 @@ from stabletoolbench_mirror.core.naming import resolve_names
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import ToolInputParseError, VirtualRequest, parse_tool_input
 from stabletoolbench_mirror.core.records import Record, Source
-from stabletoolbench_mirror.engine.fair import FairSemaphore
+from stabletoolbench_mirror.core.fair import FairSemaphore
 from stabletoolbench_mirror.engine.local_tools import LocalTool, LocalTools
 from stabletoolbench_mirror.engine.responders import Attempt, CountsEvents, Responder, wants_examples
 from stabletoolbench_mirror.engine.sessions import SessionError, Sessions

@@ -34,8 +34,9 @@ from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
-from stabletoolbench_mirror.engine import fair, sessions
-from stabletoolbench_mirror.engine.fair import FairLimiter
+from stabletoolbench_mirror.core import fair
+from stabletoolbench_mirror.engine import sessions
+from stabletoolbench_mirror.core.fair import FairLimiter
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from stabletoolbench_mirror.engine.responders import Prompted
@@ -395,7 +396,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # misses wait on the real API or the simulator in worker threads: /virtual's, shared fairly
-        # between clients (threads); the rest (frozen files parsed, other routes) anyio's default
+        # between clients (threads), as are frozen files parsed; the other routes use anyio's default
         anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.limits.max_pending_misses + 32)
         try:
             yield
@@ -410,6 +411,8 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     # 32 more threads only for clients with nothing running: threads held by other clients' misses
     # (waiting for the simulator) never keep a client's first call waiting for one to finish
     threads = FairLimiter(max(40, settings.limits.max_pending_misses + 32), reserve=32)
+    for tier in layer.tiers:
+        tier.use_threads(threads)  # a frozen file's first parse: one more kind of blocking work, shared fairly
     app.add_middleware(
         _Front,
         threads=threads,

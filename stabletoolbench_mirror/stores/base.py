@@ -6,7 +6,7 @@ import abc
 import contextlib
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import ContextManager, Iterable, Iterator
+from typing import Any, ContextManager, Iterable, Iterator
 
 from stabletoolbench_mirror.core.records import Record
 
@@ -75,6 +75,10 @@ class CacheTier(abc.ABC):
     async def aget_canonical(self, api: str, canonical: str) -> Record | None:
         """:meth:`get_canonical` for the server's event loop (see :meth:`aget`)."""
         return self.get_canonical(api, canonical)
+
+    def use_threads(self, limiter: Any) -> None:  # noqa: B027 - most tiers do no work in threads
+        """Do this tier's work in threads under ``limiter`` (the server's, shared fairly between clients:
+        :class:`~stabletoolbench_mirror.core.fair.FairLimiter`, an anyio limiter)."""
 
     def close(self) -> None:  # noqa: B027 - most tiers hold nothing to release
         """Release the tier's resources."""

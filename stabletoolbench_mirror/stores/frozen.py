@@ -35,6 +35,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.protocol import encode_answer
@@ -143,6 +144,8 @@ class FrozenCache(CacheTier):
         self.origin = f"frozen:{self.root}"
         self.memory_budget = max(0, int(memory_budget))
         self.allow_symlinks = allow_symlinks
+        self._threads: Any = None
+        """The limiter of the threads that parse files (:meth:`use_threads`; anyio's default until then)."""
         self._files: OrderedDict[str, _Index] = OrderedDict()
         self._bodies: OrderedDict[tuple[str, str], tuple[tuple[int, int, int], str]] = OrderedDict()
         self.bodies_budget = self.memory_budget // 5
@@ -156,6 +159,10 @@ class FrozenCache(CacheTier):
         self._manifest: tuple[int, dict[str, frozenset[str]]] = (-2, {})
 
     # -- what is known without reading files ---------------------------------------------------
+
+    def use_threads(self, limiter: Any) -> None:
+        """Parse files in threads under ``limiter`` (the server's, shared fairly between clients)."""
+        self._threads = limiter
 
     def memory(self) -> dict[str, int]:
         """Indexed files, estimated bytes used, the budget, loads and evictions so far."""
@@ -411,7 +418,7 @@ class FrozenCache(CacheTier):
         if isinstance(state, _NeedsLoad):
             import anyio.to_thread
 
-            return await anyio.to_thread.run_sync(self.get, api, key)
+            return await anyio.to_thread.run_sync(self.get, api, key, limiter=self._threads)
         return self._lookup(api, state, key)
 
     async def aget_canonical(self, api: str, canonical: str) -> Record | None:
@@ -420,7 +427,7 @@ class FrozenCache(CacheTier):
         if isinstance(state, _NeedsLoad) or (state is not None and state.canonical is None):
             import anyio.to_thread
 
-            return await anyio.to_thread.run_sync(self.get_canonical, api, canonical)
+            return await anyio.to_thread.run_sync(self.get_canonical, api, canonical, limiter=self._threads)
         if state is None:
             return None
         key = state.canonical.get(canonical) if state.canonical is not None else None

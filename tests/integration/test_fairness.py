@@ -16,7 +16,10 @@ from typing import Any
 
 import requests
 
-from stabletoolbench_mirror.engine.fair import CLIENT, FairLimiter, FairSemaphore, run_as
+from stabletoolbench_mirror.core.fair import CLIENT, FairLimiter, FairSemaphore, run_as
+from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.serving.server import create_app
+from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
 from tests.helpers.crowd import close_all, crowd_of_requests
 from tests.helpers.processes import ServeProcess, StubProcess
 
@@ -219,3 +222,46 @@ def test_among_clients_never_served_the_one_with_the_least_work_goes_first() -> 
         return done
 
     assert asyncio.run(main()) == ["holder", "newcomer"] + ["crowd"] * 8
+
+
+def test_a_frozen_files_first_parse_takes_a_fair_turn_of_the_servers_threads(tmp_path: Path) -> None:
+    tree = tmp_path / "tree" / "Tools" / "t_for_Tools"
+    tree.mkdir(parents=True)
+    (tree / "a.json").write_text(json.dumps({"{'q': 1}": {"error": "", "response": "parsed"}}))
+    frozen = FrozenCache(str(tmp_path / "tree"))
+    limiter = FairLimiter(1)
+    frozen.use_threads(limiter)
+
+    async def main() -> tuple[bool, str]:
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def crowd() -> None:
+            CLIENT.set("crowd")
+            async with limiter:  # the only turn, held by another client's work
+                held.set()
+                await release.wait()
+
+        async def parse() -> str:
+            CLIENT.set("127.0.0.1")
+            record = await frozen.aget("Tools/t_for_Tools/a", "{'q': 1}")
+            assert record is not None
+            return record.answer["response"]
+
+        holder = asyncio.create_task(crowd())
+        await held.wait()
+        load = asyncio.create_task(parse())
+        await asyncio.sleep(0.3)
+        waited = not load.done() and limiter.waiting == 1  # the parse waits for a turn of the limiter
+        release.set()
+        await holder
+        return waited, await asyncio.wait_for(load, 10)
+
+    waited, answer = asyncio.run(main())
+    assert waited and answer == "parsed"
+
+
+def test_the_server_hands_its_fair_threads_to_the_frozen_tiers(tmp_path: Path, settings_factory) -> None:
+    (tmp_path / "tree").mkdir()
+    layer = MirrorLayer(DiskcacheStore(tmp_path / "store"), frozen=[FrozenCache(str(tmp_path / "tree"))])
+    create_app(settings_factory(), layer)
+    assert isinstance(layer.frozen[0]._threads, FairLimiter)

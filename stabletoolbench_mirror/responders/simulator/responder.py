@@ -11,7 +11,7 @@ from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.records import Record, Source
 from stabletoolbench_mirror.core.secrets import Redactor
-from stabletoolbench_mirror.engine.fair import FairSemaphore
+from stabletoolbench_mirror.core.fair import FairSemaphore
 from stabletoolbench_mirror.engine.responders import Attempt
 from stabletoolbench_mirror.engine.stats import LocalEvents, event_section
 from stabletoolbench_mirror.responders.simulator import history, prompts
