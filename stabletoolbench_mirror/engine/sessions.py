@@ -27,7 +27,7 @@ import secrets
 import time
 import unicodedata
 from dataclasses import dataclass, replace
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, Callable, ContextManager, Protocol, TypedDict, cast
 
 from stabletoolbench_mirror.config import SessionsConfig
 from stabletoolbench_mirror.core.call import ToolCall
@@ -101,7 +101,54 @@ class SessionContext:
     history: tuple[HistoryItem, ...]
 
 
-def new_head(session_id: str, task: str = "") -> dict[str, Any]:
+class SessionHead(TypedDict):
+    """A session's head as stored (document version 2): everything but its calls (see :mod:`.stores.sessions`).
+
+    A store may keep fields of its own beside these (the diskcache store: when the calls' expiry
+    was last renewed); they travel along untouched.
+    """
+
+    v: int
+    id: str
+    task: str
+    created_at: float
+    updated_at: float
+    history: str
+    """The history hash after the calls that count (see :mod:`stabletoolbench_mirror.core.keys`)."""
+    state: dict[str, Any]
+    """The local tools' state: JSON."""
+    n_calls: int
+    calls_bytes: int
+    """The size of the calls' entries in the store."""
+    in_history: list[int]
+    """The numbers of the calls that make the history (answered from a record or a local tool)."""
+
+
+class SessionCall(TypedDict):
+    """One call of a session's trajectory, an entry of its own in the store."""
+
+    category: str
+    tool_name: str
+    api_name: str
+    api: str
+    tool_input: Any
+    answer: Any
+    source: str | None
+    origin: str
+    outcome: str
+    in_history: bool
+    history: str
+    """The history hash the call was made in."""
+    at: float
+
+
+def as_head(raw: dict[str, Any]) -> SessionHead:
+    """A head the store read: written by :func:`new_head` and :meth:`Sessions.run` (or split from an
+    older document by the store, which fills the same fields)."""
+    return cast(SessionHead, raw)
+
+
+def new_head(session_id: str, task: str = "") -> SessionHead:
     """A new session's head (see :mod:`.stores.sessions`): no calls yet."""
     now = time.time()
     return {
@@ -122,9 +169,9 @@ def _size(value: Any) -> int:
     return len(SessionStore.encode(value).encode("utf-8", "surrogatepass"))
 
 
-def size_of(head: dict[str, Any]) -> int:
+def size_of(head: SessionHead) -> int:
     """The bytes a session takes in the store: its calls and its head."""
-    return int(head.get("calls_bytes", 0)) + _size(head)
+    return head["calls_bytes"] + _size(head)
 
 
 # -- the session logic ----------------------------------------------------------------------------
@@ -158,7 +205,7 @@ class Sessions:
         self.config = config or SessionsConfig()
         self.history = history
 
-    def create(self, task: str = "") -> dict[str, Any]:
+    def create(self, task: str = "") -> SessionHead:
         if len(task) > self.config.max_task_chars:
             raise SessionError(422, f"task: at most {self.config.max_task_chars} characters (got {len(task)})")
         head = new_head(new_id(), task)
@@ -194,14 +241,17 @@ class Sessions:
         """
         check_id(session_id)
         with self.lock(session_id):
-            head = self.store.load_head(session_id)
-            if head is None:
+            raw = self.store.load_head(session_id)
+            if raw is not None:
+                head = as_head(raw)
+            else:
                 if not self.config.allow_client_ids:
                     raise unknown(session_id)
                 head = new_head(session_id)
                 if not self.store.create(head):  # started by another process meanwhile
-                    head = self.store.load_head(session_id) or head
-            n = int(head["n_calls"])
+                    raw = self.store.load_head(session_id)
+                    head = as_head(raw) if raw is not None else head
+            n = head["n_calls"]
             if n >= self.config.max_calls:
                 raise SessionError(409, f"session {session_id!r} is full: it holds sessions.max_calls={self.config.max_calls} calls")
             tool_input = call.tool_input  # its secret fields were taken out when the call was built
@@ -210,10 +260,10 @@ class Sessions:
                 raise self._over(session_id, size_of(head) + _size(tool_input))
             history = head["history"]
             state = head["state"]  # just decoded: the head is this call's own
-            window = list(head.get("in_history", []))[-self.history:] if self.history > 0 else []
+            window = head["in_history"][-self.history:] if self.history > 0 else []
             recent = self.store.calls(session_id, window)
             context = SessionContext(
-                task=head.get("task", ""),
+                task=head["task"],
                 history=tuple(HistoryItem(s["api"], s["api_name"], s["tool_input"], s["answer"]) for s in recent),
             )
             outcome = answer(call.in_session(history, context), state)
@@ -226,7 +276,7 @@ class Sessions:
                 parsed = json.loads(outcome.body)
             except ValueError:  # pragma: no cover - every body is JSON
                 parsed = outcome.body
-            entry = {
+            entry: SessionCall = {
                 "category": call.category,
                 "tool_name": call.tool_name,
                 "api_name": call.api_name,
@@ -244,8 +294,8 @@ class Sessions:
             head = {
                 **head,
                 "n_calls": n + 1,
-                "calls_bytes": int(head.get("calls_bytes", 0)) + entry_bytes,
-                "in_history": [*head.get("in_history", []), n] if counts else list(head.get("in_history", [])),
+                "calls_bytes": head["calls_bytes"] + entry_bytes,
+                "in_history": [*head["in_history"], n] if counts else list(head["in_history"]),
                 "history": history_next(history, call.api, call.canonical, outcome.body) if counts else history,
                 "state": state,
                 "updated_at": time.time(),

@@ -23,7 +23,7 @@ import os
 import sqlite3
 import threading
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from stabletoolbench_mirror.stores.base import StoreError
 
@@ -57,11 +57,11 @@ class SessionStore(abc.ABC):
         """The calls at ``indexes`` (0 is the first call), in that order; missing ones are left out."""
 
     @abc.abstractmethod
-    def create(self, head: dict[str, Any]) -> bool:
+    def create(self, head: Mapping[str, Any]) -> bool:
         """Store a new session's ``head`` (no calls yet) unless its id is taken; whether it was stored."""
 
     @abc.abstractmethod
-    def append(self, head: dict[str, Any], call: dict[str, Any]) -> bool:
+    def append(self, head: Mapping[str, Any], call: Mapping[str, Any]) -> bool:
         """Add ``call`` as call number ``head['n_calls'] - 1`` and overwrite the head, only if the session
         still exists; whether it did.  The calls before it are not rewritten."""
 
@@ -106,7 +106,7 @@ class SessionStore(abc.ABC):
         return doc
 
     @staticmethod
-    def encode(doc: dict[str, Any]) -> str:
+    def encode(doc: Mapping[str, Any]) -> str:
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
 
     @staticmethod
@@ -216,11 +216,11 @@ class DiskcacheSessionStore(SessionStore):
                 found.append(call)
         return found
 
-    def create(self, head: dict[str, Any]) -> bool:
+    def create(self, head: Mapping[str, Any]) -> bool:
         text = self.encode({**head, "calls_renewed_at": time.time()})
         return bool(self._do("write", lambda: self._cache.add(head["id"], text, expire=self.ttl_s)))
 
-    def append(self, head: dict[str, Any], call: dict[str, Any]) -> bool:
+    def append(self, head: Mapping[str, Any], call: Mapping[str, Any]) -> bool:
         session_id, index = head["id"], int(head["n_calls"]) - 1
         now = time.time()
         renewed = float(head.get("calls_renewed_at") or 0.0)
@@ -373,11 +373,11 @@ class RedisSessionStore(SessionStore):
             raws = self._do("read", read)
         return [c for c in (self.decode_call(r) for r in raws) if c is not None]
 
-    def create(self, head: dict[str, Any]) -> bool:
+    def create(self, head: Mapping[str, Any]) -> bool:
         keys = [self._key(head["id"]), self._calls_key(head["id"])]
         return bool(int(self._do("write", lambda: self._create(keys=keys, args=[self.encode(head), self._ttl_ms]))))
 
-    def append(self, head: dict[str, Any], call: dict[str, Any]) -> bool:
+    def append(self, head: Mapping[str, Any], call: Mapping[str, Any]) -> bool:
         keys = [self._key(head["id"]), self._calls_key(head["id"])]
         args: list[str | int] = [self.encode(head), self.encode(call), self._ttl_ms]
         return bool(int(self._do("write", lambda: self._append(keys=keys, args=args))))
