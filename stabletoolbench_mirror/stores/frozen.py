@@ -27,6 +27,7 @@ usable answer for the same call wins over it (see :mod:`..failures`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.protocol import encode_answer
@@ -53,9 +54,32 @@ DEFAULT_MAX_FILE_BYTES = 512 * 1024 * 1024
 _ENTRY_OVERHEAD = 140
 _CANONICAL_OVERHEAD = 150
 _BODY_OVERHEAD = 120
-_LOAD_STRIPES = 64
 #: files kept open at once (for ``pread``); beyond it a hit opens its file for the read
 MAX_OPEN_FILES = 2048
+
+
+class _KeyLocks:
+    """A lock per key, made while someone holds or waits for it and dropped after (memory: the keys in use)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, list[Any]] = {}  # key -> [lock, holders and waiters]
+
+    @contextlib.contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        with self._guard:
+            entry = self._locks.get(key)
+            if entry is None:
+                entry = self._locks[key] = [threading.Lock(), 0]
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._guard:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._locks[key]
 
 
 @dataclass(eq=False)
@@ -152,7 +176,8 @@ class FrozenCache(CacheTier):
         self.bodies_used = 0
         self._refused: dict[str, tuple[int, int, int]] = {}
         self._lock = threading.Lock()
-        self._load_locks = [threading.Lock() for _ in range(_LOAD_STRIPES)]
+        self._loading = _KeyLocks()
+        """One lock per API being parsed or indexed: a file's load never holds up another API's."""
         self.memory_used = 0
         self.loads = 0
         self.evictions = 0
@@ -201,7 +226,7 @@ class FrozenCache(CacheTier):
         state = self._state(api)
         if not isinstance(state, _NeedsLoad):
             return state
-        with self._load_locks[hash(api) % _LOAD_STRIPES]:
+        with self._loading.hold(api):
             state = self._state(api)  # another thread may have loaded it meanwhile
             if not isinstance(state, _NeedsLoad):
                 return state
@@ -309,7 +334,7 @@ class FrozenCache(CacheTier):
 
     def _canonical(self, api: str, index: _Index) -> dict[str, str]:
         if index.canonical is None:
-            with self._load_locks[hash(api) % _LOAD_STRIPES]:
+            with self._loading.hold(api):
                 if index.canonical is None:
                     canonical: dict[str, str] = {}
                     for key in index.entries:

@@ -302,6 +302,38 @@ def test_hits_and_health_are_answered_while_a_file_loads(tmp_path: Path, setting
     assert response.headers["x-stm-outcome"] == "hit"
 
 
+def test_a_file_loading_holds_up_no_other_apis_first_load(tmp_path: Path, settings_factory, serve) -> None:
+    """100 other APIs, each loaded for the first time while one file stays loading (a named pipe): with
+    locks shared by several APIs (the 64 stripes there were), some of them waited for that file."""
+    root = tmp_path / "frozen"
+    others = [f"api_{n}" for n in range(100)]
+    for name in others:
+        write_api(root, name, json.dumps({"{'q': 'x'}": {"error": "", "response": name}}))
+    pipe = root / "Data" / "crafted_for_Data" / "slow.json"
+    os.mkfifo(pipe)
+    server = serve(settings_factory(mode="replay", frozen_caches=[str(root)]))
+    caller = threading.Thread(target=lambda: requests.post(server.url + "/virtual", json=payload("slow", {"q": "x"}), timeout=60))
+    caller.start()
+    writer = None
+    try:
+        for _ in range(600):  # the server has opened the pipe once a non-blocking writer can open it
+            try:
+                writer = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError:
+                threading.Event().wait(0.05)
+        assert writer is not None, "the server never started reading the file"
+        for name in others:
+            # a miss of each: its file parsed, then its canonical index built, both while 'slow' loads
+            r = requests.post(server.url + "/virtual", json=payload(name, {"q": "other"}), timeout=5)
+            assert r.headers["x-stm-outcome"] == "unanswered", name
+        assert caller.is_alive()
+    finally:
+        if writer is not None:
+            os.close(writer)
+        caller.join(timeout=60)
+
+
 # -- issue 18 item 3d: a file over frozen_max_file_mb is refused, not parsed -------------------------
 
 
