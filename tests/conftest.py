@@ -11,6 +11,7 @@ from hypothesis import settings as hypothesis_settings
 from stabletoolbench_mirror.config import Settings, load_settings
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.serving.server import create_app, uvicorn_options
+from tests.helpers import paths
 from tests.helpers.live import UvicornThread
 
 # CI runs property tests derandomized (reproducible); local runs keep exploring new examples
@@ -18,7 +19,7 @@ hypothesis_settings.register_profile("ci", derandomize=True, deadline=None)
 if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 REFERENCE = REPO.parent / "shared" / "reference"
 
 

@@ -530,14 +530,3 @@ def store_stats(store: Store) -> dict[str, Any]:
         "memory_bytes": counts.memory_bytes,
         "bytes_per_entry": round(size / counts.entries) if size and counts.entries else None,
     }
-
-
-def open_read_only(settings: Any) -> Store:
-    """The configured store, opened to be read only (``cache stats``): nothing in it is written.
-
-    A diskcache folder is opened with a read-only SQLite connection (a server may hold it open
-    meanwhile); Redis is read with ``HGETALL`` / ``SCARD`` / ``INFO`` only, which write nothing.
-    """
-    from stabletoolbench_mirror.factory import build_store
-
-    return build_store(settings, read_only=True)

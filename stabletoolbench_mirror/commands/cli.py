@@ -270,11 +270,14 @@ def _export_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_stats(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.commands.cache_tools import open_read_only, store_stats
+    from stabletoolbench_mirror.commands.cache_tools import store_stats
+    from stabletoolbench_mirror.factory import build_store
     from stabletoolbench_mirror.stores import StoreError
 
     try:
-        with open_read_only(settings_from_args(args)) as store:  # counting writes nothing
+        # counting writes nothing: a diskcache folder through a read-only SQLite connection (a server may
+        # hold it open meanwhile), Redis through reads only (HGETALL, SCARD, INFO)
+        with build_store(settings_from_args(args), read_only=True) as store:
             stats = store_stats(store)
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
