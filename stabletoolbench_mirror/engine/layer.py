@@ -180,7 +180,7 @@ class MirrorLayer:
         if self.sessions is None:
             return Outcome.error(422, "sessions are not available on this server")
         try:
-            return self.sessions.run(session, call, self._answer_in_session, self.health)
+            return self.sessions.run(session, call, self.answer if self.faults is None else self._answer_in_session, self.health)
         except SessionError as exc:
             return Outcome.error(exc.status, exc.message)
         except StoreError as exc:
