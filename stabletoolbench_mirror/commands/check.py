@@ -13,7 +13,9 @@ and reports per API how many answers are **identical**, **different** or a **mis
 (``identical_failure``: a failure record replayed, so both runs saw the same failure).  The answer compared is what the StableToolBench client
 makes of the HTTP reply: the JSON body for a 200, its ``request invalid`` error otherwise.
 The exit status is 1 when anything differs or misses (unless ``--report-only``): the
-report a user attaches to a score.
+report a user attaches to a score.  Injected faults (``faults:``) are left out, so the answers are
+compared with the unfaulted record (a server is asked with ``X-STM-Faults: off``);
+``--with-faults`` compares with the faulted answers instead.
 """
 
 from __future__ import annotations
