@@ -45,6 +45,7 @@ BOUND_HINTS = {
     "limits.queue_timeout_s": "the longest a request waits for a slot or a miss turn, in seconds: minutes, at most a day",
     "simulator.read_timeout_s": "how long one completion may take, in seconds: minutes for a slow model, at most an hour",
     "real.read_timeout_s": "how long one real API call may take, in seconds: at most an hour",
+    "faults.rate": "the share of calls served a fault: from 0 (faults off) to 1 (every call)",
     "workers": f"uvicorn worker processes: about one per CPU core (this machine has {os.cpu_count() or 1})",
 }
 
@@ -215,6 +216,59 @@ class SessionsConfig(_Section):
     session).  Off: only ids from ``POST /sessions`` are accepted; whoever knows an id owns it."""
 
 
+def _fault_kinds(value: Any) -> Any:
+    """``faults.kinds``: a list of kind names (equal weights) or a mapping of kind to weight."""
+    from stabletoolbench_mirror.core.fault_kinds import KINDS
+
+    if isinstance(value, (list, tuple)):
+        value = {name: 1.0 for name in value}
+    if not isinstance(value, dict):
+        return value  # pydantic names the type error
+    for name, weight in value.items():
+        if name not in KINDS:
+            near = nearest_key(str(name), list(KINDS))
+            hint = f" (did you mean '{near}'?)" if near else ""
+            raise ValueError(f"unknown fault kind {name!r}{hint}; the kinds are {', '.join(KINDS)}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < float("inf"):
+            raise ValueError(f"the weight of {name!r} must be a number of 0 or more (got {weight!r})")
+    if not value or not any(value.values()):
+        raise ValueError(f"needs at least one kind with a weight above 0 (the kinds are {', '.join(KINDS)}); "
+                         "to turn faults off set faults.rate: 0")
+    return value
+
+
+class FaultsConfig(_Section):
+    """Injected faults, the same in every run (see docs/faults.md): served, never recorded."""
+
+    seed: int = 0
+    """With the API and the call's exact key (in a session, its history hash), decides which calls fail and how."""
+    rate: float = Field(default=0.0, ge=0, le=1)
+    """The share of calls served a fault (0: faults off)."""
+    kinds: dict[str, float] = Field(default_factory=lambda: _all_fault_kinds())
+    """Kind name -> weight (a list of names: equal weights); default every kind, equal weights."""
+    slow_s: float = Field(default=5.0, gt=0, le=HOUR_S)
+    """How long a ``slow`` fault holds the answer, in seconds."""
+    apis: list[str] = Field(default_factory=list)
+    """Only these APIs (``Category/tool/api`` paths or API names, as sent or standardised); empty: every API."""
+    tools: list[str] = Field(default_factory=list)
+    categories: list[str] = Field(default_factory=list)
+
+    @field_validator("kinds", mode="before")
+    @classmethod
+    def _kinds(cls, value: Any) -> Any:
+        return _fault_kinds(value)
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate > 0
+
+
+def _all_fault_kinds() -> dict[str, float]:
+    from stabletoolbench_mirror.core.fault_kinds import KINDS
+
+    return {name: 1.0 for name in KINDS}
+
+
 class Settings(_Section):
     mode: Mode = Mode.RECORD
     host: str = "127.0.0.1"
@@ -238,6 +292,7 @@ class Settings(_Section):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     record: RecordConfig = Field(default_factory=RecordConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    faults: FaultsConfig = Field(default_factory=FaultsConfig)
     local_tools: list[str] = Field(default_factory=list)
     """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
     local_tools_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)

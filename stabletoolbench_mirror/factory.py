@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from stabletoolbench_mirror.config import ConfigError, Mode, Settings
+from stabletoolbench_mirror.engine.faults import FaultPlan
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.responders import Responder
 from stabletoolbench_mirror.responders.shadow import ShadowedResponder, shadow_settings
@@ -159,6 +160,7 @@ def build_layer(
             pending_timeout_s=settings.limits.queue_timeout_s,
             sessions=build_sessions(settings, store),
             local_tools=build_local_tools(settings),
+            faults=FaultPlan.from_config(settings.faults),
         )
     except BaseException:
         if owned:

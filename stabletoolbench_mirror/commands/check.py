@@ -13,7 +13,9 @@ and reports per API how many answers are **identical**, **different** or a **mis
 (``identical_failure``: a failure record replayed, so both runs saw the same failure).  The answer compared is what the StableToolBench client
 makes of the HTTP reply: the JSON body for a 200, its ``request invalid`` error otherwise.
 The exit status is 1 when anything differs or misses (unless ``--report-only``): the
-report a user attaches to a score.
+report a user attaches to a score.  Injected faults (``faults:``) are left out, so the answers are
+compared with the unfaulted record (a server is asked with ``X-STM-Faults: off``);
+``--with-faults`` compares with the faulted answers instead.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any, Iterable, Protocol
 
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import Mode, Settings
-from stabletoolbench_mirror.core.outcomes import OutcomeKind
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import answer as make_answer
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.engine.layer import MirrorLayer
@@ -85,7 +87,7 @@ class UrlTarget:
     check of 100,000 calls is bound by the server, not by the client).
     """
 
-    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 300.0, with_faults: bool = False) -> None:
         from urllib.parse import urlsplit
 
         self.url = url if url.rstrip("/").endswith("/virtual") else url.rstrip("/") + "/virtual"
@@ -100,6 +102,8 @@ class UrlTarget:
         self._headers = {"Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
+        if not with_faults:  # compared with the unfaulted record (this project's server leaves its faults out)
+            self._headers["X-STM-Faults"] = "off"
         self._timeout = timeout_s
 
     def _connection(self, fresh: bool = False) -> Any:
@@ -130,7 +134,7 @@ class UrlTarget:
                 text = response.read().decode("utf-8", "replace")
                 outcome = response.getheader("X-STM-Outcome")
                 # this project's server says whether an answer is a failure; another's is judged by content
-                failure = None if outcome is None else response.getheader("X-STM-Failure") == "true"
+                failure = None if outcome is None else response.getheader("X-STM-Failure") == "true" or bool(response.getheader("X-STM-Fault"))
                 return TargetReply(response.status, text, outcome, failure)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                 # a keep-alive connection the server closed meanwhile: once more on a new one
@@ -150,12 +154,20 @@ class UrlTarget:
 class LayerTarget:
     """The mirror layer in this process."""
 
-    def __init__(self, layer: MirrorLayer) -> None:
+    def __init__(self, layer: MirrorLayer, *, with_faults: bool = False) -> None:
         self.layer = layer
+        self.faults = layer.faults if with_faults else None
+        """``check --with-faults``: the layer's faults applied as the server applies them (a slow one without the wait)."""
 
     def send(self, payload: dict[str, Any]) -> TargetReply:
-        outcome = self.layer.handle_payload(payload)
-        return TargetReply(outcome.status, outcome.body, outcome.kind, outcome.failure)
+        prepared = self.layer.prepare(payload)
+        if isinstance(prepared, Outcome):
+            outcome = prepared
+        else:
+            outcome = self.layer.handle_call(prepared)
+            if self.faults is not None:
+                outcome = self.faults.serve_blocking(prepared, outcome, wait=False)
+        return TargetReply(outcome.status, outcome.body, outcome.kind, outcome.failure or outcome.fault is not None)
 
     def close(self) -> None:
         self.layer.close()
@@ -371,9 +383,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     if args.url:
         token = settings.auth_token.get_secret_value() if settings.auth_token else None
-        target: Target = UrlTarget(args.url, token=token)
+        target: Target = UrlTarget(args.url, token=token, with_faults=args.with_faults)
     else:
-        target = LayerTarget(_layer(settings))
+        target = LayerTarget(_layer(settings), with_faults=args.with_faults)
     try:
         run_check(
             itertools.chain.from_iterable(expectations),
@@ -425,5 +437,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="calls in flight at once against --url (default 8)")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.add_argument("--report-only", action="store_true", help="exit 0 even when something differs")
+    parser.add_argument(
+        "--with-faults", action="store_true",
+        help="compare the answers with the configured faults applied (default: the unfaulted record, see docs/faults.md)",
+    )
     add_config_arguments(parser)
     parser.set_defaults(func=cmd_check)

@@ -260,6 +260,7 @@ def inspect(
     check_tools_folder(settings, report, count_apis=True if full_counts else None)
     check_endpoints(settings, report, probe_endpoints=probe_endpoints)
     check_local_tools(settings, report)
+    check_faults(settings, report)
     check_anything_answers(settings, report, doctor=open_store and full_counts, simulator_launched=simulator_launched)
     if settings.log_file:
         path = Path(settings.resolve(settings.log_file))
@@ -281,6 +282,15 @@ def check_local_tools(settings: Settings, report: StartupReport) -> None:
             report.error("local_tools", f"{path}: no such file")
         elif path.suffix != ".py":
             report.error("local_tools", f"{path}: not a .py file")
+
+
+def check_faults(settings: Settings, report: StartupReport) -> None:
+    """``faults:``: one line saying which faults are served (only when they are on)."""
+    from stabletoolbench_mirror.engine.faults import FaultPlan
+
+    plan = FaultPlan.from_config(settings.faults)
+    if plan is not None:
+        report.add("faults", plan.describe())
 
 
 def print_report(report: StartupReport, stream: Any = None) -> None:

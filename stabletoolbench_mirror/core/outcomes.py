@@ -81,6 +81,10 @@ class Outcome:
     """The request found a failure record and tried the call again (``/stats`` ``retries``)."""
     new_failure_record: bool = False
     """The request wrote a new failure record (``/stats`` ``failure_records``)."""
+    key: str | None = None
+    """Inside a session: the record key the call was answered under (with the history hash), for faults."""
+    fault: str | None = None
+    """The injected fault served instead of the answer (``faults:``; ``X-STM-Fault``, ``/stats`` ``faults``)."""
 
     @property
     def answer(self) -> Any:

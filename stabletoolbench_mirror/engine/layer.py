@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from pydantic import ValidationError
 
@@ -41,6 +41,9 @@ from stabletoolbench_mirror.engine.singleflight import SingleFlight
 from stabletoolbench_mirror.engine.stats import Stats
 from stabletoolbench_mirror.engine.store_health import StoreHealth
 from stabletoolbench_mirror.stores import CacheTier, FrozenCache, Store, StoreError
+
+if TYPE_CHECKING:
+    from stabletoolbench_mirror.engine.faults import FaultPlan
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class MirrorLayer:
         stats: Stats | None = None,
         sessions: Sessions | None = None,
         local_tools: LocalTools | None = None,
+        faults: "FaultPlan | None" = None,
     ) -> None:
         try:
             self.mode = Mode(mode)
@@ -95,6 +99,8 @@ class MirrorLayer:
         self.sessions = sessions
         self.local_tools = local_tools if local_tools is not None and len(local_tools) else None
         self._probes = tuple(_lookup_order(self.tiers))
+        self.faults = faults
+        """Injected faults (``faults:``), applied by the server to what it serves; ``None`` when off."""
 
     # -- entry points -------------------------------------------------------------------------
 
@@ -174,11 +180,15 @@ class MirrorLayer:
         if self.sessions is None:
             return Outcome.error(422, "sessions are not available on this server")
         try:
-            return self.sessions.run(session, call, self.answer, self.health)
+            return self.sessions.run(session, call, self.answer if self.faults is None else self._answer_in_session, self.health)
         except SessionError as exc:
             return Outcome.error(exc.status, exc.message)
         except StoreError as exc:
             return self._store_error(call, exc)
+
+    def _answer_in_session(self, call: ToolCall, state: dict) -> Outcome:
+        """:meth:`answer` inside a session, naming the key it was answered under (faults are decided on it)."""
+        return replace(self.answer(call, state), key=call.key)
 
     @property
     def fills(self) -> bool:

@@ -48,6 +48,7 @@ FAMILIES = {
         "failure records: written (failure_records), served from the cache (failure_hits), tried again (retries)",
         ("event",),
     ),
+    "faults": Family("faults_served", "answers replaced by an injected fault (faults:), by kind", ("kind",)),
 }
 
 

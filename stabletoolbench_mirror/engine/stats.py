@@ -9,7 +9,8 @@ again counts as a miss too).  ``refusals`` counts the ``refused`` requests by th
 whose limit turned them away; ``failures`` the reasons responders gave no usable answer
 (once per responder call, not per request that shared it).  Beside the outcomes:
 ``failure_records`` (new failure records written), ``failure_hits`` (hits that served a
-failure record) and ``retries`` (requests that tried a failure record again).
+failure record) and ``retries`` (requests that tried a failure record again); ``faults`` the
+injected faults served, by kind (``faults:``, see :mod:`.faults`).
 
 The counts live in prometheus-client counters (:mod:`.metrics`): with ``serve --workers N``
 every worker adds to files in one shared folder, so ``/stats`` and ``/metrics`` show the sum
@@ -105,6 +106,8 @@ class Stats:
             counters.inc("records", "failure_records")
         if outcome.failure and outcome.kind is OutcomeKind.HIT:
             counters.inc("records", "failure_hits")
+        if outcome.fault is not None:
+            counters.inc("faults", outcome.fault)
 
     def count_event(self, group: str, event: str) -> None:
         """A responder's own event (``simulator``: ``parse_retries``; ``shadow``: ``shadow_recorded``, ...)."""
@@ -131,6 +134,7 @@ class Stats:
         out["refusals"] = {labels[0]: int(n) for labels, n in sorted(totals["refusals"].items())}
         failures = sorted(totals["failures"].items(), key=lambda item: (-item[1], item[0]))
         out["failures"] = {labels[0]: int(n) for labels, n in failures}
+        out["faults"] = {labels[0]: int(n) for labels, n in sorted(totals["faults"].items())}
         by_api: dict[str, dict[str, int]] = {}
         for (api, kind_value), n in sorted(totals["apis"].items()):
             if kind_value not in _KINDS or not n:

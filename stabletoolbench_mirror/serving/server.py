@@ -37,6 +37,7 @@ from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core import fair
 from stabletoolbench_mirror.engine import sessions
 from stabletoolbench_mirror.core.fair import FairLimiter
+from stabletoolbench_mirror.engine.faults import wants_no_faults
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from stabletoolbench_mirror.engine.responders import Prompted
@@ -59,6 +60,8 @@ async def _send(send: Send, outcome: Outcome, extra_headers: tuple[tuple[bytes, 
         headers.append((b"x-stm-source", outcome.source.encode()))
     if outcome.failure:
         headers.append((b"x-stm-failure", b"true"))
+    if outcome.fault is not None:
+        headers.append((b"x-stm-fault", outcome.fault.encode()))
     await send({"type": "http.response.start", "status": outcome.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -137,7 +140,7 @@ class _Front:
             reservation.release()
         try:
             try:
-                outcome = await self._virtual(body, _session_header(scope))
+                outcome = await self._virtual(body, _session_header(scope), scope)
             except Exception:  # a bug, never bad input: still a JSON answer, and logged with its trace
                 log.exception("internal error while answering /virtual")
                 outcome = Outcome.error(500, "stabletoolbench-mirror: internal error (see the server log)", OutcomeKind.ERROR)
@@ -211,7 +214,7 @@ class _Front:
             late = f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)"
             return Outcome.error(408, late, OutcomeKind.REFUSED, "limits.body_timeout_s")
 
-    async def _virtual(self, body: bytes, session: str | None | Outcome = None) -> Outcome:
+    async def _virtual(self, body: bytes, session: str | None | Outcome = None, scope: Scope | None = None) -> Outcome:
         try:
             payload = json.loads(body.decode("utf-8"))
         except UnicodeDecodeError:
@@ -228,13 +231,16 @@ class _Front:
             return prepared
         if session is not None or layer.runs_locally(prepared):
             # a session's calls and local tools read and write state: always in a worker thread
-            return await anyio.to_thread.run_sync(layer.handle_call, prepared, session, limiter=self._limiter)
-        # hits are answered on the event loop (a local store at once, Redis through its async
-        # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
-        hit = await layer.cached_async(prepared)
-        if hit is not None:
-            return hit
-        return await anyio.to_thread.run_sync(layer.handle_call, prepared, limiter=self._limiter)
+            outcome = await anyio.to_thread.run_sync(layer.handle_call, prepared, session, limiter=self._limiter)
+        else:
+            # hits are answered on the event loop (a local store at once, Redis through its async
+            # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
+            hit = await layer.cached_async(prepared)
+            outcome = hit if hit is not None else await anyio.to_thread.run_sync(layer.handle_call, prepared, limiter=self._limiter)
+        if layer.faults is not None and not (scope is not None and wants_no_faults(scope.get("headers", ()))):
+            # injected faults: on what is served, after the answer was recorded (see engine.faults)
+            outcome = await layer.faults.serve(prepared, outcome, session is not None)
+        return outcome
 
 
 _REFUSAL_HEADERS = ((b"retry-after", b"5"),)
