@@ -275,27 +275,28 @@ class UpstreamTools:
             out.append(Function(schema, Target(api["category_name"], stem, change_name(standardize(api["api_name"])))))
         return out
 
-    def all_functions(self, tools: Iterable[tuple[str, str, dict[str, Any]]]) -> list[Function]:
-        """The function of every API of ``tools`` (``(category folder, stem, doc)``), in their order."""
-        out = []
-        for category, stem, doc in tools:
-            seen: set[str] = set()
-            for api in doc.get("api_list") or []:
-                if not isinstance(api, dict) or not isinstance(api.get("name"), str):
-                    continue
-                pure = change_name(standardize(api["name"]))
-                if pure in seen:  # upstream's lookup takes the first API of a tool with this name
-                    continue
-                seen.add(pure)
-                api_json = {
-                    "category_name": category,
-                    "api_name": api["name"],
-                    "api_description": api.get("description"),
-                    "required_parameters": api.get("required_parameters") or [],
-                    "optional_parameters": api.get("optional_parameters") or [],
-                }
-                out.append(Function(openai_function(api_json, stem), Target(category, stem, pure)))
-        return out
+
+def all_functions(tools: Iterable[tuple[str, str, dict[str, Any]]]) -> list[Function]:
+    """The function of every API of ``tools`` (``(category folder, stem, doc)``), in their order."""
+    out = []
+    for category, stem, doc in tools:
+        seen: set[str] = set()
+        for api in doc.get("api_list") or []:
+            if not isinstance(api, dict) or not isinstance(api.get("name"), str):
+                continue
+            pure = change_name(standardize(api["name"]))
+            if pure in seen:  # upstream's lookup takes the first API of a tool with this name
+                continue
+            seen.add(pure)
+            api_json = {
+                "category_name": category,
+                "api_name": api["name"],
+                "api_description": api.get("description"),
+                "required_parameters": api.get("required_parameters") or [],
+                "optional_parameters": api.get("optional_parameters") or [],
+            }
+            out.append(Function(openai_function(api_json, stem), Target(category, stem, pure)))
+    return out
 
 
 def clash_name(name: str, target: Target) -> str:
