@@ -219,3 +219,44 @@ def test_bad_mcp_settings_fail_at_start_naming_the_key(reference_dir: Path, tmp_
         create_app(make_settings(tmp_path, mcp={"enabled": True}))
     with pytest.raises(ConfigError, match="mcp.queries: .*no such file or folder"):
         create_app(_reference_settings(reference_dir, tmp_path, mcp={"enabled": True, "queries": str(tmp_path / "nope")}))
+
+
+def _record_settings(tmp_path: Path, reference_dir: Path, stub: OpenAIStub, queries: Path) -> Any:
+    return make_settings(
+        tmp_path, mode="record", tools_folder=str(reference_dir / "toolenv/tools"),
+        simulator={"enabled": True, "style": "gpt-fewshot", "api_base": stub.api_base, "max_retries": 0, "model": "m", "history": 8},
+        mcp={"enabled": True, "queries": str(queries)},
+    )
+
+
+def test_x_stm_session_names_the_server_session_and_an_unknown_tool_calls_nothing(reference_dir: Path, tmp_path: Path) -> None:
+    item = _reference_functions(reference_dir)[0]
+    with OpenAIStub(CountingModel()) as stub:
+        settings = _record_settings(tmp_path, reference_dir, stub, reference_dir / "solvable_queries" / f"{item.group}.json")
+        with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+            session = requests.post(server.url + "/sessions", json={"task": "t"}, timeout=10).json()["id"]
+            client = streamable_http_client(server.url + "/mcp", http_client=httpx2.AsyncClient(headers={"X-STM-Session": session}, timeout=60))
+            calls = [(item.functions[0].name, {"a": 1}), ("no_such_tool", {}), (item.functions[1].name, {"b": 2})]
+            _, results = asyncio.run(_calls(client, calls))  # the 2026 era: no MCP session, the header names one
+            kept = requests.get(f"{server.url}/sessions/{session}", timeout=10).json()
+            stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert json.loads(results[1].content[0].text) == {"error": "No such function name: no_such_tool", "response": ""}
+    assert results[1].is_error and not results[0].is_error
+    assert [c["tool_input"] for c in kept["calls"]] == [{"a": 1}, {"b": 2}]
+    assert stats["requests"] == 2 and stub.count == 2
+
+
+def test_a_stdio_run_is_one_server_session(reference_dir: Path, tmp_path: Path) -> None:
+    item = _reference_functions(reference_dir)[0]
+    with OpenAIStub(CountingModel()) as stub:
+        config = {
+            "mode": "record", "store": {"path": str(tmp_path / "store")}, "tools_folder": str(reference_dir / "toolenv/tools"),
+            "simulator": {"enabled": True, "style": "gpt-fewshot", "api_base": stub.api_base, "max_retries": 0, "model": "m"},
+            "mcp": {"queries": str(reference_dir / "solvable_queries" / f"{item.group}.json")},
+        }
+        path = tmp_path / "server_config.yml"
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        calls = [(fn.name, {"n": i}) for i, fn in enumerate(item.functions[:2])]
+        _, results = asyncio.run(_calls(_stdio(path, "--query", f"{item.group}/{item.query_id}"), calls))
+        assert [json.loads(r.content[0].text)["response"] for r in results] == ["answer #1", "answer #2"]
+        assert "answer #1" in json.dumps(stub.requests[1]["messages"])  # the history of one session
