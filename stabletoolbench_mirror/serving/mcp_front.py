@@ -32,9 +32,10 @@ import anyio
 import anyio.to_thread
 
 from stabletoolbench_mirror.config import ConfigError, Settings
-from stabletoolbench_mirror.core import protocol
-from stabletoolbench_mirror.core.outcomes import Outcome
+from stabletoolbench_mirror.core import fair, protocol
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.engine import sessions
+from stabletoolbench_mirror.serving.admission import Admission, Refused
 from stabletoolbench_mirror.upstream.functions import (
     Function,
     ToolsFolderError,
@@ -198,6 +199,7 @@ class McpFront:
         self.catalog = catalog
         self.settings = settings
         self._manager: Any = None
+        self._admission: Optional[Admission] = None
         self._sessions = _SessionMap()
 
     @classmethod
@@ -226,12 +228,34 @@ class McpFront:
             if fn is None:
                 return _no_such_tool(params.name)
             arguments = params.arguments or {}
-            call_session = await self._session_of(ctx, path.layer) if ctx.request is not None else session
-            return tool_result(await path.answer(fn.target.payload(arguments), call_session))
+            if ctx.request is None:  # stdio: one client
+                return tool_result(await path.answer(fn.target.payload(arguments), session))
+            client = ctx.request.client.host if ctx.request.client else "?"
+            fair.CLIENT.set(client)  # the worker threads are shared fairly between clients, as /virtual's
+            admission = self._admission
+            if admission is not None:
+                try:
+                    await admission.enter(client)  # a slot among the client's in-flight calls, as /virtual's
+                except Refused as refusal:
+                    return tool_result(self._refused(path, refusal))
+            try:
+                call_session = await self._session_of(ctx, path.layer)
+                return tool_result(await path.answer(fn.target.payload(arguments), call_session))
+            finally:
+                if admission is not None:
+                    admission.leave(client)
 
         from stabletoolbench_mirror import __version__
 
         return Server("stabletoolbench-mirror", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+
+    @staticmethod
+    def _refused(path: _HasAnswer, refusal: Refused) -> Outcome:
+        """The counted answer to a call over a limit (as ``/virtual``'s HTTP 503)."""
+        message = f"stabletoolbench-mirror is overloaded ({refusal}); the server's {refusal.setting} setting bounds this"
+        outcome = Outcome.error(503, message, OutcomeKind.REFUSED, refusal.setting)
+        path.layer.stats.count(outcome)
+        return outcome
 
     @staticmethod
     def _scope_of(ctx: Any, fixed: Optional[QueryKey]) -> Optional[QueryKey]:
@@ -253,8 +277,12 @@ class McpFront:
 
     # -- HTTP ----------------------------------------------------------------------------------
 
-    def mount(self, app: Any, path: _HasAnswer) -> None:
-        """Add ``/mcp`` and ``/mcp/queries/<group>/<query_id>`` to ``app`` (run :meth:`running` in its lifespan)."""
+    def mount(self, app: Any, path: _HasAnswer, admission: Optional[Admission] = None) -> None:
+        """Add ``/mcp`` and ``/mcp/queries/<group>/<query_id>`` to ``app`` (run :meth:`running` in its lifespan).
+
+        ``admission``: ``/virtual``'s, so a client's MCP calls take slots among its in-flight requests too.
+        """
+        self._admission = admission
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
         from starlette.routing import Route
 

@@ -452,19 +452,20 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     for tier in layer.tiers:
         tier.use_threads(threads)  # a frozen file's first parse: one more kind of blocking work, shared fairly
     path = CallPath(layer, threads)
+    admission = Admission(
+        settings.limits.max_in_flight_per_client,
+        max_queued=settings.limits.max_queued_requests,
+        max_queued_bytes=settings.limits.max_queued_bytes,
+        queue_timeout_s=settings.limits.queue_timeout_s,
+    )
     if mcp_front is not None:
-        mcp_front.mount(app, path)
+        mcp_front.mount(app, path, admission)
     app.add_middleware(
         _Front,
         path=path,
         layer=layer,
         token=token,
-        admission=Admission(
-            settings.limits.max_in_flight_per_client,
-            max_queued=settings.limits.max_queued_requests,
-            max_queued_bytes=settings.limits.max_queued_bytes,
-            queue_timeout_s=settings.limits.queue_timeout_s,
-        ),
+        admission=admission,
         max_body=settings.limits.max_body_bytes,
         body_timeout_s=settings.limits.body_timeout_s,
     )

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +261,30 @@ def test_a_stdio_run_is_one_server_session(reference_dir: Path, tmp_path: Path) 
         _, results = asyncio.run(_calls(_stdio(path, "--query", f"{item.group}/{item.query_id}"), calls))
         assert [json.loads(r.content[0].text)["response"] for r in results] == ["answer #1", "answer #2"]
         assert "answer #1" in json.dumps(stub.requests[1]["messages"])  # the history of one session
+
+
+def test_mcp_calls_take_the_clients_in_flight_slots_of_virtual(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stabletoolbench_mirror.engine.layer import MirrorLayer
+    from stabletoolbench_mirror.stores import DiskcacheStore
+    from tests.helpers.responders import KeyedResponder
+
+    tools = tmp_path / "tools" / "Data"
+    tools.mkdir(parents=True)
+    doc = {"tool_name": "Slow Tool", "tool_description": "", "api_list": [
+        {"name": "wait", "description": "", "method": "GET", "required_parameters": [], "optional_parameters": []}]}
+    (tools / "slow_tool.json").write_text(json.dumps(doc), encoding="utf-8")
+    settings = make_settings(tmp_path, tools_folder=str(tmp_path / "tools"), mcp={"enabled": True},
+                             limits={"max_in_flight_per_client": 1, "queue_timeout_s": 0.5})
+    layer = MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[KeyedResponder(delay_s=2.0)])
+    slow = {"category": "Data", "tool_name": "slow_tool", "api_name": "wait", "tool_input": "{\"n\": 1}", "strip": "", "toolbench_key": ""}
+    with UvicornThread(create_app(settings, layer), **uvicorn_options(settings)) as server, ThreadPoolExecutor(1) as side:
+        held = side.submit(requests.post, server.url + "/virtual", json=slow, timeout=30)  # holds the client's one slot
+        time.sleep(0.3)
+        _, [refused] = asyncio.run(_calls(server.url + "/mcp", [("wait_for_slow_tool", {"n": 2})]))
+        assert held.result().status_code == 200
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+    body = json.loads(refused.content[0].text)
+    assert refused.is_error and "limits.queue_timeout_s" in body["error"]
+    assert stats["requests"] == 2 and stats["refusals"] == {"limits.queue_timeout_s": 1}
