@@ -269,6 +269,24 @@ def _all_fault_kinds() -> dict[str, float]:
     return {name: 1.0 for name in KINDS}
 
 
+class McpConfig(_Section):
+    """The MCP front (``serve``'s ``/mcp``, the ``mcp`` command): the same layer, offered as MCP tools."""
+
+    enabled: bool = False
+    """Serve MCP over streamable HTTP at ``/mcp`` (needs the ``mcp`` extra and ``tools_folder``)."""
+    queries: Union[str, list[str]] = Field(default_factory=list)
+    """StableToolBench query files or folders: ``/mcp`` offers their tools, ``/mcp/queries/<group>/<query_id>``
+    one query's; empty: ``/mcp`` offers every tool of ``tools_folder``."""
+    sessions: bool = True
+    """An MCP session (``Mcp-Session-Id``; the ``mcp`` command's whole run) is a server session: history-conditioned
+    keys and simulation, local-tool state.  Off: its calls are sessionless, keyed as StableToolBench's client's
+    (what answering from a frozen StableToolBench cache needs)."""
+
+    @property
+    def query_paths(self) -> list[str]:
+        return [self.queries] if isinstance(self.queries, str) else list(self.queries)
+
+
 class Settings(_Section):
     mode: Mode = Mode.RECORD
     host: str = "127.0.0.1"
@@ -293,6 +311,7 @@ class Settings(_Section):
     record: RecordConfig = Field(default_factory=RecordConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
     local_tools: list[str] = Field(default_factory=list)
     """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
     local_tools_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)

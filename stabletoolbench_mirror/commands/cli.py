@@ -29,6 +29,8 @@ COMMAND_MODULES: list[str] = [
     "stabletoolbench_mirror.commands.startup",
     "stabletoolbench_mirror.commands.fidelity_cli",
     "stabletoolbench_mirror.commands.faults_profile",
+    "stabletoolbench_mirror.commands.tools_export",
+    "stabletoolbench_mirror.commands.mcp_stdio",
 ]
 
 

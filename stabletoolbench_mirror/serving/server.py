@@ -92,14 +92,13 @@ class _Front:
 
     def __init__(
         self, app: ASGIApp, layer: MirrorLayer, token: bytes | None, admission: Admission, max_body: int, body_timeout_s: float,
-        threads: FairLimiter | None = None,
+        threads: FairLimiter | None = None, path: CallPath | None = None,
     ) -> None:
         self.app = app
         self.layer = layer
-        self.threads = threads or FairLimiter(40)
-        # anyio only enters its limiter (``async with``), which a FairLimiter does as a CapacityLimiter would
-        self._limiter = cast(anyio.CapacityLimiter, self.threads)
-        """The worker threads of ``/virtual`` (local tools, sessions, store I/O, misses), shared fairly between clients."""
+        self.path = path or CallPath(layer, threads or FairLimiter(40))
+        """The path from a parsed payload to its counted answer (shared with the MCP front)."""
+        self.threads = self.path.threads
         self.token = token
         self.admission = admission
         self.max_body = max_body
@@ -139,12 +138,12 @@ class _Front:
         finally:
             reservation.release()
         try:
-            try:
-                outcome = await self._virtual(body, _session_header(scope), scope)
-            except Exception:  # a bug, never bad input: still a JSON answer, and logged with its trace
-                log.exception("internal error while answering /virtual")
-                outcome = Outcome.error(500, "stabletoolbench-mirror: internal error (see the server log)", OutcomeKind.ERROR)
-            await self._finish(send, outcome)
+            payload = _parse_body(body)
+            if isinstance(payload, Outcome):
+                await self._finish(send, payload)
+            else:
+                faults = not wants_no_faults(scope.get("headers", ()))
+                await _send(send, await self.path.answer(payload, _session_header(scope), faults))  # counted there
         finally:
             self.admission.leave(client)
 
@@ -214,13 +213,47 @@ class _Front:
             late = f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)"
             return Outcome.error(408, late, OutcomeKind.REFUSED, "limits.body_timeout_s")
 
-    async def _virtual(self, body: bytes, session: str | None | Outcome = None, scope: Scope | None = None) -> Outcome:
+
+
+def _parse_body(body: bytes) -> Any:
+    """The decoded ``/virtual`` body, or the 400 answer to one that is not UTF-8 JSON."""
+    try:
+        return json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        return Outcome.error(400, "request body is not UTF-8")
+    except (ValueError, RecursionError):
+        return Outcome.error(400, "request body is not JSON")
+
+
+class CallPath:
+    """The one path from a decoded ``/virtual`` payload (and its session) to its answer, counted once.
+
+    ``POST /virtual`` and the MCP front's tool calls both answer through :meth:`answer`: the same
+    validation, keys, cache tiers, responders, records and sessions, and one count in ``/stats``
+    and ``/metrics`` by the outcome.
+    """
+
+    def __init__(self, layer: MirrorLayer, threads: FairLimiter) -> None:
+        self.layer = layer
+        self.threads = threads
+        # anyio only enters its limiter (``async with``), which a FairLimiter does as a CapacityLimiter would
+        self._limiter = cast(anyio.CapacityLimiter, self.threads)
+        """The worker threads of ``/virtual`` (local tools, sessions, store I/O, misses), shared fairly between clients."""
+
+    async def answer(self, payload: Any, session: str | None | Outcome = None, faults: bool = True) -> Outcome:
+        """The answer to one decoded payload (a session id, ``None``, or the answer to a bad session id), counted.
+
+        ``faults``: whether ``faults:`` may fault it (``check`` asks for clean answers with ``X-STM-Faults: off``).
+        """
         try:
-            payload = json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError:
-            return Outcome.error(400, "request body is not UTF-8")
-        except (ValueError, RecursionError):
-            return Outcome.error(400, "request body is not JSON")
+            outcome = await self._answer(payload, session, faults)
+        except Exception:  # a bug, never bad input: still a JSON answer, and logged with its trace
+            log.exception("internal error while answering /virtual")
+            outcome = Outcome.error(500, "stabletoolbench-mirror: internal error (see the server log)", OutcomeKind.ERROR)
+        self.layer.stats.count(outcome)
+        return outcome
+
+    async def _answer(self, payload: Any, session: str | None | Outcome, faults: bool) -> Outcome:
         if not isinstance(payload, dict):
             return Outcome.error(422, "request body must be a JSON object")
         if isinstance(session, Outcome):
@@ -237,7 +270,7 @@ class _Front:
             # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
             hit = await layer.cached_async(prepared)
             outcome = hit if hit is not None else await anyio.to_thread.run_sync(layer.handle_call, prepared, limiter=self._limiter)
-        if layer.faults is not None and not (scope is not None and wants_no_faults(scope.get("headers", ()))):
+        if layer.faults is not None and faults:
             # injected faults: on what is served, after the answer was recorded (see engine.faults)
             outcome = await layer.faults.serve(prepared, outcome, session is not None)
         return outcome
@@ -397,6 +430,11 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     """The app serving ``layer`` (built from ``settings`` when not given; then closed with the app)."""
     tune_malloc()  # before the worker threads that parse frozen files exist
     owned = layer is None
+    mcp_front = None
+    if settings.mcp.enabled:  # the MCP front (``mcp`` extra): its tool lists are read, or fail, before anything starts
+        from stabletoolbench_mirror.serving.mcp_front import McpFront
+
+        mcp_front = McpFront.from_settings(settings)
     layer = layer if layer is not None else build_layer(settings)
 
     @asynccontextmanager
@@ -405,7 +443,11 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
         # between clients (threads), as are frozen files parsed; the other routes use anyio's default
         anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.limits.max_pending_misses + 32)
         try:
-            yield
+            if mcp_front is None:
+                yield
+            else:
+                async with mcp_front.running():
+                    yield
         finally:
             if owned:
                 layer.close()
@@ -419,17 +461,21 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     threads = FairLimiter(max(40, settings.limits.max_pending_misses + 32), reserve=32)
     for tier in layer.tiers:
         tier.use_threads(threads)  # a frozen file's first parse: one more kind of blocking work, shared fairly
+    path = CallPath(layer, threads)
+    admission = Admission(
+        settings.limits.max_in_flight_per_client,
+        max_queued=settings.limits.max_queued_requests,
+        max_queued_bytes=settings.limits.max_queued_bytes,
+        queue_timeout_s=settings.limits.queue_timeout_s,
+    )
+    if mcp_front is not None:
+        mcp_front.mount(app, path, admission)
     app.add_middleware(
         _Front,
-        threads=threads,
+        path=path,
         layer=layer,
         token=token,
-        admission=Admission(
-            settings.limits.max_in_flight_per_client,
-            max_queued=settings.limits.max_queued_requests,
-            max_queued_bytes=settings.limits.max_queued_bytes,
-            queue_timeout_s=settings.limits.queue_timeout_s,
-        ),
+        admission=admission,
         max_body=settings.limits.max_body_bytes,
         body_timeout_s=settings.limits.body_timeout_s,
     )

@@ -179,6 +179,23 @@ class ToolDocs:
         """The number of tool files."""
         return sum(len(tools) for tools in self._get_index().values())
 
+    def tools(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """Every tool doc: ``(category folder, file stem, the doc as read)``, sorted by category and tool.
+
+        What lists all the tools (the MCP front's ``/mcp`` without queries) enumerates them here;
+        a doc that cannot be read, or is not an object with an ``api_list``, is left out.
+        """
+        for _std, tools in sorted(self._get_index().items()):
+            for _stem, path in sorted(tools.items()):
+                try:
+                    if path.stat().st_size > MAX_DOC_BYTES:
+                        continue
+                    data = json.loads(path.read_text(encoding="utf-8"))
+                except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+                    continue
+                if isinstance(data, dict) and isinstance(data.get("api_list"), list):
+                    yield path.parent.name, path.stem, data
+
     # -- loading one tool ---------------------------------------------------------------------
 
     def _load(self, path: Path) -> _Tool | None:

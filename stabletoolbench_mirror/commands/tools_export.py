@@ -1,0 +1,86 @@
+"""``stabletoolbench-mirror tools export``: the exact functions StableToolBench's agent is offered, per query.
+
+One JSON line per query: ``{"group", "query_id", "functions", "apis"}`` (see
+:mod:`stabletoolbench_mirror.upstream.functions` for how the functions are built).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.upstream.functions import ToolsFolderError, UpstreamTools, export_line, iter_query_functions
+from stabletoolbench_mirror.upstream.queries import QueryFileError
+
+FORMATS = ("openai", "mcp")
+
+
+def export_functions(queries: list[str], tools_dir: str, out_path: str, fmt: str, *, progress: bool = True) -> tuple[int, list[str]]:
+    """Write the lines of every query in ``queries``; the number written and the queries upstream skips.
+
+    The file appears whole or not at all (written beside it, then renamed).  Raises
+    :class:`QueryFileError` or :class:`ToolsFolderError` (both ``ValueError``) before anything is written.
+    """
+    tools = UpstreamTools(tools_dir)
+    tmp = f"{out_path}.tmp-{os.getpid()}"
+    written = 0
+    skipped: list[str] = []
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            for item in tqdm(iter_query_functions(queries, tools), desc="queries", unit="query", disable=not progress):
+                if isinstance(item, tuple):
+                    skipped.append("/".join(item))
+                    continue
+                out.write(json.dumps(export_line(item, fmt), ensure_ascii=False) + "\n")
+                written += 1
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return written, skipped
+
+
+def cmd_tools_export(args: Any) -> int:
+    tools_dir = args.tools
+    if not tools_dir:
+        settings = settings_from_args(args)
+        if not settings.tools_folder:
+            print("error: no tools folder: give --tools DIR, or set tools_folder in the config", file=sys.stderr)
+            return 2
+        tools_dir = settings.resolve(settings.tools_folder)
+    if os.path.isdir(args.out):
+        print(f"error: {args.out} is a folder; the export is written to a file (e.g. functions.jsonl)", file=sys.stderr)
+        return 2
+    try:
+        written, skipped = export_functions(args.queries, tools_dir, args.out, args.format, progress=not args.quiet)
+    except (QueryFileError, ToolsFolderError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: cannot write {args.out}: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported the functions of {written} queries to {args.out} ({args.format})")
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+        print(f"left out {len(skipped)} queries upstream's client skips (a tool not in the tools folder): {shown}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    tools = sub.add_parser("tools", help="the functions StableToolBench's agent is offered")
+    tools_sub = tools.add_subparsers(dest="tools_command", required=True)
+    export = tools_sub.add_parser("export", help="write each query's functions (OpenAI tools or MCP tools) as one JSON line")
+    export.add_argument("out", metavar="OUT.jsonl", help="the .jsonl file to write")
+    export.add_argument("--queries", action="append", required=True, metavar="FILE|DIR",
+                        help="a StableToolBench query file, or a folder of them (repeatable)")
+    export.add_argument("--format", choices=FORMATS, default="openai",
+                        help="openai: upstream's function entries exactly (default); mcp: clean JSON Schema tools")
+    export.add_argument("--tools", metavar="DIR", help="the tools folder (default: tools_folder of the config)")
+    add_config_arguments(export)
+    export.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    export.set_defaults(func=cmd_tools_export)

@@ -1,0 +1,325 @@
+"""The MCP front: the layer's APIs as MCP tools, over streamable HTTP (``/mcp``) or stdio (the ``mcp`` command).
+
+Built on the official MCP Python SDK (the ``mcp`` extra).  The tools are StableToolBench's functions
+(:mod:`stabletoolbench_mirror.upstream.functions`): those of the queries in ``mcp.queries`` (or of
+every tool in ``tools_folder`` without queries) at ``/mcp``, and one query's at
+``/mcp/queries/<group>/<query_id>``.  ``Finish`` is not offered (it ends an agent's run, it calls
+nothing).  A name upstream gives to more than one API in a list is offered with the suffix of
+:func:`~stabletoolbench_mirror.upstream.functions.clash_name`.
+
+A tool call is the ``/virtual`` call upstream's client makes for that function, with
+``tool_input = json.dumps(arguments)``, answered by the same coroutine as ``POST /virtual``
+(``serving.server.CallPath.answer``: same keys, records and counts).  Its result is one text
+content holding the ``/virtual`` body, ``isError`` when the body's ``error`` is not empty.
+
+**Sessions.**  An MCP session is a server session (:mod:`stabletoolbench_mirror.engine.sessions`):
+over HTTP, the session an ``X-STM-Session`` header names, else one server session per
+``Mcp-Session-Id`` (created at its first tool call); over stdio, one server session for the
+process.  MCP's 2026 protocol era has no sessions: there a call is in a session only with
+``X-STM-Session``.  A session's keys carry its history hash, so they never match a frozen
+StableToolBench cache: ``mcp.sessions: false`` keeps MCP calls sessionless (``X-STM-Session`` still applies).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Protocol
+
+import anyio
+import anyio.to_thread
+
+from stabletoolbench_mirror.config import ConfigError, Settings
+from stabletoolbench_mirror.core import fair, protocol
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.engine import sessions
+from stabletoolbench_mirror.serving.admission import Admission, Refused
+from stabletoolbench_mirror.upstream.functions import (
+    Function,
+    ToolsFolderError,
+    UpstreamTools,
+    all_functions,
+    iter_query_functions,
+    mcp_tool,
+    unique_names,
+)
+from stabletoolbench_mirror.upstream.queries import QueryFileError
+from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
+
+if TYPE_CHECKING:
+    from mcp.server.lowlevel import Server
+    from starlette.types import Receive, Scope, Send
+
+    from stabletoolbench_mirror.engine.layer import MirrorLayer
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/mcp"
+QUERIES = "/mcp/queries/"
+MCP_SESSION_HEADER = "mcp-session-id"
+#: MCP sessions remembered with their server session (the oldest forgotten beyond it)
+MAX_MCP_SESSIONS = 10_000
+
+QueryKey = tuple[str, str]
+
+
+class _HasAnswer(Protocol):
+    """What the front needs of ``serving.server.CallPath`` (typed here: this module does not import the server)."""
+
+    @property
+    def layer(self) -> "MirrorLayer": ...
+
+    async def answer(self, payload: Any, session: "str | None | Outcome" = None) -> Outcome: ...
+
+
+class Catalog:
+    """The tools offered: everything at ``/mcp``, and each query's."""
+
+    def __init__(self, everything: dict[str, Function], queries: dict[QueryKey, dict[str, Function]]) -> None:
+        self.everything = everything
+        self.queries = queries
+        self._listings: dict[Optional[QueryKey], list[Any]] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "Catalog":
+        """The tools of ``mcp.queries`` (or of the whole tools folder); :class:`ConfigError` naming the key when they cannot be read."""
+        if not settings.tools_folder:
+            raise ConfigError("mcp.enabled: the MCP front needs tool docs: set tools_folder (StableToolBench's toolenv/tools), "
+                              "or set mcp.enabled: false")
+        root = settings.resolve(settings.tools_folder)
+        paths = [settings.resolve(p) for p in settings.mcp.query_paths]
+        try:
+            if not paths:
+                docs = ToolDocs(root, allow_symlinks=settings.allow_symlinks)
+                if not docs.root.is_dir():
+                    raise ToolsFolderError(f"{root}: the tools folder does not exist")
+                return cls(unique_names(all_functions(docs.tools())), {})
+            tools = UpstreamTools(root)
+            queries: dict[QueryKey, dict[str, Function]] = {}
+            listed: list[Function] = []
+            for item in iter_query_functions(paths, tools):
+                if isinstance(item, tuple):
+                    log.warning("mcp.queries: query %s/%s is left out: a tool of it is not in tools_folder", *item)
+                    continue
+                queries[(item.group, item.query_id)] = unique_names(item.functions)
+                listed.extend(item.functions)
+        except ToolsFolderError as exc:
+            raise ConfigError(f"tools_folder: {exc}; set tools_folder to StableToolBench's toolenv/tools") from None
+        except QueryFileError as exc:
+            raise ConfigError(f"mcp.queries: {exc}; give StableToolBench query files or folders of them") from None
+        return cls(unique_names(listed), queries)
+
+    def scope(self, query: Optional[QueryKey]) -> Optional[dict[str, Function]]:
+        """The tools of ``query`` (everything for ``None``); ``None`` when no such query is served."""
+        return self.everything if query is None else self.queries.get(query)
+
+    def listing(self, query: Optional[QueryKey]) -> list[Any]:
+        """The ``types.Tool`` list of a scope (built once)."""
+        import mcp_types as types
+
+        if query not in self._listings:
+            scope = self.scope(query) or {}
+            tools = []
+            for name, fn in scope.items():
+                tool = mcp_tool(fn.schema)
+                tools.append(types.Tool(name=name, description=tool["description"], input_schema=tool["inputSchema"]))
+            self._listings[query] = tools
+        return self._listings[query]
+
+
+def query_of(path: str) -> Optional[QueryKey] | bool:
+    """``None`` for ``/mcp``, ``(group, query_id)`` for ``/mcp/queries/<group>/<query_id>``, ``False`` for anything else."""
+    if path.rstrip("/") == PREFIX:
+        return None
+    if path.startswith(QUERIES):
+        group, _, query_id = path[len(QUERIES):].rstrip("/").partition("/")
+        if group and query_id and "/" not in query_id:
+            return group, query_id
+    return False
+
+
+def tool_result(outcome: Outcome) -> Any:
+    """The MCP result of a call: one text content holding the ``/virtual`` body, ``isError`` when its ``error`` is not empty."""
+    import mcp_types as types
+
+    try:
+        body = json.loads(outcome.body)
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else "not a /virtual answer"
+    return types.CallToolResult(content=[types.TextContent(type="text", text=outcome.body)], is_error=bool(error))
+
+
+def _no_such_tool(name: str) -> Any:
+    import mcp_types as types
+
+    # upstream's client answers an unknown function itself, with this observation; nothing is called or counted
+    text = json.dumps(protocol.answer(f"No such function name: {name}", ""))
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+class _SessionMap:
+    """MCP session -> server session, created at an MCP session's first tool call."""
+
+    def __init__(self) -> None:
+        self._ids: OrderedDict[str, str] = OrderedDict()
+        self._lock = anyio.Lock()
+
+    async def server_session(self, layer: "MirrorLayer", mcp_id: str) -> str | None | Outcome:
+        if layer.sessions is None:
+            return None
+        async with self._lock:
+            found = self._ids.get(mcp_id)
+            if found is None:
+                try:
+                    head = await anyio.to_thread.run_sync(layer.sessions.create, "")
+                except Exception as exc:  # the store failed: the call is answered with the error, like /virtual's
+                    return Outcome.error(503, f"stabletoolbench-mirror: cannot start a session: {exc}")
+                found = head["id"]
+                self._ids[mcp_id] = found
+                while len(self._ids) > MAX_MCP_SESSIONS:
+                    self._ids.popitem(last=False)
+            return found
+
+
+class _Asgi:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: "Scope", receive: "Receive", send: "Send") -> None:
+        await self.app(scope, receive, send)
+
+
+class McpFront:
+    """The MCP server over the catalog, answering through a ``CallPath``."""
+
+    def __init__(self, catalog: Catalog, settings: Settings) -> None:
+        self.catalog = catalog
+        self.settings = settings
+        self._manager: Any = None
+        self._admission: Optional[Admission] = None
+        self._sessions = _SessionMap()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "McpFront":
+        try:
+            import mcp.server.lowlevel  # noqa: F401
+        except ImportError:
+            raise ConfigError("mcp.enabled: the MCP front needs the official MCP SDK: pip install 'stabletoolbench-mirror[mcp]', "
+                              "or set mcp.enabled: false") from None
+        return cls(Catalog.from_settings(settings), settings)
+
+    # -- the MCP server --------------------------------------------------------------------------
+
+    def server(self, path: _HasAnswer, *, query: Optional[QueryKey] = None, session: str | None = None) -> "Server[Any]":
+        """The SDK's server: for HTTP the scope comes from each request's path, for stdio it is ``query`` and ``session``."""
+        from mcp.server.lowlevel import Server
+
+        async def list_tools(ctx: Any, params: Any) -> Any:
+            import mcp_types as types
+
+            return types.ListToolsResult(tools=self.catalog.listing(self._scope_of(ctx, query)))
+
+        async def call_tool(ctx: Any, params: Any) -> Any:
+            scope = self.catalog.scope(self._scope_of(ctx, query)) or {}
+            fn = scope.get(params.name)
+            if fn is None:
+                return _no_such_tool(params.name)
+            arguments = params.arguments or {}
+            if ctx.request is None:  # stdio: one client
+                return tool_result(await path.answer(fn.target.payload(arguments), session))
+            client = ctx.request.client.host if ctx.request.client else "?"
+            fair.CLIENT.set(client)  # the worker threads are shared fairly between clients, as /virtual's
+            admission = self._admission
+            if admission is not None:
+                try:
+                    await admission.enter(client)  # a slot among the client's in-flight calls, as /virtual's
+                except Refused as refusal:
+                    return tool_result(self._refused(path, refusal))
+            try:
+                call_session = await self._session_of(ctx, path.layer)
+                return tool_result(await path.answer(fn.target.payload(arguments), call_session))
+            finally:
+                if admission is not None:
+                    admission.leave(client)
+
+        from stabletoolbench_mirror import __version__
+
+        return Server("stabletoolbench-mirror", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+
+    @staticmethod
+    def _refused(path: _HasAnswer, refusal: Refused) -> Outcome:
+        """The counted answer to a call over a limit (as ``/virtual``'s HTTP 503)."""
+        message = f"stabletoolbench-mirror is overloaded ({refusal}); the server's {refusal.setting} setting bounds this"
+        outcome = Outcome.error(503, message, OutcomeKind.REFUSED, refusal.setting)
+        path.layer.stats.count(outcome)
+        return outcome
+
+    @staticmethod
+    def _scope_of(ctx: Any, fixed: Optional[QueryKey]) -> Optional[QueryKey]:
+        if ctx.request is None:
+            return fixed
+        found = query_of(ctx.request.url.path)
+        return None if found is False else found  # type: ignore[return-value]
+
+    async def _session_of(self, ctx: Any, layer: "MirrorLayer") -> str | None | Outcome:
+        headers = ctx.request.headers
+        given = headers.get(sessions.HEADER)
+        if given is not None:
+            problem = sessions.id_problem(given)
+            return Outcome.error(422, f"{sessions.HEADER}: {problem}") if problem else given
+        mcp_id = headers.get(MCP_SESSION_HEADER)
+        if mcp_id is None or not self.settings.mcp.sessions:
+            return None
+        return await self._sessions.server_session(layer, mcp_id)
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    def mount(self, app: Any, path: _HasAnswer, admission: Optional[Admission] = None) -> None:
+        """Add ``/mcp`` and ``/mcp/queries/<group>/<query_id>`` to ``app`` (run :meth:`running` in its lifespan).
+
+        ``admission``: ``/virtual``'s, so a client's MCP calls take slots among its in-flight requests too.
+        """
+        self._admission = admission
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+        from starlette.routing import Route
+
+        self._manager = StreamableHTTPSessionManager(
+            app=self.server(path), max_request_body_size=self.settings.limits.max_body_bytes,
+        )
+        endpoint = _Asgi(self._http)  # an ASGI app, not a function: Starlette hands it the raw request
+        app.router.routes.append(Route(PREFIX, endpoint=endpoint, include_in_schema=False))
+        app.router.routes.append(Route(PREFIX + "/{rest:path}", endpoint=endpoint, include_in_schema=False))
+
+    async def _http(self, scope: "Scope", receive: "Receive", send: "Send") -> None:
+        query = query_of(scope["path"])
+        if query is False or (query is not None and query not in self.catalog.queries):
+            from starlette.responses import JSONResponse
+
+            served = "the queries of mcp.queries" if self.catalog.queries else "no queries (mcp.queries is empty)"
+            message = f"no MCP endpoint {scope['path']}: /mcp serves the tools, /mcp/queries/<group>/<query_id> one query's ({served})"
+            await JSONResponse(protocol.answer(message, ""), status_code=404)(scope, receive, send)
+            return
+        await self._manager.handle_request(scope, receive, send)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The HTTP session manager's task group, for the app's lifespan."""
+        async with self._manager.run():
+            yield
+
+    # -- stdio ---------------------------------------------------------------------------------
+
+    async def serve_stdio(self, path: _HasAnswer, query: Optional[QueryKey] = None) -> None:
+        """Serve MCP on this process's stdin and stdout until the client closes them (one server session)."""
+        from mcp.server.stdio import stdio_server
+
+        session = None
+        if path.layer.sessions is not None and self.settings.mcp.sessions:
+            head = await anyio.to_thread.run_sync(path.layer.sessions.create, "")
+            session = head["id"]
+        server = self.server(path, query=query, session=session)
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())

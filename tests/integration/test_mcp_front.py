@@ -1,0 +1,290 @@
+"""The MCP front, driven by the official SDK's client: over HTTP (``serve``'s ``/mcp``) and stdio (the ``mcp`` command).
+
+Real servers on 127.0.0.1, the frozen reference cache, a real simulator stub for the record/replay test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+import requests
+import yaml
+
+pytest.importorskip("mcp")
+
+from mcp import Client  # noqa: E402
+from mcp.client.stdio import StdioServerParameters  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+
+from stabletoolbench_mirror.core.naming import change_name, standardize  # noqa: E402
+from stabletoolbench_mirror.serving.server import create_app, uvicorn_options  # noqa: E402
+from stabletoolbench_mirror.upstream.functions import Target, clash_name, iter_query_functions, UpstreamTools  # noqa: E402
+from tests.conftest import make_settings  # noqa: E402
+from tests.helpers.live import UvicornThread  # noqa: E402
+from tests.helpers.openai_stub import OpenAIStub, Reply  # noqa: E402
+from tests.helpers.paths import REPO  # noqa: E402
+
+
+def _reference_settings(reference_dir: Path, tmp_path: Path, **extra: Any) -> Any:
+    return make_settings(
+        tmp_path, mode="replay", frozen_caches=[str(reference_dir / "cache")], tools_folder=str(reference_dir / "toolenv/tools"), **extra,
+    )
+
+
+def _reference_functions(reference_dir: Path) -> list[Any]:
+    tools = UpstreamTools(reference_dir / "toolenv/tools")
+    return [item for item in iter_query_functions([reference_dir / "solvable_queries"], tools) if not isinstance(item, tuple)]
+
+
+def _name_counts(reference_dir: Path) -> dict[str, set[Target]]:
+    """Each upstream function name of the solvable queries and the APIs it is given to."""
+    names: dict[str, set[Target]] = {}
+    for item in _reference_functions(reference_dir):
+        for fn in item.functions:
+            names.setdefault(fn.name, set()).add(fn.target)
+    return names
+
+
+def _call_name(payload: dict[str, Any], names: dict[str, set[Target]]) -> tuple[str, dict[str, Any]]:
+    """The MCP tool name of a reference call, and its parsed input."""
+    target = Target(payload["category"], standardize(payload["tool_name"]), change_name(standardize(payload["api_name"])))
+    name = f"{target.api_name}_for_{target.tool_name}"[-64:]
+    assert target in names[name]
+    if len(names[name]) > 1:
+        name = clash_name(name, target)
+    return name, json.loads(payload["tool_input"]) if payload["tool_input"].strip() else {}
+
+
+async def _calls(server: Any, calls: list[tuple[str, dict[str, Any]]], **client: Any) -> tuple[list[str], list[Any]]:
+    async with Client(server, **client) as mcp:
+        listed = await mcp.list_tools()
+        results = [await mcp.call_tool(name, arguments) for name, arguments in calls]
+    return [t.name for t in listed.tools], results
+
+
+def _http(url: str, token: str | None = None) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers, timeout=60))
+
+
+def test_http_lists_every_unambiguous_name_and_the_reference_calls_are_hits(reference_dir: Path, reference_calls, tmp_path: Path) -> None:
+    settings = _reference_settings(reference_dir, tmp_path, mcp={"enabled": True})  # no queries: the whole tools folder
+    names = _name_counts(reference_dir)
+    calls = [_call_name(c["payload"], names) for c in reference_calls]
+    assert len(calls) == 16
+    with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+        listed, results = asyncio.run(_calls(server.url + "/mcp", calls))
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+        metrics = requests.get(server.url + "/metrics", timeout=10).text
+    assert len(listed) == len(set(listed)) == 2490
+    unambiguous = {n for n, targets in names.items() if len(targets) == 1}
+    assert unambiguous <= set(listed)
+    clashing = {clash_name(n, t) for n, targets in names.items() if len(targets) > 1 for t in targets}
+    assert set(listed) == unambiguous | clashing
+    for result, reference in zip(results, reference_calls):
+        [content] = result.content
+        assert json.loads(content.text) == reference["observed"]
+        assert result.is_error is bool(reference["observed"]["error"])
+    assert (stats["requests"], stats["hits"]) == (16, 16)
+    assert 'outcome="hit"' in metrics
+
+
+def test_a_query_endpoint_lists_exactly_its_functions_and_the_token_applies(reference_dir: Path, tmp_path: Path) -> None:
+    settings = _reference_settings(reference_dir, tmp_path, auth_token="s3cret",
+                                   mcp={"enabled": True, "queries": str(reference_dir / "solvable_queries")})
+    items = _reference_functions(reference_dir)
+    picked = [items[0], items[len(items) // 2], items[-1]]
+    with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+        for item in picked:
+            url = f"{server.url}/mcp/queries/{item.group}/{item.query_id}"
+            listed, _ = asyncio.run(_calls(_http(url, "s3cret"), []))
+            assert listed == [fn.name for fn in item.functions]  # upstream's order, Finish left out
+        everything, _ = asyncio.run(_calls(_http(server.url + "/mcp", "s3cret"), []))
+        assert len(everything) == 2490  # the queries' APIs together
+        # the bearer token guards /mcp as it guards /virtual
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+        refused = requests.post(server.url + "/mcp", json=init, headers={"Accept": "application/json, text/event-stream"}, timeout=10)
+        assert refused.status_code == 401
+        missing = requests.post(server.url + "/mcp/queries/G1_instruction/no-such-id", json=init,
+                                headers={"Authorization": "Bearer s3cret"}, timeout=10)
+        assert missing.status_code == 404 and "no MCP endpoint" in missing.json()["error"]
+
+
+def _config_file(tmp_path: Path, reference_dir: Path, sessions: bool = False, **extra: Any) -> Path:
+    """A config answering from the frozen reference cache (sessionless by default: a session's keys carry its history)."""
+    config = {
+        "mode": "replay", "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(reference_dir / "cache")],
+        "tools_folder": str(reference_dir / "toolenv/tools"), "mcp": {"queries": str(reference_dir / "solvable_queries"), "sessions": sessions}, **extra,
+    }
+    path = tmp_path / "server_config.yml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def _stdio(config: Path, *extra: str) -> StdioServerParameters:
+    env = {"PYTHONPATH": str(REPO)}
+    return StdioServerParameters(command=sys.executable, args=["-m", "stabletoolbench_mirror", "mcp", "--config", str(config), *extra], env=env)
+
+
+def test_the_same_calls_over_stdio(reference_dir: Path, reference_calls, tmp_path: Path) -> None:
+    names = _name_counts(reference_dir)
+    calls = [_call_name(c["payload"], names) for c in reference_calls]
+    config = _config_file(tmp_path, reference_dir)
+    listed, results = asyncio.run(_calls(_stdio(config), calls))
+    assert len(listed) == len(set(listed)) == 2490
+    for result, reference in zip(results, reference_calls):
+        assert json.loads(result.content[0].text) == reference["observed"]
+    item = _reference_functions(reference_dir)[5]
+    one, _ = asyncio.run(_calls(_stdio(config, "--query", f"{item.group}/{item.query_id}"), []))
+    assert one == [fn.name for fn in item.functions]
+
+
+class CountingModel:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        self.n += 1
+        return Reply(content=json.dumps({"error": "", "response": f"answer #{self.n}"}))
+
+
+def test_mcp_calls_recorded_in_record_mode_replay_identically_after_a_restart(reference_dir: Path, tmp_path: Path) -> None:
+    item = _reference_functions(reference_dir)[0]
+    url_path = f"/mcp/queries/{item.group}/{item.query_id}"
+    with OpenAIStub(CountingModel()) as stub:
+        record = make_settings(
+            tmp_path, mode="record", tools_folder=str(reference_dir / "toolenv/tools"),
+            simulator={"enabled": True, "style": "gpt-fewshot", "api_base": stub.api_base, "max_retries": 0, "model": "m", "history": 8},
+            mcp={"enabled": True, "queries": str(reference_dir / "solvable_queries" / f"{item.group}.json")},
+        )
+        calls = [(fn.name, {"unknown_probe": i}) for i, fn in enumerate(item.functions)]
+        with UvicornThread(create_app(record), **uvicorn_options(record)) as server:
+            # handshake era: the MCP session is one server session (history-conditioned simulation)
+            _, first = asyncio.run(_calls(server.url + url_path, calls, mode="legacy"))
+            sessions_held = requests.get(server.url + "/stats", timeout=10).json()
+        assert stub.count == len(calls)
+        # the second call's prompt shows the first call's answer: both ran in one server session
+        assert "answer #1" in json.dumps(stub.requests[1]["messages"])
+    assert sessions_held["requests"] == len(calls)
+    replay = make_settings(tmp_path, mode="replay", tools_folder=str(reference_dir / "toolenv/tools"),
+                           mcp={"enabled": True, "queries": record.mcp.queries})
+    with UvicornThread(create_app(replay), **uvicorn_options(replay)) as server:
+        # a new MCP session: a new server session, whose calls in the same order have the same history keys
+        _, again = asyncio.run(_calls(server.url + url_path, calls, mode="legacy"))
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert [r.content[0].text for r in again] == [r.content[0].text for r in first]
+    assert [json.loads(r.content[0].text)["response"] for r in first] == [f"answer #{i + 1}" for i in range(len(calls))]
+    assert stats["hits"] == len(calls)
+
+
+def test_the_example_client_runs_as_written(reference_dir: Path, tmp_path: Path) -> None:
+    settings = _reference_settings(reference_dir, tmp_path, mcp={"enabled": True, "queries": str(reference_dir / "solvable_queries")})
+    item = _reference_functions(reference_dir)[0]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    script = REPO / "examples/mcp/client.py"
+    with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+        run = subprocess.run([sys.executable, str(script), f"{server.url}/mcp/queries/{item.group}/{item.query_id}"],
+                             capture_output=True, text=True, timeout=120, env=env)
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert run.returncode == 0, run.stderr
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert lines[0] == {"tools": [fn.name for fn in item.functions]}
+    assert [line["tool"] for line in lines[1:]] == [fn.name for fn in item.functions]
+    for line in lines[1:]:
+        assert set(json.loads(line["text"])) == {"error", "response"}
+    assert stats["requests"] == len(item.functions)
+    config = _config_file(tmp_path, reference_dir)
+    stdio = subprocess.run(
+        [sys.executable, str(script), "--stdio", "--", sys.executable, "-m", "stabletoolbench_mirror", "mcp", "--config", str(config),
+         "--query", f"{item.group}/{item.query_id}"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert stdio.returncode == 0, stdio.stderr
+    assert [json.loads(line) for line in stdio.stdout.splitlines()][0] == lines[0]
+
+
+def test_bad_mcp_settings_fail_at_start_naming_the_key(reference_dir: Path, tmp_path: Path) -> None:
+    from stabletoolbench_mirror.config import ConfigError
+
+    with pytest.raises(ConfigError, match="mcp.enabled: the MCP front needs tool docs: set tools_folder"):
+        create_app(make_settings(tmp_path, mcp={"enabled": True}))
+    with pytest.raises(ConfigError, match="mcp.queries: .*no such file or folder"):
+        create_app(_reference_settings(reference_dir, tmp_path, mcp={"enabled": True, "queries": str(tmp_path / "nope")}))
+
+
+def _record_settings(tmp_path: Path, reference_dir: Path, stub: OpenAIStub, queries: Path) -> Any:
+    return make_settings(
+        tmp_path, mode="record", tools_folder=str(reference_dir / "toolenv/tools"),
+        simulator={"enabled": True, "style": "gpt-fewshot", "api_base": stub.api_base, "max_retries": 0, "model": "m", "history": 8},
+        mcp={"enabled": True, "queries": str(queries)},
+    )
+
+
+def test_x_stm_session_names_the_server_session_and_an_unknown_tool_calls_nothing(reference_dir: Path, tmp_path: Path) -> None:
+    item = _reference_functions(reference_dir)[0]
+    with OpenAIStub(CountingModel()) as stub:
+        settings = _record_settings(tmp_path, reference_dir, stub, reference_dir / "solvable_queries" / f"{item.group}.json")
+        with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+            session = requests.post(server.url + "/sessions", json={"task": "t"}, timeout=10).json()["id"]
+            client = streamable_http_client(server.url + "/mcp", http_client=httpx2.AsyncClient(headers={"X-STM-Session": session}, timeout=60))
+            calls = [(item.functions[0].name, {"a": 1}), ("no_such_tool", {}), (item.functions[1].name, {"b": 2})]
+            _, results = asyncio.run(_calls(client, calls))  # the 2026 era: no MCP session, the header names one
+            kept = requests.get(f"{server.url}/sessions/{session}", timeout=10).json()
+            stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert json.loads(results[1].content[0].text) == {"error": "No such function name: no_such_tool", "response": ""}
+    assert results[1].is_error and not results[0].is_error
+    assert [c["tool_input"] for c in kept["calls"]] == [{"a": 1}, {"b": 2}]
+    assert stats["requests"] == 2 and stub.count == 2
+
+
+def test_a_stdio_run_is_one_server_session(reference_dir: Path, tmp_path: Path) -> None:
+    item = _reference_functions(reference_dir)[0]
+    with OpenAIStub(CountingModel()) as stub:
+        config = {
+            "mode": "record", "store": {"path": str(tmp_path / "store")}, "tools_folder": str(reference_dir / "toolenv/tools"),
+            "simulator": {"enabled": True, "style": "gpt-fewshot", "api_base": stub.api_base, "max_retries": 0, "model": "m"},
+            "mcp": {"queries": str(reference_dir / "solvable_queries" / f"{item.group}.json")},
+        }
+        path = tmp_path / "server_config.yml"
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        calls = [(fn.name, {"n": i}) for i, fn in enumerate(item.functions[:2])]
+        _, results = asyncio.run(_calls(_stdio(path, "--query", f"{item.group}/{item.query_id}"), calls))
+        assert [json.loads(r.content[0].text)["response"] for r in results] == ["answer #1", "answer #2"]
+        assert "answer #1" in json.dumps(stub.requests[1]["messages"])  # the history of one session
+
+
+def test_mcp_calls_take_the_clients_in_flight_slots_of_virtual(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stabletoolbench_mirror.engine.layer import MirrorLayer
+    from stabletoolbench_mirror.stores import DiskcacheStore
+    from tests.helpers.responders import KeyedResponder
+
+    tools = tmp_path / "tools" / "Data"
+    tools.mkdir(parents=True)
+    doc = {"tool_name": "Slow Tool", "tool_description": "", "api_list": [
+        {"name": "wait", "description": "", "method": "GET", "required_parameters": [], "optional_parameters": []}]}
+    (tools / "slow_tool.json").write_text(json.dumps(doc), encoding="utf-8")
+    settings = make_settings(tmp_path, tools_folder=str(tmp_path / "tools"), mcp={"enabled": True},
+                             limits={"max_in_flight_per_client": 1, "queue_timeout_s": 0.5})
+    layer = MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[KeyedResponder(delay_s=2.0)])
+    slow = {"category": "Data", "tool_name": "slow_tool", "api_name": "wait", "tool_input": "{\"n\": 1}", "strip": "", "toolbench_key": ""}
+    with UvicornThread(create_app(settings, layer), **uvicorn_options(settings)) as server, ThreadPoolExecutor(1) as side:
+        held = side.submit(requests.post, server.url + "/virtual", json=slow, timeout=30)  # holds the client's one slot
+        time.sleep(0.3)
+        _, [refused] = asyncio.run(_calls(server.url + "/mcp", [("wait_for_slow_tool", {"n": 2})]))
+        assert held.result().status_code == 200
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+    body = json.loads(refused.content[0].text)
+    assert refused.is_error and "limits.queue_timeout_s" in body["error"]
+    assert stats["requests"] == 2 and stats["refusals"] == {"limits.queue_timeout_s": 1}
