@@ -293,8 +293,11 @@ def describe(suites: Iterable[Suite]) -> list[str]:
     """Lines for the start-up summary: what runs here and what takes the miss path, and why."""
     lines = []
     for suite in suites:
-        lines.append(f"{suite.root / suite.folder}: {len(suite.local)} APIs run here as tool {suite.tool_name!r}, {len(suite.tables)} tables")
+        lines.append(
+            f"{suite.root / suite.folder}: {len(suite.local)} APIs run here as tool {suite.tool_name!r}, {len(suite.tables)} tables; "
+            f"{len(suite.remote)} take the miss path (the cache, then the simulator when configured)"
+        )
         for name, api in sorted(suite.remote.items()):
-            lines.append(f"  {name}: not run here, {api.remote}: answered by the cache, then the simulator when configured")
+            lines.append(f"  {name}: {api.remote}")
     return lines
 
