@@ -145,7 +145,14 @@ class DictView(_View, MutableMapping):
         del self._writable()[key]
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self.target)
+        # as a dict's iterator: a change of size meanwhile is a RuntimeError at the next step (also when
+        # the change was the first write, which moved the view to the environment's copy)
+        target = self.target
+        size = len(target)
+        for key in target:
+            yield key
+            if len(self.target) != size:
+                raise RuntimeError("dictionary changed size during iteration")
 
     def __len__(self) -> int:
         return len(self.target)
@@ -198,8 +205,10 @@ class ListView(_View, MutableSequence):
         return len(self.target)
 
     def __iter__(self) -> Iterator[Any]:
-        for i, value in enumerate(self.target):
-            yield wrap(self._root, (*self._path, i), value)
+        i = 0  # as a list's iterator: by position, so items added meanwhile are seen
+        while i < len(self.target):
+            yield wrap(self._root, (*self._path, i), self.target[i])
+            i += 1
 
     def __contains__(self, value: object) -> bool:
         return plain(value) in self.target

@@ -199,6 +199,15 @@ def test_level3_apis_get_their_own_tool_so_class_names_do_not_clash(tmp_path: Pa
     assert docs is not None and docs.find_by_names("APIBank", "api_bank_level_3", "countnotes") is not None
 
 
+def test_remote_and_local_override_the_guess_and_unknown_names_are_refused(tmp_path: Path, settings_factory) -> None:
+    root = make_bank(tmp_path / "bank")
+    tools = build_apibank_tools(bank_settings(settings_factory, root, remote=["CountNotes"], local=["WebLookup"]))
+    assert "APIBank/api_bank_for_APIBank/weblookup" in tools.tools
+    assert "APIBank/api_bank_for_APIBank/countnotes" not in tools.tools
+    with pytest.raises(ConfigError, match="apibank.remote/apibank.local: no API named Nope"):
+        build_apibank_tools(bank_settings(settings_factory, root, remote=["Nope"]))
+
+
 def test_a_folder_that_is_not_api_bank_stops_the_start_naming_the_key(tmp_path: Path, settings_factory) -> None:
     with pytest.raises(ConfigError, match=r"apibank.path: .* has no apis/ folder"):
         build_layer(bank_settings(settings_factory, tmp_path), responders=[])

@@ -66,3 +66,20 @@ def test_encode_keeps_what_json_cannot_say() -> None:
     text = json.dumps(encode(value))
     assert decode(json.loads(text)) == value
     assert type(next(iter(decode(json.loads(text))))) is int
+
+
+def test_iterating_while_writing_behaves_as_a_dict_and_a_list_do() -> None:
+    view = TableRoot("T", shared()).view()
+    with pytest.raises(RuntimeError, match="changed size during iteration"):
+        for key in view:  # the first write copies the table: the change is still seen
+            del view[key]
+    for key in view:  # a break right after the write, as API-Bank's Delete* APIs do, is fine
+        del view[key]
+        break
+    items = TableRoot("L", {"l": [1, 2]}).view()["l"]
+    seen = []
+    for value in items:
+        seen.append(value)
+        if value == 1:
+            items.append(3)
+    assert seen == [1, 2, 3]
