@@ -273,6 +273,20 @@ def test_forgot_password_keeps_its_code_between_its_two_calls(apibank: Path, set
     assert client.call(client.session("other"), "GetUserToken", username="foo", password="n3w")["exception"] is not None
 
 
+def test_a_session_moves_between_workers_with_its_state(tmp_path: Path) -> None:
+    import requests
+
+    config = {"store": {"path": str(tmp_path / "store")}, "apibank": {"path": str(make_bank(tmp_path / "bank"))}}
+    with ServeProcess(tmp_path, config, workers=2) as server:
+        sid = requests.post(server.url + "/sessions", json={"task": "workers"}, timeout=10).json()["id"]
+        added = []
+        for i in range(16):  # a new connection each call: the two workers take turns as they accept them
+            body = requests.post(server.url + "/virtual", json=payload("AddNote", text=str(i)), headers={"X-STM-Session": sid, "Connection": "close"}, timeout=30)
+            added.append(result_of(body.text)["output"]["added"])
+        count = requests.post(server.url + "/virtual", json=payload("CountNotes"), headers={"X-STM-Session": sid}, timeout=30)
+    assert added == list(range(1, 17)) and result_of(count.text)["output"] == 16
+
+
 # -- 3: inputs typed from input_parameters --------------------------------------------------------
 
 
@@ -339,7 +353,7 @@ def check(*args: str) -> dict[str, Any]:
 
 def test_check_apibank_scores_the_level1_dialogues_the_same_on_every_fresh_store(apibank: Path, tmp_path: Path) -> None:
     config = {"store": {"path": str(tmp_path / "served")}, "apibank": {"path": str(apibank)}}
-    with ServeProcess(tmp_path, config, workers=2) as server:  # two workers: sessions rebuilt from their state
+    with ServeProcess(tmp_path, config) as server:
         served = check("--url", server.url)
     assert served["total"] == 389 and served["correct"] >= 364, served
     assert set(served) >= {"correct", "total", "identical", "by_api"}
