@@ -24,6 +24,7 @@ from stabletoolbench_mirror.apibank.environment import Environment, StateError, 
 from stabletoolbench_mirror.apibank.inputs import InputError, type_inputs
 from stabletoolbench_mirror.apibank.loader import Suite
 from stabletoolbench_mirror.apibank.tables import json_default
+from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.naming import resolve_names
@@ -60,8 +61,6 @@ class ApiBankTools(LocalTools):
     """The ``local_tools`` files' tools and API-Bank's (see the module doc)."""
 
     def __init__(self, suites: list[Suite], tools: dict[str, LocalTool] | None = None, **options: Any) -> None:
-        from stabletoolbench_mirror.config import ConfigError
-
         merged = dict(tools or {})
         self.bank: dict[str, tuple[Suite, str]] = {}
         """API (``APIBank/api_bank_for_APIBank/addagenda``) -> its suite and class name."""

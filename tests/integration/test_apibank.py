@@ -367,3 +367,13 @@ def test_check_apibank_scores_the_level1_dialogues_the_same_on_every_fresh_store
     again = check("--config", str(fresh), "--mode", "record")
     for key in ("correct", "total", "identical", "by_api", "answers_sha256", "largest_state_bytes"):
         assert again[key] == served[key], key
+
+
+def test_local_tools_files_still_run_beside_api_bank(tmp_path: Path, settings_factory) -> None:
+    tools_file = tmp_path / "tools.py"
+    tools_file.write_text('TOOLS = {"Tools/Echo/echo": lambda tool_input, state: {"echo": tool_input}}\n')
+    settings = settings_factory(apibank={"path": str(make_bank(tmp_path / "bank"))}, local_tools=[str(tools_file)])
+    layer = build_layer(settings, responders=[])
+    echo = layer.handle_payload({"category": "Tools", "tool_name": "Echo", "api_name": "echo", "tool_input": '{"a": 1}', "strip": "", "toolbench_key": ""})
+    assert json.loads(json.loads(echo.body)["response"]) == {"echo": {"a": 1}}
+    assert Client(layer).call(None, "CountNotes")["output"] == 0
