@@ -285,6 +285,18 @@ class McpConfig(_Section):
     @property
     def query_paths(self) -> list[str]:
         return [self.queries] if isinstance(self.queries, str) else list(self.queries)
+class ApiBankConfig(_Section):
+    """API-Bank as an environment (``apibank: {path: DIR}``): see docs/apibank.md."""
+
+    path: str
+    """An API-Bank folder (the ``api-bank/`` holding ``apis/`` and ``init_database/``); only its
+    ``apis/`` (and ``lv3_apis/`` with ``level3``) is imported, once, at start."""
+    level3: bool = False
+    """Also serve ``lv3_apis/`` (its own tool, ``API-Bank Level-3``, so class names do not clash)."""
+    remote: list[str] = Field(default_factory=list)
+    """APIs (class names) that take the miss path (cache, then simulator) although they could be imported."""
+    local: list[str] = Field(default_factory=list)
+    """APIs run here although their imports look like they need the internet or a model."""
 
 
 class Settings(_Section):
@@ -316,6 +328,8 @@ class Settings(_Section):
     """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
     local_tools_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
     """A local tool running longer than this gets an error answer (its thread cannot be killed)."""
+    apibank: Optional[ApiBankConfig] = None
+    """API-Bank's runnable APIs as local tools with a per-session environment (docs/apibank.md)."""
     workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_file: Optional[str] = None

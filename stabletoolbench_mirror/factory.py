@@ -103,7 +103,7 @@ def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> lis
     responders: list[Responder] = []
     if not (settings.real.enabled or settings.simulator.enabled):
         return responders
-    shared = docs if docs is not None else tool_docs_for(settings)  # one registry, shared by both
+    shared = docs if docs is not None else build_tool_docs(settings)  # one registry, shared by both
     if settings.real.enabled:
         from stabletoolbench_mirror.responders.real import build_real_responder
 
@@ -189,7 +189,11 @@ def build_sessions(settings: Settings, store: Store) -> "Sessions":
 
 
 def build_local_tools(settings: Settings) -> "LocalTools | None":
-    """The local tools of the ``local_tools`` files (only those files are imported), or ``None``."""
+    """The local tools of the ``local_tools`` files (only those files are imported) and API-Bank's, or ``None``."""
+    if settings.apibank is not None:
+        from stabletoolbench_mirror.apibank import build_apibank_tools
+
+        return build_apibank_tools(settings)
     if not settings.local_tools:
         return None
     from stabletoolbench_mirror.engine.local_tools import LocalTools
@@ -199,3 +203,13 @@ def build_local_tools(settings: Settings) -> "LocalTools | None":
         timeout_s=settings.local_tools_timeout_s,
         max_state_bytes=settings.sessions.max_state_bytes,
     )
+
+
+def build_tool_docs(settings: Settings) -> ToolDocs | None:
+    """The tool docs of ``tools_folder`` plus those registered for tools that run here (API-Bank), or ``None``."""
+    docs = tool_docs_for(settings)
+    if settings.apibank is not None:
+        from stabletoolbench_mirror.apibank import register_apibank_docs
+
+        docs = register_apibank_docs(settings, docs)
+    return docs

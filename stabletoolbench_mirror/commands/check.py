@@ -360,8 +360,12 @@ def _layer(settings: Settings) -> MirrorLayer:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.apibank:
+        from stabletoolbench_mirror.commands.apibank_check import cmd_apibank_check
+
+        return cmd_apibank_check(args, settings_from_args(args, mode=args.mode or Mode.REPLAY))
     if not args.calls and not args.answers:
-        print("error: give --calls FILE.jsonl and/or --answers PATH", file=sys.stderr)
+        print("error: give --calls FILE.jsonl and/or --answers PATH (or --apibank DIALOGUES)", file=sys.stderr)
         return 2
     settings = settings_from_args(args, mode=args.mode or Mode.REPLAY)
     report = CheckReport()
@@ -401,12 +405,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     finally:
         target.close()
-    print("\n".join(report.lines()))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    _print_report(report, args.json)
     if args.report_only:
         return 0
     return 0 if report.ok() else 1
+
+
+def _print_report(report: CheckReport, json_to: str | None) -> None:
+    """The report as text, and as JSON to the ``--json`` file (``--json`` alone: only the JSON, printed)."""
+    if json_to == "-":
+        print(json.dumps(report.to_json(), ensure_ascii=False))
+        return
+    print("\n".join(report.lines()))
+    if json_to:
+        Path(json_to).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _count_lines(path: str | Path) -> int:
@@ -433,7 +445,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-observation-length", type=int, default=DEFAULT_MAX_OBSERVATION_LENGTH, help="the client's cut for observation texts (1024)"
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the full report as JSON")
+    parser.add_argument("--json", metavar="FILE", nargs="?", const="-", help="also write the full report as JSON to FILE; alone: print it instead")
+    parser.add_argument("--apibank", metavar="DIALOGUES", help="API-Bank dialogues (.jsonl file or folder): replay each in a session, score with each API's own check")
     parser.add_argument("--concurrency", type=int, default=8, help="calls in flight at once against --url (default 8)")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.add_argument("--report-only", action="store_true", help="exit 0 even when something differs")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.commands.probes import check_endpoints
-from stabletoolbench_mirror.config import UPSTREAM_CONFIG_FILE, Settings
+from stabletoolbench_mirror.config import UPSTREAM_CONFIG_FILE, ConfigError, Settings
 from stabletoolbench_mirror.core.protocol import MISS_ERROR
 from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.responders.simulator import NO_DOCS_MARK
@@ -127,6 +127,9 @@ def check_tools_folder(settings: Settings, report: StartupReport, *, count_apis:
             shown = ", ".join(count.unreadable[:3]) + (" ..." if len(count.unreadable) > 3 else "")
             report.warning("tools_folder", f"{len(count.unreadable)} tool docs cannot be read: {shown}")
         return
+    if settings.apibank is not None and not settings.tools_folder:
+        report.add("tools folder", "none: the simulator has API-Bank's tool docs only")
+        return
     report.add("tools folder", problem if settings.tools_folder else "none")
     if sim.enabled and not sim.allow_without_docs:
         what = "is not set" if not settings.tools_folder else f"gives no tool docs: {problem}"
@@ -197,7 +200,7 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
     if settings.mode == "record" and fills:
         return
     bad_frozen = {f.key for f in report.errors if f.key.startswith("frozen_caches[")}
-    if len(settings.frozen_caches) > len(bad_frozen) or settings.local_tools:
+    if len(settings.frozen_caches) > len(bad_frozen) or settings.local_tools or settings.apibank:
         return  # local tools answer their own calls
     entries = report.store_entries
     if entries is None:
@@ -261,6 +264,7 @@ def inspect(
     check_endpoints(settings, report, probe_endpoints=probe_endpoints)
     check_local_tools(settings, report)
     check_faults(settings, report)
+    check_apibank(settings, report)
     check_anything_answers(settings, report, doctor=open_store and full_counts, simulator_launched=simulator_launched)
     if settings.log_file:
         path = Path(settings.resolve(settings.log_file))
@@ -291,6 +295,20 @@ def check_faults(settings: Settings, report: StartupReport) -> None:
     plan = FaultPlan.from_config(settings.faults)
     if plan is not None:
         report.add("faults", plan.describe())
+def check_apibank(settings: Settings, report: StartupReport) -> None:
+    """``apibank``: its folder loaded (imported once per process), the APIs that run here and those that take the miss path."""
+    if settings.apibank is None:
+        return
+    from stabletoolbench_mirror.apibank import load_suites
+    from stabletoolbench_mirror.apibank.loader import describe
+
+    try:
+        suites = load_suites(settings)
+    except ConfigError as exc:
+        report.error("apibank.path", str(exc).removeprefix("apibank.path: "))
+        return
+    for line in describe(suites):
+        report.add("API-Bank" if not line.startswith(" ") else "API-Bank miss", line.strip())
 
 
 def print_report(report: StartupReport, stream: Any = None) -> None:

@@ -95,10 +95,12 @@ class HistoryItem:
 
 @dataclass(frozen=True)
 class SessionContext:
-    """What a simulator prompt sees of a session: the task and the last calls (oldest first)."""
+    """What a simulator prompt sees of a session: the task and the last calls (oldest first); and, for
+    tools that run here (API-Bank's environments), the session's id."""
 
     task: str
     history: tuple[HistoryItem, ...]
+    id: str = ""
 
 
 class SessionHead(TypedDict):
@@ -265,6 +267,7 @@ class Sessions:
             context = SessionContext(
                 task=head["task"],
                 history=tuple(HistoryItem(s["api"], s["api_name"], s["tool_input"], s["answer"]) for s in recent),
+                id=session_id,
             )
             outcome = answer(call.in_session(history, context), state)
             if outcome.status != 200:

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import OrderedDict
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Optional, Protocol
 
 import anyio
 import anyio.to_thread
@@ -35,6 +36,7 @@ from stabletoolbench_mirror.config import ConfigError, Settings
 from stabletoolbench_mirror.core import fair, protocol
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.engine import sessions
+from stabletoolbench_mirror.factory import build_tool_docs
 from stabletoolbench_mirror.serving.admission import Admission, Refused
 from stabletoolbench_mirror.upstream.functions import (
     Function,
@@ -46,7 +48,6 @@ from stabletoolbench_mirror.upstream.functions import (
     unique_names,
 )
 from stabletoolbench_mirror.upstream.queries import QueryFileError
-from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
@@ -85,18 +86,14 @@ class Catalog:
     @classmethod
     def from_settings(cls, settings: Settings) -> "Catalog":
         """The tools of ``mcp.queries`` (or of the whole tools folder); :class:`ConfigError` naming the key when they cannot be read."""
-        if not settings.tools_folder:
+        paths = [settings.resolve(p) for p in settings.mcp.query_paths]
+        if not settings.tools_folder and (paths or settings.apibank is None):
             raise ConfigError("mcp.enabled: the MCP front needs tool docs: set tools_folder (StableToolBench's toolenv/tools), "
                               "or set mcp.enabled: false")
-        root = settings.resolve(settings.tools_folder)
-        paths = [settings.resolve(p) for p in settings.mcp.query_paths]
         try:
             if not paths:
-                docs = ToolDocs(root, allow_symlinks=settings.allow_symlinks)
-                if not docs.root.is_dir():
-                    raise ToolsFolderError(f"{root}: the tools folder does not exist")
-                return cls(unique_names(all_functions(docs.tools())), {})
-            tools = UpstreamTools(root)
+                return cls(unique_names(all_functions(_every_tool(settings))), {})
+            tools = UpstreamTools(settings.resolve(settings.tools_folder or ""))
             queries: dict[QueryKey, dict[str, Function]] = {}
             listed: list[Function] = []
             for item in iter_query_functions(paths, tools):
@@ -127,6 +124,16 @@ class Catalog:
                 tools.append(types.Tool(name=name, description=tool["description"], input_schema=tool["inputSchema"]))
             self._listings[query] = tools
         return self._listings[query]
+
+
+def _every_tool(settings: Settings) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """Every tool of ``tools_folder``, and API-Bank's (``apibank:``), as :meth:`ToolDocs.tools` gives them."""
+    if settings.tools_folder:
+        root = settings.resolve(settings.tools_folder)
+        if not os.path.isdir(root):
+            raise ToolsFolderError(f"{root}: the tools folder does not exist")
+    docs = build_tool_docs(settings)
+    return docs.tools() if docs is not None else iter(())
 
 
 def query_of(path: str) -> Optional[QueryKey] | bool:

@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from rapidfuzz import fuzz, process
 
@@ -45,6 +45,8 @@ MAX_LOADED_DOC_BYTES = 64 * 1024 * 1024
 #: the names are client text, so the table is bounded by their total length too
 MAX_REMEMBERED = 50_000
 MAX_REMEMBERED_CHARS = 8 * 1024 * 1024
+#: where tools given by :meth:`ToolDocs.register` are filed (no file holds them)
+REGISTERED_ROOT = Path("<registered>")
 
 
 @dataclass(frozen=True)
@@ -100,18 +102,32 @@ def _params(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else []
 
 
+def parse_tool(data: Mapping[str, Any], stem: str) -> _Tool:
+    """A tool doc (the JSON object of ``<Category>/<stem>.json``) as the registry keeps it."""
+    apis: dict[str, dict[str, Any]] = {}
+    for api in data.get("api_list") or []:
+        if isinstance(api, dict) and isinstance(api.get("name"), str):
+            apis.setdefault(change_name(standardize(api["name"])), api)
+    return _Tool(
+        tool_name=_text(data.get("tool_name")) or stem,
+        tool_description=_text(data.get("tool_description")),
+        apis=apis,
+        host=_text(data.get("host")),
+    )
+
+
 class ToolDocs:
-    """A lazily indexed tools folder; safe to share between threads."""
+    """A lazily indexed tools folder (or none: ``root=None``), plus tools registered in memory; safe to share between threads."""
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | None,
         *,
         fuzzy_score: float = 85.0,
         max_loaded_tools: int = 4096,
         allow_symlinks: bool = False,
     ) -> None:
-        self.root = Path(root)
+        self.root = Path(root) if root is not None else None
         self.allow_symlinks = allow_symlinks
         self.fuzzy_score = float(fuzzy_score)
         self.max_loaded_tools = max(1, int(max_loaded_tools))
@@ -125,11 +141,51 @@ class ToolDocs:
         self._loaded_bytes = 0
         self._resolved: dict[tuple[str, str, str], tuple[Path, str, bool] | None] = {}
         self._resolved_chars = 0
+        self._registered: dict[Path, tuple[_Tool, dict[str, Any]]] = {}
+        """Tools given by :meth:`register`, by their place in the index (under :data:`REGISTERED_ROOT`)."""
+
+    # -- tools no file holds ------------------------------------------------------------------
+
+    def register(self, category: str, doc: Mapping[str, Any]) -> None:
+        """Add a tool's doc (a ToolBench tool object: ``tool_name``, ``tool_description``, ``api_list``)
+        that no tools-folder file holds, under ``category``; it is found like a file's (and wins over a
+        file of the same names).  For tools that run here (API-Bank), so the simulator, ``tools
+        export`` and MCP see them."""
+        if not isinstance(doc.get("tool_name"), str) or not doc["tool_name"].strip():
+            raise ValueError("a registered tool doc needs a tool_name")
+        std = standardize_category(category)
+        stem = standardize(doc["tool_name"])
+        path = REGISTERED_ROOT / std / f"{stem}.json"
+        kept = json.loads(json.dumps(dict(doc)))  # a copy of its own, JSON only
+        with self._lock:
+            self._registered[path] = (parse_tool(kept, stem), kept)
+            if self._index is not None:
+                self._add_registered(self._index, std, stem, path)
+            self._resolved.clear()
+            self._resolved_chars = 0
+
+    def registered(self) -> list[tuple[str, dict[str, Any]]]:
+        """``(category, tool doc)`` of each tool given by :meth:`register`, in the order registered."""
+        with self._lock:
+            return [(path.parent.name, json.loads(json.dumps(doc))) for path, (_tool, doc) in self._registered.items()]
+
+    def _add_registered(self, index: dict[str, dict[str, Path]], std: str, stem: str, path: Path) -> None:
+        index.setdefault(std, {})[stem] = path
+        categories = self._tool_categories.setdefault(stem, [])
+        if std not in categories:
+            categories.append(std)
 
     # -- the index ----------------------------------------------------------------------------
 
     def _build_index(self) -> dict[str, dict[str, Path]]:
+        index = self._build_folder_index() if self.root is not None else {}
+        for path in self._registered:
+            self._add_registered(index, path.parent.name, path.stem, path)
+        return index
+
+    def _build_folder_index(self) -> dict[str, dict[str, Path]]:
         index: dict[str, dict[str, Path]] = {}
+        assert self.root is not None
         try:
             categories = sorted(os.scandir(self.root), key=lambda e: e.name)
         except OSError as exc:
@@ -157,7 +213,7 @@ class ToolDocs:
 
     def _inside(self, entry: os.DirEntry[str]) -> bool:
         """Whether ``entry`` may be used: not a symbolic link out of the folder (unless allowed)."""
-        if self.allow_symlinks or not entry.is_symlink():
+        if self.allow_symlinks or not entry.is_symlink() or self.root is None:
             return True
         try:
             check_inside(entry.path, self.root)
@@ -183,10 +239,16 @@ class ToolDocs:
         """Every tool doc: ``(category folder, file stem, the doc as read)``, sorted by category and tool.
 
         What lists all the tools (the MCP front's ``/mcp`` without queries) enumerates them here;
-        a doc that cannot be read, or is not an object with an ``api_list``, is left out.
+        the docs given by :meth:`register` (API-Bank's) are among them; a file that cannot be read,
+        or is not an object with an ``api_list``, is left out.
         """
         for _std, tools in sorted(self._get_index().items()):
             for _stem, path in sorted(tools.items()):
+                with self._lock:
+                    registered = self._registered.get(path)
+                if registered is not None:
+                    yield path.parent.name, path.stem, json.loads(json.dumps(registered[1]))
+                    continue
                 try:
                     if path.stat().st_size > MAX_DOC_BYTES:
                         continue
@@ -200,6 +262,8 @@ class ToolDocs:
 
     def _load(self, path: Path) -> _Tool | None:
         with self._lock:
+            if path in self._registered:
+                return self._registered[path][0]
             if path in self._loaded:
                 self._loaded.move_to_end(path)
                 return self._loaded[path][0]
@@ -230,17 +294,7 @@ class ToolDocs:
         if not isinstance(data, dict):
             log.warning("tool doc %s is not a JSON object; ignored", path)
             return None, 0
-        apis: dict[str, dict[str, Any]] = {}
-        for api in data.get("api_list") or []:
-            if isinstance(api, dict) and isinstance(api.get("name"), str):
-                apis.setdefault(change_name(standardize(api["name"])), api)
-        tool = _Tool(
-            tool_name=_text(data.get("tool_name")) or path.stem,
-            tool_description=_text(data.get("tool_description")),
-            apis=apis,
-            host=_text(data.get("host")),
-        )
-        return tool, size
+        return parse_tool(data, path.stem), size
 
     # -- lookup -------------------------------------------------------------------------------
 

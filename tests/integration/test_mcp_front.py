@@ -288,3 +288,20 @@ def test_mcp_calls_take_the_clients_in_flight_slots_of_virtual(tmp_path: Path) -
     body = json.loads(refused.content[0].text)
     assert refused.is_error and "limits.queue_timeout_s" in body["error"]
     assert stats["requests"] == 2 and stats["refusals"] == {"limits.queue_timeout_s": 1}
+
+
+def test_api_bank_tools_are_offered_over_mcp_and_run_through_the_layer(reference_dir: Path, tmp_path: Path) -> None:
+    apibank = reference_dir.parent / "reference" / "apibank"
+    if not (apibank / "apis").is_dir():
+        pytest.skip(f"API-Bank's reference copy not found at {apibank}")
+    # no tools_folder: /mcp offers the tools registered for API-Bank (apibank:), and they run here
+    settings = make_settings(tmp_path, mode="record", apibank={"path": str(apibank)}, mcp={"enabled": True, "sessions": False})
+    with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+        listed, results = asyncio.run(_calls(server.url + "/mcp", [("calculator_for_api_bank", {"formula": "(1+2)*3"})]))
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert "calculator_for_api_bank" in listed and "addagenda_for_api_bank" in listed
+    assert "dictionary_for_api_bank" in listed  # documented, answered on the miss path
+    [content] = results[0].content
+    body = json.loads(content.text)
+    assert body["error"] == "" and json.loads(body["response"])["output"] == 9.0
+    assert stats["requests"] == 1

@@ -154,3 +154,18 @@ def test_16000_tools_are_indexed_once_and_read_lazily(tmp_path: Path, monkeypatc
         assert docs.find(resolve_names("Category 7", "tool_7_123", "Get Item")).name == "Get Item"
         assert docs.find(resolve_names("Category 39", "tool_39_0", "get_item")).name == "Get Item"
     assert sorted(p.name for p in reads) == ["tool_39_0.json", "tool_7_123.json"]
+
+
+def test_a_registered_tool_is_found_like_a_files_and_listed(tmp_path: Path) -> None:
+    doc = {"tool_name": "API-Bank", "tool_description": "runs here", "api_list": [{"name": "AddAgenda", "description": "adds"}]}
+    for docs in (ToolDocs(None), ToolDocs(tmp_path)):
+        docs.register("APIBank", doc)
+        found = docs.find_by_names("APIBank", "api_bank", "addagenda")
+        assert found is not None and found.name == "AddAgenda" and found.tool_description == "runs here"
+        assert docs.registered() == [("APIBank", doc)]
+    (tmp_path / "APIBank").mkdir()
+    (tmp_path / "APIBank" / "api_bank.json").write_text('{"tool_name": "API-Bank", "api_list": [{"name": "Other"}]}')
+    docs = ToolDocs(tmp_path)
+    assert docs.find_by_names("APIBank", "api_bank", "other") is not None  # the file, before any registration
+    docs.register("APIBank", doc)  # registered after the index was built: it wins
+    assert docs.find_by_names("APIBank", "api_bank", "addagenda") is not None
