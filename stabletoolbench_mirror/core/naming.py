@@ -68,7 +68,7 @@ class CallNames:
         return f"{self.category}/{self.tool_folder}/{self.api_name}"
 
 
-@lru_cache(maxsize=4096)  # a pure function of three names: a run's calls use a few hundred APIs again and again
+@lru_cache(maxsize=1024)  # a pure function of three names: a run's calls use a few hundred APIs again and again
 def resolve_names(category: str, tool_name: str, api_name: str) -> CallNames:
     """Resolve the raw names of a ``/virtual`` payload like upstream ``prepare_tool_name_and_url``.
 

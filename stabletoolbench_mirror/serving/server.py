@@ -33,6 +33,7 @@ from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core import fair
 from stabletoolbench_mirror.engine import sessions
@@ -43,6 +44,7 @@ from stabletoolbench_mirror.engine.responders import Prompted
 from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.serving.admission import REQUEST_OVERHEAD, Admission, Refused
 from stabletoolbench_mirror.serving.memory import tune_malloc
+from stabletoolbench_mirror.serving.prepared import PreparedCalls
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,7 @@ class _Front:
         self.max_body = max_body
         self.body_timeout_s = body_timeout_s
         self.refusals = _RefusalLog()
+        self.calls = PreparedCalls()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -229,20 +232,26 @@ class _Front:
             return Outcome.error(408, late, OutcomeKind.REFUSED, "limits.body_timeout_s")
 
     async def _virtual(self, body: bytes, session: str | None | Outcome = None) -> Outcome:
-        try:
-            payload = json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError:
-            return Outcome.error(400, "request body is not UTF-8")
-        except (ValueError, RecursionError):
-            return Outcome.error(400, "request body is not JSON")
-        if not isinstance(payload, dict):
-            return Outcome.error(422, "request body must be a JSON object")
-        if isinstance(session, Outcome):
-            return session
         layer = self.layer
-        prepared = layer.prepare(payload)
-        if isinstance(prepared, Outcome):
-            return prepared
+        prepared: ToolCall | Outcome | None = self.calls.get(body)  # a body seen lately: its call, not parsed again
+        if prepared is None:
+            try:
+                payload = json.loads(body.decode("utf-8"))
+            except UnicodeDecodeError:
+                return Outcome.error(400, "request body is not UTF-8")
+            except (ValueError, RecursionError):
+                return Outcome.error(400, "request body is not JSON")
+            if not isinstance(payload, dict):
+                return Outcome.error(422, "request body must be a JSON object")
+            if isinstance(session, Outcome):
+                return session
+            prepared = layer.prepare(payload)
+            if isinstance(prepared, Outcome):
+                return prepared
+            self.calls.put(body, prepared)
+        elif isinstance(session, Outcome):
+            return session
+        assert isinstance(prepared, ToolCall)
         if session is not None or layer.runs_locally(prepared):
             # a session's calls and local tools read and write state: always in a worker thread
             return await anyio.to_thread.run_sync(layer.handle_call, prepared, session, limiter=self._limiter)

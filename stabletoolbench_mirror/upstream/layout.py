@@ -64,7 +64,7 @@ def split_api(api: str) -> tuple[str, str, str] | None:
     return category, tool, api_name
 
 
-@lru_cache(maxsize=4096)  # pure; looked up by every hit on a frozen tree
+@lru_cache(maxsize=1024)  # pure; looked up by every hit on a frozen tree
 def api_file_parts(api: str) -> tuple[str, str, str] | None:
     """The folder, subfolder and file name (without ``.json``) of ``api``'s cache file, encoded as needed;
     ``None`` if it cannot have one.  Each is one plain name: a path made of them never leaves its root."""
