@@ -45,14 +45,18 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
 
 
 @contextmanager
-def process(args: Sequence[str], ready_url: str, *, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
-    """Run ``args`` (in its own process group, from the repo root) while it answers ``ready_url``.
+def process(args: Sequence[str], ready_url: str, *, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> Iterator[subprocess.Popen]:
+    """Run ``args`` (in its own process group, from ``cwd``, default the repo root) while it answers ``ready_url``.
+
+    (``python -m`` puts the working folder first on ``sys.path``: a server of another checkout must
+    run from that checkout, or it imports this one's package.)
 
     On exit the whole group gets SIGTERM (uvicorn workers included), then SIGKILL after 30 s;
     what the process wrote to stderr is shown when it did not end normally.
     """
     log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty server never blocks on it
-    proc = subprocess.Popen(list(args), cwd=REPO, env=clean_env() if env is None else env,
+    proc = subprocess.Popen(list(args), cwd=cwd or REPO, env=clean_env() if env is None else env,
                             stdout=subprocess.DEVNULL, stderr=log, text=True, start_new_session=True)
     try:
         wait_http(ready_url, proc)

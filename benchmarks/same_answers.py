@@ -76,7 +76,7 @@ def serve(checkout: Path, cfg: Path, port: int):
     env = clean_env()
     env["PYTHONPATH"] = str(checkout)
     args = [sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)]
-    return process(args, f"http://127.0.0.1:{port}/health", env=env)
+    return process(args, f"http://127.0.0.1:{port}/health", env=env, cwd=checkout)  # its own package, not this one's
 
 
 def answer(session: requests.Session, url: str, body: bytes) -> tuple[int, bytes, list[tuple[str, str]]]:

@@ -19,7 +19,11 @@ log-normal around 1 KB), then measures, each in its own process on 127.0.0.1:
   ``cache import``, ``cache stats``, ``cache export``, hits vs a 1,000-entry Redis store, and the
   server's memory per entry.
 
-    python benchmarks/scale.py [--with-1m] [--sizes 10k 165k] [--duration 10] [--workdir DIR] [--keep] [--no-redis]
+Issue 24 adds two ratios that other machines can compare: the first pass's p99 over the hot hits'
+p99, and the import rate over a bare ``json.load`` of the same files; ``--focus`` measures only
+those figures (serve ready, first pass, hot hits, ``cache import``).
+
+    python benchmarks/scale.py [--with-1m] [--sizes 10k 165k] [--duration 10] [--workdir DIR] [--keep] [--no-redis] [--focus]
 """
 
 from __future__ import annotations
@@ -137,6 +141,9 @@ def serve_and_measure(workdir: Path, tree: Path, store: Path | dict[str, str], d
             result, base = compare_hits(url + "/virtual", hits, base_url + "/virtual", base_hits, duration)
             out["hit_rps"], out["hit_errors"], out["base_rps"] = result.rps, result.errors, base.rps
             out["hit_ratio"] = result.rps / base.rps
+            out["hot_p99_ms"] = result.p99_ms
+            if frozen:
+                out["first_hot_ratio"] = out["first_p99_ms"] / result.p99_ms
             out["rss_after_hits_mb"] = rss_mb(proc.pid)
             if check_calls is not None:
                 seconds, _peak, text = timed_rss(cli("check", "--calls", str(check_calls), "--url", url, "--concurrency", str(CONCURRENCY),
@@ -193,19 +200,35 @@ def measure_redis(workdir: Path, name: str, tree: Path, thousand: Path, duration
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def measure(workdir: Path, name: str, duration: float, *, redis: bool) -> dict[str, Any]:
+def json_load_s(tree: Path) -> float:
+    """Seconds to ``json.load`` every API file of the tree, in a process of its own (the floor of any import)."""
+    code = ("import json, pathlib, sys, time; t = time.perf_counter()\n"
+            "for f in sorted(pathlib.Path(sys.argv[1]).rglob('*.json')): json.loads(f.read_bytes())\n"
+            "print(time.perf_counter() - t)")
+    _s, _rss, out = timed_rss([sys.executable, "-c", code, str(tree / "tool_response_cache")], cwd=REPO)
+    return float(out.strip())
+
+
+def measure(workdir: Path, name: str, duration: float, *, redis: bool, focus: bool = False) -> dict[str, Any]:
     entries, files, check_samples = SIZES[name]
     small, thousand, thousand_store = baselines(workdir)
     tree = make_tree(workdir, name, entries, files, check_samples)
     row: dict[str, Any] = {}
     served = serve_and_measure(workdir, tree, workdir / f"store-{name}-unused", duration, frozen=True, baseline=small,
-                               base_store=workdir / "store-10-unused", check_calls=tree / "payloads" / "calls.jsonl")
+                               base_store=workdir / "store-10-unused", check_calls=None if focus else tree / "payloads" / "calls.jsonl")
     row.update(served)
     print(f"[{name}] served: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in served.items()})}", flush=True)
 
     store = workdir / f"store-{name}"
     shutil.rmtree(store, ignore_errors=True)
+    row["json_load_s"] = json_load_s(tree)
     row["import_s"], row["import_rss"], _ = timed_rss(cli("cache", "import", str(tree / "tool_response_cache"), "--store-path", str(store), "-q"), cwd=workdir)
+    row["import_json_ratio"] = row["json_load_s"] / row["import_s"]  # import rate / json.load rate, entries per second
+    print(f"[{name}] import: {row['import_s']:.1f} s, json.load of the same files {row['json_load_s']:.1f} s: "
+          f"import rate = {row['import_json_ratio']:.2f} x json.load's", flush=True)
+    if focus:
+        shutil.rmtree(store, ignore_errors=True)
+        return row
     row["stats_s"], _rss, text = timed_rss(cli("cache", "stats", "--json", "--store-path", str(store)), cwd=workdir)
     stats = json.loads(text)
     row["bytes_per_entry"] = stats["bytes_per_entry"]
@@ -232,12 +255,14 @@ def measure(workdir: Path, name: str, duration: float, *, redis: bool) -> dict[s
 ROWS = [
     ("`serve` ready (`/health` 200), the tree frozen", "ready_s", "{:.2f} s"),
     ("first pass (one call per file, cold), c=8: p99", "first_p99_ms", "{:.1f} ms"),
+    ("first pass p99 / hot hits' p99 (c=8)", "first_hot_ratio", "{:.1f} ({hot_p99_ms:.1f} ms hot)"),
     ("first pass errors", "first_errors", "{}"),
     ("hit rps, random over all APIs, c=8 (x a 10-entry cache)", "hit_rps", "{:,.0f} ({ratio:.2f}x)"),
     ("server RSS after touching every API once", "rss_after_pass_mb", "{:.0f} MB"),
     ("server RSS after the hits", "rss_after_hits_mb", "{:.0f} MB"),
     ("`check` of the calls sample against the server", "check_s", "{:.1f} s"),
     ("`cache import` of the tree (peak RSS)", "import_s", "{:.1f} s ({import_rss:.0f} MB)"),
+    ("import rate / `json.load` rate of the same files", "import_json_ratio", "{:.2f} (json.load {json_load_s:.1f} s)"),
     ("`cache stats`", "stats_s", "{:.2f} s"),
     ("`cache export` (peak RSS)", "export_s", "{:.1f} s ({export_rss:.0f} MB)"),
     ("`snapshot` (peak RSS)", "snapshot_s", "{:.1f} s ({snapshot_rss:.0f} MB)"),
@@ -276,15 +301,17 @@ def main() -> int:
     ap.add_argument("--workdir", help="keep generated trees here (reused by later runs); default a temporary folder")
     ap.add_argument("--keep", action="store_true", help="do not delete the temporary folder")
     ap.add_argument("--no-redis", action="store_true", help="leave out the Redis store figures (they need redis-server)")
+    ap.add_argument("--focus", action="store_true",
+                    help="only serve ready, the first pass, hot hits, `cache import` and their ratios (issue 24's figures; implies --no-redis)")
     args = ap.parse_args()
-    redis = not args.no_redis
+    redis = not (args.no_redis or args.focus)
     if redis and shutil.which("redis-server") is None:
         raise SystemExit("redis-server is not installed (apt-get install redis-server), or pass --no-redis")
     sizes = list(args.sizes) + (["1M"] if args.with_1m and "1M" not in args.sizes else [])
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="stm-scale-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        results = {name: measure(workdir, name, args.duration, redis=redis) for name in sizes}
+        results = {name: measure(workdir, name, args.duration, redis=redis, focus=args.focus) for name in sizes}
         print()
         print(table(results))
     finally:

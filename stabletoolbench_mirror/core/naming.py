@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 _OUTSIDE_NAME_CHARS = re.compile("[^\\u4e00-\\u9fa5^a-zA-Z0-9_]")
 _UNDERSCORE_RUNS = re.compile(r"(_)\1+")
@@ -61,12 +62,13 @@ class CallNames:
     api_name: str
     """Standardised API name (the cache file is ``<api_name>.json``)."""
 
-    @property
+    @cached_property  # read several times by every request (the names themselves are kept by resolve_names)
     def api(self) -> str:
         """``<category>/<tool_folder>/<api_name>``: the API, named by its upstream cache file minus ``.json``."""
         return f"{self.category}/{self.tool_folder}/{self.api_name}"
 
 
+@lru_cache(maxsize=1024)  # a pure function of three names: a run's calls use a few hundred APIs again and again
 def resolve_names(category: str, tool_name: str, api_name: str) -> CallNames:
     """Resolve the raw names of a ``/virtual`` payload like upstream ``prepare_tool_name_and_url``.
 

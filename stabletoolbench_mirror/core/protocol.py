@@ -95,6 +95,14 @@ class VirtualRequest(BaseModel):
     @model_validator(mode="after")
     def _encodable(self) -> "VirtualRequest":
         # JSON escapes such as "\ud800" decode to lone surrogates, which no store can encode
+        text = self.tool_input if isinstance(self.tool_input, str) else ""
+        try:  # every string field at once (the usual case; a lone surrogate stays one when joined)
+            "".join((self.category, self.tool_name, self.api_name, self.strip, self.toolbench_key, text)).encode("utf-8")
+        except UnicodeEncodeError:
+            pass  # find which one, below
+        else:
+            if not isinstance(self.tool_input, dict) or is_encodable(self.tool_input):
+                return self
         for name in ("category", "tool_name", "api_name", "strip", "toolbench_key", "tool_input"):
             if not is_encodable(getattr(self, name)):
                 raise ValueError(f"{name} contains a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape)")

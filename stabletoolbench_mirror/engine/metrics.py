@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -90,11 +90,18 @@ class Counters:
         self._children: dict[tuple[str, tuple[str, ...]], object] = {}
 
     def inc(self, family: str, *labels: str, amount: float = 1) -> None:
+        self._child(family, labels).inc(amount)  # type: ignore[attr-defined]
+
+    def _child(self, family: str, labels: tuple[str, ...]) -> object:
         key = (family, labels)
         child = self._children.get(key)
         if child is None:
             child = self._children.setdefault(key, self._metrics[family].labels(*labels))
-        child.inc(amount)  # type: ignore[attr-defined]
+        return child
+
+    def incrementer(self, family: str, *labels: str) -> Callable[[], None]:
+        """A function that adds 1 to one counter (for callers that add to the same counters again and again)."""
+        return self._child(family, labels).inc  # type: ignore[attr-defined]
 
     def _collect(self) -> Iterator[prometheus_client.Metric]:
         if self.shared_dir:

@@ -65,6 +65,7 @@ class Stats:
         self._apis: set[str] = set()
         self._api_bytes = 0
         self._failures: set[str] = set()
+        self._plain: dict[tuple[OutcomeKind, str | None, str | None], tuple[Any, ...]] = {}
 
     def _api_label(self, api: str) -> str:
         if api in self._apis:
@@ -89,6 +90,15 @@ class Stats:
 
     def count(self, outcome: Outcome) -> None:
         """Count one finished request by its final outcome (call it exactly once per request)."""
+        if outcome.limit is None and not outcome.problems and not (outcome.retried or outcome.new_failure_record or outcome.failure) and outcome.fault is None:
+            # the usual request (a hit, above all): its three counters, looked up once per (kind, source, api)
+            plain = (outcome.kind, outcome.source, outcome.api)
+            incs = self._plain.get(plain)
+            if incs is None:
+                incs = self._plain_counters(plain)
+            for inc in incs:
+                inc()
+            return
         kind = outcome.kind.value
         counters = self.counters
         counters.inc("requests", kind)
@@ -108,6 +118,20 @@ class Stats:
             counters.inc("records", "failure_hits")
         if outcome.fault is not None:
             counters.inc("faults", outcome.fault)
+
+    def _plain_counters(self, plain: tuple[OutcomeKind, str | None, str | None]) -> tuple[Any, ...]:
+        """The ``inc`` of each counter a request without problems, limit or failure flags adds to (kept while there is room)."""
+        kind, source, api = plain
+        counters = self.counters
+        incs = [counters.incrementer("requests", kind.value)]
+        if source is not None:
+            incs.append(counters.incrementer("sources", source))
+        if api is not None:
+            incs.append(counters.incrementer("apis", self._api_label(api), kind.value))
+        found = tuple(incs)
+        if len(self._plain) < 1024:  # bounded: API names are client text
+            self._plain[plain] = found
+        return found
 
     def count_event(self, group: str, event: str) -> None:
         """A responder's own event (``simulator``: ``parse_retries``; ``shadow``: ``shadow_recorded``, ...)."""

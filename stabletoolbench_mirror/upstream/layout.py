@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import tempfile
+from functools import lru_cache
 from json.decoder import scanstring  # type: ignore[attr-defined]  # public since Python 2, not in typeshed
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -63,6 +64,7 @@ def split_api(api: str) -> tuple[str, str, str] | None:
     return category, tool, api_name
 
 
+@lru_cache(maxsize=1024)  # pure; looked up by every hit on a frozen tree
 def api_file_parts(api: str) -> tuple[str, str, str] | None:
     """The folder, subfolder and file name (without ``.json``) of ``api``'s cache file, encoded as needed;
     ``None`` if it cannot have one.  Each is one plain name: a path made of them never leaves its root."""

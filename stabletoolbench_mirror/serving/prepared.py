@@ -1,0 +1,40 @@
+"""The calls of recent ``/virtual`` bodies, kept by the body's bytes: a repeated call skips its parse.
+
+Turning a body into a :class:`~stabletoolbench_mirror.core.call.ToolCall` (JSON, validation, names,
+the three cache keys) is a pure function of the body's bytes and most of a hit's own cost; an
+evaluation sends the same calls again and again.  Only calls are kept (never an answer: every
+request still looks its answer up), only of bodies up to :data:`MAX_BODY_BYTES`, at most
+:data:`MAX_CALLS` of them (the oldest dropped first), so memory stays bounded whatever clients send.
+"""
+
+from __future__ import annotations
+
+from stabletoolbench_mirror.core.call import ToolCall
+
+MAX_CALLS = 2048
+MAX_BODY_BYTES = 4096
+
+
+class PreparedCalls:
+    """A bounded map from a body's bytes to its call (event-loop use: no lock)."""
+
+    __slots__ = ("_calls", "max_calls", "max_body")
+
+    def __init__(self, max_calls: int = MAX_CALLS, max_body: int = MAX_BODY_BYTES) -> None:
+        self._calls: dict[bytes, ToolCall] = {}
+        self.max_calls = max_calls
+        self.max_body = max_body
+
+    def get(self, body: bytes) -> ToolCall | None:
+        return self._calls.get(body)
+
+    def put(self, body: bytes, call: ToolCall) -> None:
+        if len(body) > self.max_body or self.max_calls <= 0:
+            return
+        calls = self._calls
+        if len(calls) >= self.max_calls:
+            del calls[next(iter(calls))]  # the oldest
+        calls[body] = call
+
+    def __len__(self) -> int:
+        return len(self._calls)
