@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from stabletoolbench_mirror.config import ConfigError, Mode, Settings
 from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.engine.refresh import RefreshScope
 from stabletoolbench_mirror.engine.responders import Responder
 from stabletoolbench_mirror.responders.shadow import ShadowedResponder, shadow_settings
 from stabletoolbench_mirror.responders.simulator import build_simulator
@@ -159,6 +160,7 @@ def build_layer(
             pending_timeout_s=settings.limits.queue_timeout_s,
             sessions=build_sessions(settings, store),
             local_tools=build_local_tools(settings),
+            refresh=RefreshScope.from_config(settings.refresh),
         )
     except BaseException:
         if owned:

@@ -191,10 +191,10 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
     Record mode with no responder but something cached says so in the ``mode`` line.
     """
     fills = settings.real.enabled or settings.simulator.enabled or simulator_launched
-    if settings.mode == "record" and not fills:
+    if settings.mode in ("record", "refresh") and not fills:
         note = " (neither real.enabled nor simulator.enabled: misses are not filled)"
         report.lines = [(label, text + note if label == "mode" else text) for label, text in report.lines]
-    if settings.mode == "record" and fills:
+    if settings.mode in ("record", "refresh") and fills:
         return
     bad_frozen = {f.key for f in report.errors if f.key.startswith("frozen_caches[")}
     if len(settings.frozen_caches) > len(bad_frozen) or settings.local_tools:
