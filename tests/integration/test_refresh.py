@@ -81,6 +81,8 @@ def test_refresh_replaces_what_another_simulator_answers_and_nothing_a_failing_o
         # a failing simulator in refresh mode: asked, replaces nothing, the recorded answers are served
         failing = serve(settings(settings_factory, broken, mode="refresh"))
         assert run(failing) == second and broken.count == len(CALLS)
+        stats = requests.get(failing.url + "/stats", timeout=10).json()
+        assert stats["failed"] == 0 and stats["replaced"] == 0 and stats["failure_records"] == 0
         assert {w: r.body for w, r in records(tmp_path).items()} == {w: r.body for w, r in now.items()}
         assert not any(r.is_failure for r in records(tmp_path).values())
 
