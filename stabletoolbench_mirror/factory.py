@@ -92,10 +92,20 @@ def build_store(settings: Settings, *, read_only: bool = False) -> Store:
 
 def build_frozen(settings: Settings) -> list[FrozenCache]:
     """The frozen caches, in their listed order, sharing ``frozen_memory_mb`` between them."""
-    paths = settings.frozen_caches
+    paths = [_frozen_folder(settings, i, p) for i, p in enumerate(settings.frozen_caches)]
     budget = int(settings.frozen_memory_mb * 1024 * 1024 / max(1, len(paths)))
     max_file = int(settings.frozen_max_file_mb * 1024 * 1024)
-    return [FrozenCache(settings.resolve(p), memory_budget=budget, allow_symlinks=settings.allow_symlinks, max_file_bytes=max_file) for p in paths]
+    return [FrozenCache(p, memory_budget=budget, allow_symlinks=settings.allow_symlinks, max_file_bytes=max_file) for p in paths]
+
+
+def _frozen_folder(settings: Settings, i: int, configured: str) -> str:
+    """A ``frozen_caches`` entry's folder; an archive or URL fetched and checked (see :mod:`.upstream.archives`)."""
+    from stabletoolbench_mirror.upstream.archives import ArchiveError, frozen_folder
+
+    try:
+        return frozen_folder(settings, configured)
+    except ArchiveError as exc:
+        raise ConfigError(f"frozen_caches[{i}]: {exc}") from exc
 
 
 def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> list[Responder]:

@@ -96,9 +96,16 @@ def _describe_tree(count: TreeCount) -> str:
 def check_frozen_caches(settings: Settings, report: StartupReport, *, count_entries: bool | None = None) -> None:
     if not settings.frozen_caches:
         report.add("frozen caches", "none")
+    from stabletoolbench_mirror.upstream.archives import ArchiveError, frozen_folder
+
     for i, configured in enumerate(settings.frozen_caches):
-        path = settings.resolve(configured)
         key = f"frozen_caches[{i}]"
+        try:
+            path = frozen_folder(settings, configured)  # an archive or URL: fetched and checked now
+        except ArchiveError as exc:
+            report.add(f"frozen cache {i}", f"{configured}: NOT USABLE")
+            report.error(key, str(exc))
+            continue
         problem = frozen_cache_problem(path, follow_symlinks=settings.allow_symlinks)
         if problem is not None:
             report.add(f"frozen cache {i}", f"{path}: NOT USABLE")

@@ -121,6 +121,10 @@ class Store(CacheTier):
         """:meth:`add` for a batch of ``(record, canonical)`` (bulk import); backends may batch the writes."""
         return [self.add(record, canonical) for record, canonical in items]
 
+    def iter_api(self, api: str) -> Iterator[Record]:
+        """Every record of one API, streamed (``cache ls --api``); backends read only that API."""
+        return (record for record in self if record.api == api)
+
     def delete(self, api: str, keys: Iterable[str]) -> int:
         """Remove these keys' records of ``api`` (keys not there are skipped); return how many went.
 

@@ -423,6 +423,14 @@ class DiskcacheStore(Store):
         if group:
             yield current, _recording_order(group)  # type: ignore[misc]
 
+    def iter_api(self, api: str) -> Iterator[Record]:
+        low = _entry_key(api, "")
+        try:
+            for _key, raw in layout.scan(self._cache, low, low[:-1] + "\x01", inclusive=True, page=_SCAN_PAGE):
+                yield _record(raw)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+
     def sample(self, api: str, limit: int) -> Iterator[Record]:
         prefix = _entry_key(api, "")
         try:

@@ -587,6 +587,13 @@ class RedisStore(Store):
         for raw in values:
             yield self._decode(raw)
 
+    def iter_api(self, api: str) -> Iterator[Record]:
+        try:
+            for _key, raw in self._client.hscan_iter(self._entries(api), count=500):
+                yield self._decode(raw)
+        except RedisError as exc:
+            raise self._failed("read", exc) from exc
+
     def apis(self) -> list[str]:
         try:
             return sorted(_text(name) for name in self._client.smembers(self._apis_key))
