@@ -121,6 +121,8 @@ def _member_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
     """Only folders and regular files, each inside ``dest`` (tarfile's ``data`` filter, and no links)."""
     if not (member.isfile() or member.isdir()):
         raise ArchiveError(f"{member.name}: the archive holds a link or special file; only folders and files are unpacked")
+    if member.name.startswith(("/", "\\")) or ".." in Path(member.name).parts:
+        raise ArchiveError(f"{member.name}: a path outside the archive's folder; not unpacked")
     try:
         return tarfile.data_filter(member, dest)
     except tarfile.FilterError as exc:
