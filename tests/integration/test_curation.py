@@ -254,6 +254,18 @@ def test_archive_round_trip_over_http_and_refusals(files_server, serve, settings
     report = inspect(replayer(f"{base}/tampered.tar.gz"), probe_endpoints=False)
     [error] = [f for f in report.errors if f.key == "frozen_caches[0]"]
     assert f"does not match the manifest's content_hash {manifest_hash}" in error.message and "sha256:" in error.message.split("hash ")[1]
+    # docs/curation.md quotes both messages as they read
+    docs = (paths.REPO / "docs" / "curation.md").read_text(encoding="utf-8")
+    files_hash = error.message.split("the files' content hash ")[1].split(" ")[0]
+    quoted = error.message.split(": ", 1)[1].replace(files_hash, "sha256:<files>").replace(manifest_hash, "sha256:<manifest>")
+    assert quoted in docs, quoted
+    with pytest.raises(ConfigError) as refused:  # a URL not downloaded before: checked as it arrives, and not kept
+        build_frozen(replayer(f"{base}/snap.tar.gz?again#sha256={wrong}"))
+    assert len(list(Path(download_dir).glob("*-snap.tar.gz"))) == 1
+    actual = _sha(www / "snap.tar.gz")
+    quoted = str(refused.value).split(": ", 1)[1].replace(f"{base}/snap.tar.gz?again", "https://example.org/stm/run1.tar.gz")
+    quoted = quoted.replace(actual, "<downloaded>").replace(wrong, "<given>")
+    assert f"error: frozen_caches[0]: {quoted}" in docs, quoted
     with pytest.raises(ConfigError, match="does not match the manifest's content_hash"):
         build_frozen(replayer(str(www / "tampered.tar.gz")))
     assert not any(p.name.startswith("tampered") for p in Path(download_dir).iterdir())  # nothing of it kept unpacked
