@@ -6,8 +6,10 @@ and ``mode: refresh`` change answers, so each publishes what it changed on the c
 ``<prefix>:invalidate`` (:data:`EVERYTHING`, or the JSON ``[api, key]`` of one replaced record),
 and every store instance listens on it from a thread of its own (:class:`Invalidations`):
 
-* the memory serves nothing until the subscription is confirmed, and again whenever the
-  connection is lost (it is emptied then, as messages may have been missed meanwhile);
+* the memory serves nothing until the subscription is confirmed; when the subscription is lost
+  (Redis restarting, say) the memory goes on serving what it holds (answers stay available while
+  Redis is down, and nobody can delete through a Redis that is down), and it is emptied when the
+  subscription is back, as messages may have been missed meanwhile;
 * each message empties the memory (or forgets one record), and bumps its epoch, so a read that
   was in flight when the message came is not remembered (:meth:`RecordMemory.put` checks it).
 
@@ -92,8 +94,7 @@ class Invalidations:
             try:
                 message = pubsub.get_message(timeout=0.5)
             except (RedisError, OSError, ValueError) as exc:
-                log.warning("redis invalidation channel lost (%s): serving from Redis only until it is back", exc)
-                self.memory.go_dark()
+                log.warning("redis invalidation channel lost (%s): the record memory is emptied when it is back", exc)
                 _close(pubsub)
                 pubsub = None
                 continue

@@ -236,11 +236,6 @@ class RecordMemory:
         self.clear()
         self.live = True
 
-    def go_dark(self) -> None:
-        """Invalidations may be missed from now on: serve nothing, remember nothing."""
-        self.live = False
-        self.clear()
-
     def clear(self) -> None:
         with self._lock:
             self.epoch += 1

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -299,3 +300,30 @@ def test_an_archive_reaching_outside_its_folder_is_refused(member: str, tmp_path
         local_tree(str(archive), tmp_path / "downloads")
     assert not (tmp_path / "escape.json").exists() and not Path("/abs.json").exists()
     assert [p.name for p in (tmp_path / "downloads").iterdir()] == []
+
+
+@pytest.mark.redis
+def test_a_redis_record_memory_serves_through_an_outage_and_is_emptied_when_the_channel_is_back(tmp_path: Path) -> None:
+    """While Redis is down nobody can delete through it: remembered answers are served; once the
+    invalidation channel is back (messages may have been missed) the memory starts empty."""
+    from stabletoolbench_mirror.stores.redis_store import RedisStore
+    from tests.helpers.redis_server import require_redis_server
+
+    require_redis_server()
+    with RedisServer(tmp_path / "redis") as server:
+        writer, reader = RedisStore(server.url, prefix="outage"), RedisStore(server.url, prefix="outage")
+        try:
+            writer.add(Record.from_answer(LOOKUP, "{'n': 1}", {"error": "", "response": "one"}, "simulated", "A"), "c1")
+            assert reader.get(LOOKUP, "{'n': 1}") is not None and reader.recall(LOOKUP, "{'n': 1}") is not None
+            server.stop()
+            assert reader.get(LOOKUP, "{'n': 1}") is not None  # from memory, Redis down
+            server.start()
+            deadline = time.monotonic() + 10
+            while reader.recall(LOOKUP, "{'n': 1}") is not None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert reader.recall(LOOKUP, "{'n': 1}") is None
+            writer.delete(LOOKUP, ["{'n': 1}"])
+            assert reader.get(LOOKUP, "{'n': 1}") is None
+        finally:
+            writer.close()
+            reader.close()
