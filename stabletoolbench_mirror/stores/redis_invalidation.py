@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
+import weakref
 from typing import Any, Callable
 
 from redis.exceptions import RedisError
@@ -53,6 +55,16 @@ class Invalidations:
         self._started = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # a forked child has no listening thread: its copy of the memory must not serve until it listens itself
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _after_fork(ref))
+
+    def _forked(self) -> None:
+        self.memory.live = False
+        self.memory.clear()
+        self._started = False
+        self._thread = None
+        self._lock = threading.Lock()
 
     def start(self) -> None:
         """Subscribe now (the caller waits one round trip, once) and listen in a thread from then on."""
@@ -119,6 +131,12 @@ class Invalidations:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2.0)
+
+
+def _after_fork(ref: "weakref.ReferenceType[Invalidations]") -> None:
+    listener = ref()
+    if listener is not None:
+        listener._forked()  # noqa: SLF001 - its own fork hook
 
 
 def _close(pubsub: Any) -> None:

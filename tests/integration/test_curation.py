@@ -327,3 +327,21 @@ def test_a_redis_record_memory_serves_through_an_outage_and_is_emptied_when_the_
         finally:
             writer.close()
             reader.close()
+
+
+@pytest.mark.redis
+def test_a_forked_child_does_not_serve_the_parents_record_memory(redis_server: RedisServer, redis_prefix: str) -> None:  # noqa: F811
+    from stabletoolbench_mirror.stores.redis_store import RedisStore
+
+    store = RedisStore(redis_server.url, prefix=redis_prefix)
+    try:
+        store.add(Record.from_answer(LOOKUP, "{'n': 1}", {"error": "", "response": "one"}, "simulated", "A"), "c1")
+        assert store.get(LOOKUP, "{'n': 1}") is not None and store.recall(LOOKUP, "{'n': 1}") is not None
+        pid = os.fork()
+        if pid == 0:  # the child: nothing is served from the copied memory (no thread hears deletes for it)
+            os._exit(0 if store.recall(LOOKUP, "{'n': 1}") is None else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert store.recall(LOOKUP, "{'n': 1}") is not None  # the parent's memory is its own
+    finally:
+        store.close()
