@@ -321,7 +321,17 @@ def changed_apis(root: Path, recorded: Any, computed: dict[str, str], paths: dic
 def cmd_snapshot(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.verify:
-        result = verify_snapshot(args.out, allow_left_out=args.skip_unsafe, progress=not args.quiet)
+        from stabletoolbench_mirror.upstream.archives import ArchiveError, is_archive, local_tree
+
+        out = args.out
+        if is_archive(out):  # an archive or URL: unpacked into download_dir (its content hash checked there too)
+            try:
+                settings = settings_from_args(args)
+                out = local_tree(out, settings.resolve(settings.download_dir), progress=not args.quiet)
+            except ArchiveError as exc:
+                print(f"FAILED: {exc}", file=sys.stderr)
+                return 1
+        result = verify_snapshot(out, allow_left_out=args.skip_unsafe, progress=not args.quiet)
         print("\n".join(result.lines()))
         print(f"time: {_throughput(result.entries, time.perf_counter() - started)}")
         return 0 if result.ok else 1
@@ -380,7 +390,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Write the store as an upstream tool_response_cache tree plus manifest.json "
         "(counts, models, settings without secrets, content hash); --verify rechecks a snapshot.",
     )
-    parser.add_argument("out", help="the snapshot folder (new or empty), or OUT.tar.gz for one file (new); with --verify: an existing snapshot folder")
+    parser.add_argument("out", help="the snapshot folder (new or empty), or OUT.tar.gz for one file (new); with --verify: an existing snapshot folder, archive or URL")
     parser.add_argument("--verify", action="store_true", help="recompute the content hash of OUT and compare with its manifest")
     parser.add_argument(
         "--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)"

@@ -270,6 +270,10 @@ def test_archive_round_trip_over_http_and_refusals(files_server, serve, settings
     with pytest.raises(ConfigError, match="does not match the manifest's content_hash"):
         build_frozen(replayer(str(www / "tampered.tar.gz")))
     assert not any(p.name.startswith("tampered") for p in Path(download_dir).iterdir())  # nothing of it kept unpacked
+    verified = cli("snapshot", "--verify", url, "--config", str(_config(tmp_path, url, download_dir)), "-q", cwd=tmp_path)
+    assert verified.returncode == 0 and "OK: the snapshot matches its manifest" in verified.stdout, verified.stderr
+    tampered = cli("snapshot", "--verify", str(www / "tampered.tar.gz"), "--config", str(_config(tmp_path, url, download_dir)), cwd=tmp_path)
+    assert tampered.returncode == 1 and manifest_hash in tampered.stderr
     started = cli("serve", "--config", str(_config(tmp_path, f"{base}/tampered.tar.gz", download_dir)), cwd=tmp_path)
     assert started.returncode != 0 and "not starting" in started.stderr and manifest_hash in started.stderr
 
