@@ -5,6 +5,7 @@ makes a second tree from it with 3 answers changed (hard links for the files lef
 the first into a diskcache store, then measures, each in its own process, seconds and peak RSS of:
 
 * ``cache export`` of the store (the memory bound: one API in memory at a time);
+* ``cache ls`` of every record (streamed) and ``cache diff STORE STORE`` (the same: exit 0);
 * ``cache diff TREE_A TREE_B`` (two trees) and ``cache diff STORE TREE_B`` (a store and a tree),
   checking that each reports 0 added, 0 removed, 3 changed and exits 1.
 
@@ -70,6 +71,12 @@ def main() -> int:
         shutil.rmtree(export, ignore_errors=True)
         rows = {"cache export": timed_rss(cli("cache", "export", str(export), "--store-path", str(store), "-q"), cwd=workdir)}
         shutil.rmtree(export, ignore_errors=True)
+        seconds, rss, out = timed_rss(cli("cache", "ls", "--store-path", str(store)), cwd=workdir)
+        assert len(out.splitlines()) == args.entries
+        rows["cache ls (every record)"] = (seconds, rss, "")
+        seconds, rss, out = timed_rss(cli("cache", "diff", str(store), str(store), "--json", "-q"), cwd=workdir)
+        assert json.loads(out)["same"] is True
+        rows["cache diff store store (the same: exit 0)"] = (seconds, rss, "")
         for name, a in (("cache diff tree tree", str(tree_a)), ("cache diff store tree", str(store))):
             seconds, rss, out = timed_rss(cli("cache", "diff", a, str(tree_b), "--json", "-q"), cwd=workdir, ok_codes=(1,))
             report = json.loads(out)

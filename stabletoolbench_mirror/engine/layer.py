@@ -368,7 +368,8 @@ class MirrorLayer:
             except StoreError as exc:
                 self.health.failed("write", exc, unrecorded=True)
                 kind = OutcomeKind.UNRECORDED
-        log.info("refresh: a new answer replaced the record of %s key=%s", clip(call.api), clip(call.key))
+        if kind is OutcomeKind.REPLACED:
+            log.info("refresh: a new answer replaced the record of %s key=%s", clip(call.api), clip(call.key))
         return replace(_served(call, record, kind), problems=tuple(problems))
 
     def _failed(self, call: ToolCall, failure: Record | None, misses: "_Misses") -> Outcome:
