@@ -30,6 +30,8 @@ _COUNT = "s"
 _COUNTED = f"{_COUNT}\x00counted"
 #: bumped by every ``delete``: each process then forgets which APIs it knew to have their key
 _DELETES = "g\x00deletes"
+#: bumped by every ``delete`` and ``replace``: an in-process copy of records must be dropped when it moves
+_CHANGES = "g\x00changes"
 _SCAN_PAGE = 1000
 _MAX_KNOWN_APIS = 100_000
 
@@ -293,6 +295,15 @@ class DiskcacheStore(Store):
         self._apply(deltas)
         return added
 
+    def changes(self) -> int:
+        """How many ``delete`` and ``replace`` calls changed the store, in any process (one read):
+        whoever keeps records in memory drops them when this moves."""
+        try:
+            value = self._cache.get(_CHANGES)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+        return 0 if value is None else _int(value)
+
     def _see_deletes(self) -> None:
         """Forget the APIs known to have their key when a ``delete`` (in any process) may have removed one."""
         seen = self._cache.get(_DELETES)
@@ -340,6 +351,7 @@ class DiskcacheStore(Store):
             if cache.delete(f"{_NAMESPACE}\x00{api}"):
                 deltas[_count_key("apis")] -= 1
         cache.incr(_DELETES, 1)
+        cache.incr(_CHANGES, 1)
         self._apply(deltas)
         return len(gone)
 
@@ -371,6 +383,7 @@ class DiskcacheStore(Store):
             target = cache.get(pointer)
             if target is None or (target != record.key and self._holds_failure(record.api, _text(target))):
                 cache.set(pointer, record.key)
+        cache.incr(_CHANGES, 1)
         self._apply(deltas)
 
     def counts(self) -> StoreCounts | None:

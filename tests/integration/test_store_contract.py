@@ -411,7 +411,10 @@ def test_replace_writes_over_an_answer_keeping_counts_right(store: Store) -> Non
     assert old is not None
     new = rec("{'a': 1}", "new", source="real")
     new = Record(new.api, new.key, new.body, new.source, "real-endpoint", replaced=old.provenance())
+    before = store.changes() if isinstance(store, DiskcacheStore) else None
     assert store.replace(new, "ca") is True
+    if before is not None:  # diskcache: what an in-process copy of records would watch
+        assert store.changes() == before + 1  # type: ignore[attr-defined]
     got = store.get(NS, "{'a': 1}")
     assert got is not None and got.answer["response"] == "new" and got.replaced is not None and got.replaced["body"] == old.body
     assert store.get_canonical(NS, "ca") == got
