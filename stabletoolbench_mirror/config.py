@@ -61,6 +61,9 @@ class Mode(enum.StrEnum):
     """Answer only from the caches; a miss gets upstream's "API not working" answer."""
     RECORD = "record"
     """A miss goes to the real API, then the simulator; the answer is recorded."""
+    REFRESH = "refresh"
+    """As ``record``, but a call whose record is in ``refresh``'s scope is asked again: a usable answer
+    replaces the record (its provenance kept), a failure never does (the record is served)."""
 
 
 class _Section(BaseModel):
@@ -171,6 +174,19 @@ class RecordConfig(_Section):
     retry_failures: bool = True
     """In ``record`` mode, try a call whose record is a failure record again; a usable answer replaces it.
     ``false``: serve failure records as recorded.  ``replay`` mode never retries."""
+
+
+class RefreshConfig(_Section):
+    """Which records ``mode: refresh`` asks again (all of them when nothing is set; each set key narrows it)."""
+
+    apis: list[str] = Field(default_factory=list)
+    """APIs as ``/stats`` names them (``Category/tool_for_Category/api``)."""
+    categories: list[str] = Field(default_factory=list)
+    """Categories (standardised, as in ``cache stats``)."""
+    sources: list[Literal["real", "simulated", "imported", "local", "frozen"]] = Field(default_factory=list)
+    """Records of these sources (``frozen``: answers found only in a frozen cache)."""
+    older_than_days: Optional[float] = Field(default=None, ge=0)
+    """Only records recorded more than this many days ago."""
 
 
 class LimitsConfig(_Section):
@@ -306,6 +322,9 @@ class Settings(_Section):
     auth_token: Optional[SecretStr] = None
     store: StoreConfig = Field(default_factory=StoreConfig)
     frozen_caches: list[str] = Field(default_factory=list)
+    download_dir: str = "cache/downloads"
+    """Where snapshot archives given as ``http(s)://`` URLs (``frozen_caches``, ``cache import``) are
+    downloaded and archives are unpacked; a second start uses the copy there."""
     frozen_memory_mb: float = Field(default=320, gt=0)
     """Memory for the indexes of frozen cache files (keys and answer offsets); the least recently used
     files are dropped beyond it and re-read when needed."""
@@ -321,6 +340,7 @@ class Settings(_Section):
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     record: RecordConfig = Field(default_factory=RecordConfig)
+    refresh: RefreshConfig = Field(default_factory=RefreshConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)

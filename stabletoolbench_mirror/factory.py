@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from stabletoolbench_mirror.config import ConfigError, Mode, Settings
 from stabletoolbench_mirror.engine.faults import FaultPlan
 from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.engine.refresh import RefreshScope
 from stabletoolbench_mirror.engine.responders import Responder
 from stabletoolbench_mirror.responders.shadow import ShadowedResponder, shadow_settings
 from stabletoolbench_mirror.responders.simulator import build_simulator
@@ -92,10 +93,20 @@ def build_store(settings: Settings, *, read_only: bool = False) -> Store:
 
 def build_frozen(settings: Settings) -> list[FrozenCache]:
     """The frozen caches, in their listed order, sharing ``frozen_memory_mb`` between them."""
-    paths = settings.frozen_caches
+    paths = [_frozen_folder(settings, i, p) for i, p in enumerate(settings.frozen_caches)]
     budget = int(settings.frozen_memory_mb * 1024 * 1024 / max(1, len(paths)))
     max_file = int(settings.frozen_max_file_mb * 1024 * 1024)
-    return [FrozenCache(settings.resolve(p), memory_budget=budget, allow_symlinks=settings.allow_symlinks, max_file_bytes=max_file) for p in paths]
+    return [FrozenCache(p, memory_budget=budget, allow_symlinks=settings.allow_symlinks, max_file_bytes=max_file) for p in paths]
+
+
+def _frozen_folder(settings: Settings, i: int, configured: str) -> str:
+    """A ``frozen_caches`` entry's folder; an archive or URL fetched and checked (see :mod:`.upstream.archives`)."""
+    from stabletoolbench_mirror.upstream.archives import ArchiveError, frozen_folder
+
+    try:
+        return frozen_folder(settings, configured)
+    except ArchiveError as exc:
+        raise ConfigError(f"frozen_caches[{i}]: {exc}") from exc
 
 
 def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> list[Responder]:
@@ -161,6 +172,7 @@ def build_layer(
             sessions=build_sessions(settings, store),
             local_tools=build_local_tools(settings),
             faults=FaultPlan.from_config(settings.faults),
+            refresh=RefreshScope.from_config(settings.refresh),
         )
     except BaseException:
         if owned:

@@ -211,14 +211,21 @@ def _open_store(args: argparse.Namespace):
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
     from stabletoolbench_mirror.commands.cache_tools import ImportFailed, import_tree
+    from stabletoolbench_mirror.upstream.archives import ArchiveError, is_archive, local_tree
     from stabletoolbench_mirror.upstream.trees import frozen_cache_problem
 
+    settings = settings_from_args(args)
+    try:  # a snapshot archive or a URL to one: fetched into download_dir and checked first
+        if is_archive(args.directory):
+            args.directory = local_tree(args.directory, settings.resolve(settings.download_dir), progress=not args.quiet)
+    except ArchiveError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     # a folder with no cache files (often one level above or below the tree) would import nothing
     problem = frozen_cache_problem(os.path.abspath(args.directory))
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    settings = settings_from_args(args)
     from stabletoolbench_mirror.factory import build_store
 
     with build_store(settings) as store:
@@ -334,7 +341,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cache = sub.add_parser("cache", help="import, export and inspect the response store")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
     imp = cache_sub.add_parser("import", help="copy an upstream tool_response_cache tree into the store")
-    imp.add_argument("directory")
+    imp.add_argument("directory", help="a tool_response_cache tree, a snapshot archive (.tar.gz), or an http(s):// URL to one [#sha256=<hex>]")
     imp.add_argument("--jobs", "-j", type=_jobs, metavar="N",
                      help="processes that parse the files while this one writes (default: one per core, at most 4, "
                           "for a tree of 16 MB or more; 0: parse in this process)")
@@ -353,6 +360,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_config_arguments(p)
         p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
         p.set_defaults(func=fn)
+    from stabletoolbench_mirror.commands.curation import register_cache
+
+    register_cache(cache_sub)  # ls, show, delete, diff
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,10 +18,11 @@ answers recorded in another order elsewhere) gives the same hash.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,70 +36,20 @@ from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.commands.cache_tools import ExportSummary, Tally, count, iter_export
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import Settings
-from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.core.secrets import public_settings
 from stabletoolbench_mirror.factory import build_store
 from stabletoolbench_mirror.stores import Store
+from stabletoolbench_mirror.upstream.content_hash import HASH_METHOD, ContentHash
 from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME, failure_entries
 from stabletoolbench_mirror.upstream.layout import api_path, iter_cache_files, read_cache_file
 
 FORMAT = "stabletoolbench-mirror-snapshot"
 FORMAT_VERSION = 1
-HASH_METHOD = (
-    "sha256 over UTF-8 lines json.dumps([api, key, answer_json], ensure_ascii=False, "
-    "separators=(',', ':')) + '\\n', sorted by (api, key); answer_json is the served compact encoding"
-)
-
-
 class SnapshotError(RuntimeError):
     """A snapshot cannot be written or read."""
 
 
-# -- the content hash ------------------------------------------------------------------------------
-
-
-def served_line(api: str, key: str, body: str) -> bytes:
-    """The canonical line of one entry (see the module docstring), from the answer's served encoding."""
-    text = json.dumps([api, key, body], ensure_ascii=False, separators=(",", ":"))
-    return (text + "\n").encode("utf-8", "surrogatepass")
-
-
-#: hex digits kept of each API's own hash (``api_hashes``): enough to tell a changed file, and short
-API_HASH_HEX = 32
-
-
-class ContentHash:
-    """The content hash, fed one API at a time in api order (memory: one API's entries).
-
-    ``apis`` holds each API's own ``"<entries>:<hash>"`` (the manifest's ``api_hashes``): the first
-    :data:`API_HASH_HEX` hex digits of SHA-256 over that API's lines alone, so a verification that
-    fails can name the files that changed.
-    """
-
-    def __init__(self) -> None:
-        self._digest = hashlib.sha256()
-        self._last: str | None = None
-        self.apis: dict[str, str] = {}
-
-    def add_api(self, api: str, entries: Iterable[tuple[str, Any]]) -> None:
-        self.add_api_bodies(api, ((key, encode_answer(answer)) for key, answer in entries))
-
-    def add_api_bodies(self, api: str, entries: Iterable[tuple[str, str]]) -> None:
-        """:meth:`add_api` with each answer in its served encoding (records' bodies: no decoding)."""
-        if self._last is not None and api <= self._last:
-            raise ValueError(f"APIs must come in api order: {api!r} after {self._last!r}")
-        self._last = api
-        own = hashlib.sha256()
-        n = 0
-        for key, body in sorted(entries, key=lambda e: e[0]):
-            line = served_line(api, key, body)
-            self._digest.update(line)
-            own.update(line)
-            n += 1
-        self.apis[api] = f"{n}:{own.hexdigest()[:API_HASH_HEX]}"
-
-    def hexdigest(self) -> str:
-        return "sha256:" + self._digest.hexdigest()
+# -- the content hash (computed in upstream.content_hash: frozen archives are checked without this module) --
 
 
 def content_hash(entries: Iterable[tuple[str, str, Any]]) -> str:
@@ -370,14 +321,24 @@ def changed_apis(root: Path, recorded: Any, computed: dict[str, str], paths: dic
 def cmd_snapshot(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.verify:
-        result = verify_snapshot(args.out, allow_left_out=args.skip_unsafe, progress=not args.quiet)
+        from stabletoolbench_mirror.upstream.archives import ArchiveError, is_archive, local_tree
+
+        out = args.out
+        if is_archive(out):  # an archive or URL: unpacked into download_dir (its content hash checked there too)
+            try:
+                settings = settings_from_args(args)
+                out = local_tree(out, settings.resolve(settings.download_dir), progress=not args.quiet)
+            except ArchiveError as exc:
+                print(f"FAILED: {exc}", file=sys.stderr)
+                return 1
+        result = verify_snapshot(out, allow_left_out=args.skip_unsafe, progress=not args.quiet)
         print("\n".join(result.lines()))
         print(f"time: {_throughput(result.entries, time.perf_counter() - started)}")
         return 0 if result.ok else 1
     settings = settings_from_args(args)
     try:
-        with build_store(settings) as store:
-            manifest = write_snapshot(store, args.out, settings=settings, progress=not args.quiet, exclude_failures=args.exclude_failures)
+        with build_store(settings) as store, _written(args.out) as folder:
+            manifest = write_snapshot(store, folder, settings=settings, progress=not args.quiet, exclude_failures=args.exclude_failures)
     except SnapshotError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -401,6 +362,23 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _written(out: str) -> Iterator[str]:
+    """The folder to write the snapshot into: ``out``, or for ``OUT.tar.gz`` a temporary one packed into it."""
+    from stabletoolbench_mirror.upstream.archives import ARCHIVE_SUFFIXES, pack
+
+    if not out.endswith(ARCHIVE_SUFFIXES):
+        yield out
+        return
+    target = Path(out)
+    if target.exists():
+        raise SnapshotError(f"{out} exists: write a one-file snapshot to a new file")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".snapshot-", dir=target.parent) as folder:
+        yield folder
+        pack(Path(folder), target)
+
+
 def _throughput(entries: int, seconds: float) -> str:
     return f"{seconds:.1f} s ({entries / seconds if seconds > 0 else 0:,.0f} entries/s)"
 
@@ -412,7 +390,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Write the store as an upstream tool_response_cache tree plus manifest.json "
         "(counts, models, settings without secrets, content hash); --verify rechecks a snapshot.",
     )
-    parser.add_argument("out", help="the snapshot folder (new or empty; with --verify: an existing snapshot)")
+    parser.add_argument("out", help="the snapshot folder (new or empty), or OUT.tar.gz for one file (new); with --verify: an existing snapshot folder, archive or URL")
     parser.add_argument("--verify", action="store_true", help="recompute the content hash of OUT and compare with its manifest")
     parser.add_argument(
         "--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)"

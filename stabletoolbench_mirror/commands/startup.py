@@ -96,9 +96,16 @@ def _describe_tree(count: TreeCount) -> str:
 def check_frozen_caches(settings: Settings, report: StartupReport, *, count_entries: bool | None = None) -> None:
     if not settings.frozen_caches:
         report.add("frozen caches", "none")
+    from stabletoolbench_mirror.upstream.archives import ArchiveError, frozen_folder
+
     for i, configured in enumerate(settings.frozen_caches):
-        path = settings.resolve(configured)
         key = f"frozen_caches[{i}]"
+        try:
+            path = frozen_folder(settings, configured)  # an archive or URL: fetched and checked now
+        except ArchiveError as exc:
+            report.add(f"frozen cache {i}", f"{configured}: NOT USABLE")
+            report.error(key, str(exc))
+            continue
         problem = frozen_cache_problem(path, follow_symlinks=settings.allow_symlinks)
         if problem is not None:
             report.add(f"frozen cache {i}", f"{path}: NOT USABLE")
@@ -194,10 +201,10 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
     Record mode with no responder but something cached says so in the ``mode`` line.
     """
     fills = settings.real.enabled or settings.simulator.enabled or simulator_launched
-    if settings.mode == "record" and not fills:
+    if settings.mode in ("record", "refresh") and not fills:
         note = " (neither real.enabled nor simulator.enabled: misses are not filled)"
         report.lines = [(label, text + note if label == "mode" else text) for label, text in report.lines]
-    if settings.mode == "record" and fills:
+    if settings.mode in ("record", "refresh") and fills:
         return
     bad_frozen = {f.key for f in report.errors if f.key.startswith("frozen_caches[")}
     if len(settings.frozen_caches) > len(bad_frozen) or settings.local_tools or settings.apibank:

@@ -35,6 +35,7 @@ from stabletoolbench_mirror.core.protocol import ToolInputParseError, VirtualReq
 from stabletoolbench_mirror.core.records import Record, Source
 from stabletoolbench_mirror.core.fair import FairSemaphore
 from stabletoolbench_mirror.engine.local_tools import LocalTool, LocalTools
+from stabletoolbench_mirror.engine.refresh import RefreshScope
 from stabletoolbench_mirror.engine.responders import Attempt, CountsEvents, Responder, wants_examples
 from stabletoolbench_mirror.engine.sessions import SessionError, Sessions
 from stabletoolbench_mirror.engine.singleflight import SingleFlight
@@ -69,6 +70,7 @@ class MirrorLayer:
         sessions: Sessions | None = None,
         local_tools: LocalTools | None = None,
         faults: "FaultPlan | None" = None,
+        refresh: RefreshScope | None = None,
     ) -> None:
         try:
             self.mode = Mode(mode)
@@ -82,6 +84,8 @@ class MirrorLayer:
         self.save = save
         self.retry_failures = retry_failures
         """``record.retry_failures``: in ``record`` mode, a failure record's call is tried again."""
+        self.refresh = refresh or RefreshScope()
+        """``mode: refresh``: the usable records asked again (see :mod:`.refresh`)."""
         self.health = StoreHealth()
         """Whether the store can be read and written now (``/health``)."""
         self.stats = stats or Stats()
@@ -193,17 +197,22 @@ class MirrorLayer:
     @property
     def fills(self) -> bool:
         """Whether a miss may be answered by the real API or the simulator (``record`` mode, with one configured)."""
-        return self.mode is Mode.RECORD and bool(self.responders)
+        return self.mode in (Mode.RECORD, Mode.REFRESH) and bool(self.responders)
 
     def retries(self, record: Record) -> bool:
-        """Whether ``record`` is a failure record this layer tries again (``record.retry_failures``)."""
-        return record.is_failure and self.retry_failures and self.fills
+        """Whether ``record`` is a failure record this layer tries again (``record.retry_failures``),
+        or a usable one ``mode: refresh`` asks again (:meth:`refreshes`)."""
+        return (record.is_failure and self.retry_failures and self.fills) or self.refreshes(record)
+
+    def refreshes(self, record: Record) -> bool:
+        """Whether ``mode: refresh`` asks ``record``'s call again (a usable answer in ``refresh``'s scope)."""
+        return self.mode is Mode.REFRESH and not record.is_failure and bool(self.responders) and self.refresh.covers(record)
 
     def settled(self, call: ToolCall) -> bool:
         """Whether the cache holds an answer for ``call`` that ``record`` mode would not try again
         (``warm`` skips those calls): a usable answer, or a failure record without ``retry_failures``."""
         record = self.lookup(call)
-        return record is not None and not (record.is_failure and self.retry_failures)
+        return record is not None and not (record.is_failure and self.retry_failures) and not self.refreshes(record)
 
     def answer(self, call: ToolCall, state: dict) -> Outcome:
         """A local tool's answer (it may change ``state``), else the cache, else the real API and the simulator, recorded."""
@@ -329,6 +338,9 @@ class MirrorLayer:
                 misses.add(responder.source, attempt)
                 continue
             record = Record.from_answer(call.api, call.key, attempt.answer, responder.source, attempt.origin, attempt.meta)
+            if failure is not None and not failure.is_failure and failure.key == call.key and failure.source != "frozen":
+                # mode: refresh, the store's usable record of this very key: replaced, keeping its provenance
+                return self._refreshed(call, replace(record, replaced=failure.provenance()), misses.problems)
             if failure is not None and failure.key == call.key and failure.source != "frozen":
                 # the store's failure record of this very key: the answer replaces it, keeping its provenance
                 record = replace(record, replaced=failure.provenance())
@@ -354,6 +366,22 @@ class MirrorLayer:
             log.info("a usable answer replaced the failure record of %s key=%s", clip(call.api), clip(call.key))
         return replace(_served(call, record, kind), problems=tuple(problems))
 
+    def _refreshed(self, call: ToolCall, record: Record, problems: list[str]) -> Outcome:
+        """``mode: refresh``: write the new answer over the record (unless ``save`` is off) and serve it."""
+        kind = OutcomeKind.REPLACED
+        if not self.save:
+            kind = OutcomeKind.RECORDED
+        else:
+            try:
+                self.store.replace(record, call.canonical)
+                self.health.succeeded("write")
+            except StoreError as exc:
+                self.health.failed("write", exc, unrecorded=True)
+                kind = OutcomeKind.UNRECORDED
+        if kind is OutcomeKind.REPLACED:
+            log.info("refresh: a new answer replaced the record of %s key=%s", clip(call.api), clip(call.key))
+        return replace(_served(call, record, kind), problems=tuple(problems))
+
     def _failed(self, call: ToolCall, failure: Record | None, misses: "_Misses") -> Outcome:
         """No usable answer: serve, and record, a failure.
 
@@ -362,6 +390,9 @@ class MirrorLayer:
         error) is served and recorded as a new failure record.
         """
         problems = misses.problems
+        if failure is not None and not failure.is_failure:
+            # mode: refresh asked a usable record's call again and got nothing usable: the record is served
+            return replace(_served(call, failure, OutcomeKind.HIT), problems=tuple(problems))
         if failure is not None:
             return replace(_served(call, failure, OutcomeKind.FAILED), source=None, problems=tuple(problems))
         fallback = misses.fallback
@@ -403,7 +434,7 @@ class MirrorLayer:
         state.clear()
         state.update(result.state or {})
         record = Record.from_answer(call.api, call.key, result.answer, "local", tool.origin)
-        if self.save and self.mode is Mode.RECORD:
+        if self.save and self.mode in (Mode.RECORD, Mode.REFRESH):
             try:
                 self.store.add(record, call.canonical)
                 self.health.succeeded("write")

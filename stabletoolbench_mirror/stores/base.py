@@ -92,8 +92,9 @@ class Store(CacheTier):
     overwritten, so concurrent writers (threads, processes, hosts) agree on one answer.
     The one exception is a failure record (:attr:`Record.is_failure`): a usable answer
     replaces it, and a canonical pointer naming a failure moves to the usable answer, so a
-    failure never hides an answer recorded for the same call.  A usable answer is never
-    replaced.
+    failure never hides an answer recorded for the same call.  A usable answer is replaced
+    only by :meth:`replace` (``mode: refresh``), and records go only by :meth:`delete`
+    (``cache delete``); both are seen at once by every process and host using the store.
     """
 
     kind = "store"
@@ -119,6 +120,26 @@ class Store(CacheTier):
     def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
         """:meth:`add` for a batch of ``(record, canonical)`` (bulk import); backends may batch the writes."""
         return [self.add(record, canonical) for record, canonical in items]
+
+    def iter_api(self, api: str) -> Iterator[Record]:
+        """Every record of one API, streamed (``cache ls --api``); backends read only that API."""
+        return (record for record in self if record.api == api)
+
+    def delete(self, api: str, keys: Iterable[str]) -> int:
+        """Remove these keys' records of ``api`` (keys not there are skipped); return how many went.
+
+        Counters follow, canonical pointers naming a removed key go with it, and an API left
+        without records is no longer counted.  Atomic per call.
+        """
+        raise StoreError(f"a {self.kind} store cannot delete records")
+
+    def replace(self, record: Record, canonical: str | None) -> bool:
+        """Write ``record`` over whatever its key holds (``mode: refresh``); return whether it was written.
+
+        ``canonical`` names its key when it names nothing or a failure record.  Counters move
+        from the record replaced to this one.
+        """
+        raise StoreError(f"a {self.kind} store cannot replace records")
 
     def counts(self) -> StoreCounts | None:
         """Counts kept on every write, or ``None`` when the backend keeps none (``cache stats`` then scans)."""

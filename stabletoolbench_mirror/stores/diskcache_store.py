@@ -28,6 +28,10 @@ _NAMESPACE = "n"
 _COUNT = "s"
 #: present when the counters below were kept since the store was empty (so they count everything)
 _COUNTED = f"{_COUNT}\x00counted"
+#: bumped by every ``delete``: each process then forgets which APIs it knew to have their key
+_DELETES = "g\x00deletes"
+#: bumped by every ``delete`` and ``replace``: an in-process copy of records must be dropped when it moves
+_CHANGES = "g\x00changes"
 _SCAN_PAGE = 1000
 _MAX_KNOWN_APIS = 100_000
 
@@ -58,6 +62,13 @@ def _count_provenance(counts: Counter[str], record: Record, sign: int = 1) -> No
     counts[_count_key("origin", origin_key(record))] += sign
     if record.is_failure:
         counts[_count_key("outcome", "failure")] += sign
+
+
+def _count_record(counts: Counter[str], record: Record, sign: int) -> None:
+    """:func:`_count_provenance`, and an answer that replaced a record (``delete``, ``replace``)."""
+    _count_provenance(counts, record, sign)
+    if record.replaced is not None:
+        counts[_count_key("outcome", "replaced")] += sign
 
 
 def _count_new(counts: Counter[str], record: Record) -> None:
@@ -117,7 +128,8 @@ class DiskcacheStore(Store):
         self.read_only = read_only
         self._write_lock = threading.Lock()
         self._known_apis: set[str] = set()
-        """APIs known to have their key already (they are never removed): no write to find out again."""
+        """APIs known to have their key already: no write to find out again (forgotten after a ``delete``)."""
+        self._deletes_seen: object = None
         if read_only:
             try:
                 self._cache: Any = layout.ReadOnlyCache(self.path)
@@ -173,6 +185,7 @@ class DiskcacheStore(Store):
         try:
             # one transaction: the entry, its canonical pointer and the counters, or nothing
             with self._cache.transact(retry=True):
+                self._see_deletes()
                 added = self._add_in_transaction(record, canonical)
         except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
             raise StoreError(f"diskcache write failed: {exc}") from exc
@@ -235,6 +248,7 @@ class DiskcacheStore(Store):
         with self._write_lock:
             try:
                 with self._cache.transact(retry=True):
+                    self._see_deletes()
                     added = self._insert_batch(items)
             except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
                 raise StoreError(f"diskcache write failed: {exc}") from exc
@@ -280,6 +294,97 @@ class DiskcacheStore(Store):
             layout.insert(self._cache, rows)
         self._apply(deltas)
         return added
+
+    def changes(self) -> int:
+        """How many ``delete`` and ``replace`` calls changed the store, in any process (one read):
+        whoever keeps records in memory drops them when this moves."""
+        try:
+            value = self._cache.get(_CHANGES)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
+        return 0 if value is None else _int(value)
+
+    def _see_deletes(self) -> None:
+        """Forget the APIs known to have their key when a ``delete`` (in any process) may have removed one."""
+        seen = self._cache.get(_DELETES)
+        if seen != self._deletes_seen:
+            self._known_apis.clear()
+            self._deletes_seen = seen
+
+    def delete(self, api: str, keys: Iterable[str]) -> int:
+        self._writable()
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            return 0
+        with self._write_lock:
+            try:
+                with self._cache.transact(retry=True):
+                    removed = self._delete_in_transaction(api, keys)
+            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+                raise StoreError(f"diskcache delete failed: {exc}") from exc
+            self._known_apis.discard(api)
+        return removed
+
+    def _delete_in_transaction(self, api: str, keys: list[str]) -> int:
+        cache = self._cache
+        deltas: Counter[str] = Counter()
+        gone: set[str] = set()
+        for key in keys:
+            entry = _entry_key(api, key)
+            raw = cache.get(entry)
+            if raw is None:
+                continue
+            record = _record(raw)
+            cache.delete(entry)
+            gone.add(key)
+            deltas[_count_key("entries")] -= 1
+            deltas[_count_key("category", api.split("/", 1)[0])] -= 1
+            _count_record(deltas, record, -1)
+        if not gone:
+            return 0
+        low = _canonical_key(api, "")
+        pointers = [k for k, v in layout.scan(cache, low, low[:-1] + "\x01", inclusive=True, page=_SCAN_PAGE) if v in gone]
+        for pointer in pointers:
+            cache.delete(pointer)
+        low = _entry_key(api, "")
+        if not layout.keys_in_range(cache, low, low[:-1] + "\x01", 1):
+            if cache.delete(f"{_NAMESPACE}\x00{api}"):
+                deltas[_count_key("apis")] -= 1
+        cache.incr(_DELETES, 1)
+        cache.incr(_CHANGES, 1)
+        self._apply(deltas)
+        return len(gone)
+
+    def replace(self, record: Record, canonical: str | None) -> bool:
+        self._writable()
+        with self._write_lock:
+            try:
+                with self._cache.transact(retry=True):
+                    self._see_deletes()
+                    self._replace_in_transaction(record, canonical)
+            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+                raise StoreError(f"diskcache write failed: {exc}") from exc
+        self._remember_apis((record,))
+        return True
+
+    def _replace_in_transaction(self, record: Record, canonical: str | None) -> None:
+        cache = self._cache
+        raw = cache.get(_entry_key(record.api, record.key))
+        if raw is None:
+            self._add_in_transaction(record, canonical)
+            return
+        old = _record(raw)
+        cache.set(_entry_key(record.api, record.key), record.to_json())
+        deltas: Counter[str] = Counter()
+        _count_record(deltas, old, -1)
+        _count_record(deltas, record, 1)
+        if canonical is not None:
+            pointer = _canonical_key(record.api, canonical)
+            target = cache.get(pointer)
+            if target is None or (target != record.key and self._holds_failure(record.api, _text(target))):
+                cache.set(pointer, record.key)
+        cache.incr(_CHANGES, 1)
+        self._apply(deltas)
 
     def counts(self) -> StoreCounts | None:
         """The store's counters (no scan), or ``None`` when they were not kept since the store was empty."""
@@ -330,6 +435,14 @@ class DiskcacheStore(Store):
             raise StoreError(f"diskcache read failed: {exc}") from exc
         if group:
             yield current, _recording_order(group)  # type: ignore[misc]
+
+    def iter_api(self, api: str) -> Iterator[Record]:
+        low = _entry_key(api, "")
+        try:
+            for _key, raw in layout.scan(self._cache, low, low[:-1] + "\x01", inclusive=True, page=_SCAN_PAGE):
+                yield _record(raw)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"diskcache read failed: {exc}") from exc
 
     def sample(self, api: str, limit: int) -> Iterator[Record]:
         prefix = _entry_key(api, "")

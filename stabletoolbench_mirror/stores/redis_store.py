@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -44,6 +45,7 @@ from stabletoolbench_mirror.core.records import Record, Source
 from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S, LeaseKeeper
+from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, channel, forget_message
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,86 @@ end
 return added
 """
 
+_DECODE_LUA = """
+local function decode(raw)
+  if not raw then return nil end
+  local ok, data = pcall(cjson.decode, raw)
+  if ok and type(data) == 'table' then return data end
+  return {}
+end
+local function is_failure(raw)
+  if not raw then return true end
+  local data = decode(raw)
+  return data['outcome'] == 'failure'
+end
+-- a record's counts, as the add script keeps them (origin as origin_key() groups it), times sign
+local function count(data, sign)
+  local source = tostring(data['source'])
+  local origin = tostring(data['origin'] or '')
+  if source == 'imported' then origin = string.match(origin, '^[^/]*') end
+  redis.call('HINCRBY', KEYS[4], 'source:' .. source, sign)
+  redis.call('HINCRBY', KEYS[4], 'origin:' .. source .. ':' .. origin, sign)
+  if data['outcome'] == 'failure' then redis.call('HINCRBY', KEYS[4], 'outcome:failure', sign) end
+  if type(data['replaced']) == 'table' then redis.call('HINCRBY', KEYS[4], 'outcome:replaced', sign) end
+end
+"""
+
+# KEYS: entries hash, canonical hash, apis set, counts hash; ARGV: api, category, keys to delete...
+# The records go with their counts and the canonical pointers naming them; an API left empty leaves the set.
+_DELETE_SCRIPT = _DECODE_LUA + """
+local removed = {}
+local n = 0
+for i = 3, #ARGV do
+  local raw = redis.call('HGET', KEYS[1], ARGV[i])
+  if raw then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    removed[ARGV[i]] = true
+    n = n + 1
+    count(decode(raw), -1)
+    redis.call('HINCRBY', KEYS[4], 'entries', -1)
+    redis.call('HINCRBY', KEYS[4], 'category:' .. ARGV[2], -1)
+  end
+end
+if n > 0 then
+  local cursor = '0'
+  repeat
+    local page = redis.call('HSCAN', KEYS[2], cursor, 'COUNT', 1000)
+    cursor = page[1]
+    local items = page[2]
+    for j = 1, #items, 2 do
+      if removed[items[j + 1]] then redis.call('HDEL', KEYS[2], items[j]) end
+    end
+  until cursor == '0'
+  if redis.call('HLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[3], ARGV[1]) end
+end
+return n
+"""
+
+# KEYS: as the add script's; ARGV: key, record JSON, api, canonical or "", category.
+# The record is written over whatever the key holds; the counts move from that record to this one.
+_REPLACE_SCRIPT = _DECODE_LUA + """
+if redis.call('SCARD', KEYS[3]) == 0 then
+  redis.call('HSETNX', KEYS[4], 'counted', 1)
+end
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[3])
+if current then
+  count(decode(current), -1)
+else
+  redis.call('HINCRBY', KEYS[4], 'entries', 1)
+  redis.call('HINCRBY', KEYS[4], 'category:' .. ARGV[5], 1)
+end
+count(decode(ARGV[2]), 1)
+if ARGV[4] ~= '' then
+  local target = redis.call('HGET', KEYS[2], ARGV[4])
+  if (not target) or (target ~= ARGV[1] and is_failure(redis.call('HGET', KEYS[1], target))) then
+    redis.call('HSET', KEYS[2], ARGV[4], ARGV[1])
+  end
+end
+return 1
+"""
+
 # a lock is renewed or deleted only by the holder of its token
 _RENEW_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -144,8 +226,34 @@ class RecordMemory:
         self._pointers: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self.live = True
+        """Whether the memory serves (a store's memory is live only while it hears invalidations)."""
+        self.epoch = 0
+        """Bumped by every invalidation: a read begun before one is not remembered (see :meth:`put`)."""
+
+    def go_live(self) -> None:
+        """Invalidations are heard from now on: empty the memory (some may have been missed) and serve."""
+        self.clear()
+        self.live = True
+
+    def clear(self) -> None:
+        with self._lock:
+            self.epoch += 1
+            self._records.clear()
+            self._pointers.clear()
+            self._bytes = 0
+
+    def forget(self, where: tuple[str, str]) -> None:
+        """Forget one record (it was replaced); pointers stay right, as they name keys."""
+        with self._lock:
+            self.epoch += 1
+            item = self._records.pop(where, None)
+            if item is not None:
+                self._bytes -= item[1]
 
     def get(self, where: tuple[str, str]) -> Record | None:
+        if not self.live:
+            return None
         with self._lock:
             item = self._records.get(where)
             if item is None:
@@ -155,6 +263,8 @@ class RecordMemory:
         return Record(api=where[0], key=key, body=body, source=source, origin=origin, created_at=created_at)
 
     def pointer(self, where: tuple[str, str]) -> str | None:
+        if not self.live:
+            return None
         with self._lock:
             item = self._pointers.get(where)
             if item is None:
@@ -162,13 +272,14 @@ class RecordMemory:
             self._pointers.move_to_end(where)
             return item[0]
 
-    def put(self, where: tuple[str, str], record: Record) -> None:
+    def put(self, where: tuple[str, str], record: Record, epoch: int | None = None) -> None:
+        """Remember ``record`` (read when the memory's :attr:`epoch` was ``epoch``, if given)."""
         # kept as a tuple of strings and a float, which Python's garbage collector stops tracking:
         # a memory of many records then costs the collector (and so the latency tail) nothing
         if record.is_failure:
             return
         fields = (record.key, record.body, record.source, record.origin, record.created_at)
-        self._insert(self._records, where, fields, len(record.body) + len(record.key) + len(record.origin) + 200)
+        self._insert(self._records, where, fields, len(record.body) + len(record.key) + len(record.origin) + 200, epoch)
 
     def unpoint(self, where: tuple[str, str]) -> None:
         """Forget a canonical pointer (it names a failure record, so it may move)."""
@@ -177,14 +288,15 @@ class RecordMemory:
             if item is not None:
                 self._bytes -= item[1]
 
-    def point(self, where: tuple[str, str], key: str) -> None:
-        self._insert(self._pointers, where, key, len(key) + len(where[1]) + 100)
+    def point(self, where: tuple[str, str], key: str, epoch: int | None = None) -> None:
+        self._insert(self._pointers, where, key, len(key) + len(where[1]) + 100, epoch)
 
-    def _insert(self, table: "OrderedDict[tuple[str, str], Any]", where: tuple[str, str], value: Any, size: int) -> None:
-        if size > self.max_bytes // 4:
+    def _insert(self, table: "OrderedDict[tuple[str, str], Any]", where: tuple[str, str], value: Any, size: int,
+                epoch: int | None = None) -> None:
+        if size > self.max_bytes // 4 or not self.live:
             return
         with self._lock:
-            if where in table:
+            if where in table or (epoch is not None and epoch != self.epoch):
                 return
             table[where] = (value, size)
             self._bytes += size
@@ -239,7 +351,12 @@ class RedisStore(Store):
         self._release = self._client.register_script(_RELEASE_SCRIPT)
         self._apis_key = f"{prefix}:namespaces"  # the set of APIs (its name predates the word)
         self._counts = f"{prefix}:counts"
+        self._delete = self._client.register_script(_DELETE_SCRIPT)
+        self._replace = self._client.register_script(_REPLACE_SCRIPT)
         self._memory = RecordMemory(memory_bytes)
+        # the memory serves only while this instance hears what other ones delete or replace
+        self._memory.live = False
+        self._invalidations = Invalidations(lambda: redis.Redis.from_url(url, **self._client_options(Retry)), prefix, self._memory)
         self._leases = LeaseKeeper(self.lock_ttl_s)
 
     def _client_options(self, retry_class: Any) -> dict[str, Any]:
@@ -290,45 +407,54 @@ class RedisStore(Store):
     # Each read has a sync and an async form (the server reads on its event loop); both go
     # through recall / _remember / _point, so the memory-then-Redis order is written once.
 
-    def _remember(self, api: str, key: str, raw: str | bytes | None) -> Record | None:
+    def _epoch(self) -> int:
+        """The memory's epoch before a read (the first read also starts hearing invalidations)."""
+        if not self._memory.live and self._memory.max_bytes:
+            self._invalidations.start()
+        return self._memory.epoch
+
+    def _remember(self, api: str, key: str, raw: str | bytes | None, epoch: int) -> Record | None:
         if raw is None:
             return None
         record = self._decode(_text(raw))
-        self._memory.put((api, key), record)
+        self._memory.put((api, key), record, epoch)
         return record
 
-    def _point(self, api: str, canonical: str, found: str | bytes | None) -> str | None:
+    def _point(self, api: str, canonical: str, found: str | bytes | None, epoch: int) -> str | None:
         if found is None:
             return None
         key = _text(found)
-        self._memory.point((api, canonical), key)
+        self._memory.point((api, canonical), key, epoch)
         return key
 
     def get(self, api: str, key: str) -> Record | None:
         record = self.recall(api, key)
         if record is not None:
             return record
+        epoch = self._epoch()
         try:
             raw = self._client.hget(self._entries(api), key)
         except RedisError as exc:
             raise self._failed("read", exc) from exc
-        return self._remember(api, key, raw)
+        return self._remember(api, key, raw, epoch)
 
     async def aget(self, api: str, key: str) -> Record | None:
         record = self.recall(api, key)
         if record is not None:
             return record
+        epoch = self._epoch()
         try:
             raw = await self._async_client().hget(self._entries(api), key)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             raise self._failed("read", exc) from exc
-        return self._remember(api, key, raw)
+        return self._remember(api, key, raw, epoch)
 
     def get_canonical(self, api: str, canonical: str) -> Record | None:
         key = self._memory.pointer((api, canonical))
         if key is None:
+            epoch = self._epoch()
             try:
-                key = self._point(api, canonical, self._client.hget(self._canonicals(api), canonical))
+                key = self._point(api, canonical, self._client.hget(self._canonicals(api), canonical), epoch)
             except RedisError as exc:
                 raise self._failed("read", exc) from exc
         return self._pointed(api, canonical, None if key is None else self.get(api, key))
@@ -341,8 +467,9 @@ class RedisStore(Store):
     async def aget_canonical(self, api: str, canonical: str) -> Record | None:
         key = self._memory.pointer((api, canonical))
         if key is None:
+            epoch = self._epoch()
             try:
-                key = self._point(api, canonical, await self._async_client().hget(self._canonicals(api), canonical))
+                key = self._point(api, canonical, await self._async_client().hget(self._canonicals(api), canonical), epoch)
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 raise self._failed("read", exc) from exc
         return self._pointed(api, canonical, None if key is None else await self.aget(api, key))
@@ -376,6 +503,44 @@ class RedisStore(Store):
             return [int(added) == 1 for added in pipe.execute()]
         except RedisError as exc:
             raise self._failed("write", exc) from exc
+
+    def delete(self, api: str, keys: Iterable[str]) -> int:
+        """Remove records (one script per 1000 keys) and tell every instance to empty its memory."""
+        keys = list(dict.fromkeys(keys))
+        removed = 0
+        try:
+            for i in range(0, len(keys), 1000):
+                call_keys = [self._entries(api), self._canonicals(api), self._apis_key, self._counts]
+                removed += int(self._delete(keys=call_keys, args=[api, api.split("/", 1)[0], *keys[i : i + 1000]]))
+        except RedisError as exc:
+            raise self._failed("delete", exc) from exc
+        finally:
+            if keys:
+                self._invalidate(EVERYTHING)
+        return removed
+
+    def replace(self, record: Record, canonical: str | None) -> bool:
+        api = record.api
+        try:
+            self._replace(keys=[self._entries(api), self._canonicals(api), self._apis_key, self._counts],
+                          args=[record.key, record.to_json(), api, canonical or "", api.split("/", 1)[0]])
+        except RedisError as exc:
+            raise self._failed("write", exc) from exc
+        finally:
+            self._invalidate(forget_message(api, record.key))
+        return True
+
+    def _invalidate(self, message: str) -> None:
+        """Tell every instance (this one too) to forget what changed."""
+        if message == EVERYTHING:
+            self._memory.clear()
+        else:
+            api, key = json.loads(message)
+            self._memory.forget((api, key))
+        try:
+            self._client.publish(channel(self.prefix), message)
+        except RedisError as exc:
+            raise self._failed("invalidate", exc) from exc
 
     def counts(self) -> StoreCounts | None:
         try:
@@ -416,6 +581,13 @@ class RedisStore(Store):
             raise self._failed("read", exc) from exc
         for raw in values:
             yield self._decode(raw)
+
+    def iter_api(self, api: str) -> Iterator[Record]:
+        try:
+            for _key, raw in self._client.hscan_iter(self._entries(api), count=500):
+                yield self._decode(raw)
+        except RedisError as exc:
+            raise self._failed("read", exc) from exc
 
     def apis(self) -> list[str]:
         try:
@@ -499,6 +671,7 @@ class RedisStore(Store):
             raise self._failed("ping", exc) from exc
 
     def close(self) -> None:
+        self._invalidations.close()
         self._leases.close()
         aclient, self._aclient = self._aclient, None
         if aclient is not None:

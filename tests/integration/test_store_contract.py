@@ -351,3 +351,100 @@ def test_a_batch_with_failures_ends_as_adding_one_at_a_time(batch: str, spec: di
     finally:
         one.close()
         many.close()
+
+
+# -- delete and replace (cache delete, mode: refresh) -------------------------------------------
+
+OTHER = "Other/t_for_Other/b"
+
+
+def _scanned_counts(store: Store) -> dict[str, Any]:
+    """What a full scan counts (the counters must say the same)."""
+    from stabletoolbench_mirror.commands.cache_tools import Tally
+
+    tally = Tally()
+    for record in store:
+        tally.add(record)
+    return tally.to_json()
+
+
+def _counted(store: Store) -> dict[str, Any]:
+    counts = store.counts()
+    assert counts is not None
+    return {"entries": counts.entries, "apis": counts.apis, "by_source": counts.by_source, "by_category": counts.by_category,
+            "failure_records": counts.by_outcome.get("failure", 0), "replaced_failures": counts.by_outcome.get("replaced", 0)}
+
+
+def _agree(store: Store) -> None:
+    scanned, counted = _scanned_counts(store), _counted(store)
+    for name in ("entries", "apis", "by_source", "by_category", "failure_records", "replaced_failures"):
+        assert counted[name] == scanned[name], name
+
+
+def test_delete_removes_exactly_the_keys_named_with_their_pointers_and_counts(store: Store) -> None:
+    for i in range(5):
+        store.add(rec(f"{{'i': {i}}}", f"r{i}"), f"c{i}")
+    store.add(fail("{'f': 1}"), "cf")
+    store.add(rec("{'i': 0}", "other api", ns=OTHER), "c0")
+    store.add(rec("{'imp': 1}", "imported", ns=OTHER, source="imported"), "ci")
+    _agree(store)
+    assert store.delete(NS, ["{'i': 1}", "{'f': 1}", "{'absent': 0}"]) == 2
+    assert store.get(NS, "{'i': 1}") is None and store.get_canonical(NS, "c1") is None
+    assert store.get(NS, "{'f': 1}") is None and store.get_canonical(NS, "cf") is None
+    assert store.get(NS, "{'i': 2}").answer["response"] == "r2"  # type: ignore[union-attr]
+    assert store.get(OTHER, "{'i': 0}").answer["response"] == "other api"  # type: ignore[union-attr]
+    assert len(store) == 6 and _counted(store)["entries"] == 6 and _counted(store)["failure_records"] == 0
+    _agree(store)
+    # the last records of an API: it is no longer counted, and a new record brings it back
+    assert store.delete(OTHER, ["{'i': 0}", "{'imp': 1}"]) == 2
+    assert _counted(store)["apis"] == 1 and store.get_canonical(OTHER, "c0") is None
+    _agree(store)
+    assert store.add(rec("{'i': 0}", "again", ns=OTHER), "c0") is True
+    assert _counted(store)["apis"] == 2 and store.get_canonical(OTHER, "c0").answer["response"] == "again"  # type: ignore[union-attr]
+    _agree(store)
+    assert store.delete(NS, []) == 0 and store.delete("No/such_for_No/api", ["{}"]) == 0
+
+
+def test_replace_writes_over_an_answer_keeping_counts_right(store: Store) -> None:
+    store.add(rec("{'a': 1}", "old"), "ca")
+    old = store.get(NS, "{'a': 1}")
+    assert old is not None
+    new = rec("{'a': 1}", "new", source="real")
+    new = Record(new.api, new.key, new.body, new.source, "real-endpoint", replaced=old.provenance())
+    before = store.changes() if isinstance(store, DiskcacheStore) else None
+    assert store.replace(new, "ca") is True
+    if before is not None:  # diskcache: what an in-process copy of records would watch
+        assert store.changes() == before + 1  # type: ignore[attr-defined]
+    got = store.get(NS, "{'a': 1}")
+    assert got is not None and got.answer["response"] == "new" and got.replaced is not None and got.replaced["body"] == old.body
+    assert store.get_canonical(NS, "ca") == got
+    assert _counted(store)["by_source"] == {"real": 1} and _counted(store)["replaced_failures"] == 1
+    _agree(store)
+    # a key not there yet: replace adds it
+    assert store.replace(rec("{'b': 1}", "fresh"), "cb") is True and len(store) == 2
+    _agree(store)
+
+
+def test_another_instance_stops_serving_a_deleted_or_replaced_record_at_once(spec: dict[str, Any]) -> None:
+    """Redis instances remember what they read: a delete or replace elsewhere must reach that memory."""
+    a, b = open_store(spec), open_store(spec)
+    try:
+        a.add(rec("{'x': 1}", "kept"), "cx")
+        a.add(rec("{'y': 1}", "replaced"), "cy")
+        for _ in range(2):  # read twice: the second read is served from b's memory on Redis
+            assert b.get(NS, "{'x': 1}") is not None and b.get_canonical(NS, "cy") is not None
+        assert a.delete(NS, ["{'x': 1}"]) == 1
+        a.replace(rec("{'y': 1}", "refreshed"), "cy")
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            if b.get(NS, "{'x': 1}") is None and b.get(NS, "{'y': 1}").answer["response"] == "refreshed":  # type: ignore[union-attr]
+                break
+            time.sleep(0.005)
+        waited = 1.0 - (deadline - time.monotonic())
+        assert b.get(NS, "{'x': 1}") is None and b.get_canonical(NS, "cx") is None
+        assert b.get(NS, "{'y': 1}").answer["response"] == "refreshed"  # type: ignore[union-attr]
+        assert b.get_canonical(NS, "cy").answer["response"] == "refreshed"  # type: ignore[union-attr]
+        assert waited < 0.5, waited
+    finally:
+        a.close()
+        b.close()

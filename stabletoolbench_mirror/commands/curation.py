@@ -1,0 +1,206 @@
+"""Looking after a recorded store: ``cache ls``, ``cache show``, ``cache delete`` and ``cache diff``.
+
+``ls`` and ``delete`` stream the store (one API's keys in memory at most); ``delete`` prints what
+it would remove and removes it only with ``--yes``, through :meth:`Store.delete`, so counters and
+canonical pointers stay right and every server using the store stops serving the records at once.
+``diff`` compares two stores, snapshots or trees one API at a time (see :mod:`.cache_diff`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from itertools import groupby
+from typing import Any, Iterator
+
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.core.naming import resolve_names
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.stores import Store, StoreError
+from stabletoolbench_mirror.stores.base import origin_key
+
+SOURCES = ("real", "simulated", "imported", "local")
+
+
+def api_names(text: str) -> set[str]:
+    """The API names ``text`` may mean: itself (``Category/tool_for_Category/api``, as ``/stats`` prints
+    it), and the standardised name of raw upstream names ``category/tool/api``."""
+    names = {text}
+    parts = text.split("/")
+    if len(parts) == 3 and all(parts):
+        names.add(resolve_names(*parts).api)
+    return names
+
+
+def parse_date(text: str) -> float:
+    """``2026-10-01`` or ``2026-10-01T12:00`` (UTC unless it names a zone) as a UNIX time."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date: give it as 2026-10-01 or 2026-10-01T12:00:00") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+@dataclass(frozen=True)
+class RecordFilter:
+    """What ``cache ls`` and ``cache delete`` select: every option given must match."""
+
+    apis: frozenset[str] = frozenset()
+    categories: frozenset[str] = frozenset()
+    sources: frozenset[str] = frozenset()
+    origins: frozenset[str] = frozenset()
+    """A record's origin as recorded, or as ``cache stats`` counts it (``<source>:<origin>``)."""
+    keys: frozenset[str] = frozenset()
+    failures: bool = False
+    before: float | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "RecordFilter":
+        apis = frozenset(name for given in args.api or () for name in api_names(given))
+        return cls(apis, frozenset(args.category or ()), frozenset(args.source or ()), frozenset(getattr(args, "origin", None) or ()),
+                   frozenset(getattr(args, "key", None) or ()), bool(args.failures), getattr(args, "before", None))
+
+    @property
+    def empty(self) -> bool:
+        return self == RecordFilter()
+
+    def matches(self, record: Record) -> bool:
+        checks = (
+            not self.apis or record.api in self.apis,
+            not self.categories or record.api.split("/", 1)[0] in self.categories,
+            not self.sources or record.source in self.sources,
+            not self.origins or record.origin in self.origins or origin_key(record) in self.origins,
+            not self.keys or record.key in self.keys,
+            not self.failures or record.is_failure,
+            self.before is None or record.created_at < self.before,
+        )
+        return all(checks)
+
+    def select(self, store: Store) -> Iterator[Record]:
+        """The matching records, streamed, grouped by API (only the named APIs are read when ``--api`` is given)."""
+        source = (r for api in sorted(self.apis) for r in store.iter_api(api)) if self.apis else iter(store)
+        return (record for record in source if self.matches(record))
+
+
+def _when(created_at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created_at))
+
+
+def record_line(record: Record) -> str:
+    """One record as ``cache ls`` prints it: api, key, source, origin, outcome, created_at, size (tab-separated)."""
+    fields = (record.api, record.key, record.source, record.origin or "-", record.outcome, _when(record.created_at), str(len(record.body.encode("utf-8", "surrogatepass"))))
+    return "\t".join(f.replace("\t", " ").replace("\n", " ") for f in fields)
+
+
+def record_summary(record: Record) -> dict[str, Any]:
+    return {"api": record.api, "key": record.key, "source": record.source, "origin": record.origin, "outcome": record.outcome,
+            "created_at": _when(record.created_at), "size": len(record.body.encode("utf-8", "surrogatepass"))}
+
+
+def _open(args: argparse.Namespace, *, read_only: bool) -> Store:
+    from stabletoolbench_mirror.factory import build_store
+
+    return build_store(settings_from_args(args), read_only=read_only)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    chosen = RecordFilter.from_args(args)
+    try:
+        with _open(args, read_only=True) as store:
+            n = 0
+            for record in chosen.select(store):
+                n += 1
+                print(json.dumps(record_summary(record), ensure_ascii=False) if args.json else record_line(record))
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not args.json:
+        print(f"{n} records", file=sys.stderr)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    try:
+        with _open(args, read_only=True) as store:
+            for api in sorted(api_names(args.api)):
+                record = store.get(api, args.key)
+                if record is not None:
+                    data = json.loads(record.to_json())
+                    data["answer"] = record.answer
+                    print(json.dumps(data, indent=2, ensure_ascii=False))
+                    return 0
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"error: no record of {args.api} under key {args.key!r} (cache ls --api API lists its keys)", file=sys.stderr)
+    return 1
+
+
+NO_FILTER = ("error: name what to delete (--api, --category, --source, --origin, --key, --before, --failures); "
+             "to empty the whole store, remove it (store.path) instead")
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    chosen = RecordFilter.from_args(args)
+    if chosen.empty:
+        print(NO_FILTER, file=sys.stderr)
+        return 2
+    found = removed = apis = 0
+    try:
+        with _open(args, read_only=not args.yes) as store:
+            for api, group in groupby(chosen.select(store), key=lambda r: r.api):
+                keys = []
+                for record in group:
+                    if not args.quiet:
+                        print(("delete\t" if args.yes else "would delete\t") + record_line(record))
+                    keys.append(record.key)
+                found += len(keys)
+                apis += 1
+                if args.yes:
+                    removed += store.delete(api, keys)
+    except StoreError as exc:
+        print(f"error: {exc} ({removed} records were deleted before it)", file=sys.stderr)
+        return 2
+    if args.yes:
+        print(f"deleted {removed} records of {apis} APIs")
+    else:
+        print(f"{found} records of {apis} APIs would be deleted: run again with --yes to delete them")
+    return 0
+
+
+def _add_filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api", action="append", metavar="API", help="Category/tool_for_Category/api as /stats prints it, or raw category/tool/api (repeatable)")
+    parser.add_argument("--category", action="append", help="standardised category (repeatable)")
+    parser.add_argument("--source", action="append", choices=SOURCES, help="records of this source (repeatable)")
+    parser.add_argument("--failures", action="store_true", help="failure records only")
+
+
+def register_cache(cache_sub: argparse._SubParsersAction) -> None:
+    """Add ``ls``, ``show``, ``delete`` and ``diff`` to the ``cache`` command group."""
+    from stabletoolbench_mirror.commands.cache_diff import register_diff
+
+    ls = cache_sub.add_parser("ls", help="list the store's records with their provenance, one line each (streamed)")
+    _add_filters(ls)
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.set_defaults(func=cmd_ls)
+    show = cache_sub.add_parser("show", help="one record and its provenance as JSON")
+    show.add_argument("api", metavar="API", help="Category/tool_for_Category/api, or raw category/tool/api")
+    show.add_argument("key", metavar="KEY", help="the record's key, as cache ls prints it")
+    show.set_defaults(func=cmd_show)
+    delete = cache_sub.add_parser("delete", help="remove records (prints what it would remove; removes only with --yes)")
+    _add_filters(delete)
+    delete.add_argument("--origin", action="append", help="records of this origin, as recorded or as cache stats prints it (source:origin)")
+    delete.add_argument("--key", action="append", help="this exact key (repeatable)")
+    delete.add_argument("--before", type=parse_date, metavar="DATE", help="records created before DATE (UTC), e.g. 2026-10-01")
+    delete.add_argument("--yes", action="store_true", help="delete them (without it: only print what would go)")
+    delete.add_argument("--quiet", "-q", action="store_true", help="print only the totals")
+    delete.set_defaults(func=cmd_delete)
+    for parser in (ls, show, delete):
+        add_config_arguments(parser)
+    register_diff(cache_sub)

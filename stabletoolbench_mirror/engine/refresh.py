@@ -1,0 +1,42 @@
+"""``mode: refresh``: which records are asked again (vcrpy's ``all`` record mode, narrowed by ``refresh``).
+
+In scope, a call whose record is a usable answer goes to the responders again; a usable answer
+replaces the record (:meth:`~stabletoolbench_mirror.stores.base.Store.replace`, the previous
+provenance kept in ``replaced``), a failure never replaces it (the recorded answer is served).
+Out of scope, and for failure records, a call behaves as in ``record`` mode.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from stabletoolbench_mirror.config import DAY_S, RefreshConfig
+from stabletoolbench_mirror.core.records import Record
+
+
+@dataclass(frozen=True)
+class RefreshScope:
+    """The records ``refresh`` names: every key set must match (an empty one matches everything)."""
+
+    apis: frozenset[str] = frozenset()
+    categories: frozenset[str] = frozenset()
+    sources: frozenset[str] = frozenset()
+    older_than_s: float | None = None
+    clock: Callable[[], float] = time.time
+
+    @classmethod
+    def from_config(cls, config: RefreshConfig) -> "RefreshScope":
+        older = None if config.older_than_days is None else config.older_than_days * DAY_S
+        return cls(frozenset(config.apis), frozenset(config.categories), frozenset(config.sources), older)
+
+    def covers(self, record: Record) -> bool:
+        """Whether ``record`` (a usable answer) is to be asked again."""
+        if self.apis and record.api not in self.apis:
+            return False
+        if self.categories and record.api.split("/", 1)[0] not in self.categories:
+            return False
+        if self.sources and record.source not in self.sources:
+            return False
+        return self.older_than_s is None or record.created_at < self.clock() - self.older_than_s

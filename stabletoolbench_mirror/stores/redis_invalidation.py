@@ -1,0 +1,146 @@
+"""Every process using a Redis store forgets at once what ``cache delete`` or a refresh changed.
+
+A :class:`~.redis_store.RedisStore` keeps records it read in an in-process memory (a hit then costs
+no round trip), which is sound only while a recorded answer never changes.  ``cache delete``
+and ``mode: refresh`` change answers, so each publishes what it changed on the channel
+``<prefix>:invalidate`` (:data:`EVERYTHING`, or the JSON ``[api, key]`` of one replaced record),
+and every store instance listens on it from a thread of its own (:class:`Invalidations`):
+
+* the memory serves nothing until the subscription is confirmed; when the subscription is lost
+  (Redis restarting, say) the memory goes on serving what it holds (answers stay available while
+  Redis is down, and nobody can delete through a Redis that is down), and it is emptied when the
+  subscription is back, as messages may have been missed meanwhile;
+* each message empties the memory (or forgets one record), and bumps its epoch, so a read that
+  was in flight when the message came is not remembered (:meth:`RecordMemory.put` checks it).
+
+The listener starts with the store's first read and is the only extra cost: the hit path checks
+one flag.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import weakref
+from typing import Any, Callable
+
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+#: the message that empties every memory (``cache delete``)
+EVERYTHING = "*"
+#: seconds between reconnection attempts after the subscription was lost
+RECONNECT_S = 0.5
+
+
+def channel(prefix: str) -> str:
+    return f"{prefix}:invalidate"
+
+
+def forget_message(api: str, key: str) -> str:
+    return json.dumps([api, key], ensure_ascii=False)
+
+
+class Invalidations:
+    """A thread subscribed to the store's channel, applying what it hears to ``memory``."""
+
+    def __init__(self, make_client: Callable[[], Any], prefix: str, memory: Any) -> None:
+        self._make_client = make_client
+        self.channel = channel(prefix)
+        self.memory = memory
+        self._stop = threading.Event()
+        self._started = False
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        # a forked child has no listening thread: its copy of the memory must not serve until it listens itself
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _after_fork(ref))
+
+    def _forked(self) -> None:
+        self.memory.live = False
+        self.memory.clear()
+        self._started = False
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Subscribe now (the caller waits one round trip, once) and listen in a thread from then on."""
+        with self._lock:
+            if self._started or self._stop.is_set():
+                return
+            self._started = True
+            pubsub = self._subscribe()
+            self._thread = threading.Thread(target=self._run, args=(pubsub,), daemon=True, name="stm-redis-invalidate")
+            self._thread.start()
+
+    def _subscribe(self) -> Any:
+        """A confirmed subscription (the memory is emptied and serves again), or ``None``."""
+        pubsub = None
+        try:
+            pubsub = self._make_client().pubsub()
+            pubsub.subscribe(self.channel)
+            while True:
+                message = pubsub.get_message(timeout=2.0)
+                if message is None:
+                    raise TimeoutError("no subscription confirmed")
+                if message.get("type") == "subscribe":
+                    break
+        except (RedisError, OSError) as exc:
+            log.debug("redis invalidation channel not subscribed: %s", exc)
+            if pubsub is not None:
+                _close(pubsub)
+            return None
+        self.memory.go_live()
+        return pubsub
+
+    def _run(self, pubsub: Any) -> None:
+        while not self._stop.is_set():
+            if pubsub is None:
+                if self._stop.wait(RECONNECT_S):
+                    return
+                pubsub = self._subscribe()
+                continue
+            try:
+                message = pubsub.get_message(timeout=0.5)
+            except (RedisError, OSError, ValueError) as exc:
+                log.warning("redis invalidation channel lost (%s): the record memory is emptied when it is back", exc)
+                _close(pubsub)
+                pubsub = None
+                continue
+            if message is not None and message.get("type") == "message":
+                self._apply(message.get("data"))
+        if pubsub is not None:
+            _close(pubsub)
+
+    def _apply(self, data: Any) -> None:
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+        if text != EVERYTHING:
+            try:
+                api, key = json.loads(text)
+                self.memory.forget((str(api), str(key)))
+                return
+            except (ValueError, TypeError):
+                pass
+        self.memory.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2.0)
+
+
+def _after_fork(ref: "weakref.ReferenceType[Invalidations]") -> None:
+    listener = ref()
+    if listener is not None:
+        listener._forked()  # noqa: SLF001 - its own fork hook
+
+
+def _close(pubsub: Any) -> None:
+    try:
+        pubsub.close()
+    except (RedisError, OSError):  # pragma: no cover - closing never matters
+        pass

@@ -1,0 +1,257 @@
+"""One-file snapshots: a snapshot as ``OUT.tar.gz``, and fetching one (a file or an ``http(s)://`` URL).
+
+``snapshot OUT.tar.gz`` packs the snapshot's tree and ``manifest.json`` into one archive
+(:func:`pack`).  ``frozen_caches`` entries and ``cache import`` accept such an archive, or a URL to
+one, optionally ending in ``#sha256=<hex>`` (the archive file's SHA-256).  :func:`local_tree` then
+
+1. downloads a URL once into ``download_dir`` (a progress bar; the file's SHA-256 checked against
+   the URL's as it arrives; a partial download is never used);
+2. unpacks the archive into ``download_dir`` safely: only folders and regular files, none outside
+   the target (no absolute paths, no ``..``, no links or devices);
+3. recomputes the tree's content hash and compares it with the manifest's; a mismatch is an
+   :class:`ArchiveError` naming both hashes, and the unpacked copy is removed.
+
+A second start uses the local copies: the download is kept, and the unpacked folder carries a
+marker naming the archive it came from (size, modification time, SHA-256), so it is neither
+unpacked nor hashed again while the archive is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from tqdm import tqdm
+
+from stabletoolbench_mirror.upstream.content_hash import ContentHash
+from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
+from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
+
+if TYPE_CHECKING:
+    from stabletoolbench_mirror.config import Settings
+
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
+#: the file in an unpacked folder naming the archive it was unpacked from (and that it was checked)
+MARKER = ".stm-unpacked.json"
+_CHUNK = 1 << 20
+
+
+class ArchiveError(RuntimeError):
+    """An archive cannot be fetched, unpacked or trusted (the message says which and why)."""
+
+
+def is_url(spec: str) -> bool:
+    return spec.startswith(("http://", "https://"))
+
+
+def is_archive(spec: str) -> bool:
+    """Whether a ``frozen_caches`` entry or ``cache import`` argument names an archive (a path or a URL)."""
+    location = split_spec(spec)[0]
+    return is_url(location) or location.endswith(ARCHIVE_SUFFIXES)
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """``(location, sha256 or None)`` of ``<location>[#sha256=<hex>]``."""
+    location, _, fragment = spec.partition("#")
+    if not fragment:
+        return location, None
+    name, _, value = fragment.partition("=")
+    value = value.strip().lower()
+    if name != "sha256" or len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise ArchiveError(f"{spec}: the part after '#' must be sha256=<64 hex digits> (the archive file's SHA-256)")
+    return location, value
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _mismatch(what: str, expected: str, actual: str) -> ArchiveError:
+    return ArchiveError(f"{what}: SHA-256 {actual} does not match the expected {expected}: the file is not the one published; not used")
+
+
+# -- fetching ---------------------------------------------------------------------------------------
+
+
+def download(url: str, download_dir: Path, sha256: str | None, *, progress: bool = True, timeout_s: float = 60.0) -> Path:
+    """The archive at ``url`` in ``download_dir`` (downloaded now unless a copy is there)."""
+    name = os.path.basename(urllib.parse.urlparse(url).path) or "snapshot.tar.gz"
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[-100:]
+    target = download_dir / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{safe}"
+    if target.is_file():
+        if sha256 is not None and (actual := file_sha256(target)) != sha256:
+            raise _mismatch(f"{target} (downloaded from {url})", sha256, actual)
+        return target
+    download_dir.mkdir(parents=True, exist_ok=True)
+    fd, part = tempfile.mkstemp(prefix=".part-", dir=download_dir)
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - http(s) only
+            total = response.headers.get("Content-Length")
+            with tqdm(total=int(total) if total and total.isdigit() else None, unit="B", unit_scale=True, desc="download",
+                      disable=not progress) as bar:
+                while chunk := response.read(_CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise _mismatch(url, sha256, digest.hexdigest())
+        os.replace(part, target)
+    except OSError as exc:  # urllib's URLError and HTTPError are OSErrors
+        raise ArchiveError(f"cannot download {url}: {exc}") from exc
+    finally:
+        if os.path.exists(part):
+            os.unlink(part)
+    return target
+
+
+def _member_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """Only folders and regular files, each inside ``dest`` (tarfile's ``data`` filter, and no links)."""
+    if not (member.isfile() or member.isdir()):
+        raise ArchiveError(f"{member.name}: the archive holds a link or special file; only folders and files are unpacked")
+    if member.name.startswith(("/", "\\")) or ".." in Path(member.name).parts:
+        raise ArchiveError(f"{member.name}: a path outside the archive's folder; not unpacked")
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.FilterError as exc:
+        raise ArchiveError(f"{member.name}: {exc}; not unpacked") from exc
+
+
+def _tree_root(folder: Path) -> Path:
+    """The folder holding ``manifest.json``: the archive's top, or its one top folder."""
+    if (folder / MANIFEST_NAME).is_file():
+        return folder
+    subfolders = [p for p in folder.iterdir() if p.is_dir()]
+    if len(subfolders) == 1 and (subfolders[0] / MANIFEST_NAME).is_file():
+        return subfolders[0]
+    raise ArchiveError(f"the archive has no {MANIFEST_NAME}: it is not a snapshot (make one with: stabletoolbench-mirror snapshot OUT.tar.gz)")
+
+
+def tree_hash(root: Path, *, progress: bool = True) -> str:
+    """The content hash of an upstream tree's files (as ``snapshot --verify`` computes it)."""
+    digest = ContentHash()
+    for api, path in tqdm(sorted(iter_cache_files(root, allow_symlinks=False)), desc="check", unit="file", disable=not progress):
+        try:
+            entries = read_cache_file(path)
+        except (OSError, ValueError) as exc:
+            raise ArchiveError(f"unreadable file in the archive: {exc}") from exc
+        digest.add_api(api, entries.items())
+    return digest.hexdigest()
+
+
+def _marker(archive: Path, sha256: str, content_hash: str) -> dict[str, Any]:
+    stat = archive.stat()
+    return {"archive": str(archive), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256, "content_hash": content_hash}
+
+
+def _unpacked_copy(archive: Path, dest: Path) -> Path | None:
+    """The folder unpacked from this very archive before (same size and time), if any."""
+    try:
+        marker = json.loads((dest / MARKER).read_text(encoding="utf-8"))
+        stat = archive.stat()
+    except (OSError, ValueError):
+        return None
+    if marker.get("size") == stat.st_size and marker.get("mtime_ns") == stat.st_mtime_ns and marker.get("archive") == str(archive):
+        return _tree_root(dest)
+    return None
+
+
+def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, progress: bool = True) -> Path:
+    """The checked tree of ``archive`` (unpacked into ``download_dir`` now, unless done before)."""
+    archive = archive.resolve()
+    stem = archive.name
+    for suffix in ARCHIVE_SUFFIXES:
+        stem = stem.removesuffix(suffix)
+    dest = download_dir / f"{stem[:80]}-{hashlib.sha256(str(archive).encode()).hexdigest()[:12]}"
+    if not archive.is_file():
+        raise ArchiveError(f"{archive}: no such archive")
+    actual_sha = file_sha256(archive)
+    if sha256 is not None and actual_sha != sha256:
+        raise _mismatch(str(archive), sha256, actual_sha)
+    reused = _unpacked_copy(archive, dest)
+    if reused is not None:
+        return reused
+    download_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".unpack-", dir=download_dir))
+    try:
+        try:
+            with tarfile.open(archive, "r:gz") as tar:
+                tar.extractall(work, filter=_member_filter)
+        except (OSError, tarfile.TarError, EOFError) as exc:
+            raise ArchiveError(f"{archive}: not a readable .tar.gz archive: {exc}") from exc
+        root = _tree_root(work)
+        try:
+            manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ArchiveError(f"{archive}: {MANIFEST_NAME} cannot be read: {exc}") from exc
+        expected = manifest.get("content_hash") if isinstance(manifest, dict) else None
+        if not isinstance(expected, str):
+            raise ArchiveError(f"{archive}: {MANIFEST_NAME} has no content_hash: not a snapshot manifest")
+        actual = tree_hash(root, progress=progress)
+        if actual != expected:
+            raise ArchiveError(
+                f"{archive}: the files' content hash {actual} does not match the manifest's content_hash {expected}: "
+                "the archive was changed or damaged; not used"
+            )
+        (work / MARKER).write_text(json.dumps(_marker(archive, actual_sha, actual)), encoding="utf-8")
+        shutil.rmtree(dest, ignore_errors=True)
+        try:
+            os.replace(work, dest)
+        except OSError:
+            if _unpacked_copy(archive, dest) is None:  # another process unpacked it meanwhile: use theirs
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return _tree_root(dest)
+
+
+def local_tree(spec: str, download_dir: str | os.PathLike[str], *, resolve: Callable[[str], str] = os.path.abspath,
+               progress: bool = True) -> str:
+    """The folder to read for a ``frozen_caches`` entry or ``cache import`` argument.
+
+    A folder is itself (``resolve``d); an archive or a URL is fetched, unpacked and checked
+    (see the module docstring).  Raises :class:`ArchiveError`.
+    """
+    if not is_archive(spec):
+        return resolve(spec)
+    location, sha256 = split_spec(spec)
+    where = Path(download_dir)
+    if is_url(location):
+        archive = download(location, where, sha256, progress=progress)
+        sha256 = None  # checked as it arrived (or, for a kept copy, just now)
+    else:
+        archive = Path(resolve(location))
+    return str(unpack(archive, where, sha256, progress=progress))
+
+
+def pack(folder: Path, out: Path) -> None:
+    """Write ``folder``'s files (a snapshot) as the archive ``out`` (members at its top; atomic)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, part = tempfile.mkstemp(prefix=".part-", suffix=".tar.gz", dir=out.parent)
+    os.close(fd)
+    os.chmod(part, 0o644)  # a file to publish (mkstemp makes it private)
+    try:
+        with tarfile.open(part, "w:gz") as tar:
+            for child in sorted(folder.iterdir()):
+                tar.add(child, arcname=child.name)
+        os.replace(part, out)
+    finally:
+        if os.path.exists(part):
+            os.unlink(part)
+
+
+def frozen_folder(settings: "Settings", configured: str, *, progress: bool = True) -> str:
+    """The folder a ``frozen_caches`` entry names: itself, or its archive's checked tree in ``download_dir``."""
+    return local_tree(configured, settings.resolve(settings.download_dir), resolve=settings.resolve, progress=progress)
