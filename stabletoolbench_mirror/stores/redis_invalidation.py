@@ -73,7 +73,9 @@ class Invalidations:
                 return
             self._started = True
             pubsub = self._subscribe()
-            self._thread = threading.Thread(target=self._run, args=(pubsub,), daemon=True, name="stm-redis-invalidate")
+            # the thread holds the listener only while it listens: a store dropped without close() stops it
+            self._thread = threading.Thread(target=_listen, args=(weakref.ref(self), self._stop, pubsub), daemon=True,
+                                            name="stm-redis-invalidate")
             self._thread.start()
 
     def _subscribe(self) -> Any:
@@ -96,25 +98,6 @@ class Invalidations:
         self.memory.go_live()
         return pubsub
 
-    def _run(self, pubsub: Any) -> None:
-        while not self._stop.is_set():
-            if pubsub is None:
-                if self._stop.wait(RECONNECT_S):
-                    return
-                pubsub = self._subscribe()
-                continue
-            try:
-                message = pubsub.get_message(timeout=0.5)
-            except (RedisError, OSError, ValueError) as exc:
-                log.warning("redis invalidation channel lost (%s): the record memory is emptied when it is back", exc)
-                _close(pubsub)
-                pubsub = None
-                continue
-            if message is not None and message.get("type") == "message":
-                self._apply(message.get("data"))
-        if pubsub is not None:
-            _close(pubsub)
-
     def _apply(self, data: Any) -> None:
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
         if text != EVERYTHING:
@@ -131,6 +114,39 @@ class Invalidations:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2.0)
+
+
+def _listen(ref: "weakref.ReferenceType[Invalidations]", stop: threading.Event, pubsub: Any) -> None:
+    """The listening thread, until closed or until its store is gone.
+
+    It holds its listener only to apply a message or to subscribe again, never while it waits: a
+    store dropped without ``close()`` is collected, and its thread ends at its next turn.
+    """
+    while not stop.is_set():
+        if pubsub is None:
+            if stop.wait(RECONNECT_S):
+                break
+            listener = ref()
+            if listener is None:
+                break
+            pubsub = listener._subscribe()  # noqa: SLF001 - its own thread
+            del listener
+            continue
+        try:
+            message = pubsub.get_message(timeout=0.5)
+        except (RedisError, OSError, ValueError) as exc:
+            log.warning("redis invalidation channel lost (%s): the record memory is emptied when it is back", exc)
+            _close(pubsub)
+            pubsub = None
+            continue
+        listener = ref()
+        if listener is None:
+            break
+        if message is not None and message.get("type") == "message":
+            listener._apply(message.get("data"))  # noqa: SLF001 - its own thread
+        del listener
+    if pubsub is not None:
+        _close(pubsub)
 
 
 def _after_fork(ref: "weakref.ReferenceType[Invalidations]") -> None:

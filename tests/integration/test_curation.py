@@ -349,3 +349,22 @@ def test_a_forked_child_does_not_serve_the_parents_record_memory(redis_server: R
         assert store.recall(LOOKUP, "{'n': 1}") is not None  # the parent's memory is its own
     finally:
         store.close()
+
+
+def test_a_redis_store_dropped_without_close_stops_listening(redis_server: RedisServer, redis_prefix: str) -> None:  # noqa: F811
+    import gc
+
+    from stabletoolbench_mirror.stores.redis_store import RedisStore
+
+    store = RedisStore(redis_server.url, prefix=redis_prefix)
+    store.add(Record.from_answer(LOOKUP, "{'n': 1}", {"error": "", "response": "one"}, "simulated", "A"), "c1")
+    assert store.get(LOOKUP, "{'n': 1}") is not None  # the first read starts the listening thread
+    listening = [t for t in threading.enumerate() if t.name == "stm-redis-invalidate"]
+    assert listening
+    del store
+    deadline = time.monotonic() + 5
+    while any(t.is_alive() for t in listening) and time.monotonic() < deadline:
+        gc.collect()  # the store is a cycle (its client factory names it): collected between two turns
+        for thread in listening:
+            thread.join(timeout=0.6)  # it holds the store only during a turn: it ends at the next one
+    assert not any(t.is_alive() for t in listening), "a dropped store's thread would reconnect forever"
