@@ -50,16 +50,26 @@ from stabletoolbench_mirror.serving.prepared import PreparedCalls
 log = logging.getLogger(__name__)
 
 
+_CONTENT_TYPE = (b"content-type", b"application/json")
+#: the header pairs an answer names its outcome and source with, made once (the same bytes every time)
+_OUTCOME_HEADERS = {kind: (b"x-stm-outcome", kind.encode()) for kind in OutcomeKind}
+_SOURCE_HEADERS: dict[str, tuple[bytes, bytes]] = {}
+
+
+def _source_header(source: str) -> tuple[bytes, bytes]:
+    header = _SOURCE_HEADERS.get(source)
+    if header is None:
+        header = (b"x-stm-source", source.encode())
+        if len(_SOURCE_HEADERS) < 64:  # a handful of sources: bounded all the same
+            _SOURCE_HEADERS[source] = header
+    return header
+
+
 async def _send(send: Send, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     body = outcome.body.encode("utf-8")
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"x-stm-outcome", outcome.kind.encode()),
-        *extra_headers,
-    ]
+    headers = [_CONTENT_TYPE, (b"content-length", b"%d" % len(body)), _OUTCOME_HEADERS[outcome.kind], *extra_headers]
     if outcome.source:
-        headers.append((b"x-stm-source", outcome.source.encode()))
+        headers.append(_source_header(outcome.source))
     if outcome.failure:
         headers.append((b"x-stm-failure", b"true"))
     if outcome.fault is not None:
@@ -366,10 +376,13 @@ class _Reservation:
         self.size = 0
 
 
+_SESSION_HEADER = sessions.HEADER.encode()
+
+
 def _session_header(scope: Scope) -> str | None | Outcome:
     """The ``X-STM-Session`` id of a request, ``None`` without one, or the 422 answer to a bad one."""
     for name, value in scope.get("headers", ()):
-        if name == sessions.HEADER.encode():
+        if name == _SESSION_HEADER:
             try:
                 session_id = value.decode("utf-8")
             except UnicodeDecodeError:
