@@ -273,11 +273,11 @@ class MirrorLayer:
     async def lookup_async(self, call: ToolCall) -> Record | None:
         """:meth:`lookup` through the tiers' async reads (same order, same rule)."""
         failure: Record | None = None
-        for _get, aget, key_of in self._probes:
+        for get, aget, key_of in self._probes:
             key = key_of(call)
             if key is None:
                 continue
-            record = await aget(call.api, key)
+            record = get(call.api, key) if aget is None else await aget(call.api, key)
             if record is not None:
                 if not record.is_failure:
                     return record
@@ -496,12 +496,18 @@ def _lookup_order(tiers: Sequence[CacheTier]) -> Iterator[tuple[Any, Any, KeyOf]
     with there (``None``: skip the step).
     """
     for tier in tiers:
-        yield tier.get, tier.aget, _record_key
+        yield tier.get, _own_async(tier, "aget"), _record_key
     for tier in tiers:
         if not isinstance(tier, Store):
-            yield tier.get, tier.aget, _upstream_key_if_other
+            yield tier.get, _own_async(tier, "aget"), _upstream_key_if_other
     for tier in tiers:
-        yield tier.get_canonical, tier.aget_canonical, _canonical_key
+        yield tier.get_canonical, _own_async(tier, "aget_canonical"), _canonical_key
+
+
+def _own_async(tier: CacheTier, name: str) -> Any:
+    """The tier's async read, or ``None`` where it is :class:`CacheTier`'s own (which only calls the sync
+    read: :meth:`MirrorLayer.lookup_async` then calls that at once, without a coroutine)."""
+    return None if getattr(type(tier), name) is getattr(CacheTier, name) else getattr(tier, name)
 
 
 KeyOf = Callable[[ToolCall], "str | None"]
