@@ -191,6 +191,11 @@ class DiskcacheStore(Store):
             reads.put((_CANONICAL, api, canonical), now, None if key is None else _text(key))
         return None if key is None else self.get(api, _text(key))
 
+    def generation(self) -> bytes | None:
+        """The store's generation now (new after every write, in any process), or ``None`` without one."""
+        reads = self._reads
+        return None if reads is None else reads.generation.read()
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
         """One write transaction; once it has ended, a new generation (every process's kept reads are stale)."""

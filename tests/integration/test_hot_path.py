@@ -306,3 +306,41 @@ def test_kept_store_reads_are_bounded(tmp_path: Path) -> None:
         assert generation.read() != now and reads.get(("e", API, "3"), generation.read()) is UNKNOWN
     finally:
         generation.close()
+
+
+def test_a_kept_hit_gives_way_to_a_file_that_appears_in_an_earlier_tree(serve, settings_factory, tmp_path: Path) -> None:
+    """Kept hits (engine/recent_hits.py) are served only while every tier they were looked up in is unchanged."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for tree in (first, second):
+        tree.joinpath(*API.split("/")).parent.mkdir(parents=True)
+    second.joinpath(*API.split("/")).with_suffix(".json").write_text(json.dumps({"{'a': 1}": {"error": "", "response": "second"}}))
+    settings = settings_factory(mode="replay", frozen_caches=[str(first), str(second)])
+    server = serve(settings)
+    data = body({"a": 1})
+    assert [post(server, data).json()["response"] for _ in range(3)] == ["second"] * 3
+    first.joinpath(*API.split("/")).with_suffix(".json").write_text(json.dumps({"{'a': 1}": {"error": "", "response": "first"}}))
+    assert post(server, data).json()["response"] == "first"
+    # the store comes first: a record another store object adds is served at once, over the kept hit
+    assert post(server, data).json()["response"] == "first"
+    with build_store(settings) as store:
+        store.add(Record.from_answer(API, "{'a': 1}", {"error": "", "response": "stored"}, "simulated", "test"),
+                  canonical_from_upstream_key("{'a': 1}"))
+    r = post(server, data)
+    assert (r.json()["response"], r.headers["x-stm-source"]) == ("stored", "simulated")
+    stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert stats["hits"] == 6  # kept hits are counted like any hit
+
+
+def test_kept_hits_are_bounded() -> None:
+    from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+    from stabletoolbench_mirror.engine.recent_hits import MAX_BODY_CHARS, RecentHits
+
+    hits = RecentHits(lambda: b"g", [], max_hits=2)
+    token = hits.token(API)
+    assert token == (b"g",)
+    for i in range(3):
+        hits.put(call(i), token, Outcome("{}", OutcomeKind.HIT))
+    assert len(hits) == 1 and hits.get(call(2), token) is not None and hits.get(call(2), (b"h",)) is None
+    hits.put(call(5), token, Outcome("x" * (MAX_BODY_CHARS + 1), OutcomeKind.HIT))
+    assert hits.get(call(5), token) is None
+    assert RecentHits(lambda: None, []).token(API) is None  # no generation now: nothing kept
