@@ -344,3 +344,9 @@ def test_kept_hits_are_bounded() -> None:
     hits.put(call(5), token, Outcome("x" * (MAX_BODY_CHARS + 1), OutcomeKind.HIT))
     assert hits.get(call(5), token) is None
     assert RecentHits(lambda: None, []).token(API) is None  # no generation now: nothing kept
+
+
+def test_access_lines_are_built_only_where_they_are_written(settings_factory) -> None:
+    """uvicorn's access log is on where its lines are written (log_level info, debug) and off below (nothing to write)."""
+    assert [uvicorn_options(settings_factory(log_level=level))["access_log"] for level in ("debug", "info", "warning", "error")] == \
+        [True, True, False, False]
