@@ -35,6 +35,7 @@ from stabletoolbench_mirror.core.protocol import ToolInputParseError, VirtualReq
 from stabletoolbench_mirror.core.records import Record, Source
 from stabletoolbench_mirror.core.fair import FairSemaphore
 from stabletoolbench_mirror.engine.local_tools import LocalTool, LocalTools
+from stabletoolbench_mirror.engine.recent_hits import RecentHits
 from stabletoolbench_mirror.engine.refresh import RefreshScope
 from stabletoolbench_mirror.engine.responders import Attempt, CountsEvents, Responder, wants_examples
 from stabletoolbench_mirror.engine.sessions import SessionError, Sessions
@@ -103,6 +104,8 @@ class MirrorLayer:
         self.sessions = sessions
         self.local_tools = local_tools if local_tools is not None and len(local_tools) else None
         self._probes = tuple(_lookup_order(self.tiers))
+        self._hits = _recent_hits(store, self.frozen)
+        """Recent hits, served again while the store's generation and the frozen files are unchanged (:mod:`.recent_hits`)."""
         self.faults = faults
         """Injected faults (``faults:``), applied by the server to what it serves; ``None`` when off."""
 
@@ -171,11 +174,22 @@ class MirrorLayer:
         """
         if self.runs_locally(call):
             return None
+        hits = self._hits
+        token = None if hits is None else hits.token(call.api)  # read before the lookup it vouches for
+        if token is not None:
+            kept = hits.get(call, token)  # type: ignore[union-attr]
+            if kept is not None:
+                return kept
         try:
             record = await self.lookup_async(call)
         except StoreError:
             return None
-        return None if record is None or self.retries(record) else _served(call, record, OutcomeKind.HIT)
+        if record is None or self.retries(record):
+            return None
+        outcome = _served(call, record, OutcomeKind.HIT)
+        if token is not None:
+            hits.put(call, token, outcome)  # type: ignore[union-attr]
+        return outcome
 
     def handle_call(self, call: ToolCall, session: str | None = None) -> Outcome:
         """Answer ``call`` (inside ``session`` when given): see :meth:`answer`."""
@@ -273,11 +287,11 @@ class MirrorLayer:
     async def lookup_async(self, call: ToolCall) -> Record | None:
         """:meth:`lookup` through the tiers' async reads (same order, same rule)."""
         failure: Record | None = None
-        for _get, aget, key_of in self._probes:
+        for get, aget, key_of in self._probes:
             key = key_of(call)
             if key is None:
                 continue
-            record = await aget(call.api, key)
+            record = get(call.api, key) if aget is None else await aget(call.api, key)
             if record is not None:
                 if not record.is_failure:
                     return record
@@ -485,6 +499,14 @@ class _Misses:
         return tuple(f"{source}:{origin}" for source, origin in self.tried)
 
 
+def _recent_hits(store: Store, frozen: Sequence[FrozenCache]) -> RecentHits | None:
+    """Recent hits for a store with a generation (diskcache) and frozen caches that give state tokens, else ``None``."""
+    generation = getattr(store, "generation", None)
+    if not callable(generation) or not all(callable(getattr(f, "state_token", None)) for f in frozen):
+        return None
+    return RecentHits(generation, frozen)
+
+
 def _lookup_order(tiers: Sequence[CacheTier]) -> Iterator[tuple[Any, Any, KeyOf]]:
     """The "Cache keys" order of docs/cache-keys.md: the exact key in every tier, then the canonical key.
 
@@ -496,12 +518,18 @@ def _lookup_order(tiers: Sequence[CacheTier]) -> Iterator[tuple[Any, Any, KeyOf]
     with there (``None``: skip the step).
     """
     for tier in tiers:
-        yield tier.get, tier.aget, _record_key
+        yield tier.get, _own_async(tier, "aget"), _record_key
     for tier in tiers:
         if not isinstance(tier, Store):
-            yield tier.get, tier.aget, _upstream_key_if_other
+            yield tier.get, _own_async(tier, "aget"), _upstream_key_if_other
     for tier in tiers:
-        yield tier.get_canonical, tier.aget_canonical, _canonical_key
+        yield tier.get_canonical, _own_async(tier, "aget_canonical"), _canonical_key
+
+
+def _own_async(tier: CacheTier, name: str) -> Any:
+    """The tier's async read, or ``None`` where it is :class:`CacheTier`'s own (which only calls the sync
+    read: :meth:`MirrorLayer.lookup_async` then calls that at once, without a coroutine)."""
+    return None if getattr(type(tier), name) is getattr(CacheTier, name) else getattr(tier, name)
 
 
 KeyOf = Callable[[ToolCall], "str | None"]

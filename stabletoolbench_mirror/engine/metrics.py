@@ -10,6 +10,8 @@ process the counters are ordinary in-process metrics with their own registry.
 
 from __future__ import annotations
 
+import functools
+
 import os
 import shutil
 import tempfile
@@ -101,7 +103,12 @@ class Counters:
 
     def incrementer(self, family: str, *labels: str) -> Callable[[], None]:
         """A function that adds 1 to one counter (for callers that add to the same counters again and again)."""
-        return self._child(family, labels).inc  # type: ignore[attr-defined]
+        child = self._child(family, labels)
+        value = getattr(child, "_value", None)  # prometheus-client's value of the child (its own lock, its own mmap file)
+        if value is not None and callable(getattr(value, "inc", None)):
+            # Counter.inc's checks (observable, amount >= 0, exemplar) hold once for all: straight to the value
+            return functools.partial(value.inc, 1)
+        return child.inc  # type: ignore[attr-defined]
 
     def _collect(self) -> Iterator[prometheus_client.Metric]:
         if self.shared_dir:

@@ -50,16 +50,26 @@ from stabletoolbench_mirror.serving.prepared import PreparedCalls
 log = logging.getLogger(__name__)
 
 
+_CONTENT_TYPE = (b"content-type", b"application/json")
+#: the header pairs an answer names its outcome and source with, made once (the same bytes every time)
+_OUTCOME_HEADERS = {kind: (b"x-stm-outcome", kind.encode()) for kind in OutcomeKind}
+_SOURCE_HEADERS: dict[str, tuple[bytes, bytes]] = {}
+
+
+def _source_header(source: str) -> tuple[bytes, bytes]:
+    header = _SOURCE_HEADERS.get(source)
+    if header is None:
+        header = (b"x-stm-source", source.encode())
+        if len(_SOURCE_HEADERS) < 64:  # a handful of sources: bounded all the same
+            _SOURCE_HEADERS[source] = header
+    return header
+
+
 async def _send(send: Send, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     body = outcome.body.encode("utf-8")
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"x-stm-outcome", outcome.kind.encode()),
-        *extra_headers,
-    ]
+    headers = [_CONTENT_TYPE, (b"content-length", b"%d" % len(body)), _OUTCOME_HEADERS[outcome.kind], *extra_headers]
     if outcome.source:
-        headers.append((b"x-stm-source", outcome.source.encode()))
+        headers.append(_source_header(outcome.source))
     if outcome.failure:
         headers.append((b"x-stm-failure", b"true"))
     if outcome.fault is not None:
@@ -203,6 +213,8 @@ class _Front:
             reservation.add(REQUEST_OVERHEAD + (length or 0))
         except Refused as refusal:
             return self._refused(refusal)
+        if _arrived(receive):  # the whole body is in: one receive, which cannot wait (no timer to set)
+            return self._whole_body(await receive(), length, reservation)
         chunks: list[bytes] = []
         size = 0
         try:
@@ -228,6 +240,32 @@ class _Front:
             late = f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)"
             return Outcome.error(408, late, OutcomeKind.REFUSED, "limits.body_timeout_s")
 
+
+    def _whole_body(self, message: Any, length: int | None, reservation: "_Reservation") -> bytes | Outcome:
+        """:meth:`_read_body` for a body that had all arrived: the same checks, in one message."""
+        if message["type"] == "http.disconnect":
+            return Outcome.error(400, "the client went away")
+        whole: bytes = message.get("body", b"")
+        if len(whole) > self.max_body:
+            return self._too_large()
+        if length is None or len(whole) > length:
+            try:
+                reservation.add(len(whole))
+            except Refused as refusal:
+                return self._refused(refusal)
+        return whole
+
+
+def _arrived(receive: Receive) -> bool:
+    """Whether a request's whole body has arrived: its next ``receive`` returns all of it at once.
+
+    Only uvicorn's own cycle says so (its ``receive`` is a bound method); anything else is read
+    chunk by chunk under ``limits.body_timeout_s``.
+    """
+    cycle = getattr(receive, "__self__", None)
+    event = getattr(cycle, "message_event", None)
+    return (event is not None and event.is_set() and getattr(cycle, "more_body", True) is False
+            and not getattr(cycle, "waiting_for_100_continue", True))
 
 
 def _parse_body(body: bytes) -> Any:
@@ -338,10 +376,13 @@ class _Reservation:
         self.size = 0
 
 
+_SESSION_HEADER = sessions.HEADER.encode()
+
+
 def _session_header(scope: Scope) -> str | None | Outcome:
     """The ``X-STM-Session`` id of a request, ``None`` without one, or the 422 answer to a bad one."""
     for name, value in scope.get("headers", ()):
-        if name == sessions.HEADER.encode():
+        if name == _SESSION_HEADER:
             try:
                 session_id = value.decode("utf-8")
             except UnicodeDecodeError:
@@ -369,22 +410,31 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.header_timeout_s = header_timeout_s
         self.send_timeout_s = send_timeout_s
         self._header_timer: asyncio.TimerHandle | None = None
+        self._headers_since: float | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         self._unsent = 0
         self._sent_at = 0.0
 
     def _arm_header_timer(self) -> None:
+        # one timer per connection, not one per request: it is left running when the headers are
+        # in, and on firing either closes the connection or waits for what is left of the next
+        # request's header_timeout_s (a kept-alive connection's timer fires once a header_timeout_s)
+        self._headers_since = self.loop.time()
         if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timed_out)
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_check)
 
     def _disarm_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        self._headers_since = None
 
-    def _header_timed_out(self) -> None:
+    def _header_check(self) -> None:
         self._header_timer = None
-        if not self.transport.is_closing():
+        since = self._headers_since
+        if since is None:
+            return  # no request under way: the next one arms it again
+        left = since + self.header_timeout_s - self.loop.time()
+        if left > 0:
+            self._header_timer = self.loop.call_later(left, self._header_check)
+        elif not self.transport.is_closing():
             self.transport.close()
 
     def _watch_sending(self) -> None:
@@ -435,7 +485,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm_header_timer()
+        existing = self.cycle
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle is not existing:
+            JoinedWrites.wrap(self.cycle)  # its task has not run yet: nothing was written
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -452,10 +505,72 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
         if self._send_timer is not None:
             self._send_timer.cancel()
             self._send_timer = None
         super().connection_lost(exc)
+
+
+class JoinedWrites:
+    """The transport one request's uvicorn cycle writes through: an answer's status line and headers
+    are written together with its body, in one ``write`` (one ``send`` and one TCP segment, not two).
+
+    uvicorn writes the head of an answer at ``http.response.start`` and the body at
+    ``http.response.body``; for a small answer the second write costs as much as the answer's own
+    work.  The bytes on the wire are the same, in the same order.  Only the head of an answer with
+    a ``Content-Length`` is held (a chunked stream's head goes out at once), and never past the
+    next write, a close, or the end of the answer (a ``HEAD`` answer writes no body).
+    """
+
+    __slots__ = ("transport", "cycle", "held", "done", "on_response")
+
+    def __init__(self, cycle: Any) -> None:
+        self.transport = cycle.transport
+        self.cycle = cycle
+        self.held: bytes | None = None
+        self.done = False
+        self.on_response = cycle.on_response
+
+    @classmethod
+    def wrap(cls, cycle: Any) -> None:
+        joined = cls(cycle)
+        cycle.transport = joined
+        cycle.on_response = joined.completed
+
+    def write(self, data: bytes) -> None:
+        if not self.done and self.cycle.response_started:  # the answer's head (a 100 Continue comes before it)
+            self.done = True
+            if self.cycle.chunked_encoding is False:
+                self.held = data
+                return
+        held = self.held
+        if held is not None:
+            self.held = None
+            data = held + data
+        self.transport.write(data)
+
+    def flush(self) -> None:
+        held = self.held
+        if held is not None:
+            self.held = None
+            self.transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return bool(self.transport.is_closing())
+
+    def completed(self) -> None:
+        self.flush()
+        self.on_response()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
@@ -464,6 +579,9 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "http": functools.partial(GuardedHttpProtocol, header_timeout_s=limits.header_timeout_s, send_timeout_s=limits.send_timeout_s),
         "timeout_keep_alive": limits.keep_alive_timeout_s,
+        # uvicorn builds each access line's arguments (client, quoted path) before its logger drops it:
+        # below log_level info no access line is written, so none is built
+        "access_log": settings.log_level in ("debug", "info"),
     }
 
 

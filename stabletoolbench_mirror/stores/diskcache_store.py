@@ -19,6 +19,7 @@ from stabletoolbench_mirror.stores import diskcache_layout as layout
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from stabletoolbench_mirror.stores.filelock import ByteRangeLocks
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S
+from stabletoolbench_mirror.stores.recent_reads import UNKNOWN, Generation, RecentReads
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ class DiskcacheStore(Store):
             except (OSError, sqlite3.Error) as exc:
                 raise StoreError(f"cannot open diskcache store at {self.path} for reading: {exc}") from exc
             self._locks: ByteRangeLocks | None = None
+            self._reads = _recent_reads(self.path, writable=False)
             return
         try:
             os.makedirs(self.path, exist_ok=True)
@@ -148,6 +150,7 @@ class DiskcacheStore(Store):
             )
             layout.check(self._cache)
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
+            self._reads = _recent_reads(self.path, writable=True)
             if _COUNTED not in self._cache and self._first_key(_ENTRY) is None:
                 # an empty store: the counters kept from now on count every record
                 self._cache.add(_COUNTED, 1)
@@ -158,18 +161,50 @@ class DiskcacheStore(Store):
         return layout.first_key(self._cache, kind + "\x00", kind + "\x01")
 
     def get(self, api: str, key: str) -> Record | None:
+        reads = self._reads
+        if reads is not None:  # a read kept while no process wrote to the store (:mod:`.recent_reads`)
+            now = reads.generation.read()
+            kept = reads.get((_ENTRY, api, key), now)
+            if kept is not UNKNOWN:
+                return kept
         try:
             raw = self._cache.get(_entry_key(api, key))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
-        return None if raw is None else _record(raw)
+        record = None if raw is None else _record(raw)
+        if reads is not None:
+            reads.put((_ENTRY, api, key), now, record, 0 if record is None else len(record.body))
+        return record
 
     def get_canonical(self, api: str, canonical: str) -> Record | None:
+        reads = self._reads
+        if reads is not None:
+            now = reads.generation.read()
+            kept = reads.get((_CANONICAL, api, canonical), now)
+            if kept is not UNKNOWN:
+                return None if kept is None else self.get(api, kept)
         try:
             key = self._cache.get(_canonical_key(api, canonical))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
+        if reads is not None:
+            reads.put((_CANONICAL, api, canonical), now, None if key is None else _text(key))
         return None if key is None else self.get(api, _text(key))
+
+    def generation(self) -> bytes | None:
+        """The store's generation now (new after every write, in any process), or ``None`` without one."""
+        reads = self._reads
+        return None if reads is None else reads.generation.read()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction; once it has ended, a new generation (every process's kept reads are stale)."""
+        try:
+            with self._cache.transact(retry=True):
+                yield
+        finally:
+            if self._reads is not None:
+                self._reads.generation.bump()
 
     def _writable(self) -> None:
         if self.read_only:
@@ -184,7 +219,7 @@ class DiskcacheStore(Store):
     def _add(self, record: Record, canonical: str | None) -> bool:
         try:
             # one transaction: the entry, its canonical pointer and the counters, or nothing
-            with self._cache.transact(retry=True):
+            with self._transaction():
                 self._see_deletes()
                 added = self._add_in_transaction(record, canonical)
         except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
@@ -247,7 +282,7 @@ class DiskcacheStore(Store):
         items = list(items)
         with self._write_lock:
             try:
-                with self._cache.transact(retry=True):
+                with self._transaction():
                     self._see_deletes()
                     added = self._insert_batch(items)
             except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
@@ -318,7 +353,7 @@ class DiskcacheStore(Store):
             return 0
         with self._write_lock:
             try:
-                with self._cache.transact(retry=True):
+                with self._transaction():
                     removed = self._delete_in_transaction(api, keys)
             except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
                 raise StoreError(f"diskcache delete failed: {exc}") from exc
@@ -359,7 +394,7 @@ class DiskcacheStore(Store):
         self._writable()
         with self._write_lock:
             try:
-                with self._cache.transact(retry=True):
+                with self._transaction():
                     self._see_deletes()
                     self._replace_in_transaction(record, canonical)
             except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
@@ -505,4 +540,17 @@ class DiskcacheStore(Store):
     def close(self) -> None:
         if self._locks is not None:
             self._locks.close()
+        if self._reads is not None:
+            self._reads.generation.close()
+            self._reads = None
         self._cache.close()
+
+
+def _recent_reads(folder: str, *, writable: bool) -> RecentReads | None:
+    """The store's kept reads, or ``None`` (nothing kept) when its generation file cannot be mapped."""
+    try:
+        return RecentReads(Generation(folder, writable=writable))
+    except (OSError, ValueError) as exc:
+        if writable:
+            raise StoreError(f"cannot open diskcache store at {folder}: {exc}") from exc
+        return None

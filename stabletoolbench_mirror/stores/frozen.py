@@ -34,7 +34,8 @@ import os
 import threading
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -82,6 +83,9 @@ class _KeyLocks:
                     del self._locks[key]
 
 
+_SERIALS = itertools.count(1)
+
+
 @dataclass(eq=False)
 class _Index:
     """One parsed API file: upstream key -> entry number, and each entry's answer span in the file."""
@@ -98,6 +102,8 @@ class _Index:
     canonical: dict[str, str] | None = None
     listed_failures: frozenset[str] = frozenset()
     """The keys the tree's manifest lists as failure records."""
+    serial: int = field(default_factory=lambda: next(_SERIALS))
+    """This index's own number, never reused (what a kept hit was looked up in: :meth:`FrozenCache.state_token`)."""
 
     def __del__(self) -> None:
         fd, self.fd = self.fd, None
@@ -436,6 +442,17 @@ class FrozenCache(CacheTier):
             return None
         key = self._canonical(api, index).get(canonical)
         return None if key is None else self._lookup(api, index, key)
+
+    def state_token(self, api: str) -> object:
+        """What this tree's answers for ``api`` come from now (only stats the file): equal tokens, equal answers.
+
+        The index's serial number, ``None`` when there is nothing to serve, and an object equal to
+        nothing when the file is still to be parsed (see :mod:`..engine.recent_hits`).
+        """
+        state = self._state(api)
+        if isinstance(state, _NeedsLoad):
+            return object()
+        return None if state is None else state.serial
 
     async def aget(self, api: str, key: str) -> Record | None:
         """:meth:`get` for the event loop: an indexed file is read at once, a file to parse in a thread."""

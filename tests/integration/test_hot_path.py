@@ -10,11 +10,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -25,7 +30,11 @@ from stabletoolbench_mirror.core.protocol import VirtualRequest
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.factory import build_store
 from stabletoolbench_mirror.serving.prepared import PreparedCalls
+from stabletoolbench_mirror.serving.server import GuardedHttpProtocol, create_app, uvicorn_options
+from stabletoolbench_mirror.stores.recent_reads import UNKNOWN
+from tests.helpers.live import UvicornThread
 from tests.helpers.paths import REPO
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 API = "Tools/t_for_Tools/a"
 
@@ -125,3 +134,219 @@ def test_the_ceiling_benchmark_refuses_without_wrk(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ceiling.py")], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "wrk is not installed: apt-get install wrk" in proc.stderr
+
+
+# -- round two: one write per answer, one header timer per connection, the store's kept reads ---------------
+
+
+class _CountedTransport:
+    """A real transport whose writes are also recorded (what the protocol hands the socket, write by write)."""
+
+    def __init__(self, transport: Any, writes: list[bytes]) -> None:
+        self.transport = transport
+        self.writes = writes
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self.transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+def _counting(base: type, writes: list[bytes]) -> type:
+    class Counting(base):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(_CountedTransport(transport, writes))
+
+    return Counting
+
+
+def _exchange(port: int, request: bytes, head_only: bool = False) -> bytes:
+    """One request on a fresh connection; its whole answer (status line, headers but ``date``, body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = 0 if head_only else int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+        while len(rest) < length:
+            rest += sock.recv(65536)
+    lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"date:")]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + rest
+
+
+def test_an_answer_is_one_write_of_the_same_bytes(settings_factory, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    path = tree.joinpath(*API.split("/")).with_suffix(".json")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"{'a': 1}": {"error": "", "response": "frozen"}}))
+    settings = settings_factory(mode="replay", frozen_caches=[str(tree)])
+    hit = body({"a": 1})
+    requests_ = [
+        (b"POST /virtual HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(hit), hit), False),
+        (b"POST /virtual HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(hit), hit), False),
+        (b"POST /virtual HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n{bad", False),
+        (b"GET /virtual HTTP/1.1\r\nHost: x\r\n\r\n", False),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", False),
+        (b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n", True),
+        (b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", False),
+    ]
+    answers: dict[str, list[bytes]] = {}
+    writes: list[bytes] = []
+    counts: list[int] = []
+    options = uvicorn_options(settings)
+    for name, protocol in (("guarded", _counting(GuardedHttpProtocol, writes)), ("plain", HttpToolsProtocol)):
+        if name == "guarded":
+            protocol = functools.partial(protocol, header_timeout_s=settings.limits.header_timeout_s,
+                                         send_timeout_s=settings.limits.send_timeout_s)
+        with UvicornThread(create_app(settings), http=protocol, timeout_keep_alive=options["timeout_keep_alive"]) as server:
+            for request, head_only in requests_:
+                before = len(writes)
+                answers.setdefault(name, []).append(_exchange(server.port, request, head_only))
+                if name == "guarded":
+                    counts.append(len(writes) - before)
+    # byte for byte what uvicorn's own protocol sends (its date aside), each answer in one write
+    assert answers["guarded"] == answers["plain"]
+    assert b"x-stm-outcome: hit" in answers["guarded"][0] and b"x-stm-outcome: hit" in answers["guarded"][1]
+    assert counts == [1] * len(requests_)
+    assert b"".join(writes).replace(b"\r\n", b"\n").count(b"HTTP/1.1 ") == len(requests_)
+
+
+def test_one_header_timer_still_closes_a_later_stalled_request(serve, settings_factory) -> None:
+    """A kept-alive connection's timer, armed by its first request, waits for the full header_timeout_s of the next."""
+    timeout = 1.0
+    server = serve(settings_factory(limits={"header_timeout_s": timeout}))
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        start = time.monotonic()
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(0.6)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        stalled = time.monotonic()
+        time.sleep(max(0.0, start + timeout + 0.25 - time.monotonic()))
+        sock.settimeout(0.05)
+        with pytest.raises((socket.timeout, TimeoutError)):
+            sock.recv(65536)  # still open past the first request's timeout
+        sock.settimeout(stalled + timeout + 1.5 - time.monotonic())
+        assert sock.recv(65536) == b"", "the stalled request's connection was not closed"
+        assert time.monotonic() - stalled >= timeout * 0.95
+
+
+_WRITER = r"""
+import sys
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.stores.diskcache_store import DiskcacheStore
+what, path, api, key, text = sys.argv[1:]
+store = DiskcacheStore(path)
+if what == "add":
+    store.add(Record.from_answer(api, key, {"error": "", "response": text}, "simulated", "other process"), None)
+elif what == "replace":
+    store.replace(Record.from_answer(api, key, {"error": "", "response": text}, "simulated", "other process"), None)
+else:
+    store.delete(api, [key])
+store.close()
+"""
+
+
+def _other_process(what: str, path: Path, key: str, text: str = "") -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-c", _WRITER, what, str(path), API, key, text], check=True, env=env, timeout=60)
+
+
+def _response(record: Record | None) -> str | None:
+    return None if record is None else json.loads(record.body)["response"]
+
+
+def test_kept_store_reads_see_another_processes_writes_at_once(tmp_path: Path) -> None:
+    from stabletoolbench_mirror.stores.diskcache_store import DiskcacheStore
+
+    path = tmp_path / "store"
+    store = DiskcacheStore(path)
+    reader = None
+    try:
+        assert store.get(API, "{'k': 1}") is None and store.get(API, "{'k': 1}") is None  # a miss, kept
+        assert len(store._reads or ()) == 1
+        _other_process("add", path, "{'k': 1}", "added elsewhere")
+        assert _response(store.get(API, "{'k': 1}")) == "added elsewhere"
+        reader = DiskcacheStore(path, read_only=True)
+        assert _response(reader.get(API, "{'k': 1}")) == "added elsewhere"
+        _other_process("replace", path, "{'k': 1}", "replaced elsewhere")
+        assert _response(store.get(API, "{'k': 1}")) == "replaced elsewhere"
+        assert _response(reader.get(API, "{'k': 1}")) == "replaced elsewhere"
+        _other_process("delete", path, "{'k': 1}")
+        assert store.get(API, "{'k': 1}") is None and reader.get(API, "{'k': 1}") is None
+        # this process's own writes, through another store object and through this one
+        with DiskcacheStore(path) as other:
+            other.add(Record.from_answer(API, "{'k': 1}", {"error": "", "response": "same process"}, "simulated", "t"), None)
+        assert _response(store.get(API, "{'k': 1}")) == "same process"
+        store.delete(API, ["{'k': 1}"])
+        assert store.get(API, "{'k': 1}") is None
+    finally:
+        store.close()
+        if reader is not None:
+            reader.close()
+
+
+def test_kept_store_reads_are_bounded(tmp_path: Path) -> None:
+    from stabletoolbench_mirror.stores.recent_reads import Generation, RecentReads
+
+    generation = Generation(str(tmp_path), writable=True)
+    try:
+        reads = RecentReads(generation, max_reads=3, max_body=10)
+        now = generation.read()
+        for i in range(4):
+            reads.put(("e", API, str(i)), now, None)
+        assert len(reads) == 1  # full: all forgotten, then the new one kept
+        reads.put(("e", API, "big"), now, "x", size=11)
+        assert reads.get(("e", API, "big"), now) is UNKNOWN
+        generation.bump()
+        assert generation.read() != now and reads.get(("e", API, "3"), generation.read()) is UNKNOWN
+    finally:
+        generation.close()
+
+
+def test_a_kept_hit_gives_way_to_a_file_that_appears_in_an_earlier_tree(serve, settings_factory, tmp_path: Path) -> None:
+    """Kept hits (engine/recent_hits.py) are served only while every tier they were looked up in is unchanged."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for tree in (first, second):
+        tree.joinpath(*API.split("/")).parent.mkdir(parents=True)
+    second.joinpath(*API.split("/")).with_suffix(".json").write_text(json.dumps({"{'a': 1}": {"error": "", "response": "second"}}))
+    settings = settings_factory(mode="replay", frozen_caches=[str(first), str(second)])
+    server = serve(settings)
+    data = body({"a": 1})
+    assert [post(server, data).json()["response"] for _ in range(3)] == ["second"] * 3
+    first.joinpath(*API.split("/")).with_suffix(".json").write_text(json.dumps({"{'a': 1}": {"error": "", "response": "first"}}))
+    assert post(server, data).json()["response"] == "first"
+    # the store comes first: a record another store object adds is served at once, over the kept hit
+    assert post(server, data).json()["response"] == "first"
+    with build_store(settings) as store:
+        store.add(Record.from_answer(API, "{'a': 1}", {"error": "", "response": "stored"}, "simulated", "test"),
+                  canonical_from_upstream_key("{'a': 1}"))
+    r = post(server, data)
+    assert (r.json()["response"], r.headers["x-stm-source"]) == ("stored", "simulated")
+    stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert stats["hits"] == 6  # kept hits are counted like any hit
+
+
+def test_kept_hits_are_bounded() -> None:
+    from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+    from stabletoolbench_mirror.engine.recent_hits import MAX_BODY_CHARS, RecentHits
+
+    hits = RecentHits(lambda: b"g", [], max_hits=2)
+    token = hits.token(API)
+    assert token == (b"g",)
+    for i in range(3):
+        hits.put(call(i), token, Outcome("{}", OutcomeKind.HIT))
+    assert len(hits) == 1 and hits.get(call(2), token) is not None and hits.get(call(2), (b"h",)) is None
+    hits.put(call(5), token, Outcome("x" * (MAX_BODY_CHARS + 1), OutcomeKind.HIT))
+    assert hits.get(call(5), token) is None
+    assert RecentHits(lambda: None, []).token(API) is None  # no generation now: nothing kept
+
+
+def test_access_lines_are_built_only_where_they_are_written(settings_factory) -> None:
+    """uvicorn's access log is on where its lines are written (log_level info, debug) and off below (nothing to write)."""
+    assert [uvicorn_options(settings_factory(log_level=level))["access_log"] for level in ("debug", "info", "warning", "error")] == \
+        [True, True, False, False]

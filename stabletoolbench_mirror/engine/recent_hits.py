@@ -1,0 +1,62 @@
+"""Recent hits, served again while nothing they were looked up in has changed.
+
+A hit's lookup walks the tiers: the store (a kept read, :mod:`..stores.recent_reads`), then each
+frozen cache (a ``stat`` of the API's file, its index, the kept answer), then builds the record and
+the answer.  For a call answered lately, all of that gives the same answer as long as
+
+* the store's generation is the same (no process wrote to the store since), and
+* every frozen cache holds the same index of the call's API file (its ``stat`` unchanged: same
+  inode, size and modification time, and the index not dropped from memory meanwhile).
+
+Both are read *before* the lookup they vouch for, so a change that lands during it makes the kept
+hit stale at once.  Only hits are kept (a miss goes the full way), only when the store has a
+generation (diskcache; not Redis), at most :data:`MAX_HITS` of them (all forgotten when full), and
+only answers of up to :data:`MAX_BODY_CHARS` characters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.outcomes import Outcome
+
+MAX_HITS = 4096
+MAX_BODY_CHARS = 16384
+
+Token = tuple[Any, ...]
+
+
+class RecentHits:
+    """The answers of recent hits by call, each with the token of what it was looked up in (any thread)."""
+
+    __slots__ = ("_generation", "_frozen", "_hits", "max_hits")
+
+    def __init__(self, generation: Callable[[], bytes | None], frozen: Sequence[Any], max_hits: int = MAX_HITS) -> None:
+        """``generation``: the store's (``None``: keep nothing now); ``frozen``: the frozen caches (``state_token``)."""
+        self._generation = generation
+        self._frozen = tuple(f.state_token for f in frozen)
+        self._hits: dict[tuple[str, str, str, str], tuple[Token, Outcome]] = {}
+        self.max_hits = max_hits
+
+    def token(self, api: str) -> Token | None:
+        """What a hit of ``api`` now depends on, or ``None`` when nothing can be kept now."""
+        generation = self._generation()
+        if generation is None:
+            return None
+        return (generation, *[state(api) for state in self._frozen])
+
+    def get(self, call: ToolCall, token: Token) -> Outcome | None:
+        kept = self._hits.get((call.api, call.key, call.upstream, call.canonical))
+        return kept[1] if kept is not None and kept[0] == token else None
+
+    def put(self, call: ToolCall, token: Token, outcome: Outcome) -> None:
+        if len(outcome.body) > MAX_BODY_CHARS or self.max_hits <= 0:
+            return
+        hits = self._hits
+        if len(hits) >= self.max_hits:
+            hits.clear()
+        hits[(call.api, call.key, call.upstream, call.canonical)] = (token, outcome)
+
+    def __len__(self) -> int:
+        return len(self._hits)
