@@ -19,9 +19,14 @@ Then measures
 3. **throughput**: simulated misses per second at concurrency 32 against the 50 ms stub
    (the ceiling is 32 / 0.05 s = 640/s; target >= 80 % of it).
 
+With ``--before CHECKOUT``, the same servers from another checkout (its own code through
+``PYTHONPATH``) against the same stubs, each figure measured for both in turn, so before and
+after come from one run.
+
 Run from the repository root::
 
     python benchmarks/miss_path.py            # or --quick for a short run
+    python benchmarks/miss_path.py --before /path/to/old/checkout
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _loadgen import run_load  # noqa: E402
-from _procs import free_port, process, serve_args, stub_args  # noqa: E402
+from _procs import clean_env, free_port, process, serve_args, stub_args  # noqa: E402
 
 from stabletoolbench_mirror.core.call import ToolCall  # noqa: E402
 from stabletoolbench_mirror.responders.simulator.prompts import SFT_SYSTEM_PROMPT, mirrorapi_messages  # noqa: E402
@@ -78,7 +83,8 @@ class Mirror(str):
 
 
 @contextmanager
-def mirror(api_base: str, workdir: Path) -> Iterator[Mirror]:
+def mirror(api_base: str, workdir: Path, checkout: Path = REPO) -> Iterator[Mirror]:
+    """A ``serve`` process of ``checkout`` (its own code through ``PYTHONPATH``) recording misses answered by ``api_base``."""
     port = free_port()
     folder = Path(tempfile.mkdtemp(dir=workdir))
     config = folder / "config.yml"
@@ -95,7 +101,9 @@ def mirror(api_base: str, workdir: Path) -> Iterator[Mirror]:
             }
         )
     )
-    with process(serve_args(config), f"http://127.0.0.1:{port}/health") as proc:
+    env = clean_env()
+    env["PYTHONPATH"] = str(checkout)
+    with process(serve_args(config), f"http://127.0.0.1:{port}/health", env=env, cwd=checkout) as proc:
         url = Mirror(f"http://127.0.0.1:{port}")
         url.pid = proc.pid
         yield url
@@ -222,57 +230,78 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples, shorter load")
     parser.add_argument("--samples", type=int, default=None, help="sequential misses for the latency part (default 1000)")
     parser.add_argument("--seconds", type=float, default=None, help="length of the throughput run (default 15)")
+    parser.add_argument("--before", help="another checkout (its repository root): its servers measured in the same run, "
+                                         "against the same stubs, each figure right after this checkout's")
     args = parser.parse_args()
     samples = args.samples or (200 if args.quick else 1000)
     seconds = args.seconds or (5.0 if args.quick else 15.0)
-    ceiling = CONCURRENCY / (STUB_LATENCY_MS / 1000.0)
+    checkouts = [("after", REPO)] + ([("before", Path(args.before).resolve())] if args.before else [])
 
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         work = Path(tmp)
         fast_stub = stack.enter_context(stub(0.0))
-        fast_server = stack.enter_context(mirror(fast_stub, work))
-        cpu_before = cpu_seconds(fast_server.pid)
-        lat = latency(fast_server, fast_stub, samples)
-        cpu_after = cpu_seconds(fast_server.pid)
-        print(f"added latency of a simulated miss, c=1 ({samples} sequential misses, stub answering at once):")
-        print(f"  direct to stub   median {lat['direct_median_ms']:.2f} ms   p99 {lat['direct_p99_ms']:.2f} ms")
-        print(f"  through server   median {lat['server_median_ms']:.2f} ms   p99 {lat['server_p99_ms']:.2f} ms")
-        verdict = "ok" if lat["added_median_ms"] <= 1.0 else "MISSED"
-        print(f"  added            median {lat['added_median_ms']:.2f} ms   p99 {lat['added_p99_ms']:.2f} ms   (target median <= 1 ms: {verdict})")
-        if cpu_before is not None and cpu_after is not None:
-            print(f"  server CPU per miss at c=1: {(cpu_after - cpu_before) / (samples + 50) * 1000:.2f} ms")
-
         slow_stub = stack.enter_context(stub(STUB_LATENCY_MS))
-        slow_server = stack.enter_context(mirror(slow_stub, work))
-        throughput(slow_server, 1.0, base=0)  # warm-up
-        conc = concurrent_added(slow_server, slow_stub, seconds, rounds=5)
-        verdict = "ok" if conc["added_median_ms"] <= 2.0 else "MISSED"
-        print(f"added latency at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms (5 alternated rounds, "
-              f"{conc['calls']} misses through the server):")
-        print(f"  direct to stub   median {conc['direct_median_ms']:.2f} ms   p99 {conc['direct_p99_ms']:.2f} ms")
-        print(f"  through server   median {conc['server_median_ms']:.2f} ms   p99 {conc['server_p99_ms']:.2f} ms")
-        print(f"  added            median {conc['added_median_ms']:.2f} ms   (target <= 2 ms: {verdict}); "
-              f"server CPU per miss {conc['cpu_ms_per_miss']:.2f} ms")
-        cpu_before = cpu_seconds(slow_server.pid)
-        tp = throughput(slow_server, seconds, base=10**12)
-        cpu_after = cpu_seconds(slow_server.pid)
-        share = tp["calls_per_s"] / ceiling
-        verdict = "ok" if share >= 0.8 else "MISSED"
-        print(f"throughput at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms ({tp['seconds']:.1f} s):")
-        print(
-            f"  {tp['calls_per_s']:.0f} simulated misses/s = {share:.0%} of the {ceiling:.0f}/s ceiling "
-            f"({tp['recorded']} recorded, {tp['errors']} errors; p50 {tp['p50_ms']:.1f} ms, p99 {tp['p99_ms']:.1f} ms)   (target >= 80%: {verdict})"
-        )
-        if cpu_before is not None and cpu_after is not None and tp["calls"]:
-            used = cpu_after - cpu_before
-            per_call = used / tp["calls"]
-            print(
-                f"  server process: {used / tp['seconds']:.2f} cores busy, {per_call * 1000:.2f} ms CPU per miss "
-                f"(one core would sustain ~{1 / per_call:.0f} misses/s)"
-            )
+        servers = [(label, stack.enter_context(mirror(fast_stub, work, checkout)), stack.enter_context(mirror(slow_stub, work, checkout)))
+                   for label, checkout in checkouts]
+        for label, fast_server, _slow in servers:
+            report_c1(label if args.before else "", fast_server, fast_stub, samples)
+        for label, _fast, slow_server in servers:
+            throughput(slow_server, 1.0, base=0)  # warm-up
+            report_c32(label if args.before else "", slow_server, slow_stub, seconds)
+        for label, _fast, slow_server in servers:
+            report_throughput(label if args.before else "", slow_server, seconds)
         if hasattr(os, "getloadavg"):
             print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other processes compete for the same cores)")
     return 0
+
+
+def _tag(label: str) -> str:
+    return f"[{label}] " if label else ""
+
+
+def report_c1(label: str, server: Mirror, api_base: str, samples: int) -> None:
+    cpu_before = cpu_seconds(server.pid)
+    lat = latency(server, api_base, samples)
+    cpu_after = cpu_seconds(server.pid)
+    print(f"{_tag(label)}added latency of a simulated miss, c=1 ({samples} sequential misses, stub answering at once):")
+    print(f"  direct to stub   median {lat['direct_median_ms']:.2f} ms   p99 {lat['direct_p99_ms']:.2f} ms")
+    print(f"  through server   median {lat['server_median_ms']:.2f} ms   p99 {lat['server_p99_ms']:.2f} ms")
+    verdict = "ok" if lat["added_median_ms"] <= 1.0 else "MISSED"
+    print(f"  added            median {lat['added_median_ms']:.2f} ms   p99 {lat['added_p99_ms']:.2f} ms   (target median <= 1 ms: {verdict})")
+    if cpu_before is not None and cpu_after is not None:
+        print(f"  server CPU per miss at c=1: {(cpu_after - cpu_before) / (samples + 50) * 1000:.2f} ms")
+
+
+def report_c32(label: str, server: Mirror, api_base: str, seconds: float) -> None:
+    conc = concurrent_added(server, api_base, seconds, rounds=5)
+    verdict = "ok" if conc["added_median_ms"] <= 2.0 else "MISSED"
+    print(f"{_tag(label)}added latency at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms (5 alternated rounds, "
+          f"{conc['calls']} misses through the server):")
+    print(f"  direct to stub   median {conc['direct_median_ms']:.2f} ms   p99 {conc['direct_p99_ms']:.2f} ms")
+    print(f"  through server   median {conc['server_median_ms']:.2f} ms   p99 {conc['server_p99_ms']:.2f} ms")
+    print(f"  added            median {conc['added_median_ms']:.2f} ms   (target <= 2 ms: {verdict}); "
+          f"server CPU per miss {conc['cpu_ms_per_miss']:.2f} ms")
+
+
+def report_throughput(label: str, server: Mirror, seconds: float) -> None:
+    ceiling = CONCURRENCY / (STUB_LATENCY_MS / 1000.0)
+    cpu_before = cpu_seconds(server.pid)
+    tp = throughput(server, seconds, base=10**12)
+    cpu_after = cpu_seconds(server.pid)
+    share = tp["calls_per_s"] / ceiling
+    verdict = "ok" if share >= 0.8 else "MISSED"
+    print(f"{_tag(label)}throughput at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms ({tp['seconds']:.1f} s):")
+    print(
+        f"  {tp['calls_per_s']:.0f} simulated misses/s = {share:.0%} of the {ceiling:.0f}/s ceiling "
+        f"({tp['recorded']} recorded, {tp['errors']} errors; p50 {tp['p50_ms']:.1f} ms, p99 {tp['p99_ms']:.1f} ms)   (target >= 80%: {verdict})"
+    )
+    if cpu_before is not None and cpu_after is not None and tp["calls"]:
+        used = cpu_after - cpu_before
+        per_call = used / tp["calls"]
+        print(
+            f"  server process: {used / tp['seconds']:.2f} cores busy, {per_call * 1000:.2f} ms CPU per miss "
+            f"(one core would sustain ~{1 / per_call:.0f} misses/s)"
+        )
 
 
 if __name__ == "__main__":
