@@ -176,31 +176,40 @@ def concurrent_added(server: Mirror, api_base: str, seconds: float, rounds: int,
     Short runs alternated (direct, through, direct, ...) so a busy machine's swings land on both
     sides; every call a new input.  The server's CPU is read around its runs only.
     """
-    direct: list[float] = []
-    through: list[float] = []
-    cpu = 0.0
-    calls = 0
+    return concurrent_added_many([server], api_base, seconds, rounds, concurrency)[0]
+
+
+def concurrent_added_many(servers: list[Mirror], api_base: str, seconds: float, rounds: int,
+                          concurrency: int = CONCURRENCY) -> list[dict[str, float]]:
+    """:func:`concurrent_added` for several servers, their rounds interleaved (direct, server 1, direct,
+    server 2, ... in each round), so each server's runs meet the same swings of the machine's load."""
+    direct: list[list[float]] = [[] for _ in servers]
+    through: list[list[float]] = [[] for _ in servers]
+    cpu = [0.0 for _ in servers]
+    calls = [0 for _ in servers]
     for r in range(rounds):
-        res = run_load(api_base + "/chat/completions", lambda i, r=r: json.dumps(direct_body(10**13 + r * 10**8 + i)).encode(),
-                       concurrency=concurrency, duration_s=seconds / rounds)
-        direct += res.latencies_s
-        before = cpu_seconds(server.pid)
-        res = run_load(server + "/virtual", lambda i, r=r: json.dumps(virtual_body(2 * 10**13 + r * 10**8 + i)).encode(),
-                       concurrency=concurrency, duration_s=seconds / rounds)
-        after = cpu_seconds(server.pid)
-        if res.errors:
-            raise RuntimeError(f"{res.errors} errors through the server ({res.statuses})")
-        through += res.latencies_s
-        calls += res.requests
-        if before is not None and after is not None:
-            cpu += after - before
+        for n, server in enumerate(servers):
+            base = r * 10**8 + n * 10**7
+            res = run_load(api_base + "/chat/completions", lambda i, b=base: json.dumps(direct_body(10**13 + b + i)).encode(),
+                           concurrency=concurrency, duration_s=seconds / rounds)
+            direct[n] += res.latencies_s
+            before = cpu_seconds(server.pid)
+            res = run_load(server + "/virtual", lambda i, b=base: json.dumps(virtual_body(2 * 10**13 + b + i)).encode(),
+                           concurrency=concurrency, duration_s=seconds / rounds)
+            after = cpu_seconds(server.pid)
+            if res.errors:
+                raise RuntimeError(f"{res.errors} errors through the server ({res.statuses})")
+            through[n] += res.latencies_s
+            calls[n] += res.requests
+            if before is not None and after is not None:
+                cpu[n] += after - before
     ms = 1000.0
-    return {
-        "direct_median_ms": statistics.median(direct) * ms, "server_median_ms": statistics.median(through) * ms,
-        "added_median_ms": (statistics.median(through) - statistics.median(direct)) * ms,
-        "direct_p99_ms": percentile(direct, 99) * ms, "server_p99_ms": percentile(through, 99) * ms,
-        "cpu_ms_per_miss": cpu / calls * ms if calls else float("nan"), "calls": calls,
-    }
+    return [{
+        "direct_median_ms": statistics.median(d) * ms, "server_median_ms": statistics.median(t) * ms,
+        "added_median_ms": (statistics.median(t) - statistics.median(d)) * ms,
+        "direct_p99_ms": percentile(d, 99) * ms, "server_p99_ms": percentile(t, 99) * ms,
+        "cpu_ms_per_miss": c / k * ms if k else float("nan"), "calls": k,
+    } for d, t, c, k in zip(direct, through, cpu, calls)]
 
 
 def throughput(server: str, seconds: float, base: int, concurrency: int = CONCURRENCY) -> dict[str, float]:
@@ -245,9 +254,12 @@ def main() -> int:
                    for label, checkout in checkouts]
         for label, fast_server, _slow in servers:
             report_c1(label if args.before else "", fast_server, fast_stub, samples)
-        for label, _fast, slow_server in servers:
+        for _label, _fast, slow_server in servers:
             throughput(slow_server, 1.0, base=0)  # warm-up
-            report_c32(label if args.before else "", slow_server, slow_stub, seconds)
+        # the checkouts' rounds interleaved: each meets the same swings of the machine's load
+        results = concurrent_added_many([slow for _l, _f, slow in servers], slow_stub, seconds, rounds=5)
+        for (label, _fast, _slow), conc in zip(servers, results):
+            report_c32(label if args.before else "", conc)
         for label, _fast, slow_server in servers:
             report_throughput(label if args.before else "", slow_server, seconds)
         if hasattr(os, "getloadavg"):
@@ -272,10 +284,9 @@ def report_c1(label: str, server: Mirror, api_base: str, samples: int) -> None:
         print(f"  server CPU per miss at c=1: {(cpu_after - cpu_before) / (samples + 50) * 1000:.2f} ms")
 
 
-def report_c32(label: str, server: Mirror, api_base: str, seconds: float) -> None:
-    conc = concurrent_added(server, api_base, seconds, rounds=5)
+def report_c32(label: str, conc: dict[str, float]) -> None:
     verdict = "ok" if conc["added_median_ms"] <= 2.0 else "MISSED"
-    print(f"{_tag(label)}added latency at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms (5 alternated rounds, "
+    print(f"{_tag(label)}added latency at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms (alternated rounds, "
           f"{conc['calls']} misses through the server):")
     print(f"  direct to stub   median {conc['direct_median_ms']:.2f} ms   p99 {conc['direct_p99_ms']:.2f} ms")
     print(f"  through server   median {conc['server_median_ms']:.2f} ms   p99 {conc['server_p99_ms']:.2f} ms")
