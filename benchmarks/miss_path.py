@@ -138,13 +138,19 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def latency(server: str, api_base: str, n: int) -> dict[str, float]:
+    return _summary(*latency_samples(server, api_base, n))
+
+
+def latency_samples(server: str, api_base: str, n: int, base: int = 10_000_000, warmup: int = 50) -> tuple[list[float], list[float]]:
+    """``n`` sequential misses through the server and as many direct calls, alternated (after ``warmup`` rounds)."""
     direct_s, virtual_s = requests.Session(), requests.Session()
-    direct, through = [], []
+    direct: list[float] = []
+    through: list[float] = []
     url_direct, url_virtual = api_base + "/chat/completions", server + "/virtual"
-    for i in range(-50, n):  # 50 warm-up rounds
+    for i in range(-warmup, n):
         for which in ((0, 1) if i % 2 else (1, 0)):
             if which == 0:
-                data = json.dumps(direct_body(i + 10_000_000))
+                data = json.dumps(direct_body(i + base))
                 t = time.perf_counter()
                 r = direct_s.post(url_direct, data=data, headers={"Content-Type": "application/json"})
                 dt = time.perf_counter() - t
@@ -152,13 +158,17 @@ def latency(server: str, api_base: str, n: int) -> dict[str, float]:
                 if i >= 0:
                     direct.append(dt)
             else:
-                data = json.dumps(virtual_body(i + 10_000_000))
+                data = json.dumps(virtual_body(i + base))
                 t = time.perf_counter()
                 r = virtual_s.post(url_virtual, data=data, headers={"Content-Type": "application/json"})
                 dt = time.perf_counter() - t
                 assert r.status_code == 200 and r.headers.get("X-STM-Outcome") == "recorded", (r.status_code, r.text)
                 if i >= 0:
                     through.append(dt)
+    return direct, through
+
+
+def _summary(direct: list[float], through: list[float]) -> dict[str, float]:
     ms = 1000.0
     return {
         "direct_median_ms": statistics.median(direct) * ms,
@@ -168,6 +178,29 @@ def latency(server: str, api_base: str, n: int) -> dict[str, float]:
         "added_median_ms": (statistics.median(through) - statistics.median(direct)) * ms,
         "added_p99_ms": (percentile(through, 99) - percentile(direct, 99)) * ms,
     }
+
+
+def latency_many(servers: list[Mirror], api_base: str, n: int, chunks: int = 5) -> list[tuple[dict[str, float], float | None]]:
+    """:func:`latency` for several servers in interleaved chunks (each server's chunk, then the next's), with
+    each server's CPU per miss (its chunks' CPU over their misses, warm-ups included)."""
+    direct: list[list[float]] = [[] for _ in servers]
+    through: list[list[float]] = [[] for _ in servers]
+    cpu: list[float | None] = [0.0 for _ in servers]
+    calls = [0 for _ in servers]
+    size = max(1, n // chunks)
+    warmup = 50
+    for c in range(chunks):
+        for k, server in enumerate(servers):
+            before = cpu_seconds(server.pid)
+            d, t = latency_samples(server, api_base, size, base=10_000_000 + c * 100_000, warmup=warmup)
+            after = cpu_seconds(server.pid)
+            direct[k] += d
+            through[k] += t
+            calls[k] += size + warmup
+            cpu_k = cpu[k]
+            cpu[k] = None if before is None or after is None or cpu_k is None else cpu_k + after - before
+        warmup = 10
+    return [(_summary(d, t), None if c_ is None else c_ / k_) for d, t, c_, k_ in zip(direct, through, cpu, calls)]
 
 
 def concurrent_added(server: Mirror, api_base: str, seconds: float, rounds: int, concurrency: int = CONCURRENCY) -> dict[str, float]:
@@ -252,8 +285,9 @@ def main() -> int:
         slow_stub = stack.enter_context(stub(STUB_LATENCY_MS))
         servers = [(label, stack.enter_context(mirror(fast_stub, work, checkout)), stack.enter_context(mirror(slow_stub, work, checkout)))
                    for label, checkout in checkouts]
-        for label, fast_server, _slow in servers:
-            report_c1(label if args.before else "", fast_server, fast_stub, samples)
+        # the checkouts' chunks interleaved: each meets the same swings of the machine's load
+        for (label, _fast, _slow), (lat, cpu) in zip(servers, latency_many([fast for _l, fast, _s in servers], fast_stub, samples)):
+            report_c1(label if args.before else "", lat, cpu, samples)
         for _label, _fast, slow_server in servers:
             throughput(slow_server, 1.0, base=0)  # warm-up
         # the checkouts' rounds interleaved: each meets the same swings of the machine's load
@@ -271,17 +305,14 @@ def _tag(label: str) -> str:
     return f"[{label}] " if label else ""
 
 
-def report_c1(label: str, server: Mirror, api_base: str, samples: int) -> None:
-    cpu_before = cpu_seconds(server.pid)
-    lat = latency(server, api_base, samples)
-    cpu_after = cpu_seconds(server.pid)
+def report_c1(label: str, lat: dict[str, float], cpu_per_miss: float | None, samples: int) -> None:
     print(f"{_tag(label)}added latency of a simulated miss, c=1 ({samples} sequential misses, stub answering at once):")
     print(f"  direct to stub   median {lat['direct_median_ms']:.2f} ms   p99 {lat['direct_p99_ms']:.2f} ms")
     print(f"  through server   median {lat['server_median_ms']:.2f} ms   p99 {lat['server_p99_ms']:.2f} ms")
     verdict = "ok" if lat["added_median_ms"] <= 1.0 else "MISSED"
     print(f"  added            median {lat['added_median_ms']:.2f} ms   p99 {lat['added_p99_ms']:.2f} ms   (target median <= 1 ms: {verdict})")
-    if cpu_before is not None and cpu_after is not None:
-        print(f"  server CPU per miss at c=1: {(cpu_after - cpu_before) / (samples + 50) * 1000:.2f} ms")
+    if cpu_per_miss is not None:
+        print(f"  server CPU per miss at c=1: {cpu_per_miss * 1000:.2f} ms")
 
 
 def report_c32(label: str, conc: dict[str, float]) -> None:
