@@ -20,8 +20,9 @@ Then measures
    (the ceiling is 32 / 0.05 s = 640/s; target >= 80 % of it).
 
 With ``--before CHECKOUT``, the same servers from another checkout (its own code through
-``PYTHONPATH``) against the same stubs, each figure measured for both in turn, so before and
-after come from one run.
+``PYTHONPATH``) against the same stubs, so before and after come from one run: the c=1 misses in
+chunks and the c=32 rounds interleaved between the checkouts (each meets the same swings of the
+machine's load), the throughput runs one after the other.
 
 Run from the repository root::
 
