@@ -19,9 +19,15 @@ Then measures
 3. **throughput**: simulated misses per second at concurrency 32 against the 50 ms stub
    (the ceiling is 32 / 0.05 s = 640/s; target >= 80 % of it).
 
+With ``--before CHECKOUT``, the same servers from another checkout (its own code through
+``PYTHONPATH``) against the same stubs, so before and after come from one run: the c=1 misses in
+chunks and the c=32 rounds interleaved between the checkouts (each meets the same swings of the
+machine's load), the throughput runs one after the other.
+
 Run from the repository root::
 
     python benchmarks/miss_path.py            # or --quick for a short run
+    python benchmarks/miss_path.py --before /path/to/old/checkout
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _loadgen import run_load  # noqa: E402
-from _procs import free_port, process, serve_args, stub_args  # noqa: E402
+from _procs import clean_env, free_port, process, serve_args, stub_args  # noqa: E402
 
 from stabletoolbench_mirror.core.call import ToolCall  # noqa: E402
 from stabletoolbench_mirror.responders.simulator.prompts import SFT_SYSTEM_PROMPT, mirrorapi_messages  # noqa: E402
@@ -78,7 +84,8 @@ class Mirror(str):
 
 
 @contextmanager
-def mirror(api_base: str, workdir: Path) -> Iterator[Mirror]:
+def mirror(api_base: str, workdir: Path, checkout: Path = REPO) -> Iterator[Mirror]:
+    """A ``serve`` process of ``checkout`` (its own code through ``PYTHONPATH``) recording misses answered by ``api_base``."""
     port = free_port()
     folder = Path(tempfile.mkdtemp(dir=workdir))
     config = folder / "config.yml"
@@ -95,7 +102,9 @@ def mirror(api_base: str, workdir: Path) -> Iterator[Mirror]:
             }
         )
     )
-    with process(serve_args(config), f"http://127.0.0.1:{port}/health") as proc:
+    env = clean_env()
+    env["PYTHONPATH"] = str(checkout)
+    with process(serve_args(config), f"http://127.0.0.1:{port}/health", env=env, cwd=checkout) as proc:
         url = Mirror(f"http://127.0.0.1:{port}")
         url.pid = proc.pid
         yield url
@@ -130,13 +139,19 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def latency(server: str, api_base: str, n: int) -> dict[str, float]:
+    return _summary(*latency_samples(server, api_base, n))
+
+
+def latency_samples(server: str, api_base: str, n: int, base: int = 10_000_000, warmup: int = 50) -> tuple[list[float], list[float]]:
+    """``n`` sequential misses through the server and as many direct calls, alternated (after ``warmup`` rounds)."""
     direct_s, virtual_s = requests.Session(), requests.Session()
-    direct, through = [], []
+    direct: list[float] = []
+    through: list[float] = []
     url_direct, url_virtual = api_base + "/chat/completions", server + "/virtual"
-    for i in range(-50, n):  # 50 warm-up rounds
+    for i in range(-warmup, n):
         for which in ((0, 1) if i % 2 else (1, 0)):
             if which == 0:
-                data = json.dumps(direct_body(i + 10_000_000))
+                data = json.dumps(direct_body(i + base))
                 t = time.perf_counter()
                 r = direct_s.post(url_direct, data=data, headers={"Content-Type": "application/json"})
                 dt = time.perf_counter() - t
@@ -144,13 +159,17 @@ def latency(server: str, api_base: str, n: int) -> dict[str, float]:
                 if i >= 0:
                     direct.append(dt)
             else:
-                data = json.dumps(virtual_body(i + 10_000_000))
+                data = json.dumps(virtual_body(i + base))
                 t = time.perf_counter()
                 r = virtual_s.post(url_virtual, data=data, headers={"Content-Type": "application/json"})
                 dt = time.perf_counter() - t
                 assert r.status_code == 200 and r.headers.get("X-STM-Outcome") == "recorded", (r.status_code, r.text)
                 if i >= 0:
                     through.append(dt)
+    return direct, through
+
+
+def _summary(direct: list[float], through: list[float]) -> dict[str, float]:
     ms = 1000.0
     return {
         "direct_median_ms": statistics.median(direct) * ms,
@@ -162,37 +181,69 @@ def latency(server: str, api_base: str, n: int) -> dict[str, float]:
     }
 
 
+def latency_many(servers: list[Mirror], api_base: str, n: int, chunks: int = 5) -> list[tuple[dict[str, float], float | None]]:
+    """:func:`latency` for several servers in interleaved chunks (each server's chunk, then the next's), with
+    each server's CPU per miss (its chunks' CPU over their misses, warm-ups included)."""
+    direct: list[list[float]] = [[] for _ in servers]
+    through: list[list[float]] = [[] for _ in servers]
+    cpu: list[float | None] = [0.0 for _ in servers]
+    calls = [0 for _ in servers]
+    size = max(1, n // chunks)
+    warmup = 50
+    for c in range(chunks):
+        for k, server in enumerate(servers):
+            before = cpu_seconds(server.pid)
+            d, t = latency_samples(server, api_base, size, base=10_000_000 + c * 100_000, warmup=warmup)
+            after = cpu_seconds(server.pid)
+            direct[k] += d
+            through[k] += t
+            calls[k] += size + warmup
+            cpu_k = cpu[k]
+            cpu[k] = None if before is None or after is None or cpu_k is None else cpu_k + after - before
+        warmup = 10
+    return [(_summary(d, t), None if c_ is None else c_ / k_) for d, t, c_, k_ in zip(direct, through, cpu, calls)]
+
+
 def concurrent_added(server: Mirror, api_base: str, seconds: float, rounds: int, concurrency: int = CONCURRENCY) -> dict[str, float]:
     """Misses at ``concurrency`` through the server vs the same number of direct calls to the stub at once.
 
     Short runs alternated (direct, through, direct, ...) so a busy machine's swings land on both
     sides; every call a new input.  The server's CPU is read around its runs only.
     """
-    direct: list[float] = []
-    through: list[float] = []
-    cpu = 0.0
-    calls = 0
+    return concurrent_added_many([server], api_base, seconds, rounds, concurrency)[0]
+
+
+def concurrent_added_many(servers: list[Mirror], api_base: str, seconds: float, rounds: int,
+                          concurrency: int = CONCURRENCY) -> list[dict[str, float]]:
+    """:func:`concurrent_added` for several servers, their rounds interleaved (direct, server 1, direct,
+    server 2, ... in each round), so each server's runs meet the same swings of the machine's load."""
+    direct: list[list[float]] = [[] for _ in servers]
+    through: list[list[float]] = [[] for _ in servers]
+    cpu = [0.0 for _ in servers]
+    calls = [0 for _ in servers]
     for r in range(rounds):
-        res = run_load(api_base + "/chat/completions", lambda i, r=r: json.dumps(direct_body(10**13 + r * 10**8 + i)).encode(),
-                       concurrency=concurrency, duration_s=seconds / rounds)
-        direct += res.latencies_s
-        before = cpu_seconds(server.pid)
-        res = run_load(server + "/virtual", lambda i, r=r: json.dumps(virtual_body(2 * 10**13 + r * 10**8 + i)).encode(),
-                       concurrency=concurrency, duration_s=seconds / rounds)
-        after = cpu_seconds(server.pid)
-        if res.errors:
-            raise RuntimeError(f"{res.errors} errors through the server ({res.statuses})")
-        through += res.latencies_s
-        calls += res.requests
-        if before is not None and after is not None:
-            cpu += after - before
+        for n, server in enumerate(servers):
+            base = r * 10**8 + n * 10**7
+            res = run_load(api_base + "/chat/completions", lambda i, b=base: json.dumps(direct_body(10**13 + b + i)).encode(),
+                           concurrency=concurrency, duration_s=seconds / rounds)
+            direct[n] += res.latencies_s
+            before = cpu_seconds(server.pid)
+            res = run_load(server + "/virtual", lambda i, b=base: json.dumps(virtual_body(2 * 10**13 + b + i)).encode(),
+                           concurrency=concurrency, duration_s=seconds / rounds)
+            after = cpu_seconds(server.pid)
+            if res.errors:
+                raise RuntimeError(f"{res.errors} errors through the server ({res.statuses})")
+            through[n] += res.latencies_s
+            calls[n] += res.requests
+            if before is not None and after is not None:
+                cpu[n] += after - before
     ms = 1000.0
-    return {
-        "direct_median_ms": statistics.median(direct) * ms, "server_median_ms": statistics.median(through) * ms,
-        "added_median_ms": (statistics.median(through) - statistics.median(direct)) * ms,
-        "direct_p99_ms": percentile(direct, 99) * ms, "server_p99_ms": percentile(through, 99) * ms,
-        "cpu_ms_per_miss": cpu / calls * ms if calls else float("nan"), "calls": calls,
-    }
+    return [{
+        "direct_median_ms": statistics.median(d) * ms, "server_median_ms": statistics.median(t) * ms,
+        "added_median_ms": (statistics.median(t) - statistics.median(d)) * ms,
+        "direct_p99_ms": percentile(d, 99) * ms, "server_p99_ms": percentile(t, 99) * ms,
+        "cpu_ms_per_miss": c / k * ms if k else float("nan"), "calls": k,
+    } for d, t, c, k in zip(direct, through, cpu, calls)]
 
 
 def throughput(server: str, seconds: float, base: int, concurrency: int = CONCURRENCY) -> dict[str, float]:
@@ -222,57 +273,78 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples, shorter load")
     parser.add_argument("--samples", type=int, default=None, help="sequential misses for the latency part (default 1000)")
     parser.add_argument("--seconds", type=float, default=None, help="length of the throughput run (default 15)")
+    parser.add_argument("--before", help="another checkout (its repository root): its servers measured in the same run, "
+                                         "against the same stubs, each figure right after this checkout's")
     args = parser.parse_args()
     samples = args.samples or (200 if args.quick else 1000)
     seconds = args.seconds or (5.0 if args.quick else 15.0)
-    ceiling = CONCURRENCY / (STUB_LATENCY_MS / 1000.0)
+    checkouts = [("after", REPO)] + ([("before", Path(args.before).resolve())] if args.before else [])
 
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         work = Path(tmp)
         fast_stub = stack.enter_context(stub(0.0))
-        fast_server = stack.enter_context(mirror(fast_stub, work))
-        cpu_before = cpu_seconds(fast_server.pid)
-        lat = latency(fast_server, fast_stub, samples)
-        cpu_after = cpu_seconds(fast_server.pid)
-        print(f"added latency of a simulated miss, c=1 ({samples} sequential misses, stub answering at once):")
-        print(f"  direct to stub   median {lat['direct_median_ms']:.2f} ms   p99 {lat['direct_p99_ms']:.2f} ms")
-        print(f"  through server   median {lat['server_median_ms']:.2f} ms   p99 {lat['server_p99_ms']:.2f} ms")
-        verdict = "ok" if lat["added_median_ms"] <= 1.0 else "MISSED"
-        print(f"  added            median {lat['added_median_ms']:.2f} ms   p99 {lat['added_p99_ms']:.2f} ms   (target median <= 1 ms: {verdict})")
-        if cpu_before is not None and cpu_after is not None:
-            print(f"  server CPU per miss at c=1: {(cpu_after - cpu_before) / (samples + 50) * 1000:.2f} ms")
-
         slow_stub = stack.enter_context(stub(STUB_LATENCY_MS))
-        slow_server = stack.enter_context(mirror(slow_stub, work))
-        throughput(slow_server, 1.0, base=0)  # warm-up
-        conc = concurrent_added(slow_server, slow_stub, seconds, rounds=5)
-        verdict = "ok" if conc["added_median_ms"] <= 2.0 else "MISSED"
-        print(f"added latency at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms (5 alternated rounds, "
-              f"{conc['calls']} misses through the server):")
-        print(f"  direct to stub   median {conc['direct_median_ms']:.2f} ms   p99 {conc['direct_p99_ms']:.2f} ms")
-        print(f"  through server   median {conc['server_median_ms']:.2f} ms   p99 {conc['server_p99_ms']:.2f} ms")
-        print(f"  added            median {conc['added_median_ms']:.2f} ms   (target <= 2 ms: {verdict}); "
-              f"server CPU per miss {conc['cpu_ms_per_miss']:.2f} ms")
-        cpu_before = cpu_seconds(slow_server.pid)
-        tp = throughput(slow_server, seconds, base=10**12)
-        cpu_after = cpu_seconds(slow_server.pid)
-        share = tp["calls_per_s"] / ceiling
-        verdict = "ok" if share >= 0.8 else "MISSED"
-        print(f"throughput at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms ({tp['seconds']:.1f} s):")
-        print(
-            f"  {tp['calls_per_s']:.0f} simulated misses/s = {share:.0%} of the {ceiling:.0f}/s ceiling "
-            f"({tp['recorded']} recorded, {tp['errors']} errors; p50 {tp['p50_ms']:.1f} ms, p99 {tp['p99_ms']:.1f} ms)   (target >= 80%: {verdict})"
-        )
-        if cpu_before is not None and cpu_after is not None and tp["calls"]:
-            used = cpu_after - cpu_before
-            per_call = used / tp["calls"]
-            print(
-                f"  server process: {used / tp['seconds']:.2f} cores busy, {per_call * 1000:.2f} ms CPU per miss "
-                f"(one core would sustain ~{1 / per_call:.0f} misses/s)"
-            )
+        servers = [(label, stack.enter_context(mirror(fast_stub, work, checkout)), stack.enter_context(mirror(slow_stub, work, checkout)))
+                   for label, checkout in checkouts]
+        # the checkouts' chunks interleaved: each meets the same swings of the machine's load
+        for (label, _fast, _slow), (lat, cpu) in zip(servers, latency_many([fast for _l, fast, _s in servers], fast_stub, samples)):
+            report_c1(label if args.before else "", lat, cpu, samples)
+        for _label, _fast, slow_server in servers:
+            throughput(slow_server, 1.0, base=0)  # warm-up
+        # the checkouts' rounds interleaved: each meets the same swings of the machine's load
+        results = concurrent_added_many([slow for _l, _f, slow in servers], slow_stub, seconds, rounds=5)
+        for (label, _fast, _slow), conc in zip(servers, results):
+            report_c32(label if args.before else "", conc)
+        for label, _fast, slow_server in servers:
+            report_throughput(label if args.before else "", slow_server, seconds)
         if hasattr(os, "getloadavg"):
             print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other processes compete for the same cores)")
     return 0
+
+
+def _tag(label: str) -> str:
+    return f"[{label}] " if label else ""
+
+
+def report_c1(label: str, lat: dict[str, float], cpu_per_miss: float | None, samples: int) -> None:
+    print(f"{_tag(label)}added latency of a simulated miss, c=1 ({samples} sequential misses, stub answering at once):")
+    print(f"  direct to stub   median {lat['direct_median_ms']:.2f} ms   p99 {lat['direct_p99_ms']:.2f} ms")
+    print(f"  through server   median {lat['server_median_ms']:.2f} ms   p99 {lat['server_p99_ms']:.2f} ms")
+    verdict = "ok" if lat["added_median_ms"] <= 1.0 else "MISSED"
+    print(f"  added            median {lat['added_median_ms']:.2f} ms   p99 {lat['added_p99_ms']:.2f} ms   (target median <= 1 ms: {verdict})")
+    if cpu_per_miss is not None:
+        print(f"  server CPU per miss at c=1: {cpu_per_miss * 1000:.2f} ms")
+
+
+def report_c32(label: str, conc: dict[str, float]) -> None:
+    verdict = "ok" if conc["added_median_ms"] <= 2.0 else "MISSED"
+    print(f"{_tag(label)}added latency at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms (alternated rounds, "
+          f"{conc['calls']} misses through the server):")
+    print(f"  direct to stub   median {conc['direct_median_ms']:.2f} ms   p99 {conc['direct_p99_ms']:.2f} ms")
+    print(f"  through server   median {conc['server_median_ms']:.2f} ms   p99 {conc['server_p99_ms']:.2f} ms")
+    print(f"  added            median {conc['added_median_ms']:.2f} ms   (target <= 2 ms: {verdict}); "
+          f"server CPU per miss {conc['cpu_ms_per_miss']:.2f} ms")
+
+
+def report_throughput(label: str, server: Mirror, seconds: float) -> None:
+    ceiling = CONCURRENCY / (STUB_LATENCY_MS / 1000.0)
+    cpu_before = cpu_seconds(server.pid)
+    tp = throughput(server, seconds, base=10**12)
+    cpu_after = cpu_seconds(server.pid)
+    share = tp["calls_per_s"] / ceiling
+    verdict = "ok" if share >= 0.8 else "MISSED"
+    print(f"{_tag(label)}throughput at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms ({tp['seconds']:.1f} s):")
+    print(
+        f"  {tp['calls_per_s']:.0f} simulated misses/s = {share:.0%} of the {ceiling:.0f}/s ceiling "
+        f"({tp['recorded']} recorded, {tp['errors']} errors; p50 {tp['p50_ms']:.1f} ms, p99 {tp['p99_ms']:.1f} ms)   (target >= 80%: {verdict})"
+    )
+    if cpu_before is not None and cpu_after is not None and tp["calls"]:
+        used = cpu_after - cpu_before
+        per_call = used / tp["calls"]
+        print(
+            f"  server process: {used / tp['seconds']:.2f} cores busy, {per_call * 1000:.2f} ms CPU per miss "
+            f"(one core would sustain ~{1 / per_call:.0f} misses/s)"
+        )
 
 
 if __name__ == "__main__":

@@ -172,6 +172,13 @@ class MirrorLayer:
         ``None`` when the answer is not cached or the store fails (the full path then
         answers, with the store's error if it persists).
         """
+        found = await self.probe_async(call)
+        return found if isinstance(found, Outcome) else None
+
+    async def probe_async(self, call: ToolCall) -> "Outcome | Looked | None":
+        """:meth:`cached_async`, saying what a lookup found when it is no hit: a :class:`Looked`
+        (no record, or a failure record tried again) for :meth:`answer`'s ``looked``, so a miss is
+        not looked up twice before its single flight; ``None`` for a local tool or a failed read."""
         if self.runs_locally(call):
             return None
         hits = self._hits
@@ -185,7 +192,7 @@ class MirrorLayer:
         except StoreError:
             return None
         if record is None or self.retries(record):
-            return None
+            return Looked(record)
         outcome = _served(call, record, OutcomeKind.HIT)
         if token is not None:
             hits.put(call, token, outcome)  # type: ignore[union-attr]
@@ -228,13 +235,16 @@ class MirrorLayer:
         record = self.lookup(call)
         return record is not None and not (record.is_failure and self.retry_failures) and not self.refreshes(record)
 
-    def answer(self, call: ToolCall, state: dict) -> Outcome:
-        """A local tool's answer (it may change ``state``), else the cache, else the real API and the simulator, recorded."""
+    def answer(self, call: ToolCall, state: dict, looked: "Looked | None" = None) -> Outcome:
+        """A local tool's answer (it may change ``state``), else the cache, else the real API and the simulator, recorded.
+
+        ``looked``: what :meth:`probe_async` found for ``call`` just now (the cache is not read again here).
+        """
         tool = self.local_tools.find(call) if self.local_tools is not None else None
         if tool is not None:
             return self._local(tool, call, state)
         try:
-            record = self.lookup(call)
+            record = self.lookup(call) if looked is None else looked.record
             self.health.succeeded("read")
         except StoreError as exc:
             if not self.fills:
@@ -469,6 +479,13 @@ class MirrorLayer:
             self.sessions.close()
         for tier in self.tiers:
             tier.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Looked:
+    """What :meth:`MirrorLayer.probe_async` found for a call that is no hit: no record, or a failure record tried again."""
+
+    record: Record | None
 
 
 @dataclass

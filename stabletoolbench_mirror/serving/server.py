@@ -347,8 +347,11 @@ class CallPath:
         else:
             # hits are answered on the event loop (a local store at once, Redis through its async
             # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
-            hit = await layer.cached_async(prepared)
-            outcome = hit if hit is not None else await anyio.to_thread.run_sync(layer.handle_call, prepared, limiter=self._limiter)
+            found = await layer.probe_async(prepared)
+            if isinstance(found, Outcome):
+                outcome = found
+            else:  # a miss: what the lookup found goes along (the worker does not read the cache again)
+                outcome = await anyio.to_thread.run_sync(layer.answer, prepared, {}, found, limiter=self._limiter)
         if layer.faults is not None and faults:
             # injected faults: on what is served, after the answer was recorded (see engine.faults)
             outcome = await layer.faults.serve(prepared, outcome, session is not None)

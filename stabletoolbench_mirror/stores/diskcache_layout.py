@@ -16,7 +16,7 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import diskcache
 
@@ -108,6 +108,36 @@ def row(cache: Any, key: str, value: object, now: float | None = None) -> Row:
 def insert(cache: Any, rows: list[Row]) -> None:
     """Insert rows made by :func:`row` (inside the caller's transaction: ``cache.transact()``)."""
     cache._con.executemany(_INSERT, rows)  # noqa: SLF001 - the connection of the open transaction
+
+
+_UPDATE_COUNT = "UPDATE Cache SET store_time = ?, value = ? WHERE rowid = ?"
+
+
+def increment(cache: Any, deltas: Mapping[str, int]) -> None:
+    """``cache.incr(key, delta)`` for each item, inside the caller's transaction, in fewer statements.
+
+    One read of every counter, then one update statement for those that hold a plain count (the
+    columns ``incr`` writes: ``store_time`` and ``value``); a counter not there yet, expiring or not
+    an integer goes through ``incr`` itself (its row, its errors).  A delta of 0 is applied too, as
+    ``incr`` applies it (a missing counter is written as 0).
+    """
+    keys = list(deltas)
+    found: dict[str, tuple[int, object]] = {}
+    for i in range(0, len(keys), 500):
+        chunk = keys[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        query = f"SELECT key, rowid, value FROM Cache WHERE raw = 1 AND expire_time IS NULL AND key IN ({marks})"
+        found.update((key, (rowid, value)) for key, rowid, value in _sql(cache, query, chunk).fetchall())
+    now = time.time()
+    updates: list[tuple[float, int, int]] = []
+    for key, delta in deltas.items():
+        row = found.get(key)
+        if row is None or type(row[1]) is not int:
+            cache.incr(key, delta)
+        else:
+            updates.append((now, row[1] + delta, row[0]))
+    if updates:
+        cache._con.executemany(_UPDATE_COUNT, updates)  # noqa: SLF001 - the connection of the open transaction
 
 
 class ReadOnlyCache:

@@ -221,7 +221,9 @@ class DiskcacheStore(Store):
             # one transaction: the entry, its canonical pointer and the counters, or nothing
             with self._transaction():
                 self._see_deletes()
-                added = self._add_in_transaction(record, canonical)
+                # the bulk path for one record: one read of its keys and one insert for a new one
+                # (the same rows and counters as _add_in_transaction, in 3 statements instead of 7)
+                added = self._insert_batch([(record, canonical)])[0]
         except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
             raise StoreError(f"diskcache write failed: {exc}") from exc
         self._remember_apis((record,))
@@ -266,8 +268,8 @@ class DiskcacheStore(Store):
         return raw is None or _record(raw).is_failure
 
     def _apply(self, deltas: Counter[str]) -> None:
-        for key, delta in deltas.items():
-            self._cache.incr(key, delta)
+        # as diskcache's incr of each, with one read of all the counters (see diskcache_layout.increment)
+        layout.increment(self._cache, deltas)
 
     def _remember_apis(self, records: Iterable[Record]) -> None:
         """After a commit: these APIs have their key now (so later adds skip the write that checks it)."""
