@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import traceback
 from collections import OrderedDict
 from typing import Any
 
@@ -28,7 +27,7 @@ from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.naming import resolve_names
-from stabletoolbench_mirror.engine.local_tools import MAX_RUNNING, LocalResult, LocalTool, LocalTools
+from stabletoolbench_mirror.engine.local_tools import LocalResult, LocalTool, LocalTools
 
 log = logging.getLogger(__name__)
 
@@ -118,37 +117,11 @@ class ApiBankTools(LocalTools):
         if found is None:
             return super().run(tool, call, state)
         suite, name = found
-        if not self._slots.acquire(blocking=False):
-            log.error("API-Bank %s not run: %d local tools are still running (stuck past their timeout?)", name, MAX_RUNNING)
-            return LocalResult(None, detail=f"{MAX_RUNNING} local tools still running")
-        box: dict[str, Any] = {}
-        done = threading.Event()
-
-        def target() -> None:
-            try:
-                box["result"] = self._call(suite, name, call, state)
-            except BaseException as exc:  # noqa: BLE001 - API-Bank's code may raise anything
-                box["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                box["trace"] = traceback.format_exc()
-            finally:
-                done.set()
-                self._slots.release()
-
-        try:
-            threading.Thread(target=target, name=f"API-Bank {name}", daemon=True).start()
-        except RuntimeError as exc:
-            self._slots.release()
-            return LocalResult(None, detail=f"not run: {exc}"[:300])
-        if not done.wait(self.timeout_s):
-            self._forget(suite, call)
-            log.error("API-Bank %s did not return within local_tools_timeout_s=%gs (its thread keeps running)", name, self.timeout_s)
-            return LocalResult(None, detail=f"did not answer within {self.timeout_s:g}s")
-        if "error" in box:
-            self._forget(suite, call)
-            log.error("API-Bank %s failed:\n%s", name, box["trace"].rstrip())
-            return LocalResult(None, detail=f"raised {box['error']}")
-        result: LocalResult = box["result"]
-        return result
+        returned, result = self.in_thread(f"API-Bank {name}", lambda: self._call(suite, name, call, state))
+        if not returned:
+            self._forget(suite, call)  # not run, or did not return: its next call rebuilds the environment from the state
+        ran: LocalResult = result
+        return ran
 
     def _call(self, suite: Suite, name: str, call: ToolCall, state: dict) -> LocalResult:
         tool_input = call.tool_input if isinstance(call.tool_input, dict) else {}

@@ -149,49 +149,18 @@ class LocalTools:
 
     def run(self, tool: LocalTool, call: ToolCall, state: dict) -> LocalResult:
         """Run ``tool`` on a copy of the input and of ``state``; never raises, never waits past the timeout."""
-        if not self._slots.acquire(blocking=False):
-            log.error("local tool %s not run: %d local tools are still running (stuck past their timeout?)", tool.api, MAX_RUNNING)
-            return LocalResult(None, detail=f"{MAX_RUNNING} local tools still running")
-        box: dict[str, Any] = {}
-        done = threading.Event()
-        # the slot is the tool thread's once it started (it gives it back when the tool returns);
-        # on every path before that (a copy that fails, a thread that cannot start) it is given back here
-        started = False
         try:
-            try:
-                tool_input = copy.deepcopy(call.tool_input)
-                work_state = copy.deepcopy(state)
-            except RecursionError:
-                log.error("local tool %s not run: its input or state is nested too deeply to copy", tool.api)
-                return LocalResult(None, detail="not run: its input or state is nested too deeply to copy")
-
-            def target() -> None:
-                try:
-                    box["value"] = tool.fn(tool_input, work_state)
-                except BaseException as exc:  # noqa: BLE001 - a user's tool may raise anything
-                    box["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                    box["trace"] = traceback.format_exc()
-                finally:
-                    done.set()
-                    self._slots.release()
-
-            try:
-                threading.Thread(target=target, name=f"local tool {tool.api}", daemon=True).start()
-            except RuntimeError as exc:  # "can't start new thread"
-                log.error("local tool %s not run: %s", tool.api, exc)
-                return LocalResult(None, detail=f"not run: {exc}"[:300])
-            started = True
-        finally:
-            if not started:
-                self._slots.release()
-        if not done.wait(self.timeout_s):
-            log.error("local tool %s did not return within local_tools_timeout_s=%gs (its thread keeps running)", tool.api, self.timeout_s)
-            return LocalResult(None, detail=f"did not answer within {self.timeout_s:g}s")
-        if "error" in box:
-            log.error("local tool %s raised:\n%s", tool.api, box["trace"].rstrip())
-            return LocalResult(None, detail=f"raised {box['error']}")
+            tool_input = copy.deepcopy(call.tool_input)
+            work_state = copy.deepcopy(state)
+        except RecursionError:
+            log.error("local tool %s not run: its input or state is nested too deeply to copy", tool.api)
+            return LocalResult(None, detail="not run: its input or state is nested too deeply to copy")
+        returned, value = self.in_thread(f"local tool {tool.api}", lambda: tool.fn(tool_input, work_state))
+        if not returned:
+            failed: LocalResult = value
+            return failed
         try:
-            answer = answer_of(box["value"])
+            answer = answer_of(value)
             body = protocol.encode_answer(answer)
         except (TypeError, ValueError, RecursionError) as exc:
             log.error("local tool %s returned a value that is not JSON: %s", tool.api, exc)
@@ -207,6 +176,46 @@ class LocalTools:
             log.error("local tool %s left a state over sessions.max_state_bytes=%d", tool.api, self.max_state_bytes)
             return LocalResult(None, detail=f"left a state over sessions.max_state_bytes={self.max_state_bytes}")
         return LocalResult(json.loads(body), json.loads(state_text))
+
+    def in_thread(self, label: str, fn: Callable[[], Any]) -> tuple[bool, Any]:
+        """Run ``fn`` in a thread of its own, holding one of :data:`MAX_RUNNING` slots until it returns.
+
+        ``(True, what it returned)``, or ``(False, the LocalResult of a run that did not return)``: no
+        free slot, no thread, past ``local_tools_timeout_s`` (the thread keeps running, and its slot),
+        or an exception.  Never raises; ``label`` names the run in the log (``local tool <api>``).
+        """
+        if not self._slots.acquire(blocking=False):
+            log.error("%s not run: %d local tools are still running (stuck past their timeout?)", label, MAX_RUNNING)
+            return False, LocalResult(None, detail=f"{MAX_RUNNING} local tools still running")
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - a user's tool (or API-Bank's code) may raise anything
+                box["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                box["trace"] = traceback.format_exc()
+            finally:
+                done.set()
+                self._slots.release()
+
+        # the slot is the thread's once it started (it gives it back when ``fn`` returns); before that, ours
+        try:
+            threading.Thread(target=target, name=label, daemon=True).start()
+        except BaseException as exc:
+            self._slots.release()
+            if not isinstance(exc, RuntimeError):  # "can't start new thread" is an answer; anything else is not
+                raise
+            log.error("%s not run: %s", label, exc)
+            return False, LocalResult(None, detail=f"not run: {exc}"[:300])
+        if not done.wait(self.timeout_s):
+            log.error("%s did not return within local_tools_timeout_s=%gs (its thread keeps running)", label, self.timeout_s)
+            return False, LocalResult(None, detail=f"did not answer within {self.timeout_s:g}s")
+        if "error" in box:
+            log.error("%s raised:\n%s", label, box["trace"].rstrip())
+            return False, LocalResult(None, detail=f"raised {box['error']}")
+        return True, box["value"]
 
     def error_answer(self, tool: LocalTool, detail: str) -> dict[str, Any]:
         """The answer a failed run gets: upstream's failed-call text (status 6 for the client) and why."""
