@@ -25,29 +25,12 @@ from stabletoolbench_mirror.core.keys import session_key
 from stabletoolbench_mirror.core.protocol import VirtualRequest
 from stabletoolbench_mirror.engine.faults import FaultPlan, draw
 from stabletoolbench_mirror.stores import DiskcacheStore
-from stabletoolbench_mirror.upstream.queries import default_calls
 from tests.conftest import REFERENCE, make_settings
 from tests.helpers.openai_stub import OpenAIStub
+from tests.helpers.payloads import distinct_default_payloads
 from tests.helpers.processes import ServeProcess
 
 RAPIDAPI = REFERENCE / "stabletoolbench" / "toolbench" / "inference" / "Downstream_tasks" / "rapidapi.py"
-
-
-def distinct_payloads(reference_dir: Path, n: int) -> list[dict[str, Any]]:
-    """The first ``n`` distinct default calls of the solvable queries, as StableToolBench's client posts them."""
-    calls, _problems = default_calls([reference_dir / "solvable_queries"])
-    seen: set[tuple[str, str]] = set()
-    payloads = []
-    for item in calls:
-        call = item.call
-        if (call.api, call.key) in seen:
-            continue
-        seen.add((call.api, call.key))
-        payloads.append({"category": call.category, "tool_name": call.tool_name, "api_name": call.api_name,
-                         "tool_input": json.dumps(call.tool_input), "strip": "truncate", "toolbench_key": ""})
-        if len(payloads) == n:
-            break
-    return payloads
 
 
 def post_all(url: str, payloads: list[dict[str, Any]], headers: dict[str, str] | None = None) -> list[requests.Response]:
@@ -69,7 +52,7 @@ def sim_config(tmp_path: Path, reference_dir: Path, api_base: str, store: str, *
 def test_500_default_calls_seeded_faults_same_on_another_server_never_recorded(
     tmp_path: Path, reference_dir: Path, serve: Any
 ) -> None:
-    payloads = distinct_payloads(reference_dir, 500)
+    payloads = distinct_default_payloads(reference_dir, 500)
     assert len(payloads) == 500
     faults = {"seed": 23, "rate": 0.3, "slow_s": 0.05}
     with OpenAIStub() as stub:

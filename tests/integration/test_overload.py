@@ -15,8 +15,8 @@ from typing import Any
 
 import requests
 
-from stabletoolbench_mirror.upstream.queries import default_calls
 from tests.helpers.loadclient import send_all
+from tests.helpers.payloads import distinct_default_payloads
 from tests.helpers.processes import ServeProcess, StubProcess
 
 
@@ -29,20 +29,6 @@ def stabletoolbench_observation(url: str, payload: dict[str, Any]) -> dict[str, 
         return response.json()
     except ValueError:
         return {"error": f"request invalid, data error. status_code={response.status_code}", "response": ""}
-
-
-def distinct_default_payloads(reference_dir: Path) -> list[dict[str, Any]]:
-    calls, _problems = default_calls([reference_dir / "solvable_queries"])
-    seen: set[tuple[str, str]] = set()
-    payloads = []
-    for item in calls:
-        call = item.call
-        if (call.api, call.key) in seen:
-            continue
-        seen.add((call.api, call.key))
-        payloads.append({"category": call.category, "tool_name": call.tool_name, "api_name": call.api_name,
-                         "tool_input": json.dumps(call.tool_input), "strip": "truncate", "toolbench_key": ""})
-    return payloads
 
 
 def test_all_default_calls_from_128_threads_twice_same_observations(tmp_path: Path, reference_dir: Path) -> None:
