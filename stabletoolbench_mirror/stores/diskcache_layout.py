@@ -126,8 +126,10 @@ def increment(cache: Any, deltas: Mapping[str, int]) -> None:
     for i in range(0, len(keys), 500):
         chunk = keys[i : i + 500]
         marks = ",".join("?" * len(chunk))
-        query = f"SELECT key, rowid, value FROM Cache WHERE raw = 1 AND expire_time IS NULL AND key IN ({marks})"
-        found.update((key, (rowid, value)) for key, rowid, value in _sql(cache, query, chunk).fetchall())
+        # the expiry is checked here, not in the query: with ``expire_time IS NULL`` in it, SQLite 3.40
+        # picks the ``expire_time`` index from five keys on and reads every row of the table
+        query = f"SELECT key, rowid, value, expire_time FROM Cache WHERE raw = 1 AND key IN ({marks})"
+        found.update((key, (rowid, value)) for key, rowid, value, expires in _sql(cache, query, chunk).fetchall() if expires is None)
     now = time.time()
     updates: list[tuple[float, int, int]] = []
     for key, delta in deltas.items():

@@ -6,7 +6,9 @@
 * one ``add`` to the diskcache store takes the bulk path (a few statements) and writes the
   same rows as the one-by-one path did;
 * the counters are incremented as diskcache's ``incr`` increments them (zero deltas, missing
-  counters, a counter that is no integer).
+  counters, a counter that is no integer, one that expires);
+* a write costs the same in a large store as in a small one (the counters' lookup uses the key
+  index: it used to read every row once it had five counters to update).
 """
 
 from __future__ import annotations
@@ -150,14 +152,55 @@ def test_counters_are_incremented_as_diskcache_increments_them(tmp_path: Path) -
         cache.set("a", 5)
         cache.set("zero", 7)
         cache.set("text", "x")
-    deltas = Counter({"a": 2, "zero": 0, "missing": 3, "missing-zero": 0})
+        cache.set("expiring", 4, expire=3600)
+    deltas = Counter({"a": 2, "zero": 0, "missing": 3, "missing-zero": 0, "expiring": 1})
     with new.transact():
         layout.increment(new, deltas)
     with old.transact():
         for key, delta in deltas.items():
             old.incr(key, delta)
     assert {k: new.get(k) for k in new} == {k: old.get(k) for k in old} == {
-        "a": 7, "zero": 7, "text": "x", "missing": 3, "missing-zero": 0}
+        "a": 7, "zero": 7, "text": "x", "missing": 3, "missing-zero": 0, "expiring": 5}
+    row = "SELECT expire_time FROM Cache WHERE key = 'expiring'"
+    assert new._sql(row).fetchone()[0] is not None and old._sql(row).fetchone()[0] is not None  # noqa: SLF001 - it still expires
     with pytest.raises(TypeError), new.transact():  # not a count: incr's own error
         layout.increment(new, Counter({"text": 1}))
     assert new.get("text") == "x"
+
+
+def _vm_steps(store: DiskcacheStore, record: Record) -> int:
+    """SQLite virtual-machine steps (in thousands) that adding ``record`` takes."""
+    steps = [0]
+
+    def step() -> int:
+        steps[0] += 1
+        return 0
+
+    store._cache._con.set_progress_handler(step, 1000)  # noqa: SLF001
+    try:
+        assert store.add(record, "canonical")
+    finally:
+        store._cache._con.set_progress_handler(None, 0)  # noqa: SLF001
+    return steps[0]
+
+
+@pytest.mark.parametrize("failure", [False, True], ids=["answer", "failure"])
+def test_a_write_costs_the_same_in_a_large_store(tmp_path: Path, failure: bool) -> None:
+    """A record of a new API (or a failure record) updates five counters or more; at 1,000 entries
+    and at 30,000 the write takes about the same work (it read every row of the table before)."""
+    costs = []
+    for size in (1_000, 30_000):
+        store = DiskcacheStore(tmp_path / str(size))
+        api = "Tools/t_for_Tools/a"
+        for start in range(0, size, 5_000):
+            store.add_many((Record.from_answer(api, f"k{i}", {"error": "", "response": i}, "simulated", "m"), f"c{i}")
+                           for i in range(start, min(size, start + 5_000)))
+        new_api = "Maps/m_for_Maps/b"
+        record = (Record.failure(new_api, "k", {"error": "e", "response": ""}, "simulated", "m", reason="r", tried=("simulated:m",))
+                  if failure else Record.from_answer(new_api, "k", {"error": "", "response": 0}, "real", "rapidapi"))
+        costs.append(_vm_steps(store, record))
+        counts = store.counts()
+        assert counts is not None and (counts.entries, counts.apis) == (size + 1, 2)
+        store.close()
+    small, large = costs
+    assert large <= 2 * small + 5, costs
