@@ -207,21 +207,28 @@ class FrozenCache(CacheTier):
     # -- loading -------------------------------------------------------------------------------
 
     def _state(self, api: str) -> _Index | None | _NeedsLoad:
-        """The fresh index of ``api``, ``None`` (nothing to serve) or :data:`NEEDS_LOAD`; only stats the file."""
-        path = self._path(api)
+        """The fresh index of ``api``, ``None`` (nothing to serve) or :data:`NEEDS_LOAD`; only stats the file.
+
+        Every hit of a frozen tree passes here (and :meth:`state_token`): an indexed file's path is
+        its index's, and the least-recently-used order is touched only when it changes.
+        """
+        files = self._files
+        index = files.get(api)
+        path = index.path if index is not None else self._path(api)
         if path is None:
             return None
         try:
-            ident = _ident(os.stat(path))
+            st = os.stat(path)
         except OSError:
-            if api in self._files:
+            if api in files:
                 self._drop(api)
             return None
-        index = self._files.get(api)
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns)  # _ident, inline
         if index is not None and index.ident == ident:
-            with self._lock:
-                if api in self._files:
-                    self._files.move_to_end(api)
+            if next(reversed(files), None) != api:
+                with self._lock:
+                    if api in files:
+                        files.move_to_end(api)
             return index
         if self._refused.get(api) == ident:
             return None

@@ -221,6 +221,29 @@ def test_memory_budget_evicts_and_reloads_byte_identical(tmp_path: Path) -> None
         assert record is not None and record.body == body
 
 
+def test_the_budget_evicts_the_least_recently_used_file(tmp_path: Path) -> None:
+    """A hit on an indexed file makes it the most recent: the file evicted next is the one used longest ago."""
+    expected = budget_tree(tmp_path / "frozen")
+    first_key = {}
+    for api, key in expected:
+        first_key.setdefault(api, key)
+    apis = list(first_key)
+    sizer = FrozenCache(tmp_path / "frozen")
+    sizer.get(apis[0], first_key[apis[0]])
+    cache = FrozenCache(tmp_path / "frozen", memory_budget=int(sizer.memory_used * 3.5 / 0.8))  # room for 3 indexes
+    for api in apis[:3]:
+        assert cache.get(api, first_key[api]) is not None
+    assert cache.evictions == 0 and cache.loads == 3
+    assert cache.get(apis[0], first_key[apis[0]]) is not None  # the oldest used again
+    assert cache.get(apis[3], first_key[apis[3]]) is not None  # a fourth file: one has to go
+    assert (cache.loads, cache.evictions) == (4, 1)
+    loads = cache.loads
+    assert cache.get(apis[0], first_key[apis[0]]) is not None  # still indexed: no load
+    assert cache.loads == loads
+    assert cache.get(apis[1], first_key[apis[1]]) is not None  # the one used longest ago was evicted
+    assert cache.loads == loads + 1
+
+
 def test_memory_budget_over_http(tmp_path: Path, settings_factory, serve) -> None:
     expected = budget_tree(tmp_path / "frozen")
     server = serve(settings_factory(mode="replay", frozen_caches=[str(tmp_path / "frozen")], frozen_memory_mb=0.01))
