@@ -19,9 +19,12 @@ log-normal around 1 KB), then measures, each in its own process on 127.0.0.1:
   ``cache import``, ``cache stats``, ``cache export``, hits vs a 1,000-entry Redis store, and the
   server's memory per entry.
 
+* one record written into the imported store, by kind (``benchmarks/store_writes.py``: an answer,
+  the first answer of an API, a failure record), and the largest ratio to a 1,000-entry store.
+
 Issue 24 adds two ratios that other machines can compare: the first pass's p99 over the hot hits'
 p99, and the import rate over a bare ``json.load`` of the same files; ``--focus`` measures only
-those figures (serve ready, first pass, hot hits, ``cache import``).
+those figures (serve ready, first pass, hot hits, ``cache import``) and the record writes.
 
     python benchmarks/scale.py [--with-1m] [--sizes 10k 165k] [--duration 10] [--workdir DIR] [--keep] [--no-redis] [--focus]
 """
@@ -209,6 +212,23 @@ def json_load_s(tree: Path) -> float:
     return float(out.strip())
 
 
+def store_writes(workdir: Path, store: Path, baseline: Path) -> dict[str, Any]:
+    """Median ms of one record written into ``store`` (which it changes) and into a copy of the 1,000-entry
+    ``baseline``, by kind (``benchmarks/store_writes.py``), and their ratios: a write should not cost more in a large store."""
+    copy = workdir / "store-writes-baseline"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(baseline, copy)
+    out: dict[str, Any] = {}
+    try:
+        for label, folder in (("writes", store), ("base_writes", copy)):
+            _s, _rss, text = timed_rss([sys.executable, str(REPO / "benchmarks" / "store_writes.py"), str(folder)], cwd=REPO)
+            out.update({f"{label}_{kind}_ms": ms for kind, ms in json.loads(text).items()})
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    out["writes_ratio"] = max(out[f"writes_{k}_ms"] / out[f"base_writes_{k}_ms"] for k in ("known_api", "new_api", "failure"))
+    return out
+
+
 def measure(workdir: Path, name: str, duration: float, *, redis: bool, focus: bool = False) -> dict[str, Any]:
     entries, files, check_samples = SIZES[name]
     small, thousand, thousand_store = baselines(workdir)
@@ -227,6 +247,7 @@ def measure(workdir: Path, name: str, duration: float, *, redis: bool, focus: bo
     print(f"[{name}] import: {row['import_s']:.1f} s, json.load of the same files {row['json_load_s']:.1f} s: "
           f"import rate = {row['import_json_ratio']:.2f} x json.load's", flush=True)
     if focus:
+        row.update(store_writes(workdir, store, thousand_store))
         shutil.rmtree(store, ignore_errors=True)
         return row
     row["stats_s"], _rss, text = timed_rss(cli("cache", "stats", "--json", "--store-path", str(store)), cwd=workdir)
@@ -245,6 +266,7 @@ def measure(workdir: Path, name: str, duration: float, *, redis: bool, focus: bo
         shutil.rmtree(workdir / folder, ignore_errors=True)
     stored = serve_and_measure(workdir, tree, store, duration, frozen=False, baseline=thousand, base_store=thousand_store)
     row["store_rps"], row["store_ratio"] = stored["hit_rps"], stored["hit_ratio"]
+    row.update(store_writes(workdir, store, thousand_store))
     print(f"[{name}] bulk: {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items() if k not in served})}", flush=True)
     shutil.rmtree(store, ignore_errors=True)
     if redis:
@@ -269,6 +291,9 @@ ROWS = [
     ("`snapshot --verify` (peak RSS)", "verify_s", "{:.1f} s ({verify_rss:.0f} MB)"),
     ("store hit rps, c=8 (x a 1,000-entry store)", "store_rps", "{:,.0f} ({store_ratio:.2f}x)"),
     ("store size on disk per entry", "bytes_per_entry", "{:,} B"),
+    ("one record written into the imported store: answer / first of an API / failure", "writes_known_api_ms",
+     "{:.2f} / {writes_new_api_ms:.2f} / {writes_failure_ms:.2f} ms"),
+    ("the same / into a 1,000-entry store (the largest of the three)", "writes_ratio", "{:.1f}"),
     ("Redis: `cache import` of the tree (peak RSS)", "redis_import_s", "{:.1f} s ({redis_import_rss:.0f} MB)"),
     ("Redis: `cache stats`", "redis_stats_s", "{:.2f} s"),
     ("Redis: `cache export` (peak RSS)", "redis_export_s", "{:.1f} s ({redis_export_rss:.0f} MB)"),

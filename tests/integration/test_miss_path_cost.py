@@ -204,3 +204,21 @@ def test_a_write_costs_the_same_in_a_large_store(tmp_path: Path, failure: bool) 
         store.close()
     small, large = costs
     assert large <= 2 * small + 5, costs
+
+
+def test_the_store_writes_benchmark_times_each_kind_and_refuses_a_folder_without_a_store(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "store_writes.py"
+    store = DiskcacheStore(tmp_path / "store")
+    store.add(Record.from_answer("Tools/t_for_Tools/a", "k", {"error": "", "response": 1}, "simulated", "m"), None)
+    store.close()
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "store"), "--n", "3"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert set(json.loads(done.stdout)) == {"known_api", "new_api", "failure"}
+    counts = DiskcacheStore(tmp_path / "store").counts()
+    assert counts is not None and (counts.entries, counts.apis) == (1 + 9, 1 + 3)
+    empty = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert empty.returncode != 0 and "no cache.db" in empty.stderr
