@@ -22,6 +22,7 @@ import hashlib
 import os
 import stat
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from stabletoolbench_mirror.responders.simulator import prompts
@@ -46,7 +47,7 @@ class SystemPrompt:
     source: str
     """``built-in``, a file path, or ``<path>:SFT_SYSTEM`` for a constant of a ``system_prompts.py``."""
 
-    @property
+    @cached_property  # in every simulated record's metadata: hashed once, not per miss
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode("utf-8", "surrogatepass")).hexdigest()
 
