@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -84,6 +85,14 @@ def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
 def serve_args(config: Path, *extra: str) -> list[str]:
     """``stabletoolbench-mirror serve --config CONFIG ...`` with this interpreter."""
     return [sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(config), *extra]
+
+
+def serve_checkout(checkout: Path, config: Path, port: int) -> "contextlib.AbstractContextManager[subprocess.Popen]":
+    """``serve`` of another checkout (its own package through ``PYTHONPATH``, run from its folder) on 127.0.0.1:``port``."""
+    env = clean_env()
+    env["PYTHONPATH"] = str(checkout)
+    args = serve_args(config, "--host", "127.0.0.1", "--port", str(port))
+    return process(args, f"http://127.0.0.1:{port}/health", env=env, cwd=checkout)  # its own package, not this one's
 
 
 def stub_args(port: int, latency_ms: float) -> list[str]:

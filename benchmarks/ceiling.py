@@ -43,7 +43,7 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _procs import REPO, clean_env, free_port, process  # noqa: E402
+from _procs import REPO, free_port, process, serve_checkout  # noqa: E402
 from hit_path import API, CATEGORY, TOOL, make_tree, server_config  # noqa: E402
 
 MARK = "STM-WRK "
@@ -121,13 +121,6 @@ def hit_bodies(path: Path, inputs: list[dict], n: int = 2000) -> Path:
     return path
 
 
-def serve(checkout: Path, cfg: Path, port: int):
-    env = clean_env()
-    env["PYTHONPATH"] = str(checkout)
-    args = [sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)]
-    return process(args, f"http://127.0.0.1:{port}/health", env=env, cwd=checkout)  # its own package, not this one's
-
-
 def check_hit(url: str, bodies: Path) -> None:
     """The first body is answered 200 as a cache hit (else the benchmark measures something else)."""
     body = bodies.read_text().splitlines()[0]
@@ -169,7 +162,7 @@ def main() -> int:
                 folder.mkdir()
                 server_port = free_port()
                 cfg = server_config(folder, work / f"frozen-{size}", server_port)
-                stack.enter_context(serve(checkout, cfg, server_port))
+                stack.enter_context(serve_checkout(checkout, cfg, server_port))
                 url = f"http://127.0.0.1:{server_port}/virtual"
                 check_hit(url, bodies)
                 targets.append(Target(f"{label} {size:>6} entries", url, bodies))

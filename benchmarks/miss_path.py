@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _loadgen import run_load  # noqa: E402
-from _procs import clean_env, free_port, process, serve_args, stub_args  # noqa: E402
+from _procs import free_port, process, serve_checkout, stub_args  # noqa: E402
 
 from stabletoolbench_mirror.core.call import ToolCall  # noqa: E402
 from stabletoolbench_mirror.responders.simulator.prompts import SFT_SYSTEM_PROMPT, mirrorapi_messages  # noqa: E402
@@ -102,9 +102,7 @@ def mirror(api_base: str, workdir: Path, checkout: Path = REPO) -> Iterator[Mirr
             }
         )
     )
-    env = clean_env()
-    env["PYTHONPATH"] = str(checkout)
-    with process(serve_args(config), f"http://127.0.0.1:{port}/health", env=env, cwd=checkout) as proc:
+    with serve_checkout(checkout, config, port) as proc:
         url = Mirror(f"http://127.0.0.1:{port}")
         url.pid = proc.pid
         yield url

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import requests
-from _procs import REPO, clean_env, free_port, process
+from _procs import REPO, free_port, serve_checkout
 
 SKIP_HEADERS = {"date", "server", "x-stm-worker"}
 FIELDS = ("category", "tool_name", "api_name", "tool_input", "strip", "toolbench_key")
@@ -72,13 +72,6 @@ def config(folder: Path, cache: Path) -> Path:
     return path
 
 
-def serve(checkout: Path, cfg: Path, port: int):
-    env = clean_env()
-    env["PYTHONPATH"] = str(checkout)
-    args = [sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)]
-    return process(args, f"http://127.0.0.1:{port}/health", env=env, cwd=checkout)  # its own package, not this one's
-
-
 def answer(session: requests.Session, url: str, body: bytes) -> tuple[int, bytes, list[tuple[str, str]]]:
     r = session.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=60)
     headers = sorted((k.lower(), v) for k, v in r.headers.items() if k.lower() not in SKIP_HEADERS)
@@ -99,8 +92,8 @@ def main() -> int:
         old_dir, new_dir = Path(tmp, "old"), Path(tmp, "new")
         old_dir.mkdir(), new_dir.mkdir()
         old_port, new_port = free_port(), free_port()
-        with serve(Path(args.old).resolve(), config(old_dir, reference / "cache"), old_port), \
-                serve(Path(args.new).resolve(), config(new_dir, reference / "cache"), new_port):
+        with serve_checkout(Path(args.old).resolve(), config(old_dir, reference / "cache"), old_port), \
+                serve_checkout(Path(args.new).resolve(), config(new_dir, reference / "cache"), new_port):
             s_old, s_new = requests.Session(), requests.Session()
             total = same = hits = 0
             differences: list[str] = []
