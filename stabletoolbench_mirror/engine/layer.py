@@ -374,36 +374,39 @@ class MirrorLayer:
 
     def _record(self, call: ToolCall, record: Record, kind: OutcomeKind, problems: list[str]) -> Outcome:
         """Store a usable answer (unless ``save`` is off) and serve what the store holds for the key."""
-        if not self.save:
-            kind = OutcomeKind.RECORDED
-        else:
-            try:
-                if not self.store.add(record, call.canonical):
-                    # another process recorded first: everyone serves that one
-                    record = self.store.get(call.api, call.key) or record
-                    kind = OutcomeKind.SHARED
-                self.health.succeeded("write")
-            except StoreError as exc:
-                self.health.failed("write", exc, unrecorded=True)
-                kind = OutcomeKind.UNRECORDED
-        if kind is OutcomeKind.REPLACED:
-            log.info("a usable answer replaced the failure record of %s key=%s", clip(call.api), clip(call.key))
-        return replace(_served(call, record, kind), problems=tuple(problems))
+
+        def add() -> tuple[Record, OutcomeKind]:
+            if self.store.add(record, call.canonical):
+                return record, kind
+            # another process recorded first: everyone serves that one
+            return self.store.get(call.api, call.key) or record, OutcomeKind.SHARED
+
+        return self._written(call, record, kind, problems, add, "a usable answer replaced the failure record of")
 
     def _refreshed(self, call: ToolCall, record: Record, problems: list[str]) -> Outcome:
         """``mode: refresh``: write the new answer over the record (unless ``save`` is off) and serve it."""
-        kind = OutcomeKind.REPLACED
+
+        def write_over() -> tuple[Record, OutcomeKind]:
+            self.store.replace(record, call.canonical)
+            return record, OutcomeKind.REPLACED
+
+        return self._written(call, record, OutcomeKind.REPLACED, problems, write_over, "refresh: a new answer replaced the record of")
+
+    def _written(self, call: ToolCall, record: Record, kind: OutcomeKind, problems: list[str],
+                 write: Callable[[], tuple[Record, OutcomeKind]], replaced_note: str) -> Outcome:
+        """Serve ``record`` as ``kind`` after ``write`` (what it serves, and as what), unless ``save`` is off
+        (``recorded``, nothing written) or the store fails (``unrecorded``, the store's health told)."""
         if not self.save:
             kind = OutcomeKind.RECORDED
         else:
             try:
-                self.store.replace(record, call.canonical)
+                record, kind = write()
                 self.health.succeeded("write")
             except StoreError as exc:
                 self.health.failed("write", exc, unrecorded=True)
                 kind = OutcomeKind.UNRECORDED
         if kind is OutcomeKind.REPLACED:
-            log.info("refresh: a new answer replaced the record of %s key=%s", clip(call.api), clip(call.key))
+            log.info("%s %s key=%s", replaced_note, clip(call.api), clip(call.key))
         return replace(_served(call, record, kind), problems=tuple(problems))
 
     def _failed(self, call: ToolCall, failure: Record | None, misses: "_Misses") -> Outcome:
