@@ -1,12 +1,12 @@
 """A small OpenAI-compatible chat-completions client for vLLM and friends.
 
-It speaks HTTP through urllib3, the transport under ``requests``, used directly: on the
-miss path ``requests.Session``'s per-call machinery (request preparation, hooks, cookie
-merging) cost about twice the CPU of the call itself.  One client serves every thread of
-the server: each endpoint has one thread-safe keep-alive connection pool, a request goes to the next endpoint round robin or to the least busy one, and
-connection errors, HTTP 5xx and 429 are retried a bounded number of times with
-exponential backoff (a 429's ``Retry-After`` is honoured, capped).  A read timeout is
-not retried: the server took the request and may still be working on it.
+It speaks HTTP through :mod:`.http1` (one ``sendall`` per request, answers parsed by
+httptools): on the miss path urllib3, and ``requests`` over it before, cost several times the
+CPU of that.  One client serves every thread of the server: each endpoint has one thread-safe
+pool of kept-alive connections, a request goes to the next endpoint round robin or to the
+least busy one, and connection errors, HTTP 5xx and 429 are retried a bounded number of times
+with exponential backoff (a 429's ``Retry-After`` is honoured, capped).  A read timeout is not
+retried: the server took the request and may still be working on it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from typing import Any, Literal, Mapping, Sequence
 
 import urllib3
 
+from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.core.secrets import Redactor
+from stabletoolbench_mirror.responders.simulator import http1
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ class Completion:
 
 
 class _Endpoint:
-    def __init__(self, base: str, pool_size: int, headers: Mapping[str, str]) -> None:
+    def __init__(self, base: str, pool_size: int, headers: Mapping[str, str], timeouts: tuple[float, float]) -> None:
         self.base = base.rstrip("/")
         parsed = urllib3.util.parse_url(self.base + "/chat/completions")
         if parsed.scheme not in ("http", "https") or not parsed.host:
@@ -74,8 +76,9 @@ class _Endpoint:
         self.name = _display(self.base)
         """The endpoint for logs, stats and errors: no query string."""
         self.in_flight = 0
-        # one pool per endpoint; urllib3's pools are thread-safe
-        self.pool = urllib3.connection_from_url(self.base, maxsize=pool_size, block=False, headers=dict(headers))
+        # one pool per endpoint, shared by every thread
+        self.pool = http1.Pool(self.base, headers, maxsize=pool_size, connect_timeout_s=timeouts[0], read_timeout_s=timeouts[1],
+                               max_answer_bytes=MAX_RESPONSE_BYTES, user_agent=f"stabletoolbench-mirror/{__version__}")
 
 
 class ChatClient:
@@ -104,13 +107,12 @@ class ChatClient:
         self._redactor = Redactor([api_key] if api_key else [])
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._endpoints = [_Endpoint(b, pool_size, headers) for b in bases]
+        self._endpoints = [_Endpoint(b, pool_size, headers, (connect_timeout_s, read_timeout_s)) for b in bases]
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.seed = seed
         self.timeout = (connect_timeout_s, read_timeout_s)
-        self._timeout = urllib3.Timeout(connect=connect_timeout_s, read=read_timeout_s)
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.balance = balance
@@ -187,32 +189,16 @@ class ChatClient:
 
     def _once(self, endpoint: _Endpoint, data: bytes, tries: int) -> Completion:
         try:
-            response = endpoint.pool.urlopen(
-                "POST",
-                endpoint.path,
-                body=data,
-                timeout=self._timeout,
-                retries=False,
-                redirect=False,
-                preload_content=False,
-            )
-        except urllib3.exceptions.ReadTimeoutError:
+            response = endpoint.pool.post(endpoint.path, data)
+        except http1.ReadTimedOut:
             raise _error(f"no answer within {self.timeout[1]:g} s (read timeout)", endpoint, retryable=False) from None
-        except (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ProtocolError, OSError) as exc:
-            # (NewConnectionError first: urllib3 makes it a subclass of ConnectTimeoutError)
+        except http1.ConnectFailed as exc:
+            if exc.timed_out:
+                raise _error(f"connection timed out after {self.timeout[0]:g} s", endpoint, retryable=True) from None
             raise _error(f"connection failed: {_short(exc)}", endpoint, retryable=True) from None
-        except urllib3.exceptions.ConnectTimeoutError:
-            raise _error(f"connection timed out after {self.timeout[0]:g} s", endpoint, retryable=True) from None
-        except urllib3.exceptions.HTTPError as exc:
-            raise _error(f"request failed: {_short(exc)}", endpoint, retryable=False) from None
-        try:
-            raw = _read_capped(response)
-        except urllib3.exceptions.ReadTimeoutError:
-            raise _error(f"no answer within {self.timeout[1]:g} s (read timeout)", endpoint, retryable=False) from None
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+        except http1.BrokenAnswer as exc:
             raise _error(f"broken answer: {_short(exc)}", endpoint, retryable=True) from None
-        finally:
-            response.release_conn()
+        raw = response.body
         status = response.status
         if status != 200:
             raise ChatError(
@@ -220,7 +206,7 @@ class ChatClient:
                 endpoint=endpoint.name,
                 status=status,
                 retryable=status == 429 or status >= 500,
-                retry_after=_retry_after(response.headers.get("Retry-After")) if status == 429 else None,
+                retry_after=_retry_after(response.headers.get("retry-after")) if status == 429 else None,
             )
         try:
             payload = json.loads(raw)
@@ -264,26 +250,8 @@ def _display(url: str) -> str:
     return f"{parsed.scheme}://{parsed.host}{port}{parsed.path or ''}"
 
 
-def _read_capped(response: urllib3.BaseHTTPResponse) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = response.read(65536)
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > MAX_RESPONSE_BYTES:
-            raise ValueError(f"answer larger than {MAX_RESPONSE_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _short(exc: BaseException) -> str:
-    text = str(exc)
-    # urllib3 messages repeat the pool's repr; the reason at the end is what matters
-    if "Caused by" in text:
-        text = text[text.index("Caused by") :]
-    return text[:300]
+    return str(exc)[:300]
 
 
 def _error_message(raw: bytes) -> str:
