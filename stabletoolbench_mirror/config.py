@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import ipaddress
 import json
 import os
 from dataclasses import dataclass
@@ -211,6 +212,22 @@ class LimitsConfig(_Section):
     """An idle kept-alive connection is closed after this long."""
     send_timeout_s: float = Field(default=30.0, gt=0)
     """A client that reads nothing of its answer for this long is dropped (its unsent answer freed)."""
+    trusted_proxies: list[str] = Field(default_factory=list)
+    """Reverse proxies (addresses or networks such as ``10.0.0.0/8``; ``"*"``: any) whose
+    ``X-Forwarded-For`` names the client for the per-client limits and fair sharing.  None by
+    default: a client is the address it connects from, so it cannot name itself another client
+    to get past ``max_in_flight_per_client``."""
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if item != "*":
+                try:
+                    ipaddress.ip_network(item, strict=False)
+                except ValueError:
+                    raise ValueError(f"{item!r} is not an IP address or network (e.g. 127.0.0.1, 10.0.0.0/8, or \"*\")") from None
+        return value
 
 
 class SessionsConfig(_Section):

@@ -577,11 +577,15 @@ class JoinedWrites:
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
-    """The uvicorn settings that guard connections: the header, send and keep-alive timeouts."""
+    """The uvicorn settings that guard connections: the header, send and keep-alive timeouts, the trusted proxies."""
     limits = settings.limits
     return {
         "http": functools.partial(GuardedHttpProtocol, header_timeout_s=limits.header_timeout_s, send_timeout_s=limits.send_timeout_s),
         "timeout_keep_alive": limits.keep_alive_timeout_s,
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 by default: any local client could then
+        # pose as others (limits.max_in_flight_per_client, fair sharing); only named proxies are believed
+        "proxy_headers": bool(limits.trusted_proxies),
+        "forwarded_allow_ips": list(limits.trusted_proxies) or None,
         # uvicorn builds each access line's arguments (client, quoted path) before its logger drops it:
         # below log_level info no access line is written, so none is built
         "access_log": settings.log_level in ("debug", "info"),

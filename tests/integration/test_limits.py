@@ -10,8 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
+from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.engine.layer import MirrorLayer
@@ -74,6 +76,28 @@ def test_waiting_is_per_client_another_client_is_not_queued_behind(tmp_path: Pat
         assert status == 200
         assert elapsed < 1.5, f"another client waited {elapsed:.2f} s behind the busy one"
         assert [r[0] for r in busy.result()] == [200] * 10
+
+
+@pytest.mark.parametrize("trusted", [[], ["127.0.0.1"], ["10.0.0.0/8"]])
+def test_a_client_cannot_pose_as_others_unless_it_is_a_trusted_proxy(tmp_path: Path, serve, settings_factory, trusted: list[str]) -> None:
+    # four requests from 127.0.0.1, each claiming another client in X-Forwarded-For
+    settings = settings_factory(limits={"max_in_flight_per_client": 1, "trusted_proxies": trusted})
+    responder = KeyedResponder(delay_s=0.3)
+    server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[responder]))
+
+    def one(i: int) -> int:
+        headers = {"X-Forwarded-For": f"203.0.113.{i}"}
+        return requests.post(server.url + "/virtual", json=payload(i), headers=headers, timeout=30).status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(one, range(4))) == [200] * 4
+    # believed only from a named proxy: then four clients at once; else one client, one at a time
+    assert responder.max_active == (4 if trusted == ["127.0.0.1"] else 1)
+
+
+def test_a_trusted_proxy_that_is_no_address_is_a_config_error(settings_factory) -> None:
+    with pytest.raises(ConfigError, match=r"limits.trusted_proxies.*'localhost' is not an IP address or network"):
+        settings_factory(limits={"trusted_proxies": ["localhost"]})
 
 
 def test_a_full_wait_queue_is_refused_at_once_naming_the_setting(tmp_path: Path, serve, settings_factory) -> None:
