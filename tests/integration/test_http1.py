@@ -281,6 +281,43 @@ def test_a_chunked_answer_over_the_cap_is_refused(raw) -> None:
         pool(server.port, max_answer_bytes=10_000).post("/v1/x", b"1")
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_answer_is_uncompressed_within_the_cap(raw, encoding: str) -> None:
+    import gzip
+    import zlib
+
+    text = b'{"choices": [' + b'{"n": 1}, ' * 500 + b'{"n": 2}]}'
+    packed = gzip.compress(text) if encoding == "gzip" else zlib.compress(text)
+    server = echo_server(raw, lambda body: answer(packed, f"Content-Encoding: {encoding}"))
+    assert pool(server.port).post("/v1/x", b"1").body == text
+    with pytest.raises(http1.BrokenAnswer, match="larger than 1000 bytes once uncompressed"):
+        pool(server.port, max_answer_bytes=1000).post("/v1/x", b"1")  # a small packed body cannot unpack past the cap
+
+
+def test_a_compression_bomb_is_not_unpacked_past_the_cap(raw) -> None:
+    import tracemalloc
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    bomb = b"".join(packer.compress(b"\0" * 1_000_000) for _ in range(200)) + packer.flush()  # 200 MB in ~200 KB
+    server = echo_server(raw, lambda body: answer(bomb, "Content-Encoding: gzip"))
+    client = pool(server.port, max_answer_bytes=1 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(http1.BrokenAnswer, match="once uncompressed"):
+            client.post("/v1/x", b"1")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20_000_000, f"{peak} bytes allocated for a 1 MiB cap"
+
+
+def test_an_answer_in_an_unknown_encoding_is_broken(raw) -> None:
+    server = echo_server(raw, lambda body: answer(b"\x00\x01", "Content-Encoding: br"))
+    with pytest.raises(http1.BrokenAnswer, match="encoding this client does not read: 'br'"):
+        pool(server.port).post("/v1/x", b"1")
+
+
 def test_an_answer_that_is_not_http_is_broken(raw) -> None:
     server = echo_server(raw, lambda body: b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
     with pytest.raises(http1.BrokenAnswer, match="not an HTTP answer"):

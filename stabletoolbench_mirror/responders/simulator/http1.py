@@ -11,7 +11,9 @@ server has closed (an idle keep-alive ran out) is dropped, and a request that fi
 connection closed before any byte of an answer came back is sent once more on a new one.  Errors are
 three kinds: :class:`ConnectFailed` (no connection, or it broke before an answer began),
 :class:`ReadTimedOut` (the server took the request and said nothing within the read timeout) and
-:class:`BrokenAnswer` (an answer began but is cut off, malformed or too large).
+:class:`BrokenAnswer` (an answer began but is cut off, malformed or too large).  Requests ask for
+no compression; an answer compressed all the same (``gzip``, ``deflate``) is unpacked, never past the
+size cap.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import socket
 import ssl
 import threading
 import urllib.parse
+import zlib
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -229,10 +232,15 @@ class Pool:
         request = f"POST {path} HTTP/1.1\r\n{self._fixed}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
         conn = self._get()
         try:
-            return self._exchange(conn, request)
+            response = self._exchange(conn, request)
         except _Stale:
             # the server closed the kept connection as the request went out: once more, on a new one
-            return self._exchange(self._connect(), request)
+            response = self._exchange(self._connect(), request)
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding in ("", "identity"):
+            return response
+        # asked for identity; a server that compresses all the same is still understood (within the cap)
+        return Response(response.status, response.headers, _decoded(response.body, encoding, self.max_answer_bytes))
 
     def _exchange(self, conn: _Connection, request: bytes) -> Response:
         reused, conn.used = conn.used, True
@@ -277,6 +285,24 @@ class Pool:
             raise BrokenAnswer(f"connection lost during the answer: {exc}") from None
         keep = reader.complete and reader.keep_alive and not reader.extra
         return Response(reader.status, reader.headers, b"".join(reader.chunks)), keep
+
+
+def _decoded(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` uncompressed (``gzip`` or ``deflate``), at most ``limit`` bytes of it."""
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise BrokenAnswer(f"answer in an encoding this client does not read: {encoding[:40]!r}")
+    # gzip: its header; deflate: zlib's (most servers) or raw
+    modes = (zlib.MAX_WBITS | 16,) if "gzip" in encoding else (zlib.MAX_WBITS, -zlib.MAX_WBITS)
+    for wbits in modes:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(body, limit + 1)
+        except zlib.error:
+            continue
+        if len(out) > limit:
+            raise BrokenAnswer(f"answer larger than {limit} bytes once uncompressed")
+        return out
+    raise BrokenAnswer(f"answer not valid {encoding}")
 
 
 class _Stale(Exception):
