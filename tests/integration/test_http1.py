@@ -22,8 +22,8 @@ from stabletoolbench_mirror.responders.simulator import http1
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub
 
-Handler = Callable[[socket.socket, int], None]
-"""Serves one accepted connection (and its number, from 0)."""
+Handler = Callable[["RawServer", socket.socket, int], None]
+"""Serves one accepted connection of the server (and its number, from 0)."""
 
 
 class RawServer:
@@ -61,7 +61,7 @@ class RawServer:
         try:
             if self.tls is not None:
                 conn = self.tls.wrap_socket(conn, server_side=True)
-            self.handler(conn, number)
+            self.handler(self, conn, number)
         except OSError:
             pass
         finally:
@@ -89,11 +89,11 @@ def answer(body: bytes, *extra: str, status: str = "200 OK") -> bytes:
     return f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{head}\r\n".encode() + body
 
 
-def keep_answering(server_ref: list[RawServer], reply: Callable[[bytes], bytes]) -> Handler:
+def keep_answering(reply: Callable[[bytes], bytes]) -> Handler:
     """Answer every request on the connection with ``reply(body)`` until the client closes."""
 
-    def handler(conn: socket.socket, number: int) -> None:
-        while (body := server_ref[0].read_request(conn)) is not None:
+    def handler(server: RawServer, conn: socket.socket, number: int) -> None:
+        while (body := server.read_request(conn)) is not None:
             conn.sendall(reply(body))
 
     return handler
@@ -120,10 +120,7 @@ def pool(port: int, scheme: str = "http", **options: object) -> http1.Pool:
 
 
 def echo_server(raw, reply: Callable[[bytes], bytes] = lambda body: answer(b'{"echo": ' + body + b"}")) -> RawServer:
-    ref: list[RawServer] = []
-    server = raw(keep_answering(ref, reply))
-    ref.append(server)
-    return server
+    return raw(keep_answering(reply))
 
 
 # -- requests and kept-alive connections --------------------------------------------------------------
@@ -172,16 +169,13 @@ def test_connection_close_is_honoured(raw) -> None:
 def test_an_idle_connection_the_server_closed_is_not_used_again(raw) -> None:
     # a keep-alive timeout as some servers end it: an unasked 408 and the close; the next request must
     # not read that 408 as its answer
-    ref: list[RawServer] = []
-
-    def once(conn: socket.socket, number: int) -> None:
-        ref[0].read_request(conn)
+    def once(server: RawServer, conn: socket.socket, number: int) -> None:
+        server.read_request(conn)
         conn.sendall(answer(b'{"n": %d}' % number))
         time.sleep(0.05)
         conn.sendall(b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
 
     server = raw(once)
-    ref.append(server)
     client = pool(server.port)
     assert client.post("/v1/x", b"1").body == b'{"n": 0}'
     time.sleep(0.2)  # the 408 and the close have arrived
@@ -193,16 +187,13 @@ def test_an_idle_connection_the_server_closed_is_not_used_again(raw) -> None:
 def test_a_kept_connection_closed_as_the_request_went_out_is_tried_once_on_a_new_one(raw) -> None:
     # the server reads the second request on connection 0 and closes without a word (a race with its
     # keep-alive timeout that the idle check cannot see): that request goes once more, on a new connection
-    ref: list[RawServer] = []
-
-    def handler(conn: socket.socket, number: int) -> None:
-        ref[0].read_request(conn)
+    def handler(server: RawServer, conn: socket.socket, number: int) -> None:
+        server.read_request(conn)
         conn.sendall(answer(b'{"n": %d}' % number))
         if number == 0:
-            ref[0].read_request(conn)  # and no answer
+            server.read_request(conn)  # and no answer
 
     server = raw(handler)
-    ref.append(server)
     client = pool(server.port)
     assert client.post("/v1/x", b"1").body == b'{"n": 0}'
     assert client.post("/v1/x", b"2").body == b'{"n": 1}'
@@ -210,9 +201,7 @@ def test_a_kept_connection_closed_as_the_request_went_out_is_tried_once_on_a_new
 
 
 def test_a_new_connection_closed_without_an_answer_is_a_connect_failure(raw) -> None:
-    ref: list[RawServer] = []
-    server = raw(lambda conn, number: ref[0].read_request(conn) and None)
-    ref.append(server)
+    server = raw(lambda server, conn, number: server.read_request(conn) and None)
     with pytest.raises(http1.ConnectFailed, match="closed the connection without answering"):
         pool(server.port).post("/v1/x", b"1")
     assert server.connections == 1  # a new connection is not tried again here (the chat client's retries decide)
@@ -232,16 +221,13 @@ def test_a_chunked_answer_is_read_whole_and_the_connection_kept(raw) -> None:
 
 
 def test_an_answer_without_a_length_ends_with_the_connection(raw) -> None:
-    ref: list[RawServer] = []
-
-    def handler(conn: socket.socket, number: int) -> None:
-        ref[0].read_request(conn)
+    def handler(server: RawServer, conn: socket.socket, number: int) -> None:
+        server.read_request(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
         time.sleep(0.05)
         conn.sendall(b'{"until": "close"}')
 
     server = raw(handler)
-    ref.append(server)
     client = pool(server.port)
     assert client.post("/v1/x", b"1").body == b'{"until": "close"}'
     assert client.post("/v1/x", b"1").body == b'{"until": "close"}'
@@ -255,14 +241,11 @@ def test_an_error_status_comes_back_with_its_headers_and_body(raw) -> None:
 
 
 def test_a_cut_off_answer_is_broken(raw) -> None:
-    ref: list[RawServer] = []
-
-    def handler(conn: socket.socket, number: int) -> None:
-        ref[0].read_request(conn)
+    def handler(server: RawServer, conn: socket.socket, number: int) -> None:
+        server.read_request(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"half")
 
     server = raw(handler)
-    ref.append(server)
     with pytest.raises(http1.BrokenAnswer, match="before the answer was complete"):
         pool(server.port).post("/v1/x", b"1")
 
@@ -336,9 +319,7 @@ def test_bytes_after_the_answer_retire_the_connection(raw) -> None:
 
 
 def test_a_silent_server_is_a_read_timeout(raw) -> None:
-    ref: list[RawServer] = []
-    server = raw(lambda conn, number: (ref[0].read_request(conn), time.sleep(3)) and None)
-    ref.append(server)
+    server = raw(lambda server, conn, number: (server.read_request(conn), time.sleep(3)) and None)
     start = time.monotonic()
     with pytest.raises(http1.ReadTimedOut, match="no answer within 0.3 s"):
         pool(server.port, read_timeout_s=0.3).post("/v1/x", b"1")
@@ -356,9 +337,7 @@ def test_tls_is_verified_against_the_trusted_authorities(raw, tmp_path, monkeypa
     authority = trustme.CA()
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     authority.issue_cert("127.0.0.1").configure_cert(server_context)
-    ref: list[RawServer] = []
-    server = raw(keep_answering(ref, lambda body: answer(b'{"tls": true}')), tls=server_context)
-    ref.append(server)
+    server = raw(keep_answering(lambda body: answer(b'{"tls": true}')), tls=server_context)
     with pytest.raises(http1.ConnectFailed, match="certificate verify failed"):
         pool(server.port, scheme="https").post("/v1/x", b"1")
     bundle = tmp_path / "ca.pem"
