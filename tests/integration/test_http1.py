@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -184,14 +185,17 @@ def test_an_idle_connection_the_server_closed_is_not_used_again(raw) -> None:
     assert server.connections == 2 and len(server.requests) == 2
 
 
-def test_a_kept_connection_closed_as_the_request_went_out_is_tried_once_on_a_new_one(raw) -> None:
-    # the server reads the second request on connection 0 and closes without a word (a race with its
-    # keep-alive timeout that the idle check cannot see): that request goes once more, on a new connection
+@pytest.mark.parametrize("ending", ["close", "reset"])
+def test_a_kept_connection_closed_as_the_request_went_out_is_tried_once_on_a_new_one(raw, ending: str) -> None:
+    # the server reads the second request on connection 0 and closes without a word, or resets it (a race
+    # with its keep-alive timeout that the idle check cannot see): that request goes once more, on a new connection
     def handler(server: RawServer, conn: socket.socket, number: int) -> None:
         server.read_request(conn)
         conn.sendall(answer(b'{"n": %d}' % number))
         if number == 0:
             server.read_request(conn)  # and no answer
+            if ending == "reset":  # an RST instead of a FIN: the client's recv raises ConnectionResetError
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     server = raw(handler)
     client = pool(server.port)

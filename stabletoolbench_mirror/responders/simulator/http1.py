@@ -275,14 +275,12 @@ class Pool:
             raise ReadTimedOut(f"no answer within {self.read_timeout_s:g} s") from None
         except httptools.HttpParserError as exc:
             raise BrokenAnswer(f"not an HTTP answer: {exc}") from None
-        except (ConnectionResetError, BrokenPipeError) as exc:
-            if not reader.begun:
-                raise _Stale() if reused else ConnectFailed(f"connection lost before an answer: {exc}") from None
-            raise BrokenAnswer(f"connection lost during the answer: {exc}") from None
         except OSError as exc:
-            if not reader.begun:
-                raise ConnectFailed(f"connection lost before an answer: {exc}") from None
-            raise BrokenAnswer(f"connection lost during the answer: {exc}") from None
+            if reader.begun:
+                raise BrokenAnswer(f"connection lost during the answer: {exc}") from None
+            if reused and isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+                raise _Stale() from None
+            raise ConnectFailed(f"connection lost before an answer: {exc}") from None
         keep = reader.complete and reader.keep_alive and not reader.extra
         return Response(reader.status, reader.headers, b"".join(reader.chunks)), keep
 
