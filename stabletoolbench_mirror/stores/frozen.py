@@ -218,12 +218,11 @@ class FrozenCache(CacheTier):
         if path is None:
             return None
         try:
-            st = os.stat(path)
+            ident = _ident(os.stat(path))
         except OSError:
             if api in files:
                 self._drop(api)
             return None
-        ident = (st.st_ino, st.st_size, st.st_mtime_ns)  # _ident, inline
         if index is not None and index.ident == ident:
             if next(reversed(files), None) != api:
                 with self._lock:
