@@ -10,7 +10,8 @@ returns a :class:`Reply`:
 * ``Reply(status=500)`` / ``Reply(status=429)``: an error status with an OpenAI-style error body;
 * ``Reply(delay_s=2.0, ...)``: answer after a delay (slow answers, timeouts);
 * ``Reply(hang=True)``: accept the request and never answer (a hung socket);
-* ``Reply(close=True)``: drop the connection without an answer.
+* ``Reply(close=True)``: drop the connection without an answer;
+* ``Reply(finish_reason="length")``: a completion that says why it ended (default ``stop``).
 
 With ``with_headers=True`` the responder also gets the request's headers (e.g. to echo
 ``Authorization`` back, as some endpoints do).
@@ -41,7 +42,8 @@ class Reply:
     delay_s: float = 0.0
     hang: bool = False
     close: bool = False
-    finish_reason: str = "stop"
+    finish_reason: str | None = "stop"
+    """The choice's ``finish_reason`` (``"length"``, ``"content_filter"``, ...); ``None`` sends JSON ``null``."""
     headers: tuple[tuple[str, str], ...] = ()
     """Extra response headers (e.g. ``(("Retry-After", "0.2"),)`` on a 429)."""
     message: str | None = None

@@ -145,3 +145,46 @@ def test_offline_answers_are_scrubbed_of_keys(settings_factory, tmp_path: Path) 
     with DiskcacheStore(tmp_path / "store") as store:
         bodies = [r.body for r in store]
     assert len(bodies) == 3 and all(key not in b and "tok-OFFLINE-77" not in b and "Bearer ***" in b for b in bodies)
+
+
+def test_offline_incomplete_outputs_are_failure_records_asked_again(settings_factory, tmp_path: Path) -> None:
+    """Only complete answers are recorded as answers: a cut output is a failure record even when its text parses."""
+    settings = warm_settings(settings_factory(), 4)
+    reasons = {"'v1'": "length", "'v2'": "content_filter", "'v3'": None}  # vLLM leaves None for an unfinished sequence
+    batches: list[int] = []
+
+    def generate(conversations: Sequence[list[dict]], ending=lambda text: next((r for k, r in reasons.items() if k in text), "stop")):
+        batches.append(len(conversations))
+        return [(json.dumps({"error": "", "response": "offline answer"}), ending(c[-1]["content"])) for c in conversations]
+
+    report, _ = warm_offline(settings, tmp_path, 4, generate, concurrency=1, model="m")
+    assert report.total.new == 1 and report.total.failed == 3 and sum(batches) == 4
+    assert all("Failed to generate fake response" in f.reason for f in report.failures)
+    with DiskcacheStore(tmp_path / "store") as store:
+        saved = list(store)
+    assert sorted(r.reason for r in saved if r.is_failure) == [
+        "simulated: simulator output incomplete (finish_reason content_filter)",
+        "simulated: simulator output incomplete (finish_reason length)",
+        "simulated: simulator output incomplete (no finish_reason)",
+    ]
+    assert [r.key for r in saved if not r.is_failure] == ["{'q': 'v0'}"]
+    # the next run asks the three again (one prompt each) and records their complete answers
+    reasons.clear()
+    again, _ = warm_offline(settings, tmp_path, 4, generate, concurrency=1, model="m")
+    assert again.total.failed == 0 and sum(batches) == 4 + 3
+    with DiskcacheStore(tmp_path / "store") as store:
+        assert len(list(store)) == 4 and not any(r.is_failure for r in store)
+
+
+def test_batcher_serves_the_failure_answer_for_a_cut_output() -> None:
+    from stabletoolbench_mirror.core import protocol
+    from stabletoolbench_mirror.core.call import ToolCall
+
+    batcher = BatchingSimulator(lambda call, examples: [{"role": "user", "content": "x"}],
+                                lambda conversations: [('{"error": "", "response": "cut"', "length") for _ in conversations], origin="m")  # fmt: skip
+    try:
+        attempt = batcher.respond(ToolCall.of("C", "t", "a", {}), [])
+    finally:
+        batcher.close()
+    assert attempt.answer is None and attempt.fallback == protocol.simulation_failed_answer()
+    assert attempt.detail == "simulator output incomplete (finish_reason length)"

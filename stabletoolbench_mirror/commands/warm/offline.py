@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.records import Record, Source
 from stabletoolbench_mirror.core.secrets import Redactor
 from stabletoolbench_mirror.engine.responders import Attempt
@@ -45,6 +46,7 @@ class _Pending:
     messages: Messages
     done: threading.Event = field(default_factory=threading.Event)
     text: str | None = None
+    finish_reason: str | None = None
     error: str | None = None
 
 
@@ -91,7 +93,7 @@ class BatchingSimulator:
 
     def respond(self, call: ToolCall, examples: Sequence[Record]) -> Attempt:
         from stabletoolbench_mirror.responders.simulator import parse_output
-        from stabletoolbench_mirror.responders.simulator.responder import invalid
+        from stabletoolbench_mirror.responders.simulator.responder import incomplete, invalid
 
         pending = _Pending(self._render(call, examples))
         with self._cond:
@@ -102,6 +104,13 @@ class BatchingSimulator:
         pending.done.wait()
         if pending.error is not None:
             return Attempt(None, self.origin, detail=f"offline engine failed: {pending.error}")
+        cut = incomplete(pending.finish_reason)
+        if cut is not None:
+            # as the HTTP simulator: a cut output is a failure record, even when its text parses,
+            # and is not generated again in this batch (the next run asks again)
+            log.warning("offline output for %s is incomplete (finish_reason %s, %d chars)", clip(call.api), clip(pending.finish_reason or "missing", 40),
+                        len(pending.text or ""))
+            return Attempt(None, self.origin, detail=cut, fallback=protocol.simulation_failed_answer())
         parsed = parse_output(pending.text or "")
         if parsed.answer is None:
             return Attempt(None, self.origin, detail="simulator output not parsable", fallback=protocol.simulation_failed_answer())
@@ -135,8 +144,8 @@ class BatchingSimulator:
                 outputs = list(self._generate([p.messages for p in batch]))
                 if len(outputs) != len(batch):
                     raise RuntimeError(f"{len(outputs)} outputs for {len(batch)} prompts")
-                for pending, (text, _finish) in zip(batch, outputs):
-                    pending.text = text
+                for pending, (text, finish_reason) in zip(batch, outputs):
+                    pending.text, pending.finish_reason = text, finish_reason
             except Exception as exc:  # noqa: BLE001 - every waiting call gets the error
                 log.error("offline batch of %d failed: %s", len(batch), exc)
                 for pending in batch:

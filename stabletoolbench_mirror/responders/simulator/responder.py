@@ -34,6 +34,9 @@ class Simulator:
       origin=<model>)``, recorded by the layer;
     * unparsable output -> no answer, fallback ``Failed to generate fake response`` (served and
       recorded as a failure record, so a later call may try again);
+    * an incomplete completion (``finish_reason`` ``length``, ``content_filter``, ``tool_calls``,
+      missing, ...: see :func:`incomplete`) -> the same, even when its text parses: a JSON object
+      the tolerant extractor closes after a cut is not the answer the model meant;
     * a parsed answer the validity rules reject (``{"error": "Rate limit exceeded"}``,
       ``"Unauthorized error..."``) -> no answer, fallback the parsed answer itself;
     * no completion at all (connection refused, timeout, HTTP 5xx/429 after the retries) ->
@@ -138,6 +141,21 @@ class Simulator:
                     log.warning("simulator gave no answer for %s: %s", clip(call.api), clip(exc.detail, 500))
                     return Attempt(None, self.origin, detail=f"simulator unavailable: {exc.detail}")
             latency = time.perf_counter() - started
+            cut = incomplete(completion.finish_reason)
+            if cut is not None:
+                # Not asked again, even with parse_retries (which is for output the parser cannot
+                # read): the same prompt at the same max_tokens is cut again (at temperature 0 token
+                # for token; above it a runaway answer mostly runs away again), every try costs a
+                # full max_tokens generation, and the failure record is asked again by the next
+                # identical call in record mode anyway.
+                log.warning(
+                    "simulator output for %s is incomplete (finish_reason %s, %d chars): %r",
+                    clip(call.api),
+                    clip(completion.finish_reason or "missing", 40),
+                    len(completion.content),
+                    redactor.text(completion.content[:300]),
+                )
+                return Attempt(None, self.origin, detail=cut, fallback=protocol.simulation_failed_answer())
             parsed = parse_output(completion.content)
             if parsed.answer is not None or retries >= self.parse_retries:
                 break
@@ -226,6 +244,27 @@ def text_before_answer(content: str) -> str:
 def _clean(text: str) -> str:
     # a lone surrogate cannot be stored as UTF-8; a runaway output must not bloat the record
     return text[:MAX_RATIONALE_CHARS].encode("utf-8", "replace").decode("utf-8")
+
+
+#: the ``finish_reason`` values of a completion that ended by itself: OpenAI's and vLLM's ``stop``,
+#: and the names other OpenAI-compatible servers give the same end (TGI until mid-2024 and IBM
+#: watsonx: ``eos_token``; TGI: ``stop_sequence``; Together.ai's Llama models: ``eos``)
+COMPLETE_FINISH_REASONS = frozenset({"stop", "eos", "eos_token", "stop_sequence"})
+
+
+def incomplete(finish_reason: str | None) -> str | None:
+    """``None`` when a completion ended by itself, else the failure's detail (naming the cause).
+
+    ``length`` (cut at ``max_tokens``), ``content_filter`` (content withheld), ``tool_calls`` /
+    ``function_call`` (no answer text), vLLM's ``abort``, any other value, and a missing or empty
+    one (OpenAI's API and vLLM's server always send it, and vLLM's engine leaves it ``None`` only
+    for an unfinished sequence) are incomplete.
+    """
+    if finish_reason in COMPLETE_FINISH_REASONS:
+        return None
+    if not finish_reason:
+        return "simulator output incomplete (no finish_reason)"
+    return f"simulator output incomplete (finish_reason {clip(finish_reason, 40)})"
 
 
 #: ``simulator.validity``: the real path's rules (:mod:`..real.validity`) applied to simulated answers
