@@ -1,3 +1,3 @@
 """stabletoolbench-mirror: a stable, replayable virtual API layer for StableToolBench."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

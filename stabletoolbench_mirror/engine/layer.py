@@ -105,7 +105,7 @@ class MirrorLayer:
         self.local_tools = local_tools if local_tools is not None and len(local_tools) else None
         self._probes = tuple(_lookup_order(self.tiers))
         self._hits = _recent_hits(store, self.frozen)
-        """Recent hits, served again while the store's generation and the frozen files are unchanged (:mod:`.recent_hits`)."""
+        """Recent hits, served again while the store's change token and the frozen files are unchanged (:mod:`.recent_hits`)."""
         self.faults = faults
         """Injected faults (``faults:``), applied by the server to what it serves; ``None`` when off."""
 
@@ -520,11 +520,10 @@ class _Misses:
 
 
 def _recent_hits(store: Store, frozen: Sequence[FrozenCache]) -> RecentHits | None:
-    """Recent hits for a store with a generation (diskcache) and frozen caches that give state tokens, else ``None``."""
-    generation = getattr(store, "generation", None)
-    if not callable(generation) or not all(callable(getattr(f, "state_token", None)) for f in frozen):
+    """Recent hits for a store that can tell when it changed (diskcache) and frozen caches that give state tokens, else ``None``."""
+    if store.change_token() is None or not all(callable(getattr(f, "state_token", None)) for f in frozen):
         return None
-    return RecentHits(generation, frozen)
+    return RecentHits(store.change_token, frozen)
 
 
 def _lookup_order(tiers: Sequence[CacheTier]) -> Iterator[tuple[Any, Any, KeyOf]]:

@@ -4,19 +4,20 @@ A hit's lookup walks the tiers: the store (a kept read, :mod:`..stores.recent_re
 frozen cache (a ``stat`` of the API's file, its index, the kept answer), then builds the record and
 the answer.  For a call answered lately, all of that gives the same answer as long as
 
-* the store's generation is the same (no process wrote to the store since), and
+* the store's change token is the same (no process wrote to the store since: SQLite's own
+  ``data_version``, see :mod:`..stores.recent_reads`), and
 * every frozen cache holds the same index of the call's API file (its ``stat`` unchanged: same
   inode, size and modification time, and the index not dropped from memory meanwhile).
 
 Both are read *before* the lookup they vouch for, so a change that lands during it makes the kept
-hit stale at once.  Only hits are kept (a miss goes the full way), only when the store has a
-generation (diskcache; not Redis), at most :data:`MAX_HITS` of them (all forgotten when full), and
+hit stale at once.  Only hits are kept (a miss goes the full way), only when the store gives a
+change token (diskcache; not Redis, which keeps its own memory), at most :data:`MAX_HITS` of them (all forgotten when full), and
 only answers of up to :data:`MAX_BODY_CHARS` characters.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.outcomes import Outcome
@@ -30,21 +31,21 @@ Token = tuple[Any, ...]
 class RecentHits:
     """The answers of recent hits by call, each with the token of what it was looked up in (any thread)."""
 
-    __slots__ = ("_generation", "_frozen", "_hits", "max_hits")
+    __slots__ = ("_store_token", "_frozen", "_hits", "max_hits")
 
-    def __init__(self, generation: Callable[[], bytes | None], frozen: Sequence[Any], max_hits: int = MAX_HITS) -> None:
-        """``generation``: the store's (``None``: keep nothing now); ``frozen``: the frozen caches (``state_token``)."""
-        self._generation = generation
+    def __init__(self, store_token: Callable[[], Hashable | None], frozen: Sequence[Any], max_hits: int = MAX_HITS) -> None:
+        """``store_token``: the store's change token (``None``: keep nothing now); ``frozen``: the frozen caches (``state_token``)."""
+        self._store_token = store_token
         self._frozen = tuple(f.state_token for f in frozen)
         self._hits: dict[tuple[str, str, str, str], tuple[Token, Outcome]] = {}
         self.max_hits = max_hits
 
     def token(self, api: str) -> Token | None:
         """What a hit of ``api`` now depends on, or ``None`` when nothing can be kept now."""
-        generation = self._generation()
-        if generation is None:
+        store = self._store_token()
+        if store is None:
             return None
-        return (generation, *[state(api) for state in self._frozen])
+        return (store, *[state(api) for state in self._frozen])
 
     def get(self, call: ToolCall, token: Token) -> Outcome | None:
         kept = self._hits.get((call.api, call.key, call.upstream, call.canonical))

@@ -6,7 +6,7 @@ import abc
 import contextlib
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, ContextManager, Iterable, Iterator
+from typing import Any, ContextManager, Hashable, Iterable, Iterator
 
 from stabletoolbench_mirror.core.records import Record
 
@@ -156,6 +156,14 @@ class Store(CacheTier):
             groups[record.api].append(record)
         for api in sorted(groups):
             yield api, _recording_order(groups[api])
+
+    def change_token(self) -> Hashable | None:
+        """A value that stays the same only while nobody (in any process) has changed the store.
+
+        What a reader keeps in memory (a kept hit) is served again only while this is unchanged.
+        ``None``: the backend cannot tell, so nothing may be kept on its word (the default).
+        """
+        return None
 
     def flight_lock(self, api: str, canonical: str) -> ContextManager[None]:
         """A lock held while one miss is filled, shared with other processes (and hosts) using the store.

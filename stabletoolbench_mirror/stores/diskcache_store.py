@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections import Counter
@@ -16,10 +17,11 @@ import diskcache
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import diskcache_layout as layout
+from stabletoolbench_mirror.stores import formats
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from stabletoolbench_mirror.stores.filelock import ByteRangeLocks
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S
-from stabletoolbench_mirror.stores.recent_reads import UNKNOWN, Generation, RecentReads
+from stabletoolbench_mirror.stores.recent_reads import UNKNOWN, ChangeWatch, RecentReads
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,10 @@ _COUNTED = f"{_COUNT}\x00counted"
 _DELETES = "g\x00deletes"
 #: bumped by every ``delete`` and ``replace``: an in-process copy of records must be dropped when it moves
 _CHANGES = "g\x00changes"
+#: the store's format marker (:mod:`.formats`)
+_FORMAT = "m\x00format"
+#: written by format 1 (0.2.0) and trusted by its readers; rewritten after each commit while it exists
+_LEGACY_GENERATION = "cache.db-generation"
 _SCAN_PAGE = 1000
 _MAX_KNOWN_APIS = 100_000
 
@@ -96,6 +102,11 @@ def _text(value: object) -> str:
     return value
 
 
+def _format_marker(cache: Any) -> "formats.Marker | None":
+    value = cache.get(_FORMAT)
+    return formats.parse(None if value is None else _text(value))
+
+
 def _record(value: object) -> Record:
     return Record.from_json(_text(value))
 
@@ -135,10 +146,12 @@ class DiskcacheStore(Store):
             try:
                 self._cache: Any = layout.ReadOnlyCache(self.path)
                 layout.check(self._cache)
+                formats.decide(_format_marker(self._cache), self.path)  # refuses a newer format
             except (OSError, sqlite3.Error) as exc:
                 raise StoreError(f"cannot open diskcache store at {self.path} for reading: {exc}") from exc
             self._locks: ByteRangeLocks | None = None
-            self._reads = _recent_reads(self.path, writable=False)
+            # a read-only store serves a command (cache stats, ls): nothing is kept, every read goes to SQLite
+            self._reads: RecentReads | None = None
             return
         try:
             os.makedirs(self.path, exist_ok=True)
@@ -149,8 +162,10 @@ class DiskcacheStore(Store):
                 self.path, eviction_policy="none", size_limit=2**62, cull_limit=0, timeout=60, sqlite_temp_store=2
             )
             layout.check(self._cache)
+            if formats.decide(_format_marker(self._cache), self.path) == "mark":
+                self._cache.set(_FORMAT, formats.current().to_text())
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
-            self._reads = _recent_reads(self.path, writable=True)
+            self._reads = _recent_reads(self.path)
             if _COUNTED not in self._cache and self._first_key(_ENTRY) is None:
                 # an empty store: the counters kept from now on count every record
                 self._cache.add(_COUNTED, 1)
@@ -163,7 +178,7 @@ class DiskcacheStore(Store):
     def get(self, api: str, key: str) -> Record | None:
         reads = self._reads
         if reads is not None:  # a read kept while no process wrote to the store (:mod:`.recent_reads`)
-            now = reads.generation.read()
+            now = reads.watch.token()
             kept = reads.get((_ENTRY, api, key), now)
             if kept is not UNKNOWN:
                 return kept
@@ -179,7 +194,7 @@ class DiskcacheStore(Store):
     def get_canonical(self, api: str, canonical: str) -> Record | None:
         reads = self._reads
         if reads is not None:
-            now = reads.generation.read()
+            now = reads.watch.token()
             kept = reads.get((_CANONICAL, api, canonical), now)
             if kept is not UNKNOWN:
                 return None if kept is None else self.get(api, kept)
@@ -191,20 +206,22 @@ class DiskcacheStore(Store):
             reads.put((_CANONICAL, api, canonical), now, None if key is None else _text(key))
         return None if key is None else self.get(api, _text(key))
 
-    def generation(self) -> bytes | None:
-        """The store's generation now (new after every write, in any process), or ``None`` without one."""
+    def change_token(self) -> int | None:
+        """SQLite's word on whether the store changed (:class:`~.recent_reads.ChangeWatch`), or ``None`` without a watch."""
         reads = self._reads
-        return None if reads is None else reads.generation.read()
+        return None if reads is None else reads.watch.token()
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
-        """One write transaction; once it has ended, a new generation (every process's kept reads are stale)."""
+        """One write transaction; once it has ended, this process's kept reads are stale (other
+        processes' watches see the commit by themselves), and so are those of a 0.2.0 reader."""
         try:
             with self._cache.transact(retry=True):
                 yield
         finally:
             if self._reads is not None:
-                self._reads.generation.bump()
+                self._reads.watch.changed()
+            _touch_legacy_generation(self.path)
 
     def _writable(self) -> None:
         if self.read_only:
@@ -514,6 +531,9 @@ class DiskcacheStore(Store):
                 time.sleep(self.lock_poll_s)
         except OSError as exc:
             raise StoreError(f"diskcache lock failed: {exc}") from exc
+        if self._reads is not None:
+            # whoever held the lock may have recorded the answer in another process: look now
+            self._reads.watch.check()
         try:
             yield
         finally:
@@ -542,17 +562,35 @@ class DiskcacheStore(Store):
     def close(self) -> None:
         if self._locks is not None:
             self._locks.close()
-        if self._reads is not None:
-            self._reads.generation.close()
-            self._reads = None
+        reads, self._reads = self._reads, None
+        if reads is not None:
+            reads.watch.release()  # before SQLite's own connections close (see ChangeWatch)
         self._cache.close()
 
 
-def _recent_reads(folder: str, *, writable: bool) -> RecentReads | None:
-    """The store's kept reads, or ``None`` (nothing kept) when its generation file cannot be mapped."""
+def _recent_reads(folder: str) -> RecentReads | None:
+    """The store's kept reads, or ``None`` (nothing kept, every read goes to SQLite) without a change watch."""
     try:
-        return RecentReads(Generation(folder, writable=writable))
-    except (OSError, ValueError) as exc:
-        if writable:
-            raise StoreError(f"cannot open diskcache store at {folder}: {exc}") from exc
+        return RecentReads(ChangeWatch.of(os.path.join(folder, "cache.db")))
+    except sqlite3.Error as exc:
+        log.warning("diskcache store at %s: reads are not kept (no change watch: %s)", folder, exc)
         return None
+
+
+def _touch_legacy_generation(folder: str) -> None:
+    """New bytes in ``cache.db-generation`` when a format-1 version made one: its readers trust it.
+
+    Never created, never followed through a link, only a regular file; a problem with it is
+    ignored (it concerns only a 0.2.0 process beside this one).
+    """
+    try:
+        fd = os.open(os.path.join(folder, _LEGACY_GENERATION), os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.pwrite(fd, os.urandom(8), 0)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -15,6 +15,14 @@ and every store instance listens on it from a thread of its own (:class:`Invalid
 
 The listener starts with the store's first read and is the only extra cost: the hit path checks
 one flag.
+
+What bounds staleness: a message is delivered to every confirmed subscription (Redis pub/sub drops
+nothing on a live connection; a subscriber too slow to read is disconnected, which is a lost
+subscription, and the memory is emptied when it is back).  What no message covers (one published
+while the subscription was down, a Redis restarted from an older dump, a key removed with
+``redis-cli``, a writer that does not publish) is bounded by age: the memory serves a record for
+at most :data:`~.redis_store.MEMORY_MAX_AGE_S` after reading it, then reads Redis again (and
+serves what it holds, whatever its age, only while Redis cannot be read).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from redis.retry import Retry
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.records import Record, Source
 from stabletoolbench_mirror.core.secrets import public_url
+from stabletoolbench_mirror.stores import formats
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order, origin_key
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S, LeaseKeeper
 from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, channel, forget_message
@@ -211,6 +212,10 @@ def _text(value: str | bytes) -> str:
     return value if isinstance(value, str) else value.decode("utf-8")
 
 
+#: how long a remembered record or pointer is served without asking Redis again (see :class:`RecordMemory`)
+MEMORY_MAX_AGE_S = 1.0
+
+
 class RecordMemory:
     """A bounded in-process copy of records already read (least recently used ones go first).
 
@@ -218,12 +223,20 @@ class RecordMemory:
     found, names the same answer for good on every host.  Absent keys and failure records
     (which an answer may replace, and whose canonical pointers may move) are never remembered.
     Only what a hit serves is kept (not ``meta`` or ``replaced``).
+
+    What changes an answer (``cache delete``, ``mode: refresh``) is heard on the invalidation
+    channel (:mod:`.redis_invalidation`).  What that cannot cover (a message lost with the
+    subscription, a Redis restarted from an older dump, a key deleted with ``redis-cli``) is
+    bounded by age: an item read more than ``max_age_s`` ago is read from Redis again, and served
+    as it is only while Redis cannot be read (:meth:`get` with ``stale=True``).
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, max_age_s: float = MEMORY_MAX_AGE_S) -> None:
         self.max_bytes = max(0, int(max_bytes))
-        self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, Source, str, float], int]] = OrderedDict()
-        self._pointers: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
+        self.max_age_s = float(max_age_s)
+        # each item: (value, size, monotonic time it was read)
+        self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, Source, str, float], int, float]] = OrderedDict()
+        self._pointers: OrderedDict[tuple[str, str], tuple[str, int, float]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.live = True
@@ -251,23 +264,24 @@ class RecordMemory:
             if item is not None:
                 self._bytes -= item[1]
 
-    def get(self, where: tuple[str, str]) -> Record | None:
+    def get(self, where: tuple[str, str], *, stale: bool = False) -> Record | None:
+        """The record remembered for ``where`` if read within ``max_age_s`` (any age with ``stale``)."""
         if not self.live:
             return None
         with self._lock:
             item = self._records.get(where)
-            if item is None:
+            if item is None or (not stale and time.monotonic() - item[2] >= self.max_age_s):
                 return None
             self._records.move_to_end(where)
         key, body, source, origin, created_at = item[0]
         return Record(api=where[0], key=key, body=body, source=source, origin=origin, created_at=created_at)
 
-    def pointer(self, where: tuple[str, str]) -> str | None:
+    def pointer(self, where: tuple[str, str], *, stale: bool = False) -> str | None:
         if not self.live:
             return None
         with self._lock:
             item = self._pointers.get(where)
-            if item is None:
+            if item is None or (not stale and time.monotonic() - item[2] >= self.max_age_s):
                 return None
             self._pointers.move_to_end(where)
             return item[0]
@@ -296,15 +310,18 @@ class RecordMemory:
         if size > self.max_bytes // 4 or not self.live:
             return
         with self._lock:
-            if where in table or (epoch is not None and epoch != self.epoch):
+            if epoch is not None and epoch != self.epoch:
                 return
-            table[where] = (value, size)
+            old = table.pop(where, None)  # read again (it had aged): the new read's time counts
+            if old is not None:
+                self._bytes -= old[1]
+            table[where] = (value, size, time.monotonic())
             self._bytes += size
             while self._bytes > self.max_bytes:
                 victims = self._records if len(self._records) >= len(self._pointers) else self._pointers
                 if not victims:
                     break
-                _where, (_value, freed) = victims.popitem(last=False)
+                _where, (_value, freed, _at) = victims.popitem(last=False)
                 self._bytes -= freed
 
     def __len__(self) -> int:
@@ -330,6 +347,7 @@ class RedisStore(Store):
         timeout_s: float = 2.0,
         lock_poll_s: float = 0.02,
         memory_bytes: int = 64 * 1024 * 1024,
+        memory_max_age_s: float = MEMORY_MAX_AGE_S,
     ) -> None:
         if lock_ttl_s <= 0 or timeout_s <= 0:
             raise ValueError("lock_ttl_s and timeout_s must be positive")
@@ -353,11 +371,37 @@ class RedisStore(Store):
         self._counts = f"{prefix}:counts"
         self._delete = self._client.register_script(_DELETE_SCRIPT)
         self._replace = self._client.register_script(_REPLACE_SCRIPT)
-        self._memory = RecordMemory(memory_bytes)
+        self._memory = RecordMemory(memory_bytes, memory_max_age_s)
         # the memory serves only while this instance hears what other ones delete or replace
         self._memory.live = False
         self._invalidations = Invalidations(lambda: redis.Redis.from_url(url, **self._client_options(Retry)), prefix, self._memory)
         self._leases = LeaseKeeper(self.lock_ttl_s)
+        self._format_key = f"{prefix}:format"
+        self._format: formats.Decision | None = None
+        """What the store's format marker asks (``None``: not read yet, Redis was down)."""
+        self._read_format()
+
+    def _read_format(self) -> formats.Decision | None:
+        """Read the format marker (:mod:`.formats`); :class:`~.formats.FormatError` for a format this version cannot use."""
+        if self._format is None:
+            try:
+                found = formats.parse(self._client.get(self._format_key))
+            except RedisError as exc:
+                log.info("redis store at %s: format marker not read now (%s); read again before the first write", self.url, exc)
+                return None
+            self._format = formats.decide(found, f"{self.url} (prefix {self.prefix!r})")
+        return self._format
+
+    def _writable(self) -> None:
+        """Before a write: the format is known to be this version's, marked once (a new or older store)."""
+        if self._format == "use":
+            return
+        try:
+            if self._read_format() == "mark":
+                self._client.set(self._format_key, formats.current().to_text())
+                self._format = "use"
+        except RedisError as exc:
+            raise self._failed("write", exc) from exc
 
     def _client_options(self, retry_class: Any) -> dict[str, Any]:
         return {
@@ -435,7 +479,7 @@ class RedisStore(Store):
         try:
             raw = self._client.hget(self._entries(api), key)
         except RedisError as exc:
-            raise self._failed("read", exc) from exc
+            return self._stale((api, key), self._failed("read", exc))
         return self._remember(api, key, raw, epoch)
 
     async def aget(self, api: str, key: str) -> Record | None:
@@ -446,8 +490,15 @@ class RedisStore(Store):
         try:
             raw = await self._async_client().hget(self._entries(api), key)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            raise self._failed("read", exc) from exc
+            return self._stale((api, key), self._failed("read", exc))
         return self._remember(api, key, raw, epoch)
+
+    def _stale(self, where: tuple[str, str], error: StoreError) -> Record:
+        """While Redis cannot be read, what the memory holds for ``where`` at any age; else ``error``."""
+        record = self._memory.get(where, stale=True)
+        if record is None:
+            raise error
+        return record
 
     def get_canonical(self, api: str, canonical: str) -> Record | None:
         key = self._memory.pointer((api, canonical))
@@ -456,8 +507,14 @@ class RedisStore(Store):
             try:
                 key = self._point(api, canonical, self._client.hget(self._canonicals(api), canonical), epoch)
             except RedisError as exc:
-                raise self._failed("read", exc) from exc
+                key = self._stale_pointer((api, canonical), self._failed("read", exc))
         return self._pointed(api, canonical, None if key is None else self.get(api, key))
+
+    def _stale_pointer(self, where: tuple[str, str], error: StoreError) -> str:
+        key = self._memory.pointer(where, stale=True)
+        if key is None:
+            raise error
+        return key
 
     def _pointed(self, api: str, canonical: str, record: Record | None) -> Record | None:
         if record is not None and record.is_failure:
@@ -471,7 +528,7 @@ class RedisStore(Store):
             try:
                 key = self._point(api, canonical, await self._async_client().hget(self._canonicals(api), canonical), epoch)
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
-                raise self._failed("read", exc) from exc
+                key = self._stale_pointer((api, canonical), self._failed("read", exc))
         return self._pointed(api, canonical, None if key is None else await self.aget(api, key))
 
     def _add_call(self, record: Record, canonical: str | None) -> dict[str, Any]:
@@ -484,6 +541,7 @@ class RedisStore(Store):
         }
 
     def add(self, record: Record, canonical: str | None) -> bool:
+        self._writable()
         try:
             added = self._add(**self._add_call(record, canonical))
         except RedisError as exc:
@@ -495,6 +553,7 @@ class RedisStore(Store):
         items = list(items)
         if not items:
             return []
+        self._writable()
         try:
             self._client.script_load(_ADD_SCRIPT)
             pipe = self._client.pipeline(transaction=False)
@@ -507,6 +566,7 @@ class RedisStore(Store):
     def delete(self, api: str, keys: Iterable[str]) -> int:
         """Remove records (one script per 1000 keys) and tell every instance to empty its memory."""
         keys = list(dict.fromkeys(keys))
+        self._writable()
         removed = 0
         try:
             for i in range(0, len(keys), 1000):
@@ -520,6 +580,7 @@ class RedisStore(Store):
         return removed
 
     def replace(self, record: Record, canonical: str | None) -> bool:
+        self._writable()
         api = record.api
         try:
             self._replace(keys=[self._entries(api), self._canonicals(api), self._apis_key, self._counts],
