@@ -4,12 +4,16 @@ In scope, a call whose record is a usable answer goes to the responders again; a
 replaces the record (:meth:`~stabletoolbench_mirror.stores.base.Store.replace`, the previous
 provenance kept in ``replaced``), a failure never replaces it (the recorded answer is served).
 Out of scope, and for failure records, a call behaves as in ``record`` mode.
+
+A record is refreshed once per run: one written since the scope was made (the server's start,
+``warm``'s) is this run's own answer, served as a hit, so ``replaced`` keeps the answer the run
+found, never an answer of the same run.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from stabletoolbench_mirror.config import DAY_S, RefreshConfig
@@ -25,6 +29,8 @@ class RefreshScope:
     sources: frozenset[str] = frozenset()
     older_than_s: float | None = None
     clock: Callable[[], float] = time.time
+    since: float = field(default_factory=time.time)
+    """When this run started: records written since are its own answers, never asked again."""
 
     @classmethod
     def from_config(cls, config: RefreshConfig) -> "RefreshScope":
@@ -32,7 +38,9 @@ class RefreshScope:
         return cls(frozenset(config.apis), frozenset(config.categories), frozenset(config.sources), older)
 
     def covers(self, record: Record) -> bool:
-        """Whether ``record`` (a usable answer) is to be asked again."""
+        """Whether ``record`` (a usable answer) is to be asked again (never one written in this run)."""
+        if record.created_at >= self.since:
+            return False
         if self.apis and record.api not in self.apis:
             return False
         if self.categories and record.api.split("/", 1)[0] not in self.categories:

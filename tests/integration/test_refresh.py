@@ -103,3 +103,21 @@ def test_refresh_scope_leaves_other_calls_as_record_mode_does(serve, settings_fa
         # sources: the answers are simulated, so a scope of real answers leaves them alone
         real_only = serve(settings(settings_factory, v2, mode="refresh", refresh={"sources": ["real"]}))
         assert run(real_only) == second and v2.count == 4
+
+
+def test_a_repeated_call_is_refreshed_once_per_run_keeping_the_original(serve, settings_factory, tmp_path: Path) -> None:
+    """The second identical call of a refresh run is a hit: ``replaced`` keeps the answer the run found."""
+    with OpenAIStub(simulator("v1")) as v1, OpenAIStub(simulator("v2")) as v2:
+        run(serve(settings(settings_factory, v1)))
+        original = records(tmp_path)
+        refresher = serve(settings(settings_factory, v2, mode="refresh"))
+        first, again = run(refresher), run(refresher)
+        assert first == again and v2.count == len(CALLS)  # asked once per call, not twice
+        stats = requests.get(refresher.url + "/stats", timeout=10).json()
+        assert stats["replaced"] == len(CALLS) and stats["hits"] == len(CALLS)
+        for where, record in records(tmp_path).items():
+            assert record.answer["response"] == "v2 answer"
+            assert record.replaced is not None and record.replaced["body"] == original[where].body
+        # the next run (a new start) refreshes again, once
+        run(serve(settings(settings_factory, v2, mode="refresh")))
+        assert v2.count == 2 * len(CALLS)

@@ -400,3 +400,27 @@ def test_warm_stops_early_on_a_dead_simulator_over_many_apis(dead: str, processe
     failed = [line for line in out.splitlines() if line.startswith("FAILED ")]
     assert failed and all("(answered: API not working error..." in line for line in failed)
     assert len({line.split("no recorded response for ", 1)[1].split(" ", 1)[0] for line in failed}) > 1
+
+
+def test_warm_in_refresh_mode_asks_the_records_in_scope_again(tmp_path: Path) -> None:
+    """docs/curation.md: run the benchmark "(or `warm`)" in refresh mode; warm replaces what it reaches, once."""
+    queries = tmp_path / "q.json"
+    queries.write_text(json.dumps([query(1, [api("Data", "T", "A", required=[param("q", "STRING", "x")]), api("Data", "T", "B")])]))
+
+    def answering(version: str):
+        return lambda body: Reply(content=json.dumps({"error": "", "response": f"{version} answer"}))
+
+    with OpenAIStub(answering("v1")) as v1:
+        assert cli("warm", "--queries", str(queries), "--config", str(config(tmp_path, v1)), "-q", cwd=tmp_path).returncode == 0
+    before = {r.key: r for r in records(tmp_path / "store")}
+    assert len(before) == 2
+    with OpenAIStub(answering("v2")) as v2:
+        refreshed = cli("warm", "--queries", str(queries), "--config", str(config(tmp_path, v2, mode="refresh")), "-q", cwd=tmp_path)
+        assert refreshed.returncode == 0, refreshed.stdout + refreshed.stderr
+        assert f"queries    {2:>8} {2:>8} {0:>8} {0:>8}" in refreshed.stdout, refreshed.stdout
+        assert v2.count == 2
+    after = {r.key: r for r in records(tmp_path / "store")}
+    assert set(after) == set(before)
+    for key, record in after.items():
+        assert record.answer["response"] == "v2 answer"
+        assert record.replaced is not None and record.replaced["body"] == before[key].body

@@ -38,10 +38,11 @@ SWITCH_INTERVAL_S = 0.001
 
 
 def warm_settings(settings: Settings, concurrency: int) -> Settings:
-    """The settings for a warming layer: record mode, room for ``concurrency`` misses in flight."""
+    """The settings for a warming layer: record mode (``refresh`` kept: its records are asked again),
+    room for ``concurrency`` misses in flight."""
     limits = settings.limits.model_copy(update={"max_pending_misses": max(settings.limits.max_pending_misses, concurrency)})
     simulator = settings.simulator.model_copy(update={"max_concurrency": max(settings.simulator.max_concurrency, concurrency)})
-    updated = settings.model_copy(update={"mode": Mode.RECORD, "limits": limits, "simulator": simulator})
+    updated = settings.model_copy(update={"mode": Mode.REFRESH if settings.mode is Mode.REFRESH else Mode.RECORD, "limits": limits, "simulator": simulator})
     updated.base_dir = settings.base_dir
     return updated
 
