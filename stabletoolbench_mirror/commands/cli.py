@@ -363,6 +363,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     from stabletoolbench_mirror.commands.curation import register_cache
 
     register_cache(cache_sub)  # ls, show, delete, diff
+    from stabletoolbench_mirror.commands.report import register_report
+
+    register_report(sub)  # report SOURCE --html OUT.html
 
 
 def build_parser() -> argparse.ArgumentParser:

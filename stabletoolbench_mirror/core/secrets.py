@@ -22,6 +22,9 @@ Values shorter than :data:`MIN_LENGTH` characters are not searched for in text (
 
 from __future__ import annotations
 
+import base64
+import functools
+import re
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
@@ -41,7 +44,13 @@ SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-rapidapi-
 
 
 class Redactor:
-    """Replaces known secret values by :data:`MASK` (longest first, so a key that contains another goes whole)."""
+    """Replaces known secret values by :data:`MASK` (longest first, so a key that contains another goes whole).
+
+    A value is found as it is and also as an echo may encode it: JSON-escaped (any of its characters as
+    ``\\uXXXX``, ``/`` as ``\\/``, with any number of backslashes, so JSON inside JSON too),
+    percent-encoded (any of its characters as ``%XX``, either case), and base64 (standard or URL-safe,
+    at any of the three offsets it can take inside a longer base64 text, e.g. ``Basic`` credentials).
+    """
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: tuple[str, ...] = ()
@@ -50,6 +59,8 @@ class Redactor:
     def add(self, secrets: Iterable[str]) -> None:
         found = set(self._secrets) | {s for s in secrets if isinstance(s, str) and len(s) >= MIN_LENGTH}
         self._secrets = tuple(sorted(found, key=len, reverse=True))
+        self._encoded: re.Pattern[str] | None = None  # built when first needed (plus() makes one per request)
+        self._base64: tuple[str, ...] | None = None
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
@@ -65,6 +76,15 @@ class Redactor:
         for secret in self._secrets:
             if secret in value:
                 value = value.replace(secret, MASK)
+        if self._secrets and ("\\" in value or "%" in value):
+            if self._encoded is None:
+                self._encoded = _encoded_regex(self._secrets)
+            value = self._encoded.sub(MASK, value)
+        if self._base64 is None:
+            self._base64 = tuple(sorted({b for s in self._secrets for b in _base64_forms(s)}, key=len, reverse=True))
+        for form in self._base64:
+            if form in value:
+                value = value.replace(form, MASK)
         return value
 
     def data(self, value: Any) -> Any:
@@ -78,6 +98,51 @@ class Redactor:
         if isinstance(value, list):
             return [self.data(v) for v in value]
         return value
+
+
+#: the shortest base64 text searched for: a shorter one would mask unrelated base64
+_MIN_BASE64 = 8
+
+
+def _hex_class(digit: str) -> str:
+    return f"[{digit}{digit.upper()}]" if digit.isalpha() else digit
+
+
+def _char_pattern(char: str) -> str:
+    """``char`` as it is, JSON-escaped (any number of backslashes) or percent-encoded."""
+    alternatives = [re.escape(char)]
+    code = ord(char)
+    if code < 0x10000:
+        alternatives.append(r"\\+u" + "".join(_hex_class(d) for d in f"{code:04x}"))
+    if char == "/":
+        alternatives.append(r"\\+/")
+    alternatives.append("".join("%" + "".join(_hex_class(d) for d in f"{b:02x}") for b in char.encode("utf-8")))
+    return "(?:" + "|".join(alternatives) + ")"
+
+
+@functools.lru_cache(maxsize=256)
+def _encoded_pattern(secret: str) -> str:
+    return "".join(_char_pattern(c) for c in secret)
+
+
+def _encoded_regex(secrets: tuple[str, ...]) -> re.Pattern[str]:
+    # the lookahead lets the engine skip, at one character test each, what cannot start a match
+    starts = "".join(sorted({re.escape(s[0]) for s in secrets}))
+    return re.compile(f"(?=[{starts}\\\\%])(?:" + "|".join(_encoded_pattern(s) for s in secrets) + ")")
+
+
+@functools.lru_cache(maxsize=256)
+def _base64_forms(secret: str) -> frozenset[str]:
+    """The base64 text of ``secret`` that does not depend on its neighbours, at each offset mod 3."""
+    raw = secret.encode("utf-8")
+    forms = set()
+    for offset in range(3):
+        encoded = base64.b64encode(bytes(offset) + raw).decode("ascii")
+        # the characters made of the secret's bits only: from the first after the offset's bytes to the last whole one
+        core = encoded[-(-8 * offset // 6): 8 * (offset + len(raw)) // 6]
+        if len(core) >= _MIN_BASE64:
+            forms |= {core, core.replace("+", "-").replace("/", "_")}
+    return frozenset(forms)
 
 
 def secret_values(settings: "Settings") -> list[str]:

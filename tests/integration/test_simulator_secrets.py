@@ -3,12 +3,14 @@ echoes its Authorization header (and the prompt) into its answers.  Real HTTP, t
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import requests
 
@@ -98,3 +100,70 @@ def test_an_echoed_simulator_key_is_never_recorded_logged_exported_or_counted(tm
     for text in [stats, health, cache_stats.stdout, *(r.text for r in served), *(str(dict(r.headers)) for r in served)]:
         for key in KEYS:
             assert key not in text
+
+
+ESC_KEY = "sk-ESC/KEY-7b2d9e41c0"
+
+
+def encoded_echo(body: dict[str, Any], headers: dict[str, str]) -> Reply:
+    """An endpoint that echoes its key inside the inner JSON in every encoding an agent or a client decodes."""
+    key = headers.get("authorization", "").removeprefix("Bearer ")
+    escaped = "".join(f"\\u{ord(c):04x}" if i % 3 == 0 else c for i, c in enumerate(key))  # some characters \u-escaped
+    slashed = key.replace("/", "\\/")
+    inner = (
+        '{"auth": "' + escaped + '", "also": "' + slashed + '", "upper": "' + "".join(f"\\u{ord(c):04X}" for c in key) + '", '
+        '"url": "https://x/?k=' + quote(key, safe="") + '", "basic": "Basic ' + base64.b64encode(f"me:{key}".encode()).decode() + '", '
+        '"token": "' + base64.urlsafe_b64encode(key.encode()).decode() + '"}'
+    )
+    return Reply(content=json.dumps({"error": "", "response": inner}))
+
+
+def decoded_forms(text: str) -> list[str]:
+    """``text`` and every string in it as an agent may read it: JSON-decoded (as deep as it goes),
+    percent-decoded, base64-decoded."""
+    strings, todo = [], [text]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            todo += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            todo += item
+        elif isinstance(item, str):
+            strings.append(item)
+            try:
+                todo.append(json.loads(item))
+            except ValueError:
+                pass
+    out = []
+    for form in strings:
+        out += [form, unquote(form)]
+        for word in form.replace('"', " ").replace("=", " ").split():
+            for decode in (base64.b64decode, base64.urlsafe_b64decode):
+                try:
+                    out.append(decode(word + "==").decode("utf-8", "replace"))
+                except ValueError:
+                    pass
+    return out
+
+
+def test_an_echoed_key_json_escaped_percent_encoded_or_base64_is_in_no_record(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"STM_SIMULATOR__API_KEY": ESC_KEY}
+    with OpenAIStub(encoded_echo, with_headers=True) as stub:
+        config = {"store": {"path": str(work / "store")},
+                  "simulator": {"enabled": True, "api_base": stub.api_base, "max_retries": 0, "allow_without_docs": True}}
+        with ServeProcess(work, config, env=env) as server:
+            payload = {"category": "Data", "tool_name": "Echo", "api_name": "Echo", "tool_input": "{}"}
+            reply = requests.post(server.url + "/virtual", json=payload, timeout=30)
+            again = requests.post(server.url + "/virtual", json=payload, timeout=30)
+        assert stub.headers and stub.headers[0]["authorization"] == f"Bearer {ESC_KEY}"  # the endpoint had the key to echo
+    assert reply.headers["X-STM-Outcome"] == "recorded" and again.headers["X-STM-Outcome"] == "hit"
+    served = reply.json()["response"]
+    assert json.loads(served)["auth"] == "***" and json.loads(served)["url"] == "https://x/?k=***"  # what the agent's json.loads sees
+    exported = cli("cache", "export", str(work / "export"), "--store-path", str(work / "store"), "-q", cwd=work)
+    assert exported.returncode == 0, exported.stderr
+    texts = [reply.text, again.text, *(p.read_text() for p in (work / "export").rglob("*.json"))]
+    leaks = [form for text in texts for form in decoded_forms(text) if ESC_KEY in form or ESC_KEY.encode().hex() in form]
+    assert leaks == []
+    assert files_containing(work, (ESC_KEY, quote(ESC_KEY, safe=""))) == []

@@ -53,3 +53,23 @@ def test_log_lines_and_tracebacks_are_redacted() -> None:
     redact.filter(record)
     formatted = logging.Formatter().format(record)
     assert "sk-LOG-SECRET-1" not in formatted and "calling with ***" in formatted and "provided: ***" in formatted
+
+
+def test_a_secret_is_found_json_escaped_percent_encoded_and_in_base64() -> None:
+    import base64
+    from urllib.parse import quote
+
+    key = "sk-A/B+c9e77d1a2"
+    redactor = Redactor([key])
+    escaped = "".join(f"\\u{ord(c):04x}" if i % 2 else c for i, c in enumerate(key))
+    assert redactor.text(f"x {escaped} y") == "x *** y"
+    assert redactor.text(json.dumps(json.dumps({"k": escaped}))) == json.dumps(json.dumps({"k": MASK}))  # JSON in JSON: \\\\u
+    assert redactor.text(key.replace("/", "\\/")) == MASK
+    assert redactor.text("".join(f"\\u{ord(c):04X}" for c in key)) == MASK
+    assert redactor.text("?k=" + quote(key, safe="")) == "?k=***"
+    assert redactor.text("?k=" + quote(key, safe="").replace("%2F", "%2f")) == "?k=***"
+    for prefix in ("", "u", "us", "user:"):  # each offset of the key inside a longer base64 text
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            encoded = encode(f"{prefix}{key}!tail".encode()).decode()
+            assert MASK in redactor.text(encoded) and encoded not in redactor.text(encoded)
+    assert redactor.text("plain base64 aGVsbG8gd29ybGQ= and \\u0041 and %41") == "plain base64 aGVsbG8gd29ybGQ= and \\u0041 and %41"
