@@ -1,11 +1,12 @@
 """A small OpenAI-compatible chat-completions client for vLLM and friends.
 
-It speaks HTTP through :mod:`.http1` (one ``sendall`` per request, answers parsed by
-httptools): on the miss path urllib3, and ``requests`` over it before, cost several times the
-CPU of that.  One client serves every thread of the server: each endpoint has one thread-safe
-pool of kept-alive connections, a request goes to the next endpoint round robin or to the
-least busy one, and connection errors, HTTP 5xx and 429 are retried a bounded number of times
-with exponential backoff (a 429's ``Retry-After`` is honoured, capped).  A read timeout is not
+It speaks HTTP through a :class:`~stabletoolbench_mirror.responders.http_transport.Transport` per
+endpoint (httpcore's by default; ``transport_factory`` gives another, e.g. an in-memory one in
+tests).  One client serves every thread of the server: each endpoint has one thread-safe pool of
+kept-alive connections, a request goes to the next endpoint round robin or to the least busy one,
+and connection and send errors, broken answers, HTTP 5xx and 429 are retried a bounded number of
+times with exponential backoff (a 429's ``Retry-After`` is honoured, capped).  A read timeout (no
+complete answer within ``read_timeout_s`` of the request, however slowly it trickles) is not
 retried: the server took the request and may still be working on it.
 """
 
@@ -22,7 +23,7 @@ import urllib3
 
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.core.secrets import Redactor
-from stabletoolbench_mirror.responders.simulator import http1
+from stabletoolbench_mirror.responders import http_transport as transport
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class Completion:
 
 
 class _Endpoint:
-    def __init__(self, base: str, pool_size: int, headers: Mapping[str, str], timeouts: tuple[float, float]) -> None:
+    def __init__(self, base: str, factory: transport.TransportFactory, options: transport.TransportOptions) -> None:
         self.base = base.rstrip("/")
         parsed = urllib3.util.parse_url(self.base + "/chat/completions")
         if parsed.scheme not in ("http", "https") or not parsed.host:
@@ -76,9 +77,8 @@ class _Endpoint:
         self.name = _display(self.base)
         """The endpoint for logs, stats and errors: no query string."""
         self.in_flight = 0
-        # one pool per endpoint, shared by every thread
-        self.pool = http1.Pool(self.base, headers, maxsize=pool_size, connect_timeout_s=timeouts[0], read_timeout_s=timeouts[1],
-                               max_answer_bytes=MAX_RESPONSE_BYTES, user_agent=f"stabletoolbench-mirror/{__version__}")
+        # one transport (a pool of connections) per endpoint, shared by every thread
+        self.transport = factory(self.base, options)
 
 
 class ChatClient:
@@ -99,6 +99,7 @@ class ChatClient:
         backoff_s: float = 0.5,
         balance: Literal["round_robin", "least_busy"] = "least_busy",
         pool_size: int = 64,
+        transport_factory: transport.TransportFactory | None = None,
     ) -> None:
         bases = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not bases:
@@ -107,7 +108,11 @@ class ChatClient:
         self._redactor = Redactor([api_key] if api_key else [])
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._endpoints = [_Endpoint(b, pool_size, headers, (connect_timeout_s, read_timeout_s)) for b in bases]
+        options = transport.TransportOptions(headers=headers, pool_size=pool_size, connect_timeout_s=connect_timeout_s,
+                                             answer_timeout_s=read_timeout_s, max_answer_bytes=MAX_RESPONSE_BYTES,
+                                             user_agent=f"stabletoolbench-mirror/{__version__}")
+        factory = transport_factory or transport.HttpcoreTransport
+        self._endpoints = [_Endpoint(b, factory, options) for b in bases]
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens
@@ -189,15 +194,9 @@ class ChatClient:
 
     def _once(self, endpoint: _Endpoint, data: bytes, tries: int) -> Completion:
         try:
-            response = endpoint.pool.post(endpoint.path, data)
-        except http1.ReadTimedOut:
-            raise _error(f"no answer within {self.timeout[1]:g} s (read timeout)", endpoint, retryable=False) from None
-        except http1.ConnectFailed as exc:
-            if exc.timed_out:
-                raise _error(f"connection timed out after {self.timeout[0]:g} s", endpoint, retryable=True) from None
-            raise _error(f"connection failed: {_short(exc)}", endpoint, retryable=True) from None
-        except http1.BrokenAnswer as exc:
-            raise _error(f"broken answer: {_short(exc)}", endpoint, retryable=True) from None
+            response = endpoint.transport.post(endpoint.path, data)
+        except transport.TransportError as exc:
+            raise self._failed(exc, endpoint) from None
         raw = response.body
         status = response.status
         if status != 200:
@@ -227,9 +226,22 @@ class ChatClient:
             completion_tokens=_count(usage.get("completion_tokens")),
         )
 
+    def _failed(self, exc: transport.TransportError, endpoint: _Endpoint) -> ChatError:
+        """The chat error of a try that got no answer."""
+        if isinstance(exc, transport.AnswerTimedOut):
+            # the server took the request and may still be working on it: not sent again
+            return _error(f"no answer within {self.timeout[1]:g} s (read timeout)", endpoint, retryable=False)
+        if isinstance(exc, transport.ConnectFailed) and exc.timed_out:
+            return _error(f"connection timed out after {self.timeout[0]:g} s", endpoint, retryable=True)
+        if isinstance(exc, (transport.ConnectFailed, transport.SendFailed)):
+            # nothing of an answer came back (a send failure: the server does not have the request whole)
+            return _error(f"connection failed: {_short(exc)}", endpoint, retryable=True)
+        status = exc.status if isinstance(exc, transport.BrokenAnswer) else None
+        return _error(f"broken answer: {_short(exc)}", endpoint, retryable=True, status=status)
+
     def close(self) -> None:
         for endpoint in self._endpoints:
-            endpoint.pool.close()
+            endpoint.transport.close()
 
 
 def _count(value: Any) -> int | None:
