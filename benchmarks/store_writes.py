@@ -7,6 +7,10 @@ more again).  Until issue 24's fourth round the last two read every row of the t
 the ``expire_time`` index for the counters' lookup once it had five keys): 135 ms each at 165k
 entries, holding the store's write lock all that time.
 
+With each kind it also counts the SQL statements of one write (``statements_<kind>``: SQLite's
+trace, a run of one text counted once; a new record took 11 after issue 24's third round, the
+one-by-one path 17), the cost checks that used to be tests.
+
 The records are written into ``STORE`` (use a copy of a store you keep); prints the median
 milliseconds of each kind as one JSON line, or a table with ``--table``::
 
@@ -55,8 +59,22 @@ def _record(kind: str, tag: str, api: str) -> Record:
                           reason="store_writes", tried=("simulated:bench",))
 
 
+def statements(store: DiskcacheStore, record: Record) -> int:
+    """The SQL statements one ``add`` of ``record`` runs (diskcache's connection traced: a benchmark's look inside)."""
+    import itertools
+
+    seen: list[str] = []
+    con = store._cache._con  # noqa: SLF001 - the benchmark counts what the store sends SQLite
+    con.set_trace_callback(seen.append)
+    try:
+        store.add(record, "canonical")
+    finally:
+        con.set_trace_callback(None)
+    return len([text for text, _ in itertools.groupby(seen)])
+
+
 def measure(path: Path, n: int) -> dict[str, float]:
-    """Median milliseconds per ``add`` of each kind, ``n`` of each, interleaved."""
+    """Median milliseconds per ``add`` of each kind, ``n`` of each, interleaved; the statements of one more of each."""
     store = DiskcacheStore(path)
     try:
         known = next((r.api for r in store), "Bench/known_for_Bench/api")  # an API the store holds
@@ -69,7 +87,10 @@ def measure(path: Path, n: int) -> dict[str, float]:
                 times[kind].append((time.perf_counter() - started) * 1000)
                 if not added:
                     raise SystemExit(f"a {kind} record was not added: is {path} a store in use?")
-        return {kind: statistics.median(values) for kind, values in times.items()}
+        result = {kind: statistics.median(values) for kind, values in times.items()}
+        for kind in KINDS:
+            result[f"statements_{kind}"] = statements(store, _record(kind, uuid.uuid4().hex[:12], known))
+        return result
     finally:
         store.close()
 
@@ -86,7 +107,7 @@ def main() -> int:
     result = measure(args.store, args.n)
     if args.table:
         for kind in KINDS:
-            print(f"{kind:<10} median {result[kind]:.2f} ms")
+            print(f"{kind:<10} median {result[kind]:.2f} ms  {result[f'statements_{kind}']:.0f} statements")
     else:
         print(json.dumps(result))
     return 0

@@ -17,8 +17,8 @@ import diskcache
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import diskcache_layout as layout
-from stabletoolbench_mirror.stores import formats
-from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order, origin_key
+from stabletoolbench_mirror.stores import formats, rules
+from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
 from stabletoolbench_mirror.stores.filelock import ByteRangeLocks
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S
 from stabletoolbench_mirror.stores.recent_reads import UNKNOWN, ChangeWatch, RecentReads
@@ -63,26 +63,9 @@ def _count_key(*parts: str) -> str:
     return "\x00".join((_COUNT, *parts))
 
 
-def _count_provenance(counts: Counter[str], record: Record, sign: int = 1) -> None:
-    """What a record adds to the counters by source, origin and outcome (``sign`` -1: takes away)."""
-    counts[_count_key("source", record.source)] += sign
-    counts[_count_key("origin", origin_key(record))] += sign
-    if record.is_failure:
-        counts[_count_key("outcome", "failure")] += sign
-
-
-def _count_record(counts: Counter[str], record: Record, sign: int) -> None:
-    """:func:`_count_provenance`, and an answer that replaced a record (``delete``, ``replace``)."""
-    _count_provenance(counts, record, sign)
-    if record.replaced is not None:
-        counts[_count_key("outcome", "replaced")] += sign
-
-
-def _count_new(counts: Counter[str], record: Record) -> None:
-    """What a record written under a new key adds to the counters (the API's own count aside)."""
-    counts[_count_key("entries")] += 1
-    counts[_count_key("category", record.api.split("/", 1)[0])] += 1
-    _count_provenance(counts, record)
+def _counted_as(counts: rules.Counts) -> Counter[str]:
+    """The rules' counter changes under this store's counter keys (``s\x00<name>\x00<value>``)."""
+    return Counter({_count_key(*name): n for name, n in counts.items() if n})
 
 
 def _failure_shares_a_key(items: list[tuple[Record, str | None]], entry_keys: list[str], pointer_keys: list[str | None]) -> bool:
@@ -246,45 +229,37 @@ class DiskcacheStore(Store):
         self._remember_apis((record,))
         return added
 
-    def _add_in_transaction(self, record: Record, canonical: str | None, deltas: Counter[str] | None = None) -> bool:
-        """Add one record; count it in ``deltas`` when given (the caller applies them in the same transaction)."""
+    def _holding(self, record: Record, canonical: str | None) -> rules.Holding:
+        """What the store holds for ``record``'s key and canonical key (read inside the write transaction)."""
+        raw = self._cache.get(_entry_key(record.api, record.key))
+        found = None if canonical is None else self._cache.get(_canonical_key(record.api, canonical))
+        target = None if found is None else _text(found)
+        failing = rules.needs_target_record(record, canonical, target) and self._holds_failure(record.api, target or "")
+        return rules.Holding(None if raw is None else _record(raw), target, failing)
+
+    def _apply(self, record: Record, canonical: str | None, plan: rules.Plan, deltas: Counter[str]) -> None:
+        """Apply a plan of :mod:`.rules` (inside the caller's transaction); its counts go into ``deltas``."""
         cache = self._cache
-        entry = _entry_key(record.api, record.key)
-        raw = cache.get(entry)
-        # add-if-absent, except that a usable answer replaces a failure record
-        replaced = None if raw is None or record.is_failure else _record(raw)
-        if replaced is not None and not replaced.is_failure:
-            replaced = None
-        added = raw is None or replaced is not None
-        if added:
-            cache.set(entry, record.to_json())
-        if canonical is not None:
-            pointer = _canonical_key(record.api, canonical)
-            target = cache.get(pointer)
-            # a canonical key names the first record, unless that is a failure and this an answer
-            if target is None or (target != record.key and not record.is_failure and self._holds_failure(record.api, _text(target))):
-                cache.set(pointer, record.key)
-        if added:
-            counts = deltas if deltas is not None else Counter()
-            if replaced is not None:
-                _count_provenance(counts, replaced, -1)
-                counts[_count_key("outcome", "replaced")] += 1
-                _count_provenance(counts, record)
-            else:
-                _count_new(counts, record)
-            if record.api not in self._known_apis:
-                if cache.add(f"{_NAMESPACE}\x00{record.api}", 1):
-                    counts[_count_key("apis")] += 1
-            if deltas is None:
-                self._apply(counts)
-        return added
+        if plan.write:
+            cache.set(_entry_key(record.api, record.key), record.to_json())
+        if plan.point and canonical is not None:
+            cache.set(_canonical_key(record.api, canonical), record.key)
+        deltas.update(_counted_as(plan.counts))
+        if plan.write and record.api not in self._known_apis and cache.add(f"{_NAMESPACE}\x00{record.api}", 1):
+            deltas[_count_key("apis")] += 1
+
+    def _add_in_transaction(self, record: Record, canonical: str | None, deltas: Counter[str]) -> bool:
+        """Add one record by :func:`.rules.add`; its counts go into ``deltas`` (the caller applies them in the same transaction)."""
+        plan = rules.add(record, canonical, self._holding(record, canonical))
+        self._apply(record, canonical, plan, deltas)
+        return plan.write
 
     def _holds_failure(self, api: str, key: str) -> bool:
         """Whether ``key``'s entry is a failure record (or missing)."""
         raw = self._cache.get(_entry_key(api, key))
         return raw is None or _record(raw).is_failure
 
-    def _apply(self, deltas: Counter[str]) -> None:
+    def _count(self, deltas: Counter[str]) -> None:
         # as diskcache's incr of each, with one read of all the counters (see diskcache_layout.increment)
         layout.increment(self._cache, deltas)
 
@@ -321,8 +296,9 @@ class DiskcacheStore(Store):
             # a failure, or take its canonical key): one by one
             deltas: Counter[str] = Counter()
             added = [self._add_in_transaction(record, canonical, deltas) for record, canonical in items]
-            self._apply(deltas)
+            self._count(deltas)
             return added
+        # nothing of the batch is there yet: the rules decide for the batch as a whole, one insert writes it
         now = time.time()
         rows: list[layout.Row] = []
 
@@ -330,24 +306,22 @@ class DiskcacheStore(Store):
             present.add(key)
             rows.append(layout.row(self._cache, key, value, now))
 
-        added = []
+        plans = rules.batch_adds(items, [rules.Holding(None)] * len(items))
         deltas = Counter()
-        for (record, _canonical), entry, pointer in zip(items, entry_keys, pointer_keys):
-            is_new = entry not in present
-            if is_new:
+        for (record, _canonical), entry, pointer, plan in zip(items, entry_keys, pointer_keys, plans):
+            if plan.write:
                 row(entry, record.to_json())
-                _count_new(deltas, record)
                 api_key = f"{_NAMESPACE}\x00{record.api}"
                 if record.api not in self._known_apis and api_key not in present:
                     row(api_key, 1)
                     deltas[_count_key("apis")] += 1
-            if pointer is not None and pointer not in present:
+            if plan.point and pointer is not None:
                 row(pointer, record.key)
-            added.append(is_new)
+            deltas.update(_counted_as(plan.counts))
         if rows:
             layout.insert(self._cache, rows)
-        self._apply(deltas)
-        return added
+        self._count(deltas)
+        return [plan.write for plan in plans]
 
     def changes(self) -> int:
         """How many ``delete`` and ``replace`` calls changed the store, in any process (one read):
@@ -381,21 +355,18 @@ class DiskcacheStore(Store):
 
     def _delete_in_transaction(self, api: str, keys: list[str]) -> int:
         cache = self._cache
-        deltas: Counter[str] = Counter()
-        gone: set[str] = set()
+        removed: list[Record] = []
         for key in keys:
             entry = _entry_key(api, key)
             raw = cache.get(entry)
             if raw is None:
                 continue
-            record = _record(raw)
+            removed.append(_record(raw))
             cache.delete(entry)
-            gone.add(key)
-            deltas[_count_key("entries")] -= 1
-            deltas[_count_key("category", api.split("/", 1)[0])] -= 1
-            _count_record(deltas, record, -1)
-        if not gone:
+        if not removed:
             return 0
+        deltas = _counted_as(rules.delete(removed))
+        gone = {record.key for record in removed}
         low = _canonical_key(api, "")
         pointers = [k for k, v in layout.scan(cache, low, low[:-1] + "\x01", inclusive=True, page=_SCAN_PAGE) if v in gone]
         for pointer in pointers:
@@ -406,8 +377,8 @@ class DiskcacheStore(Store):
                 deltas[_count_key("apis")] -= 1
         cache.incr(_DELETES, 1)
         cache.incr(_CHANGES, 1)
-        self._apply(deltas)
-        return len(gone)
+        self._count(deltas)
+        return len(removed)
 
     def replace(self, record: Record, canonical: str | None) -> bool:
         self._writable()
@@ -422,23 +393,12 @@ class DiskcacheStore(Store):
         return True
 
     def _replace_in_transaction(self, record: Record, canonical: str | None) -> None:
-        cache = self._cache
-        raw = cache.get(_entry_key(record.api, record.key))
-        if raw is None:
-            self._add_in_transaction(record, canonical)
-            return
-        old = _record(raw)
-        cache.set(_entry_key(record.api, record.key), record.to_json())
+        held = self._holding(record, canonical)
         deltas: Counter[str] = Counter()
-        _count_record(deltas, old, -1)
-        _count_record(deltas, record, 1)
-        if canonical is not None:
-            pointer = _canonical_key(record.api, canonical)
-            target = cache.get(pointer)
-            if target is None or (target != record.key and self._holds_failure(record.api, _text(target))):
-                cache.set(pointer, record.key)
-        cache.incr(_CHANGES, 1)
-        self._apply(deltas)
+        self._apply(record, canonical, rules.replace(record, canonical, held), deltas)
+        if held.current is not None:
+            self._cache.incr(_CHANGES, 1)
+        self._count(deltas)
 
     def counts(self) -> StoreCounts | None:
         """The store's counters (no scan), or ``None`` when they were not kept since the store was empty."""

@@ -10,9 +10,10 @@ Layout under a key prefix ``P`` (so several caches can share one Redis database)
   into an empty store), so ``cache stats`` needs no scan;
 * ``P:lock:<sha256>``: the cross-host single-flight locks (strings with an expiry).
 
-A record is added by one Lua script (``HSETNX`` of the entry, of the canonical pointer
-and ``SADD`` of the api), which Redis runs atomically: the first writer of a key
-wins on every host, and nobody ever sees a pointer without its entry.
+A write reads what the store holds, asks :mod:`.rules` what to do, and sends the plan to one Lua
+script (:mod:`.redis_scripts`) that Redis runs atomically and that applies it only while what was
+read is unchanged (else the write reads and asks again): the first writer of a key wins on every
+host, and nobody ever sees a pointer without its entry.
 
 Every Redis problem (refused or lost connection, timeout, ``OOM``/``READONLY``/``MISCONF``
 answers) becomes a :class:`StoreError` quickly: sockets have short timeouts and a failed
@@ -43,168 +44,20 @@ from redis.retry import Retry
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.records import Record, Source
 from stabletoolbench_mirror.core.secrets import public_url
-from stabletoolbench_mirror.stores import formats
-from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order, origin_key
+from stabletoolbench_mirror.stores import formats, rules
+from stabletoolbench_mirror.stores import redis_scripts as scripts
+from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S, LeaseKeeper
 from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, channel, forget_message
 
 log = logging.getLogger(__name__)
 
-# KEYS: entries hash, canonical hash, apis set, counts hash;
-# ARGV: key, record JSON, api, canonical or "", source, category, origin or "", "1" for a failure record.
-# Add-if-absent, except that a usable answer replaces a failure record (its counts move to the answer),
-# and a canonical pointer naming a failure (or nothing) moves to a usable answer.
-_ADD_SCRIPT = """
-local function decode(raw)
-  if not raw then return nil end
-  local ok, data = pcall(cjson.decode, raw)
-  if ok and type(data) == 'table' then return data end
-  return nil
-end
-local function is_failure(raw)
-  if not raw then return true end
-  local data = decode(raw)
-  return data ~= nil and data['outcome'] == 'failure'
-end
-if redis.call('SCARD', KEYS[3]) == 0 then
-  redis.call('HSETNX', KEYS[4], 'counted', 1)
-end
-local failure = ARGV[8] == '1'
-local current = redis.call('HGET', KEYS[1], ARGV[1])
-local replaced = nil
-if current and (not failure) and is_failure(current) then
-  replaced = decode(current)
-end
-local added = 0
-if (not current) or replaced then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  added = 1
-end
-if ARGV[4] ~= '' then
-  local target = redis.call('HGET', KEYS[2], ARGV[4])
-  if (not target) or (target ~= ARGV[1] and (not failure) and is_failure(redis.call('HGET', KEYS[1], target))) then
-    redis.call('HSET', KEYS[2], ARGV[4], ARGV[1])
-  end
-end
-if added == 1 then
-  redis.call('SADD', KEYS[3], ARGV[3])
-  if replaced then
-    -- the failure's counts move to the answer (origin as origin_key() groups it)
-    local source = tostring(replaced['source'])
-    local origin = tostring(replaced['origin'] or '')
-    if source == 'imported' then origin = string.match(origin, '^[^/]*') end
-    redis.call('HINCRBY', KEYS[4], 'source:' .. source, -1)
-    redis.call('HINCRBY', KEYS[4], 'origin:' .. source .. ':' .. origin, -1)
-    redis.call('HINCRBY', KEYS[4], 'outcome:failure', -1)
-    redis.call('HINCRBY', KEYS[4], 'outcome:replaced', 1)
-  else
-    redis.call('HINCRBY', KEYS[4], 'entries', 1)
-    redis.call('HINCRBY', KEYS[4], 'category:' .. ARGV[6], 1)
-  end
-  redis.call('HINCRBY', KEYS[4], 'source:' .. ARGV[5], 1)
-  if ARGV[7] ~= '' then
-    redis.call('HINCRBY', KEYS[4], 'origin:' .. ARGV[7], 1)
-  end
-  if failure then
-    redis.call('HINCRBY', KEYS[4], 'outcome:failure', 1)
-  end
-end
-return added
-"""
+#: how many times a write reads, plans and applies while other writers change the same record meanwhile
+WRITE_TRIES = 16
 
-_DECODE_LUA = """
-local function decode(raw)
-  if not raw then return nil end
-  local ok, data = pcall(cjson.decode, raw)
-  if ok and type(data) == 'table' then return data end
-  return {}
-end
-local function is_failure(raw)
-  if not raw then return true end
-  local data = decode(raw)
-  return data['outcome'] == 'failure'
-end
--- a record's counts, as the add script keeps them (origin as origin_key() groups it), times sign
-local function count(data, sign)
-  local source = tostring(data['source'])
-  local origin = tostring(data['origin'] or '')
-  if source == 'imported' then origin = string.match(origin, '^[^/]*') end
-  redis.call('HINCRBY', KEYS[4], 'source:' .. source, sign)
-  redis.call('HINCRBY', KEYS[4], 'origin:' .. source .. ':' .. origin, sign)
-  if data['outcome'] == 'failure' then redis.call('HINCRBY', KEYS[4], 'outcome:failure', sign) end
-  if type(data['replaced']) == 'table' then redis.call('HINCRBY', KEYS[4], 'outcome:replaced', sign) end
-end
-"""
 
-# KEYS: entries hash, canonical hash, apis set, counts hash; ARGV: api, category, keys to delete...
-# The records go with their counts and the canonical pointers naming them; an API left empty leaves the set.
-_DELETE_SCRIPT = _DECODE_LUA + """
-local removed = {}
-local n = 0
-for i = 3, #ARGV do
-  local raw = redis.call('HGET', KEYS[1], ARGV[i])
-  if raw then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    removed[ARGV[i]] = true
-    n = n + 1
-    count(decode(raw), -1)
-    redis.call('HINCRBY', KEYS[4], 'entries', -1)
-    redis.call('HINCRBY', KEYS[4], 'category:' .. ARGV[2], -1)
-  end
-end
-if n > 0 then
-  local cursor = '0'
-  repeat
-    local page = redis.call('HSCAN', KEYS[2], cursor, 'COUNT', 1000)
-    cursor = page[1]
-    local items = page[2]
-    for j = 1, #items, 2 do
-      if removed[items[j + 1]] then redis.call('HDEL', KEYS[2], items[j]) end
-    end
-  until cursor == '0'
-  if redis.call('HLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[3], ARGV[1]) end
-end
-return n
-"""
-
-# KEYS: as the add script's; ARGV: key, record JSON, api, canonical or "", category.
-# The record is written over whatever the key holds; the counts move from that record to this one.
-_REPLACE_SCRIPT = _DECODE_LUA + """
-if redis.call('SCARD', KEYS[3]) == 0 then
-  redis.call('HSETNX', KEYS[4], 'counted', 1)
-end
-local current = redis.call('HGET', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('SADD', KEYS[3], ARGV[3])
-if current then
-  count(decode(current), -1)
-else
-  redis.call('HINCRBY', KEYS[4], 'entries', 1)
-  redis.call('HINCRBY', KEYS[4], 'category:' .. ARGV[5], 1)
-end
-count(decode(ARGV[2]), 1)
-if ARGV[4] ~= '' then
-  local target = redis.call('HGET', KEYS[2], ARGV[4])
-  if (not target) or (target ~= ARGV[1] and is_failure(redis.call('HGET', KEYS[1], target))) then
-    redis.call('HSET', KEYS[2], ARGV[4], ARGV[1])
-  end
-end
-return 1
-"""
-
-# a lock is renewed or deleted only by the holder of its token
-_RENEW_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
+def _optional_text(value: str | bytes | None) -> str | None:
+    return None if value is None else _text(value)
 
 
 def _text(value: str | bytes) -> str:
@@ -364,13 +217,12 @@ class RedisStore(Store):
             self._client = redis.Redis.from_url(url, **self._client_options(Retry))
         except (ValueError, RedisError) as exc:
             raise StoreError(f"invalid redis store URL {self.url}: {exc}") from exc
-        self._add = self._client.register_script(_ADD_SCRIPT)
-        self._renew = self._client.register_script(_RENEW_SCRIPT)
-        self._release = self._client.register_script(_RELEASE_SCRIPT)
+        self._apply = self._client.register_script(scripts.APPLY)
+        self._renew = self._client.register_script(scripts.RENEW)
+        self._release = self._client.register_script(scripts.RELEASE)
         self._apis_key = f"{prefix}:namespaces"  # the set of APIs (its name predates the word)
         self._counts = f"{prefix}:counts"
-        self._delete = self._client.register_script(_DELETE_SCRIPT)
-        self._replace = self._client.register_script(_REPLACE_SCRIPT)
+        self._delete = self._client.register_script(scripts.DELETE)
         self._memory = RecordMemory(memory_bytes, memory_max_age_s)
         # the memory serves only while this instance hears what other ones delete or replace
         self._memory.live = False
@@ -531,35 +383,86 @@ class RedisStore(Store):
                 key = self._stale_pointer((api, canonical), self._failed("read", exc))
         return self._pointed(api, canonical, None if key is None else await self.aget(api, key))
 
-    def _add_call(self, record: Record, canonical: str | None) -> dict[str, Any]:
-        ns = record.api
-        origin = origin_key(record)
-        return {
-            "keys": [self._entries(ns), self._canonicals(ns), self._apis_key, self._counts],
-            "args": [record.key, record.to_json(), ns, canonical or "", record.source, ns.split("/", 1)[0], origin,
-                     "1" if record.is_failure else "0"],
-        }
+    # -- writes: read, ask the rules (:mod:`.rules`), apply while what was read holds -------------
+
+    def _read_holding(self, record: Record, canonical: str | None) -> tuple[rules.Holding, list[str]]:
+        """What the store holds for ``record`` (as :mod:`.rules` takes it) and what :data:`~.redis_scripts.APPLY` checks."""
+        api = record.api
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hget(self._entries(api), record.key)
+        if canonical is not None:
+            pipe.hget(self._canonicals(api), canonical)
+        replies = pipe.execute()
+        raw = _optional_text(replies[0])
+        target = _optional_text(replies[1]) if canonical is not None else None
+        seen = [record.key, scripts.sha1(raw), canonical or "", target or "", "", ""]
+        failing = True
+        if target is not None and rules.needs_target_record(record, canonical, target):
+            target_raw = _optional_text(self._client.hget(self._entries(api), target))
+            failing = target_raw is None or self._decode(target_raw).is_failure
+            seen[4:] = [target, scripts.sha1(target_raw)]
+        return rules.Holding(None if raw is None else self._decode(raw), target, failing), seen
+
+    def _apply_args(self, record: Record, plan: rules.Plan, seen: list[str]) -> dict[str, Any]:
+        api = record.api
+        counts = [part for name, n in plan.counts.items() if n for part in (":".join(name), str(n))]
+        return {"keys": [self._entries(api), self._canonicals(api), self._apis_key, self._counts],
+                "args": [*seen, "1" if plan.write else "0", record.to_json() if plan.write else "", "1" if plan.point else "0",
+                         api, *counts]}
+
+    def _write(self, record: Record, canonical: str | None, decide: Any) -> rules.Plan:
+        """Read, plan with ``decide`` (:func:`.rules.add` or :func:`.rules.replace`), apply; again while others changed it."""
+        for _ in range(WRITE_TRIES):
+            held, seen = self._read_holding(record, canonical)
+            plan = decide(record, canonical, held)
+            if not plan.changes or int(self._apply(**self._apply_args(record, plan, seen))) != scripts.CHANGED:
+                return plan
+        raise StoreError(f"redis store at {self.url}: the record of {clip(record.api)} changed under {WRITE_TRIES} writes in a row")
 
     def add(self, record: Record, canonical: str | None) -> bool:
         self._writable()
         try:
-            added = self._add(**self._add_call(record, canonical))
+            return self._write(record, canonical, rules.add).write
         except RedisError as exc:
             raise self._failed("write", exc) from exc
-        return int(added) == 1
 
     def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
-        """Adds sent in one pipeline (one round trip per batch); each add is still its own atomic script."""
+        """Adds read in one pipeline and applied in another (two round trips per batch); an add whose
+        record changed in between (another writer, or an earlier item of the batch) is done alone."""
         items = list(items)
         if not items:
             return []
         self._writable()
         try:
-            self._client.script_load(_ADD_SCRIPT)
-            pipe = self._client.pipeline(transaction=False)
+            self._client.script_load(scripts.APPLY)
+            reads = self._client.pipeline(transaction=False)
             for record, canonical in items:
-                self._add(**self._add_call(record, canonical), client=pipe)
-            return [int(added) == 1 for added in pipe.execute()]
+                reads.hget(self._entries(record.api), record.key)
+                if canonical is not None:
+                    reads.hget(self._canonicals(record.api), canonical)
+            replies = iter(reads.execute())
+            plans: list[rules.Plan | None] = []
+            writes = self._client.pipeline(transaction=False)
+            for record, canonical in items:
+                raw = _optional_text(next(replies))
+                target = _optional_text(next(replies)) if canonical is not None else None
+                if rules.needs_target_record(record, canonical, target):
+                    plans.append(None)  # it depends on another key's record: done alone
+                    continue
+                held = rules.Holding(None if raw is None else self._decode(raw), target, True)
+                plan = rules.add(record, canonical, held)
+                plans.append(plan)
+                if plan.changes:
+                    seen = [record.key, scripts.sha1(raw), canonical or "", target or "", "", ""]
+                    self._apply(**self._apply_args(record, plan, seen), client=writes)
+            applied = iter(writes.execute())
+            added = []
+            for planned, (record, canonical) in zip(plans, items):
+                if planned is not None and (not planned.changes or int(next(applied)) != scripts.CHANGED):
+                    added.append(planned.write)
+                else:
+                    added.append(self._write(record, canonical, rules.add).write)
+            return added
         except RedisError as exc:
             raise self._failed("write", exc) from exc
 
@@ -570,8 +473,7 @@ class RedisStore(Store):
         removed = 0
         try:
             for i in range(0, len(keys), 1000):
-                call_keys = [self._entries(api), self._canonicals(api), self._apis_key, self._counts]
-                removed += int(self._delete(keys=call_keys, args=[api, api.split("/", 1)[0], *keys[i : i + 1000]]))
+                removed += self._delete_some(api, keys[i : i + 1000])
         except RedisError as exc:
             raise self._failed("delete", exc) from exc
         finally:
@@ -579,16 +481,28 @@ class RedisStore(Store):
                 self._invalidate(EVERYTHING)
         return removed
 
+    def _delete_some(self, api: str, keys: list[str]) -> int:
+        for _ in range(WRITE_TRIES):
+            raws = self._client.hmget(self._entries(api), keys)
+            there = [(key, _text(raw)) for key, raw in zip(keys, raws) if raw is not None]
+            if not there:
+                return 0
+            counts = rules.delete(self._decode(raw) for _key, raw in there)
+            args = [api, str(len(there)), *[key for key, _ in there], *[scripts.sha1(raw) for _, raw in there],
+                    *[part for name, n in counts.items() if n for part in (":".join(name), str(n))]]
+            done = int(self._delete(keys=[self._entries(api), self._canonicals(api), self._apis_key, self._counts], args=args))
+            if done != scripts.CHANGED:
+                return done
+        raise StoreError(f"redis store at {self.url}: records of {clip(api)} changed under {WRITE_TRIES} deletes in a row")
+
     def replace(self, record: Record, canonical: str | None) -> bool:
         self._writable()
-        api = record.api
         try:
-            self._replace(keys=[self._entries(api), self._canonicals(api), self._apis_key, self._counts],
-                          args=[record.key, record.to_json(), api, canonical or "", api.split("/", 1)[0]])
+            self._write(record, canonical, rules.replace)
         except RedisError as exc:
             raise self._failed("write", exc) from exc
         finally:
-            self._invalidate(forget_message(api, record.key))
+            self._invalidate(forget_message(record.api, record.key))
         return True
 
     def _invalidate(self, message: str) -> None:
