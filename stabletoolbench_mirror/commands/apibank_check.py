@@ -258,9 +258,9 @@ def cmd_apibank_check(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     report = ApiBankReport()
     try:
-        from tqdm import tqdm
+        from stabletoolbench_mirror.core.progress import progress_bar
 
-        for path in tqdm(files, desc="API-Bank dialogues", unit="dialogue", disable=args.quiet or args.json == "-", file=sys.stderr):
+        for path in progress_bar(files, desc="API-Bank dialogues", unit="dialogue", disable=args.quiet or args.json == "-", file=sys.stderr):
             replay_dialogue(target, suite, path, report)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -273,4 +273,6 @@ def cmd_apibank_check(args: argparse.Namespace, settings: Settings) -> int:
         print("\n".join(report.lines()))
         if args.json:
             Path(args.json).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return 0
+    totals = report.totals()
+    # the exit-code table (docs/json-output.md): 1 when the check found calls scored wrong (--report-only: 0)
+    return 0 if args.report_only or (totals.correct == totals.total and not report.problems) else 1

@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any, Iterator
 
-from tqdm import tqdm
-
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import ConfigError, Settings
+from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.stores import Store, StoreError
 from stabletoolbench_mirror.upstream.archives import ArchiveError, is_archive, local_tree
@@ -46,7 +45,7 @@ def _store_groups(store: Store) -> Iterator[Group]:
 
 def _tree_groups(root: str, progress: bool, desc: str) -> Iterator[Group]:
     files = sorted(iter_cache_files(root, allow_symlinks=False))
-    for api, items in groupby(tqdm(files, desc=desc, unit="file", disable=not progress), key=lambda f: f[0]):
+    for api, items in groupby(progress_bar(files, desc=desc, unit="file", disable=not progress), key=lambda f: f[0]):
         entries: dict[str, str] = {}
         for _api, path in items:
             try:

@@ -20,10 +20,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generator, Iterator
 
-from tqdm import tqdm
-
 from stabletoolbench_mirror.commands.interrupts import CtrlC
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.core.records import FAILURE, Record
 from stabletoolbench_mirror.stores import Store
 from stabletoolbench_mirror.upstream.failures import TREE_FAILURE_REASON, is_tree_failure, tree_failure_entries
@@ -341,7 +340,7 @@ def import_tree(
 
     ctrl_c = CtrlC("stopping: the records read so far are written (Ctrl-C again to quit now)")
     reading = _read_in_order(tasks, origin_root, tree_failure_entries(root), min(jobs, len(tasks)))
-    with ctrl_c, closing(reading), tqdm(total=len(files), desc="import", unit="file", disable=not progress) as bar:
+    with ctrl_c, closing(reading), progress_bar(total=len(files), desc="import", unit="file", disable=not progress) as bar:
         for reads in reading:
             for read in reads:
                 bar.update(1)
@@ -417,7 +416,7 @@ def iter_export(
     Failure records are written like any entry (their served body), unless ``exclude_failures``.
     """
     counts = store.counts()
-    with tqdm(total=counts.entries if counts else None, desc=desc, unit="entry", disable=not progress) as bar:
+    with progress_bar(total=counts.entries if counts else None, desc=desc, unit="entry", disable=not progress) as bar:
         for api, group in store.iter_groups():
             if exclude_failures:
                 bar.update(sum(1 for r in group if r.is_failure))

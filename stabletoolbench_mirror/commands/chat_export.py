@@ -89,7 +89,7 @@ def export_chat_jsonl(
     categories: Iterable[str] | None = None,
     progress: bool = True,
 ) -> ChatExportSummary:
-    from tqdm import tqdm
+    from stabletoolbench_mirror.core.progress import progress_bar
 
     from stabletoolbench_mirror.core.record_calls import call_of_record
     from stabletoolbench_mirror.responders.simulator import system_prompt_for
@@ -102,13 +102,13 @@ def export_chat_jsonl(
     docs = tool_docs_for(settings)
     summary = ChatExportSummary()
     wanted = set(categories) if categories else None
-    records = unique_records(tqdm(store, desc="read store", unit="entry", disable=not progress), summary, source=source, categories=wanted)
+    records = unique_records(progress_bar(store, desc="read store", unit="entry", disable=not progress), summary, source=source, categories=wanted)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent))
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            for record in tqdm(records, desc="export", unit="record", disable=not progress):
+            for record in progress_bar(records, desc="export", unit="record", disable=not progress):
                 call = call_of_record(record, docs)
                 if call is None:
                     summary.unusable += 1

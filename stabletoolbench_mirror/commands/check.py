@@ -301,11 +301,11 @@ def run_check(
     Expectations are read as they are sent and results taken in input order, so memory stays
     flat for any number of calls and the report does not depend on the concurrency.
     """
-    from tqdm import tqdm
+    from stabletoolbench_mirror.core.progress import progress_bar
 
     report = report or CheckReport()
     started = time.perf_counter()
-    with tqdm(total=total, desc="check", unit="call", disable=not progress) as bar:
+    with progress_bar(total=total, desc="check", unit="call", disable=not progress) as bar:
         if concurrency <= 1:
             for expectation in expectations:
                 _judge(report, expectation, target.send(expectation.payload), max_observation_length)

@@ -388,13 +388,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tune_malloc()  # bulk commands and servers alike: freed file texts go back to the system
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader gone by now is a closed pipe too (below), not an error at exit
+        return code
+    except BrokenPipeError:
+        return closed_pipe()
     except ConfigError as exc:
         print(f"configuration error:\n{exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def closed_pipe() -> int:
+    """The reader of stdout went away (``cache ls | head -1``): end quietly with exit status 0.
+
+    What was still buffered goes to ``os.devnull``, so the flush at exit finds no closed pipe either
+    (Python's own advice for SIGPIPE, https://docs.python.org/3/library/signal.html#note-on-sigpipe).
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file descriptor (a test's capture): nothing to point away
+        pass
+    finally:
+        os.close(devnull)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

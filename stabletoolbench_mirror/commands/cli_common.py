@@ -19,6 +19,17 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store-path", help="override 'store.path' (diskcache folder)")
 
 
+def print_json(data: Any) -> None:
+    """A command's ``--json`` report on stdout: one JSON document (schemas: docs/json-output.md)."""
+    import json
+
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object (see docs/json-output.md)")
+
+
 def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
     """The settings of ``--config``, with ``--mode``, ``--store-path`` and ``extra`` (when not ``None``) on top."""
     overrides: dict[str, Any] = {"mode": getattr(args, "mode", None)}

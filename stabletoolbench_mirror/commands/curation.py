@@ -18,7 +18,9 @@ from itertools import groupby
 from typing import Any, Iterator
 
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.core.keys import record_key
 from stabletoolbench_mirror.core.naming import resolve_names
+from stabletoolbench_mirror.core.protocol import ToolInputParseError, parse_tool_input
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import Store, StoreError
 from stabletoolbench_mirror.stores.base import origin_key
@@ -98,6 +100,10 @@ def record_line(record: Record) -> str:
     return "\t".join(f.replace("\t", " ").replace("\n", " ") for f in fields)
 
 
+#: the header line of ``cache ls`` (not in ``--json`` output)
+LS_HEADER = "\t".join(("api", "key", "source", "origin", "outcome", "created_at", "size"))
+
+
 def record_summary(record: Record) -> dict[str, Any]:
     return {"api": record.api, "key": record.key, "source": record.source, "origin": record.origin, "outcome": record.outcome,
             "created_at": _when(record.created_at), "size": len(record.body.encode("utf-8", "surrogatepass"))}
@@ -114,6 +120,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     try:
         with _open(args, read_only=True) as store:
             n = 0
+            if not args.json:
+                print(LS_HEADER)
             for record in chosen.select(store):
                 n += 1
                 print(json.dumps(record_summary(record), ensure_ascii=False) if args.json else record_line(record))
@@ -125,16 +133,37 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def show_keys(text: str) -> list[str]:
+    """The keys ``cache show KEY`` tries: ``KEY`` as ``cache ls`` prints it, then the record key of
+    ``KEY`` read as the call's JSON ``tool_input`` (``{"is_id": 7110004}`` -> ``{'is_id': 7110004}``)."""
+    keys = [text]
+    try:
+        parsed = parse_tool_input(text)
+    except ToolInputParseError:
+        return keys
+    converted = record_key(parsed)
+    return keys if converted == text else [*keys, converted]
+
+
+def shown_record(record: Record) -> dict[str, Any]:
+    """One record as ``cache show`` prints it: its JSON form, the answer decoded, times as ``cache ls`` prints them."""
+    data = json.loads(record.to_json())
+    data["answer"] = record.answer
+    data["created_at"] = _when(record.created_at)
+    if isinstance(data.get("replaced"), dict) and isinstance(data["replaced"].get("created_at"), (int, float)):
+        data["replaced"]["created_at"] = _when(data["replaced"]["created_at"])
+    return data
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     try:
         with _open(args, read_only=True) as store:
             for api in sorted(api_names(args.api)):
-                record = store.get(api, args.key)
-                if record is not None:
-                    data = json.loads(record.to_json())
-                    data["answer"] = record.answer
-                    print(json.dumps(data, indent=2, ensure_ascii=False))
-                    return 0
+                for key in show_keys(args.key):
+                    record = store.get(api, key)
+                    if record is not None:
+                        print(json.dumps(shown_record(record), indent=2, ensure_ascii=False))
+                        return 0
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -191,7 +220,7 @@ def register_cache(cache_sub: argparse._SubParsersAction) -> None:
     ls.set_defaults(func=cmd_ls)
     show = cache_sub.add_parser("show", help="one record and its provenance as JSON")
     show.add_argument("api", metavar="API", help="Category/tool_for_Category/api, or raw category/tool/api")
-    show.add_argument("key", metavar="KEY", help="the record's key, as cache ls prints it")
+    show.add_argument("key", metavar="KEY", help="the record's key as cache ls prints it, or the call's JSON tool_input")
     show.set_defaults(func=cmd_show)
     delete = cache_sub.add_parser("delete", help="remove records (prints what it would remove; removes only with --yes)")
     _add_filters(delete)

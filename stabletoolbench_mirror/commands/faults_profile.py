@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from stabletoolbench_mirror.commands.cli_common import add_json_argument, print_json
 from stabletoolbench_mirror.core.fault_kinds import KIND_OF_ERROR, KINDS
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, iter_cache_spans, read_cache_text
 from stabletoolbench_mirror.upstream.trees import frozen_cache_problem
@@ -56,6 +57,14 @@ class Profile:
         kinds = {kind: round(self.kinds[kind] / self.faulted, DIGITS) for kind in KINDS if self.kinds[kind]}
         return {"seed": seed, "rate": rate, "kinds": {k: v or 10.0**-DIGITS for k, v in kinds.items()}}
 
+    def as_json(self, tree: str, seed: int = 0) -> dict[str, Any]:
+        """``faults profile --json``: what was counted, and the ``faults:`` settings it gives."""
+        return {
+            "tree": tree, "files": self.files, "answers": self.answers, "faulted": self.faulted,
+            "kinds": {kind: self.kinds[kind] for kind in KINDS if self.kinds[kind]},
+            "other_errors": sum(self.other_errors.values()), "unreadable": list(self.unreadable), "faults": self.config(seed),
+        }
+
     def render(self, tree: str, seed: int = 0) -> str:
         """The YAML block, with comments saying what was counted."""
         cfg = self.config(seed)
@@ -93,11 +102,11 @@ def kind_of_answer(answer: Any) -> str | None:
 
 def profile_tree(root: str, *, progress: bool = False, allow_symlinks: bool = False) -> Profile:
     """Count the answers of the tree at ``root`` by fault kind (each file parsed once, one at a time)."""
-    from tqdm import tqdm
+    from stabletoolbench_mirror.core.progress import progress_bar
 
     profile = Profile()
     files = list(iter_cache_files(root, allow_symlinks=allow_symlinks))
-    for _api, path in tqdm(files, desc="faults profile", unit="file", disable=not progress):
+    for _api, path in progress_bar(files, desc="faults profile", unit="file", disable=not progress):
         try:
             spans = list(iter_cache_spans(read_cache_text(path), path, bodies=False))
         except (OSError, ValueError, RecursionError, MemoryError):
@@ -117,6 +126,9 @@ def cmd_faults_profile(args: argparse.Namespace) -> int:
     profile = profile_tree(args.tree, progress=not args.quiet, allow_symlinks=args.allow_symlinks)
     for path in profile.unreadable[:20]:
         print(f"skipped (cannot be read): {path}", file=sys.stderr)
+    if args.json:
+        print_json(profile.as_json(args.tree, args.seed))
+        return 0
     print(profile.render(args.tree, args.seed))
     return 0
 
@@ -134,4 +146,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     profile.add_argument("--seed", type=int, default=0, help="the seed written in the block (default 0)")
     profile.add_argument("--allow-symlinks", action="store_true", help="follow symbolic links that lead out of the tree")
     profile.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_json_argument(profile)
     profile.set_defaults(func=cmd_faults_profile)

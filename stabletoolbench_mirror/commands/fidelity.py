@@ -333,12 +333,16 @@ def aggregate(pairs: Sequence[Pair]) -> dict[str, Any]:
 class FidelityReport:
     pairs: list[Pair] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    scored: dict[str, Any] = field(default_factory=dict)
+    """What was scored (the candidate, its model and prompt, the references and their hash, the date):
+    see ``fidelity_cli.what_was_scored``."""
 
     def to_json(self) -> dict[str, Any]:
         by_category: dict[str, list[Pair]] = defaultdict(list)
         for pair in self.pairs:
             by_category[pair.category].append(pair)
         return {
+            "scored": dict(self.scored),
             "aggregate": aggregate(self.pairs),
             "by_category": {c: aggregate(ps) for c, ps in sorted(by_category.items())},
             "calls": [p.to_json() for p in self.pairs],
@@ -381,7 +385,7 @@ def score_pairs(
     """Fill each pair's candidate (when ``candidate`` is given) and scores; returns the pairs in order."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tqdm import tqdm
+    from stabletoolbench_mirror.core.progress import progress_bar
 
     scorer = scorer or Scorer()
 
@@ -394,7 +398,7 @@ def score_pairs(
         pair.scores["judge"] = judge.score(pair.api, pair.key, ref_text, cand_text) if judge is not None else None
         return pair
 
-    bar = tqdm(total=len(pairs), desc="fidelity", unit="call", disable=not progress)
+    bar = progress_bar(total=len(pairs), desc="fidelity", unit="call", disable=not progress)
     try:
         if concurrency <= 1:
             for pair in pairs:
@@ -456,6 +460,8 @@ def render_html(data: dict[str, Any], title: str) -> str:
             f"<td>{esc(response_text(c['reference'])[:300])}</td><td>{esc(response_text(c['candidate'])[:300])}</td></tr>"
         )
     calls.append("</table>")
+    scored = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))}</td></tr>"
+                     for k, v in data.get("scored", {}).items())
     style = (
         "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
         "td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}"
@@ -463,7 +469,7 @@ def render_html(data: dict[str, Any], title: str) -> str:
     )
     return (
         f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{esc(title)}</title><style>{style}</style></head><body>"
-        f"<h1>{esc(title)}</h1><h2>Means</h2>{''.join(table)}<h2>Distributions</h2>{''.join(charts)}"
+        f"<h1>{esc(title)}</h1><h2>What was scored</h2><table>{scored}</table><h2>Means</h2>{''.join(table)}<h2>Distributions</h2>{''.join(charts)}"
         f"<h2>Lowest BLEU (up to 50 calls)</h2>{''.join(calls)}</body></html>\n"
     )
 

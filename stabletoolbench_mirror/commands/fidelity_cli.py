@@ -8,6 +8,7 @@ import os
 import sys
 from collections import Counter
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
@@ -87,13 +88,13 @@ def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: A
     With ``docs``, a call gets its tool and API names as the docs spell them (as a client sends them).
     ``seen`` counts the entries read by source, real failure records as ``real failure records``.
     """
-    from tqdm import tqdm
+    from stabletoolbench_mirror.core.progress import progress_bar
 
     from stabletoolbench_mirror.core.record_calls import call_of_record
 
     seen = seen if seen is not None else Counter()
     pairs = []
-    for record in tqdm(store, desc="read store", unit="entry", disable=not progress):
+    for record in progress_bar(store, desc="read store", unit="entry", disable=not progress):
         seen["real failure records" if record.source == "real" and record.is_failure else record.source] += 1
         if record.source != "real" or record.is_failure:
             continue  # a failure record holds what was served when no usable answer came: no reference
@@ -199,7 +200,56 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         report.pairs = score_pairs(
             pairs, candidate=candidate, embeddings=embeddings, judge=judge, concurrency=args.concurrency, progress=progress
         )
+        report.scored = what_was_scored(args, settings, report.pairs, store)
     return _write_reports(args, report)
+
+
+def what_was_scored(args: argparse.Namespace, settings: Any, pairs: list[Pair], store: Any) -> dict[str, Any]:
+    """The report's ``scored`` block: the candidate (simulator style, model, endpoints, system prompt's sha256,
+    or the recorded candidates), the references (where from, the sha256 of every scored reference answer,
+    the store, each frozen snapshot's content hash) and the date (UTC)."""
+    import hashlib
+    import time
+
+    from stabletoolbench_mirror.core.secrets import public_url
+    from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
+
+    sim = settings.simulator
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if args.candidate_calls:
+        out["candidate"] = "recorded calls: " + ", ".join(args.candidate_calls)
+    elif args.shadow:
+        out["candidate"] = "the shadow store (shadow simulations)"
+    else:
+        out["candidate"] = "simulator"
+        out.update({"simulator": sim.style, "model": sim.model, "endpoints": [public_url(e) for e in sim.endpoints]})
+    if not args.candidate_calls:
+        from stabletoolbench_mirror.config import ConfigError
+        from stabletoolbench_mirror.responders.simulator import system_prompt_for
+
+        try:
+            out["prompt_sha256"] = system_prompt_for(settings).sha256
+        except ConfigError:
+            out["prompt_sha256"] = None
+    out["references"] = [*(f"calls: {p}" for p in args.calls or []), *(f"answers: {p}" for p in args.answers or []),
+                         *(["the store's real answers"] if args.from_store else [])]
+    digest = hashlib.sha256()
+    for pair in sorted(pairs, key=lambda p: (p.api, p.key)):
+        digest.update(json.dumps([pair.api, pair.key, pair.reference], sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    out["references_sha256"] = digest.hexdigest()
+    if store is not None:
+        out["store"] = f"{settings.store.kind} at " + (settings.resolve(settings.store.path) if settings.store.kind == "diskcache"
+                                                       else public_url(settings.store.url or ""))
+    snapshots = {}
+    for tree in settings.frozen_caches:
+        try:
+            manifest = json.loads((Path(settings.resolve(tree)) / MANIFEST_NAME).read_text(encoding="utf-8"))
+            snapshots[tree] = manifest.get("content_hash")
+        except (OSError, ValueError, AttributeError):
+            continue
+    if snapshots:
+        out["snapshots"] = snapshots
+    return out
 
 
 def _check_arguments(args: argparse.Namespace) -> int | None:

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from tqdm import tqdm
-
 from stabletoolbench_mirror.core import keys
+from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import Store
 
 
 def planted_records(store: Store, *, progress: bool = False) -> Iterator[Record]:
     """Every record of ``store`` a string input wrote under another kind's key (one scan, a read per candidate)."""
-    for record in tqdm(store, total=len(store), desc="keys", unit="record", disable=not progress):
+    for record in progress_bar(store, total=len(store), desc="keys", unit="record", disable=not progress):
         if not _could_be_planted(record.key):
             continue
         found = store.get_canonical(record.api, keys.canonical_key(record.key))

@@ -109,6 +109,8 @@ def probe_simulator(api_base: str, model: str, api_key: str | None, timeout_s: f
         detail = "refused: check simulator.api_key"
     elif models is not None:
         detail = f"serves '{model}'" if model in models else f"does not list '{model}'"
+    else:
+        detail = "no models list"
     return Probe(public_url(api_base), True, result.status, detail, models)
 
 
@@ -116,13 +118,16 @@ def _probe_timeout(configured: float) -> float:
     return max(0.2, min(configured, 3.0))
 
 
-def check_endpoints(settings: Settings, report: Report, *, probe_endpoints: bool = True) -> dict[str, Probe]:
-    """Probe the relay and the simulator endpoints (all at once); warnings for those that do not answer."""
+def check_endpoints(settings: Settings, report: Report, *, probe_endpoints: bool = True, doctor: bool = False) -> dict[str, Probe]:
+    """Probe the relay and the simulator endpoints (all at once); warnings for those that do not answer.
+
+    ``doctor``: a simulator endpoint that answers without a models list (HTTP 404: a wrong path) is an error.
+    """
     jobs = _probe_jobs(settings, report, probe_endpoints)
     results = _run_probes(jobs)
     _report_real(settings, report, results)
     if settings.simulator.enabled:
-        _report_simulator(settings, report, results)
+        _report_simulator(settings, report, results, doctor=doctor)
     else:
         report.add("simulator", "off")
     return results
@@ -174,7 +179,7 @@ def _report_real(settings: Settings, report: Report, results: dict[str, Probe]) 
         report.warning("real.rapidapi_base_url", f"{found.url} does not answer ({found.detail}): real calls will fail")
 
 
-def _report_simulator(settings: Settings, report: Report, results: dict[str, Probe]) -> None:
+def _report_simulator(settings: Settings, report: Report, results: dict[str, Probe], *, doctor: bool = False) -> None:
     """The simulator's lines (style, prompt, each endpoint) and a warning for each endpoint that is not usable."""
     sim = settings.simulator
     report.add("simulator", f"{sim.style}, model '{sim.model}'")
@@ -186,12 +191,20 @@ def _report_simulator(settings: Settings, report: Report, results: dict[str, Pro
         label = f"simulator endpoint {i}" if len(sim.endpoints) > 1 else "simulator endpoint"
         report.add(label, found.describe() if found else f"{public_url(endpoint)} (not checked)")
         if found is not None:
-            _warn_endpoint(sim.model, found, report)
+            _warn_endpoint(sim.model, found, report, doctor=doctor)
 
 
-def _warn_endpoint(model: str, found: Probe, report: Report) -> None:
-    """A warning when a simulator endpoint does not answer, refuses the key, or does not serve ``model``."""
-    if not found.answered:
+def _warn_endpoint(model: str, found: Probe, report: Report, *, doctor: bool = False) -> None:
+    """A warning when a simulator endpoint does not answer, refuses the key, or does not serve ``model``;
+    one that answers something else than a models list is an error in ``doctor`` (a warning at start)."""
+    if found.answered and found.status not in (401, 403) and found.models is None:
+        (report.error if doctor else report.warning)(
+            "simulator.api_base",
+            f"{found.url} answered HTTP {found.status} without a models list at {found.url.rstrip('/')}/models: it is not "
+            "an OpenAI-compatible endpoint at that path; api_base is the URL before /chat/completions "
+            "(vLLM: http://HOST:PORT/v1)",
+        )
+    elif not found.answered:
         report.warning("simulator.api_base", f"{found.url} does not answer ({found.detail}): simulated calls will fail until it does")
     elif found.status in (401, 403):
         report.warning("simulator.api_key", f"{found.url} refused the request (HTTP {found.status}): check simulator.api_key (STM_SIMULATOR__API_KEY)")

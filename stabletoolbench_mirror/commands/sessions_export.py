@@ -7,9 +7,8 @@ import os
 import sys
 from typing import Any
 
-from tqdm import tqdm
-
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.engine.sessions import public_view
 from stabletoolbench_mirror.factory import build_session_store
 from stabletoolbench_mirror.stores.sessions import SessionStore
@@ -24,7 +23,7 @@ def export_sessions(store: SessionStore, out_path: str, *, progress: bool = True
     written = 0
     try:
         with open(tmp, "w", encoding="utf-8") as out:
-            for doc in tqdm(store, total=len(store), desc="sessions", unit="session", disable=not progress):
+            for doc in progress_bar(store, total=len(store), desc="sessions", unit="session", disable=not progress):
                 out.write(json.dumps(public_view(doc), ensure_ascii=False) + "\n")
                 written += 1
         os.replace(tmp, out_path)

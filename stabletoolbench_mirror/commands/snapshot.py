@@ -25,17 +25,16 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import groupby
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from tqdm import tqdm
-
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.commands.cache_tools import ExportSummary, Tally, count, iter_export
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.config import Settings
+from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.core.secrets import public_settings
 from stabletoolbench_mirror.factory import build_store
 from stabletoolbench_mirror.stores import Store
@@ -177,7 +176,7 @@ def tree_entries(
 
     Files that cannot be read are reported in ``problems`` and skipped.  ``paths`` gets each API's file.
     """
-    for api, path in tqdm(sorted(iter_cache_files(root)), desc="verify", unit="file", disable=not progress):
+    for api, path in progress_bar(sorted(iter_cache_files(root)), desc="verify", unit="file", disable=not progress):
         if paths is not None:
             paths[api] = path
         try:
@@ -332,6 +331,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
                 print(f"FAILED: {exc}", file=sys.stderr)
                 return 1
         result = verify_snapshot(out, allow_left_out=args.skip_unsafe, progress=not args.quiet)
+        if args.json:
+            print_json({"snapshot": args.out, **asdict(result), "elapsed_s": round(time.perf_counter() - started, 3)})
+            return 0 if result.ok else 1
         print("\n".join(result.lines()))
         print(f"time: {_throughput(result.entries, time.perf_counter() - started)}")
         return 0 if result.ok else 1
@@ -342,6 +344,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     except SnapshotError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    incomplete = bool(manifest["left_out"]) and not args.skip_unsafe
+    if args.json:
+        print_json({"snapshot": args.out, "ok": not incomplete, "elapsed_s": round(time.perf_counter() - started, 3),
+                    **{k: manifest[k] for k in SUMMARY_KEYS}})
+        return 1 if incomplete else 0
     print(f"snapshot:      {args.out}")
     print(f"entries:       {manifest['entries']} in {manifest['files']} files")
     print("by source:     " + ", ".join(f"{k} {v}" for k, v in manifest["by_source"].items()))
@@ -360,6 +367,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             print("the snapshot is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
             return 1
     return 0
+
+
+#: the manifest's keys ``snapshot --json`` prints (docs/json-output.md)
+SUMMARY_KEYS = ("entries", "files", "by_source", "failures", "excluded_failures", "content_hash", "encoded_names", "left_out")
 
 
 @contextlib.contextmanager
@@ -396,6 +407,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)"
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_json_argument(parser)
     parser.add_argument(
         "--exclude-failures", action="store_true", help="leave failure records out (a cache meant for other people's record runs)"
     )

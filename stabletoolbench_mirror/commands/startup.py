@@ -73,6 +73,15 @@ class StartupReport:
     def warning(self, key: str, message: str) -> None:
         self.findings.append(Finding("warning", key, message))
 
+    def as_json(self) -> dict[str, Any]:
+        """``doctor --json``: ``ok``, the summary ``lines`` as ``{label, text}``, ``errors`` and ``warnings`` as ``{key, message}``."""
+        return {
+            "ok": not self.errors,
+            "lines": [{"label": label, "text": text} for label, text in self.lines],
+            "errors": [{"key": f.key, "message": f.message} for f in self.errors],
+            "warnings": [{"key": f.key, "message": f.message} for f in self.warnings],
+        }
+
     def render(self, title: str = "stabletoolbench-mirror") -> str:
         width = max((len(label) for label, _ in self.lines), default=0) + 1
         out = [title]
@@ -259,6 +268,7 @@ def inspect(
     nothing answering is an error); ``simulator_launched``: ``serve --launch-vllm`` starts one.
     """
     report = StartupReport()
+    doctor = open_store and full_counts
     report.add("config", settings.config_source)
     unused = f"./{UPSTREAM_CONFIG_FILE} not used:"
     if unused in settings.config_source:
@@ -268,11 +278,12 @@ def inspect(
     check_store(settings, report, open_store=open_store)
     check_frozen_caches(settings, report, count_entries=True if full_counts else None)
     check_tools_folder(settings, report, count_apis=True if full_counts else None)
-    check_endpoints(settings, report, probe_endpoints=probe_endpoints)
+    check_endpoints(settings, report, probe_endpoints=probe_endpoints, doctor=doctor)
     check_local_tools(settings, report)
     check_faults(settings, report)
+    check_trusted_proxies(settings, report)
     check_apibank(settings, report)
-    check_anything_answers(settings, report, doctor=open_store and full_counts, simulator_launched=simulator_launched)
+    check_anything_answers(settings, report, doctor=doctor, simulator_launched=simulator_launched)
     if settings.log_file:
         path = Path(settings.resolve(settings.log_file))
         report.add("log file", str(path))
@@ -302,6 +313,28 @@ def check_faults(settings: Settings, report: StartupReport) -> None:
     plan = FaultPlan.from_config(settings.faults)
     if plan is not None:
         report.add("faults", plan.describe())
+def check_trusted_proxies(settings: Settings, report: StartupReport) -> None:
+    """``limits.trusted_proxies``: a warning when it names the address every local client connects from."""
+    trusted = settings.limits.trusted_proxies
+    if not trusted:
+        return
+    report.add("trusted proxies", ", ".join(trusted))
+    loopback = [t for t in trusted if _takes_in_loopback(t)]
+    if loopback:
+        report.warning("limits.trusted_proxies", f"{', '.join(loopback)} takes in 127.0.0.1 or ::1, where every local client connects from: "
+                       "any of them may name itself another client in X-Forwarded-For and get past limits.max_in_flight_per_client; "
+                       "bind the proxy to an address of its own (nginx: proxy_bind 127.0.0.2;) and name that one")
+
+
+def _takes_in_loopback(item: str) -> bool:
+    import ipaddress
+
+    if item == "*":
+        return True
+    net = ipaddress.ip_network(item, strict=False)
+    return any(a.version == net.version and a in net for a in (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")))
+
+
 def check_apibank(settings: Settings, report: StartupReport) -> None:
     """``apibank``: its folder loaded (imported once per process), the APIs that run here and those that take the miss path."""
     if settings.apibank is None:
@@ -346,6 +379,11 @@ def cmd_doctor(args: Any) -> int:
     if args.keys:
         return _doctor_keys(settings)
     report = inspect(settings, probe_endpoints=not args.no_probe, open_store=True, full_counts=True)
+    if args.json:
+        from stabletoolbench_mirror.commands.cli_common import print_json
+
+        print_json(report.as_json())
+        return 1 if report.errors else 0
     print(report.render("stabletoolbench-mirror doctor"))
     if report.errors:
         print(f"{len(report.errors)} error(s), {len(report.warnings)} warning(s)")
@@ -355,7 +393,7 @@ def cmd_doctor(args: Any) -> int:
 
 
 def register(sub: Any) -> None:
-    from stabletoolbench_mirror.commands.cli_common import add_config_arguments
+    from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument
 
     parser = sub.add_parser(
         "doctor",
@@ -365,6 +403,7 @@ def register(sub: Any) -> None:
     )
     add_config_arguments(parser)
     parser.add_argument("--no-probe", action="store_true", help="do not contact the relay or the simulator")
+    add_json_argument(parser)
     parser.add_argument(
         "--keys", action="store_true",
         help="scan the store once for records a string input wrote under another kind's key (exit 1 when any)",

@@ -11,11 +11,11 @@ import os
 import sys
 from typing import Any
 
-from tqdm import tqdm
-
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.upstream.functions import ToolsFolderError, UpstreamTools, export_line, iter_query_functions
 from stabletoolbench_mirror.upstream.queries import QueryFileError
+from stabletoolbench_mirror.upstream.tooldocs import tools_dir_problem
 
 FORMATS = ("openai", "mcp")
 
@@ -32,7 +32,7 @@ def export_functions(queries: list[str], tools_dir: str, out_path: str, fmt: str
     skipped: list[str] = []
     try:
         with open(tmp, "w", encoding="utf-8") as out:
-            for item in tqdm(iter_query_functions(queries, tools), desc="queries", unit="query", disable=not progress):
+            for item in progress_bar(iter_query_functions(queries, tools), desc="queries", unit="query", disable=not progress):
                 if isinstance(item, tuple):
                     skipped.append("/".join(item))
                     continue
@@ -53,6 +53,10 @@ def cmd_tools_export(args: Any) -> int:
             print("error: no tools folder: give --tools DIR, or set tools_folder in the config", file=sys.stderr)
             return 2
         tools_dir = settings.resolve(settings.tools_folder)
+    problem = tools_dir_problem(tools_dir)
+    if problem is not None:  # e.g. the folder above the tools folder: the hint names the one to use
+        print(f"error: tools folder: {problem}", file=sys.stderr)
+        return 2
     if os.path.isdir(args.out):
         print(f"error: {args.out} is a folder; the export is written to a file (e.g. functions.jsonl)", file=sys.stderr)
         return 2
@@ -64,11 +68,22 @@ def cmd_tools_export(args: Any) -> int:
     except OSError as exc:
         print(f"error: cannot write {args.out}: {exc}", file=sys.stderr)
         return 2
+    if args.json:
+        print_json({"out": args.out, "format": args.format, "queries": written, "skipped": skipped})
+    else:
+        _print_summary(args, written, skipped)
+    if not written:
+        print(f"error: no query's functions were exported: check that --queries names query files and that "
+              f"{tools_dir} is the tools folder they were made with", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_summary(args: Any, written: int, skipped: list[str]) -> None:
     print(f"exported the functions of {written} queries to {args.out} ({args.format})")
     if skipped:
         shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
         print(f"left out {len(skipped)} queries upstream's client skips (a tool not in the tools folder): {shown}")
-    return 0
 
 
 def register(sub: Any) -> None:
@@ -83,4 +98,5 @@ def register(sub: Any) -> None:
     export.add_argument("--tools", metavar="DIR", help="the tools folder (default: tools_folder of the config)")
     add_config_arguments(export)
     export.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_json_argument(export)
     export.set_defaults(func=cmd_tools_export)

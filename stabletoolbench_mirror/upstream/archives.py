@@ -29,8 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from tqdm import tqdm
-
+from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.upstream.content_hash import ContentHash
 from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
@@ -100,7 +99,7 @@ def download(url: str, download_dir: Path, sha256: str | None, *, progress: bool
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - http(s) only
             total = response.headers.get("Content-Length")
-            with tqdm(total=int(total) if total and total.isdigit() else None, unit="B", unit_scale=True, desc="download",
+            with progress_bar(total=int(total) if total and total.isdigit() else None, unit="B", unit_scale=True, desc="download",
                       disable=not progress) as bar:
                 while chunk := response.read(_CHUNK):
                     out.write(chunk)
@@ -142,7 +141,7 @@ def _tree_root(folder: Path) -> Path:
 def tree_hash(root: Path, *, progress: bool = True) -> str:
     """The content hash of an upstream tree's files (as ``snapshot --verify`` computes it)."""
     digest = ContentHash()
-    for api, path in tqdm(sorted(iter_cache_files(root, allow_symlinks=False)), desc="check", unit="file", disable=not progress):
+    for api, path in progress_bar(sorted(iter_cache_files(root, allow_symlinks=False)), desc="check", unit="file", disable=not progress):
         try:
             entries = read_cache_file(path)
         except (OSError, ValueError) as exc:

@@ -407,17 +407,59 @@ def tools_folder_problem(settings: Settings) -> str | None:
     """Why the configured tools folder gives no tool docs, or ``None`` when it has some."""
     if not settings.tools_folder:
         return "not set"
-    path = Path(settings.resolve(settings.tools_folder))
+    return tools_dir_problem(settings.resolve(settings.tools_folder))
+
+
+def tools_dir_problem(folder: str | os.PathLike[str]) -> str | None:
+    """Why ``folder`` is no tools folder (with the folder near it that is one, as for a cache tree), or ``None``."""
+    path = Path(folder)
     if not path.exists():
         return f"{path} does not exist"
     if not path.is_dir():
         return f"{path} is not a folder"
     if not os.access(path, os.R_OK | os.X_OK):
         return f"{path} cannot be read"
-    for category in subfolders(path):
-        if json_files(category.path):
-            return None
-    return f"{path} has no tool docs (<Category>/<tool>.json)"
+    if has_tool_docs(path):
+        return None
+    message = f"{path} has no tool docs (<Category>/<tool>.json)"
+    near = nearby_tools_folder(path)
+    if near is None:
+        return message
+    where, found = near
+    return f"{message}; the folder {where}, {found}, looks like a tools folder: use that path"
+
+
+def has_tool_docs(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds at least one ``<Category>/<tool>.json``."""
+    return any(json_files(category.path) for category in subfolders(path))
+
+
+def nearby_tools_folder(path: Path) -> tuple[str, Path] | None:
+    """A tools folder one or two levels below ``path`` (``tools`` preferred), or just above it
+    (a category folder given): ``("below", folder)`` or ``("above", folder)``."""
+    def first(folders: Iterator[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
+        return sorted(folders, key=lambda e: (e.name != "tools", e.name))
+
+    def tools_folder(folder: str | os.PathLike[str]) -> bool:
+        # a cache tree's category folder holds <tool_for_Category>/<api>.json: not a tools folder
+        tools = [e.name for e in subfolders(folder) if json_files(e.path)]
+        return bool(tools) and not all(name.endswith(f"_for_{Path(folder).name}") for name in tools)
+
+    children = first(subfolders(path))[:NEAR_TOOLS_FOLDERS]
+    for child in children:
+        if tools_folder(child.path):
+            return "below", Path(child.path)
+    for child in children:
+        for grandchild in first(subfolders(child.path))[:NEAR_TOOLS_FOLDERS]:
+            if tools_folder(grandchild.path):
+                return "below", Path(grandchild.path)
+    if json_files(str(path)) and tools_folder(path.parent):
+        return "above", path.parent
+    return None
+
+
+#: a near tools folder is looked for among at most this many folders of each level below
+NEAR_TOOLS_FOLDERS = 50
 
 
 def subfolders(path: str | os.PathLike[str], follow: bool = False) -> Iterator[os.DirEntry[str]]:

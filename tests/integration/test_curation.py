@@ -72,7 +72,8 @@ def test_delete_an_api_makes_its_calls_misses_while_the_others_still_hit(spec, s
         assert stats(server)["hits"] == 2 * len(CALLS) and stub.count == len(CALLS)
 
         listed = cli("cache", "ls", "--config", str(config), cwd=tmp_path)
-        assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(CALLS)
+        assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 1 + len(CALLS)
+        assert listed.stdout.splitlines()[0].split("\t") == ["api", "key", "source", "origin", "outcome", "created_at", "size"]
         shown = cli("cache", "show", "Data/Flaky/lookup", "{'n': 2}", "--config", str(config), cwd=tmp_path)  # raw upstream names
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["body"] == first["lookup", 2].decode() and json.loads(shown.stdout)["source"] == "simulated"

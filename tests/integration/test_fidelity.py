@@ -166,6 +166,17 @@ def test_fidelity_metrics_match_sacrebleu_and_rouge(tmp_path, reference_dir, ref
     assert "bleu" in table and "rouge_l" in table and "Data" in table
     html = page.read_text()
     assert html.count("<svg") == len(METRICS)
+    # both reports name what was scored: simulator, model, prompt hash, date, the references' hash
+    from stabletoolbench_mirror.responders.simulator import system_prompt_for
+    from stabletoolbench_mirror.config import load_settings
+
+    scored = report["scored"]
+    assert (scored["candidate"], scored["simulator"], scored["model"]) == ("simulator", "mirrorapi-sft", "MirrorAPI")
+    assert scored["prompt_sha256"] == system_prompt_for(load_settings(str(config))).sha256
+    assert scored["date"][:4].isdigit() and scored["date"].endswith("Z") and len(scored["references_sha256"]) == 64
+    assert scored["references"] == [f"calls: {calls_file}"]
+    for value in (scored["model"], scored["prompt_sha256"], scored["date"], scored["references_sha256"]):
+        assert value in html
     assert not any(tag in html for tag in ("<script", "<link", "src=", "href=", "@import"))  # self-contained
     # nothing was recorded: the simulator is asked directly, never through the cache
     with DiskcacheStore(str(tmp_path / "store")) as store:

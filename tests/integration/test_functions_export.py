@@ -131,5 +131,5 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path: Path, capsys: p
     assert main(["tools", "export", "--queries", str(tmp_path / "bad.json"), "--tools", str(tools), "-q", str(out)]) == 2
     assert "not JSON" in capsys.readouterr().err
     assert main(["tools", "export", "--queries", str(tmp_path / "bad.json"), "--tools", str(tmp_path / "nope"), "-q", str(out)]) == 2
-    assert "the tools folder does not exist" in capsys.readouterr().err
+    assert f"error: tools folder: {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
     assert not out.exists() and list(tmp_path.glob("f.jsonl*")) == []

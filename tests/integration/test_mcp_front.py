@@ -305,3 +305,25 @@ def test_api_bank_tools_are_offered_over_mcp_and_run_through_the_layer(reference
     body = json.loads(content.text)
     assert body["error"] == "" and json.loads(body["response"])["output"] == 9.0
     assert stats["requests"] == 1
+
+
+def test_the_example_client_calls_recorded_inputs_of_the_frozen_cache_and_shows_answers(reference_dir: Path, tmp_path: Path) -> None:
+    """Against the frozen cache, example values are misses (``isError``); ``--frozen`` sends inputs the tree holds."""
+    settings = _reference_settings(reference_dir, tmp_path, mcp={"enabled": True, "queries": str(reference_dir / "solvable_queries")})
+    (item,) = [i for i in _reference_functions(reference_dir) if (i.group, i.query_id) == ("G1_instruction", "588")]
+    recorded = {fn.name for fn in item.functions
+                if (reference_dir / "cache" / fn.target.category / f"{fn.target.tool_name}_for_{fn.target.category}" / f"{fn.target.api_name}.json").exists()}
+    assert len(item.functions) == 10 and len(recorded) == 7
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+        url = f"{server.url}/mcp/queries/{item.group}/{item.query_id}"
+        as_before = subprocess.run([sys.executable, str(REPO / "examples/mcp/client.py"), url], capture_output=True, text=True, timeout=120, env=env)
+        shown = subprocess.run([sys.executable, str(REPO / "examples/mcp/client.py"), url, "--frozen", str(reference_dir / "cache")],
+                               capture_output=True, text=True, timeout=120, env=env)
+    assert as_before.returncode == 0 and shown.returncode == 0, as_before.stderr + shown.stderr
+    before = {line["tool"]: line for line in map(json.loads, as_before.stdout.splitlines()[1:])}
+    after = {line["tool"]: line for line in map(json.loads, shown.stdout.splitlines()[1:])}
+    assert all(line["isError"] for line in before.values())  # the trap: every example value is a miss
+    for name in recorded:
+        assert not after[name]["isError"], after[name]
+        assert json.loads(after[name]["text"])["error"] == ""

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any, Callable, Sequence
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.commands.warm.inputs import add_answers, add_payloads, add_queries
 from stabletoolbench_mirror.commands.warm.plan import WarmInputError, WarmPlan, WarmReport
 from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes
@@ -112,6 +112,23 @@ def _run(args: argparse.Namespace, settings: Any, layer: MirrorLayer, handler: H
 
 
 def _print_report(args: argparse.Namespace, report: WarmReport) -> int:
+    if args.json:
+        total = report.total
+        print_json({**report.as_json(), "dry_run": args.dry_run, "to_make": total.calls - total.cached if args.dry_run else None})
+    else:
+        _print_table(args, report)
+    if args.failures:
+        with open(args.failures, "w", encoding="utf-8") as fh:
+            for failure in report.failures:
+                fh.write(failure.to_json() + "\n")
+    if report.interrupted:
+        return 130
+    if report.stopped:
+        return 2
+    return 1 if report.failures else 0
+
+
+def _print_table(args: argparse.Namespace, report: WarmReport) -> None:
     print(report.table())
     if args.dry_run:
         total = report.total
@@ -123,15 +140,6 @@ def _print_report(args: argparse.Namespace, report: WarmReport) -> int:
     if args.verbose:
         for skipped in report.skipped:
             print(f"SKIPPED {skipped.location}: {skipped.reason}")
-    if args.failures:
-        with open(args.failures, "w", encoding="utf-8") as fh:
-            for failure in report.failures:
-                fh.write(failure.to_json() + "\n")
-    if report.interrupted:
-        return 130
-    if report.stopped:
-        return 2
-    return 1 if report.failures else 0
 
 
 def vllm_options(items: Sequence[str]) -> dict[str, Any]:
@@ -187,5 +195,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--dry-run", action="store_true", help="count the calls and what is cached; call nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.add_argument("--verbose", "-v", action="store_true", help="log more, list skipped calls")
+    add_json_argument(parser)
     add_config_arguments(parser)
     parser.set_defaults(func=cmd_warm)

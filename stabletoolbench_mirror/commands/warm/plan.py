@@ -58,10 +58,13 @@ class Failure:
     payload: dict[str, Any] | None = None
 
     def to_json(self) -> str:
+        return json.dumps(self.as_json(), ensure_ascii=False)
+
+    def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"input_kind": self.input_kind, "location": self.location, "reason": self.reason}
         if self.payload is not None:
             data["payload"] = self.payload
-        return json.dumps(data, ensure_ascii=False)
+        return data
 
 
 def payload_of(call: ToolCall) -> dict[str, Any]:
@@ -116,6 +119,19 @@ class WarmReport:
         for c in self.counts.values():
             total += c
         return total
+
+    def as_json(self) -> dict[str, Any]:
+        """``warm --json``: the table's rows (``by_input``, ``total``), the calls made, every failure and skip."""
+        return {
+            "by_input": {name: vars(c).copy() for name, c in self.counts.items() if c.calls or c.skipped},
+            "total": vars(self.total).copy(),
+            "attempted": self.attempted,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "interrupted": self.interrupted,
+            "stopped": self.stopped or None,
+            "failures": [f.as_json() for f in self.failures],
+            "skipped": [f.as_json() for f in self.skipped],
+        }
 
     def table(self) -> str:
         header = f"{'input':<10} {'calls':>8} {'new':>8} {'cached':>8} {'failed':>8} {'skipped':>8}"

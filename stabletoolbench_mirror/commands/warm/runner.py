@@ -9,8 +9,6 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from tqdm import tqdm
-
 from stabletoolbench_mirror.commands.warm.plan import (
     Failure,
     KindCounts,
@@ -23,6 +21,7 @@ from stabletoolbench_mirror.commands.warm.plan import (
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.responders import Responder
 from stabletoolbench_mirror.factory import build_layer
@@ -183,7 +182,7 @@ class Tracker:
         self._first = FirstCalls(stop_after_failures if 0 < stop_after_failures < total else 0)
         self._stop = stop
         self._lock = threading.Lock()
-        self._bar = tqdm(total=total, desc="warm", unit="call", disable=not progress, dynamic_ncols=True, smoothing=0.1)
+        self._bar = progress_bar(total=total, desc="warm", unit="call", disable=not progress, dynamic_ncols=True, smoothing=0.1)
 
     def done(self, item: WarmItem, kind: OutcomeKind | None, reason: str, cause: str = "", *, made: bool = True) -> None:
         """Count one call; ``cause`` (:func:`failure_cause`, ``reason`` when not given) is what the early stop compares."""

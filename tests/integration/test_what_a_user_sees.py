@@ -1,0 +1,266 @@
+"""What a user sees on the command line (issue 33): closed pipes, hints, one exit-code table, ``--json``.
+
+Every test runs the real CLI (a subprocess, or ``main`` in this process) on real files, a real store
+and, for the probes, a real HTTP server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from stabletoolbench_mirror.commands.cli import build_parser, main
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.stores import DiskcacheStore
+from tests.helpers import paths
+from tests.helpers.answer_files import api, param, query
+
+DEMO = paths.REPO / "cache"
+WEATHER = "Weather/demo_weather_for_Weather/current_weather"
+DOCS = paths.REPO / "docs" / "json-output.md"
+
+
+def cli(*args: str, cwd: Path, **kwargs: Any) -> subprocess.CompletedProcess:
+    return subprocess.run(command(*args), cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "stabletoolbench_mirror", *args]
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STM_")}
+    env["PYTHONPATH"] = str(paths.REPO)
+    return env
+
+
+def write_config(path: Path, **data: Any) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# -- a closed pipe -----------------------------------------------------------------------------------
+
+
+def filled_store(path: Path, n: int) -> Path:
+    with DiskcacheStore(path) as store:
+        for i in range(n):
+            key = str({"q": f"{i:06d} " + "x" * 150})
+            store.add(Record.from_answer(WEATHER, key, {"error": "", "response": f"answer {i}"}, "simulated", "M"), f"c{i}")
+    return path
+
+
+@pytest.mark.parametrize("listing", [["cache", "ls"], ["cache", "delete", "--api", WEATHER]])
+def test_a_closed_pipe_ends_quietly(listing: list[str], tmp_path: Path) -> None:
+    """``cache ls ... | head -1``: far more than a pipe's buffer, the reader gone after one line."""
+    store = filled_store(tmp_path / "store", 1500)
+    writer = subprocess.Popen(command(*listing, "--store-path", str(store)), cwd=tmp_path, env=clean_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = subprocess.Popen(["head", "-1"], stdin=writer.stdout, stdout=subprocess.PIPE)
+    assert writer.stdout is not None and writer.stderr is not None
+    writer.stdout.close()  # head holds the only reading end
+    first, _ = head.communicate(timeout=120)
+    errors = writer.stderr.read().decode()
+    writer.stderr.close()
+    assert writer.wait(timeout=120) == 0, errors
+    assert "Traceback" not in errors and "BrokenPipeError" not in errors and "Exception ignored" not in errors, errors
+    assert len(first.decode().splitlines()) == 1
+
+
+# -- cache show and ls -------------------------------------------------------------------------------
+
+
+def test_cache_show_takes_the_json_input_and_prints_times_as_ls_does(tmp_path: Path) -> None:
+    api_path = "Data/is_for_Data/lookup"
+    with DiskcacheStore(tmp_path / "store") as store:
+        store.add(Record.from_answer(api_path, "{'is_id': 7110004}", {"error": "", "response": "found"}, "real", "relay"), "c")
+    store_args = ("--store-path", str(tmp_path / "store"))
+    listed = cli("cache", "ls", *store_args, cwd=tmp_path)
+    header, row = listed.stdout.splitlines()
+    assert header.split("\t") == ["api", "key", "source", "origin", "outcome", "created_at", "size"]
+    created_at = row.split("\t")[5]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", created_at)
+    # --json has no header: every line is one record
+    assert [json.loads(line)["key"] for line in cli("cache", "ls", "--json", *store_args, cwd=tmp_path).stdout.splitlines()] == [
+        "{'is_id': 7110004}"]
+    for given in ('{"is_id": 7110004}', "{'is_id': 7110004}"):  # the JSON input the user has, and the key as ls prints it
+        shown = cli("cache", "show", api_path, given, *store_args, cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        data = json.loads(shown.stdout)
+        assert data["key"] == "{'is_id': 7110004}" and data["answer"] == {"error": "", "response": "found"}
+        assert data["created_at"] == created_at
+    assert cli("cache", "show", api_path, '{"is_id": 1}', *store_args, cwd=tmp_path).returncode == 1
+
+
+# -- a tools folder one level too high ---------------------------------------------------------------
+
+
+def weather_queries(tmp_path: Path) -> Path:
+    queries = tmp_path / "queries.json"
+    queries.write_text(json.dumps([query(1, [api("Weather", "Demo Weather", "Current Weather", required=[param("city", "STRING", "Paris")])])]))
+    return queries
+
+
+def test_a_tools_folder_one_level_too_high_names_the_folder_below(tmp_path: Path) -> None:
+    server = tmp_path / "server"
+    shutil.copytree(DEMO / "tools", server / "tools")
+    queries = weather_queries(tmp_path)
+    high = cli("tools", "export", str(tmp_path / "f.jsonl"), "--queries", str(queries), "--tools", str(server), "-q", cwd=tmp_path)
+    assert high.returncode == 2, high.stdout + high.stderr
+    assert f"the folder below, {server / 'tools'}, looks like a tools folder: use that path" in high.stderr
+    assert not (tmp_path / "f.jsonl").exists()
+    config = write_config(tmp_path / "c.yml", store={"path": str(tmp_path / "store")}, frozen_caches=[str(DEMO / "frozen")], tools_folder=str(server))
+    doctor = cli("doctor", "--config", str(config), "--no-probe", cwd=tmp_path)
+    assert f"the folder below, {server / 'tools'}, looks like a tools folder: use that path" in doctor.stdout, doctor.stdout
+    # a right folder whose tools the queries do not name: nothing exported is an error, not "0 queries" and 0
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([query(2, [api("Data", "TheClique", "Songkick artist")])]))
+    none = cli("tools", "export", str(tmp_path / "g.jsonl"), "--queries", str(other), "--tools", str(server / "tools"), "-q", cwd=tmp_path)
+    assert none.returncode == 1 and "no query's functions were exported" in none.stderr, none.stdout + none.stderr
+    done = cli("tools", "export", str(tmp_path / "h.jsonl"), "--queries", str(queries), "--tools", str(server / "tools"), "-q", cwd=tmp_path)
+    assert done.returncode == 0 and "exported the functions of 1 queries" in done.stdout
+
+
+# -- doctor and an endpoint that answers 404 ---------------------------------------------------------
+
+
+class NotFound(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = b"<html>404 Not Found</html>"
+        self.send_response(404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def not_found() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_doctor_calls_a_simulator_endpoint_answering_404_an_error(not_found: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yml", store={"path": str(tmp_path / "store")}, tools_folder=str(DEMO / "tools"),
+                          simulator={"enabled": True, "api_base": not_found})  # the /v1 left out
+    doctor = cli("doctor", "--config", str(config), cwd=tmp_path)
+    assert doctor.returncode == 1, doctor.stdout
+    assert f"error: simulator.api_base: {not_found} answered HTTP 404 without a models list at {not_found}/models" in doctor.stdout
+    assert "no errors" not in doctor.stdout
+    report = json.loads(cli("doctor", "--config", str(config), "--json", cwd=tmp_path).stdout)
+    assert not report["ok"] and [e["key"] for e in report["errors"]] == ["simulator.api_base"]
+
+
+# -- one exit-code table ----------------------------------------------------------------------------
+
+
+def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every command of the parser, as its words and its parser."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield prefix, parser
+        return
+    for name, sub in subs[0].choices.items():
+        yield from leaf_commands(sub, (*prefix, name))
+
+
+def required_arguments(parser: argparse.ArgumentParser, missing: str) -> list[str]:
+    """Each required argument given a path that does not exist."""
+    out: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings and action.nargs != 0 and action.dest != "help":
+            out.append(missing)
+        elif action.required:
+            out += [action.option_strings[0], missing]
+    return out
+
+
+def test_every_command_exits_2_when_it_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """0 ok, 1 found differences or errors, 2 could not run: a config typo and an unknown flag are 2 everywhere."""
+    typo = write_config(tmp_path / "typo.yml", stor={"path": str(tmp_path / "store")})
+    missing = str(tmp_path / "nope")
+    commands = list(leaf_commands(build_parser()))
+    assert len(commands) >= 18 and ("doctor",) in [words for words, _ in commands]
+    for words, parser in commands:
+        args = [*words, *required_arguments(parser, missing)]
+        if "--config" in parser._option_string_actions:
+            args += ["--config", str(typo)]
+        assert main(args) == 2, words
+        assert "error" in capsys.readouterr().err.lower(), words
+        with pytest.raises(SystemExit) as stopped:
+            main([*words, "--no-such-flag"])
+        assert stopped.value.code == 2, words
+        capsys.readouterr()
+
+
+def test_the_readme_points_at_the_one_table() -> None:
+    readme = (paths.REPO / "README.md").read_text()
+    assert "docs/json-output.md#exit-codes" in readme
+    table = DOCS.read_text().split("## Exit codes", 1)[1].split("##", 1)[0]
+    assert [line.split("|")[1].strip() for line in table.splitlines() if re.match(r"\| \d", line)] == ["0", "1", "2", "130"]
+
+
+# -- --json ------------------------------------------------------------------------------------------
+
+
+def documented_keys() -> dict[str, list[str]]:
+    """docs/json-output.md: each ``### `COMMAND --json` `` section's table of keys."""
+    out: dict[str, list[str]] = {}
+    for section in DOCS.read_text().split("\n### ")[1:]:
+        title = section.split("`")[1]
+        out[title] = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M)
+    return out
+
+
+def test_every_reporting_command_prints_its_documented_json(tmp_path: Path) -> None:
+    docs = documented_keys()
+    store = ("--store-path", str(tmp_path / "store"))
+    config = write_config(tmp_path / "c.yml", store={"path": str(tmp_path / "store")}, tools_folder=str(DEMO / "tools"))
+    assert cli("cache", "import", str(DEMO / "frozen"), *store, "-q", cwd=tmp_path).returncode == 0
+    payload = {"category": "Weather", "tool_name": "Demo Weather", "api_name": "Current Weather", "tool_input": '{"city": "Paris"}'}
+    with DiskcacheStore(tmp_path / "store") as opened:
+        recorded = opened.get(WEATHER, "{'city': 'Paris'}")
+    assert recorded is not None
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text(json.dumps({"payload": payload, "observed": recorded.answer}) + "\n")
+    payloads = tmp_path / "payloads.jsonl"
+    payloads.write_text(json.dumps(payload) + "\n")
+    runs = {
+        "doctor --json": ["doctor", "--config", str(config), "--no-probe"],
+        "warm --json": ["warm", "--config", str(config), "--payloads", str(payloads), "--dry-run"],
+        "snapshot --json": ["snapshot", str(tmp_path / "snap"), "--config", str(config), "-q"],
+        "snapshot --verify --json": ["snapshot", "--verify", str(tmp_path / "snap"), "-q"],
+        "check --json": ["check", "--config", str(config), "--calls", str(calls), "-q"],
+        "faults profile --json": ["faults", "profile", str(DEMO / "frozen"), "-q"],
+        "tools export --json": ["tools", "export", str(tmp_path / "f.jsonl"), "--queries", str(weather_queries(tmp_path)), "--config", str(config), "-q"],
+        "cache stats --json": ["cache", "stats", *store],
+        "cache diff --json": ["cache", "diff", "store", str(tmp_path / "snap"), "--config", str(config), "-q"],
+    }
+    assert set(runs) | {"cache ls --json"} == set(docs)
+    for title, args in runs.items():  # in this order: the snapshot is made before it is verified and compared
+        done = cli(*args, "--json", cwd=tmp_path)
+        assert done.returncode == 0, (title, done.stdout, done.stderr)
+        data = json.loads(done.stdout)
+        assert sorted(data) == sorted(docs[title]), title
+    lines = cli("cache", "ls", *store, "--json", cwd=tmp_path).stdout.splitlines()
+    assert len(lines) == 5 and all(sorted(json.loads(line)) == sorted(docs["cache ls --json"]) for line in lines)
