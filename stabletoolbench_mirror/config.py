@@ -26,7 +26,7 @@ from typing import Any, Literal, Mapping, Optional, Union, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from stabletoolbench_mirror.core.secrets import secret_values
+from stabletoolbench_mirror.core.secrets import url_password
 
 ENV_PREFIX = "STM_"
 DEFAULT_CONFIG_FILE = "server_config.yml"
@@ -382,8 +382,15 @@ class Settings(_Section):
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
 
     def secrets(self) -> list[str]:
-        """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.core.secrets`)."""
-        return secret_values(self)
+        """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.core.secrets`): the
+        keys and the token, and any password in a configured URL."""
+        found = [
+            v.get_secret_value()
+            for v in (self.auth_token, self.real.toolbench_key, self.real.rapidapi_key, self.simulator.api_key)
+            if v is not None and v.get_secret_value()
+        ]
+        urls = [self.store.url, self.real.relay_url, self.real.rapidapi_base_url, *self.simulator.endpoints]
+        return found + [p for p in (url_password(u) for u in urls if u) if p]
 
 
 # -- StableToolBench's own config.yml ------------------------------------------------------------

@@ -3,15 +3,32 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stabletoolbench_mirror.core.keys import canonical_key, record_key, session_key, upstream_key
 from stabletoolbench_mirror.core.naming import CallNames, resolve_names
 from stabletoolbench_mirror.core.protocol import VirtualRequest, parse_tool_input
 from stabletoolbench_mirror.core.secrets import may_name_a_secret_field, without_secret_fields
 
-if TYPE_CHECKING:
-    from stabletoolbench_mirror.engine.sessions import SessionContext
+
+@dataclass(frozen=True)
+class HistoryItem:
+    """One earlier call of a session, as a prompt shows it."""
+
+    api: str
+    api_name: str
+    tool_input: Any
+    answer: Any
+
+
+@dataclass(frozen=True)
+class SessionContext:
+    """What a simulator prompt sees of a session (:mod:`..engine.sessions`): the task and the last calls
+    (oldest first); and, for tools that run here (API-Bank's environments), the session's id."""
+
+    task: str
+    history: tuple[HistoryItem, ...]
+    id: str = ""
 
 
 @dataclass(frozen=True)
@@ -38,10 +55,10 @@ class ToolCall:
     strip: str = ""
     toolbench_key: str = field(default="", repr=False)
     """A secret: never logged, recorded or echoed."""
-    session: "SessionContext | None" = field(default=None, repr=False, compare=False)
+    session: SessionContext | None = field(default=None, repr=False, compare=False)
     """Inside a session: its task and recent history (for prompts); ``key`` and ``canonical`` then carry the history hash."""
 
-    def in_session(self, history: str, context: "SessionContext") -> "ToolCall":
+    def in_session(self, history: str, context: SessionContext) -> "ToolCall":
         """This call as made inside a session whose history hash is ``history`` (see :mod:`.keys`)."""
         key = session_key(self.key, history)
         return replace(self, key=key, canonical=session_key(self.canonical, history), upstream=key, session=context)

@@ -25,11 +25,19 @@ from __future__ import annotations
 import base64
 import functools
 import re
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-if TYPE_CHECKING:
-    from stabletoolbench_mirror.config import Settings
+
+
+class HasSecrets(Protocol):
+    """What the settings offer here (``config.Settings``; ``core`` imports nothing above it)."""
+
+    def secrets(self) -> list[str]:
+        """Every secret value configured."""
+        ...
+
+    def model_dump(self, *, mode: str) -> dict[str, Any]: ...
 
 MASK = "***"
 MIN_LENGTH = 4
@@ -145,20 +153,8 @@ def _base64_forms(secret: str) -> frozenset[str]:
     return frozenset(forms)
 
 
-def secret_values(settings: "Settings") -> list[str]:
-    """Every secret value ``settings`` holds: the keys and token, and any password in a configured URL."""
-    found = [
-        v.get_secret_value()
-        for v in (settings.auth_token, settings.real.toolbench_key, settings.real.rapidapi_key, settings.simulator.api_key)
-        if v is not None and v.get_secret_value()
-    ]
-    urls = [settings.store.url, settings.real.relay_url, settings.real.rapidapi_base_url, *settings.simulator.endpoints]
-    found += [p for p in (_url_password(u) for u in urls if u) if p]
-    return found
-
-
-def redactor_for(settings: "Settings") -> Redactor:
-    return Redactor(secret_values(settings))
+def redactor_for(settings: HasSecrets) -> Redactor:
+    return Redactor(settings.secrets())
 
 
 def is_secret_name(name: str) -> bool:
@@ -242,7 +238,7 @@ def public_url(url: str, *, keep_path: bool = True) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path if keep_path else "", "", ""))
 
 
-def public_settings(settings: "Settings") -> dict[str, Any]:
+def public_settings(settings: HasSecrets) -> dict[str, Any]:
     """The settings as JSON data without any secret: secret fields masked, URLs public, key values removed."""
     redactor = redactor_for(settings)
 
@@ -258,7 +254,8 @@ def public_settings(settings: "Settings") -> dict[str, Any]:
     return clean(mask_fields(settings.model_dump(mode="json")))
 
 
-def _url_password(url: str) -> str | None:
+def url_password(url: str) -> str | None:
+    """The password of ``url`` (``None``: none, or no URL)."""
     try:
         return urlsplit(url).password
     except ValueError:

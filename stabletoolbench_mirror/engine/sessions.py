@@ -26,11 +26,11 @@ import logging
 import secrets
 import time
 import unicodedata
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, ContextManager, Protocol, TypedDict, cast
 
 from stabletoolbench_mirror.config import SessionsConfig
-from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.call import HistoryItem, SessionContext, ToolCall
 from stabletoolbench_mirror.core.keys import history_next, history_start
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.stores.base import StoreError
@@ -81,26 +81,6 @@ def new_id() -> str:
 
 def unknown(session_id: str) -> SessionError:
     return SessionError(404, f"no session {session_id!r} (unknown, deleted or expired): session ids are issued by POST /sessions")
-
-
-@dataclass(frozen=True)
-class HistoryItem:
-    """One earlier call of a session, as a prompt shows it."""
-
-    api: str
-    api_name: str
-    tool_input: Any
-    answer: Any
-
-
-@dataclass(frozen=True)
-class SessionContext:
-    """What a simulator prompt sees of a session: the task and the last calls (oldest first); and, for
-    tools that run here (API-Bank's environments), the session's id."""
-
-    task: str
-    history: tuple[HistoryItem, ...]
-    id: str = ""
 
 
 class SessionHead(TypedDict):
