@@ -18,6 +18,8 @@ holds any bytes then), so a small setting never locks every request out.
 from __future__ import annotations
 
 import asyncio
+import functools
+import ipaddress
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -121,3 +123,68 @@ class Admission:
     def in_flight(self, client: str) -> int:
         state = self._clients.get(client)
         return state.in_flight if state else 0
+
+
+class ForwardedFor:
+    """Who the client is behind trusted reverse proxies (``limits.trusted_proxies``).
+
+    Only a connection from a trusted proxy has its ``X-Forwarded-For`` read, and each proxy appends the
+    address it was connected from, so only the right end of the header can be believed: the client
+    is the rightmost address that is not itself a trusted proxy (as uvicorn's ``ProxyHeadersMiddleware``
+    and werkzeug's ``ProxyFix`` document).  Whatever lies left of it was written by that client and is
+    never read.  A value that is not an IP address (optionally with a port) on the way there makes
+    the whole header unusable: the client is then the connecting address, so junk names no new
+    client.  With every address trusted, the leftmost is the client.
+    """
+
+    def __init__(self, trusted: list[str]) -> None:
+        self.any = "*" in trusted
+        self.networks = tuple(ipaddress.ip_network(t, strict=False) for t in trusted if t != "*")
+        self.trusts = functools.lru_cache(maxsize=4096)(self._trusts)
+
+    def _trusts(self, host: str) -> bool:
+        if self.any:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in net for net in self.networks)
+
+    def client(self, connected: str, headers: list[tuple[bytes, bytes]]) -> str:
+        """The client of a request from ``connected`` with these (ASGI) headers."""
+        if not self.trusts(connected):
+            return connected
+        values = [v for k, v in headers if k == b"x-forwarded-for"]
+        if not values:
+            return connected
+        hops = b",".join(values).decode("latin-1").split(",")
+        client = connected
+        for hop in reversed(hops):
+            address = _address(hop.strip())
+            if address is None:
+                return connected  # junk: the header names nobody
+            client = address
+            if not self.trusts(address):
+                return address
+        return client
+
+
+def _address(value: str) -> str | None:
+    """The IP address in an ``X-Forwarded-For`` hop (``1.2.3.4``, ``1.2.3.4:80``, ``::1``, ``[::1]:80``), normalised; else ``None``."""
+    if len(value) > 64:
+        return None
+    if value.startswith("["):
+        host, bracket, rest = value[1:].partition("]")
+        if not bracket or rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return None
+    elif value.count(":") == 1:
+        host, _, port = value.partition(":")
+        if not port.isdigit():
+            return None
+    else:
+        host = value
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return None

@@ -43,7 +43,7 @@ from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from stabletoolbench_mirror.engine.responders import Prompted
 from stabletoolbench_mirror.factory import build_layer
-from stabletoolbench_mirror.serving.admission import REQUEST_OVERHEAD, Admission, Refused
+from stabletoolbench_mirror.serving.admission import REQUEST_OVERHEAD, Admission, ForwardedFor, Refused
 from stabletoolbench_mirror.serving.memory import tune_malloc
 from stabletoolbench_mirror.serving.prepared import PreparedCalls
 
@@ -121,9 +121,11 @@ class _Front:
 
     def __init__(
         self, app: ASGIApp, layer: MirrorLayer, token: bytes | None, admission: Admission, max_body: int, body_timeout_s: float,
-        threads: FairLimiter | None = None, path: CallPath | None = None,
+        threads: FairLimiter | None = None, path: CallPath | None = None, proxies: ForwardedFor | None = None,
     ) -> None:
         self.app = app
+        self.proxies = proxies
+        """``limits.trusted_proxies``: who the client behind them is (``None``: the connecting address)."""
         self.layer = layer
         self.path = path or CallPath(layer, threads or FairLimiter(40))
         """The path from a parsed payload to its counted answer (shared with the MCP front)."""
@@ -138,6 +140,8 @@ class _Front:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.proxies is not None and scope.get("client"):  # for every route: /virtual's limits and /mcp's
+            scope["client"] = (self.proxies.client(scope["client"][0], scope["headers"]), scope["client"][1])
         if self.token is not None and not self._authorized(scope):
             await _send(send, Outcome.error(401, "missing or wrong bearer token"))
             return
@@ -582,10 +586,10 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "http": functools.partial(GuardedHttpProtocol, header_timeout_s=limits.header_timeout_s, send_timeout_s=limits.send_timeout_s),
         "timeout_keep_alive": limits.keep_alive_timeout_s,
-        # uvicorn believes X-Forwarded-For from 127.0.0.1 by default: any local client could then
-        # pose as others (limits.max_in_flight_per_client, fair sharing); only named proxies are believed
-        "proxy_headers": bool(limits.trusted_proxies),
-        "forwarded_allow_ips": list(limits.trusted_proxies) or None,
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 by default, and takes a malformed hop as a client:
+        # any local client could then pose as others (limits.max_in_flight_per_client, fair sharing).
+        # _Front reads it instead, from limits.trusted_proxies only (admission.ForwardedFor)
+        "proxy_headers": False,
         # uvicorn builds each access line's arguments (client, quoted path) before its logger drops it:
         # below log_level info no access line is written, so none is built
         "access_log": settings.log_level in ("debug", "info"),
@@ -644,6 +648,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
         admission=admission,
         max_body=settings.limits.max_body_bytes,
         body_timeout_s=settings.limits.body_timeout_s,
+        proxies=ForwardedFor(settings.limits.trusted_proxies) if settings.limits.trusted_proxies else None,
     )
 
     @app.get("/health")

@@ -95,6 +95,56 @@ def test_a_client_cannot_pose_as_others_unless_it_is_a_trusted_proxy(tmp_path: P
     assert responder.max_active == (4 if trusted == ["127.0.0.1"] else 1)
 
 
+def _slow_misses_from(source_ip: str, url: str, forwarded: list[str], first: int) -> int:
+    """One slow miss per ``X-Forwarded-For`` value, all at once from ``source_ip``; the statuses must all be 200."""
+    host, port = url.removeprefix("http://").split(":")
+
+    def one(i: int) -> int:
+        data = json.dumps(payload(first + i)).encode()
+        with socket.create_connection((host, int(port)), timeout=60, source_address=(source_ip, 0)) as sock:
+            sock.sendall(f"POST /virtual HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: {forwarded[i]}\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+        return int(reply.split()[1])
+
+    with ThreadPoolExecutor(len(forwarded)) as pool:
+        return sum(status == 200 for status in pool.map(one, range(len(forwarded))))
+
+
+def test_behind_the_readmes_proxy_a_rotating_or_malformed_forwarded_for_gets_no_more_than_the_limit(
+    tmp_path: Path, serve, settings_factory
+) -> None:
+    # the README's example: the proxy on its own loopback address (nginx: proxy_bind 127.0.0.2), named alone
+    settings = settings_factory(limits={"max_in_flight_per_client": 2, "trusted_proxies": ["127.0.0.2"]})
+    responder = KeyedResponder(delay_s=0.2)
+    server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[responder]))
+    # a local client with a new X-Forwarded-For per request: it is no proxy, so it is one client
+    assert _slow_misses_from("127.0.0.1", server.url, [f"198.51.100.{i}" for i in range(30)], 1000) == 30
+    assert responder.max_active == 2
+    # through the proxy, malformed values (each different) name nobody: they are the proxy, one client
+    responder.max_active = 0
+    kinds = ["client-{i}", "198.51.100.{i}:port", "unknown-{i}", "[::{i}", "1.2.3.{i}, junk{i}", "_hidden{i}", "1{i}" + "0" * 70]
+    junk = [kinds[i % len(kinds)].format(i=i) for i in range(30)]
+    assert _slow_misses_from("127.0.0.2", server.url, junk, 2000) == 30
+    assert responder.max_active == 2
+    # and what a client puts left of the proxy's own entry is never read: the rightmost untrusted address is the client
+    responder.max_active = 0
+    assert _slow_misses_from("127.0.0.2", server.url, [f"203.0.113.{i}, 198.51.100.7" for i in range(12)], 3000) == 12
+    assert responder.max_active == 2
+
+
+def test_behind_a_chain_of_trusted_proxies_each_client_gets_its_own_limit(tmp_path: Path, serve, settings_factory) -> None:
+    settings = settings_factory(limits={"max_in_flight_per_client": 1, "trusted_proxies": ["127.0.0.2", "10.0.0.0/8"]})
+    responder = KeyedResponder(delay_s=0.3)
+    server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[responder]))
+    # each value: forged leftmost, the client, then an inner proxy (10.x) and a port the outer one added
+    forwarded = [f"6.6.6.6, 198.51.100.{i}:5000, 10.1.2.3" for i in range(4)]
+    assert _slow_misses_from("127.0.0.2", server.url, forwarded, 1000) == 4
+    assert responder.max_active == 4
+
+
 def test_a_trusted_proxy_that_is_no_address_is_a_config_error(settings_factory) -> None:
     with pytest.raises(ConfigError, match=r"limits.trusted_proxies.*'localhost' is not an IP address or network"):
         settings_factory(limits={"trusted_proxies": ["localhost"]})

@@ -629,3 +629,15 @@ def test_counts_skip_what_the_frozen_cache_refuses(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "c.yml", {"store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(tree)]})
     out = cli("doctor", "--config", str(cfg), "--no-probe", cwd=tmp_path).stdout
     assert "warning: frozen_caches[0]: 2 cache files cannot be read and are skipped" in out
+
+
+@pytest.mark.parametrize(("trusted", "warned"), [(["127.0.0.1"], True), (["127.0.0.0/8", "10.0.0.0/8"], True), (["*"], True),
+                                                 (["::1"], True), (["127.0.0.2"], False), (["10.0.0.0/8"], False)])
+def test_doctor_warns_when_the_trusted_proxies_take_in_every_local_client(tmp_path: Path, trusted: list[str], warned: bool) -> None:
+    cfg = write_config(tmp_path / "c.yml", {"store": {"path": str(tmp_path / "store")}, "limits": {"trusted_proxies": trusted}})
+    result = cli("doctor", "--config", str(cfg), "--no-probe", cwd=tmp_path)
+    text = flat(result.stdout)
+    assert "trusted proxies: " + ", ".join(trusted) in text
+    assert ("where every local client connects from" in text) is warned
+    if warned:
+        assert "limits.trusted_proxies" in text and "proxy_bind 127.0.0.2" in text
