@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.records import Record
@@ -103,26 +102,18 @@ def export_chat_jsonl(
     summary = ChatExportSummary()
     wanted = set(categories) if categories else None
     records = unique_records(progress_bar(store, desc="read store", unit="entry", disable=not progress), summary, source=source, categories=wanted)
-    target = Path(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            for record in progress_bar(records, desc="export", unit="record", disable=not progress):
-                call = call_of_record(record, docs)
-                if call is None:
-                    summary.unusable += 1
-                    continue
-                answer_text = assistant_turn(record.answer, record.meta, style)
-                if answer_text is None:
-                    summary.without_rationale += 1
-                    continue
-                doc = docs.find(call.names) if docs is not None else None
-                messages = mirrorapi_messages(system, call, doc, style) + [{"role": "assistant", "content": answer_text}]
-                handle.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
-                summary.written += 1
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(out, newline="\n") as handle:
+        for record in progress_bar(records, desc="export", unit="record", disable=not progress):
+            call = call_of_record(record, docs)
+            if call is None:
+                summary.unusable += 1
+                continue
+            answer_text = assistant_turn(record.answer, record.meta, style)
+            if answer_text is None:
+                summary.without_rationale += 1
+                continue
+            doc = docs.find(call.names) if docs is not None else None
+            messages = mirrorapi_messages(system, call, doc, style) + [{"role": "assistant", "content": answer_text}]
+            handle.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
+            summary.written += 1
     return summary

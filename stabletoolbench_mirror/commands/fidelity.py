@@ -29,7 +29,6 @@ Aggregates are means over the pairs where a metric has a value (``null`` when no
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import logging
@@ -38,6 +37,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
+from stabletoolbench_mirror.core.files import write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -489,18 +489,4 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 
 def write_atomically(path: str, data: bytes) -> None:
     """``data`` in ``path``, or ``path`` as it was: a reader never sees a part of it."""
-    import os
-    import secrets
-
-    # a new file beside it (so the rename stays on one file system), with the mode the umask gives
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "xb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_bytes(path, data, fsync=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import ConfigError, Settings
@@ -391,11 +392,7 @@ def _open_store(spec: str, settings: Settings) -> tuple[Store, str]:
 
 
 def _write(path: str, text: str) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, target)
+    write_text(path, text)
 
 
 def summary_lines(report: dict[str, Any]) -> Iterable[str]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
+from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.engine.sessions import public_view
@@ -19,17 +19,11 @@ def export_sessions(store: SessionStore, out_path: str, *, progress: bool = True
 
     The file appears whole or not at all (written beside it, then renamed).
     """
-    tmp = f"{out_path}.tmp-{os.getpid()}"
     written = 0
-    try:
-        with open(tmp, "w", encoding="utf-8") as out:
-            for doc in progress_bar(store, total=len(store), desc="sessions", unit="session", disable=not progress):
-                out.write(json.dumps(public_view(doc), ensure_ascii=False) + "\n")
-                written += 1
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_write(out_path) as out:
+        for doc in progress_bar(store, total=len(store), desc="sessions", unit="session", disable=not progress):
+            out.write(json.dumps(public_view(doc), ensure_ascii=False) + "\n")
+            written += 1
     return written
 
 

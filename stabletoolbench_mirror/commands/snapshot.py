@@ -30,6 +30,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.commands.cache_tools import ExportSummary, Tally, count, iter_export
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
@@ -131,9 +132,7 @@ def write_snapshot(
         "store": store.kind,
         "settings": public_settings(settings) if settings is not None else None,
     }
-    tmp = root / (MANIFEST_NAME + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, root / MANIFEST_NAME)
+    write_text(root / MANIFEST_NAME, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest
 
 

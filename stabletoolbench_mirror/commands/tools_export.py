@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Any
 
+from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.upstream.functions import ToolsFolderError, UpstreamTools, export_line, iter_query_functions
@@ -27,21 +28,15 @@ def export_functions(queries: list[str], tools_dir: str, out_path: str, fmt: str
     :class:`QueryFileError` or :class:`ToolsFolderError` (both ``ValueError``) before anything is written.
     """
     tools = UpstreamTools(tools_dir)
-    tmp = f"{out_path}.tmp-{os.getpid()}"
     written = 0
     skipped: list[str] = []
-    try:
-        with open(tmp, "w", encoding="utf-8") as out:
-            for item in progress_bar(iter_query_functions(queries, tools), desc="queries", unit="query", disable=not progress):
-                if isinstance(item, tuple):
-                    skipped.append("/".join(item))
-                    continue
-                out.write(json.dumps(export_line(item, fmt), ensure_ascii=False) + "\n")
-                written += 1
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_write(out_path) as out:
+        for item in progress_bar(iter_query_functions(queries, tools), desc="queries", unit="query", disable=not progress):
+            if isinstance(item, tuple):
+                skipped.append("/".join(item))
+                continue
+            out.write(json.dumps(export_line(item, fmt), ensure_ascii=False) + "\n")
+            written += 1
     return written, skipped
 
 

@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from stabletoolbench_mirror.core.files import write_bytes
 from stabletoolbench_mirror.config import NOT_SETTINGS_ENV, NOT_SETTINGS_ENV_PREFIXES, Settings, deserialize_settings, serialize_settings
 
 ENV = "STM_SERVE_SETTINGS_FILE"
@@ -60,11 +61,7 @@ class SettingsHandoff:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def _write(self) -> None:
-        tmp = self.folder / f".{FILE_NAME}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(self._text)
-        os.replace(tmp, self.path)
+        write_bytes(self.path, self._text, file_mode=0o600)  # it holds the settings' secrets
 
     def waiting_workers(self) -> list[int] | None:
         """Worker processes that have not read the settings yet; ``None`` when children cannot be listed."""

@@ -18,13 +18,13 @@ import json
 import logging
 import os
 import re
-import tempfile
 from functools import lru_cache
 from json.decoder import scanstring  # type: ignore[attr-defined]  # public since Python 2, not in typeshed
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import unquote_to_bytes
 
+from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.core.naming import is_safe_path_component
 
 log = logging.getLogger(__name__)
@@ -235,17 +235,6 @@ def read_cache_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def write_cache_file(path: str | os.PathLike[str], entries: dict[str, Any]) -> None:
     """Write one API file atomically (temp file + rename), indented like upstream (4 spaces)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(entries, fh, indent=4, ensure_ascii=False)
-            fh.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_write(path) as fh:
+        json.dump(entries, fh, indent=4, ensure_ascii=False)
+        fh.write("\n")
