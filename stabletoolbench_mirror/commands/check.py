@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import answer as make_answer
@@ -438,9 +438,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Exit status 1 when anything differs or misses.",
     )
     parser.add_argument("--calls", action="append", metavar="FILE.jsonl", help='JSONL of {"payload", "observed"} lines (repeatable)')
-    parser.add_argument("--answers", action="append", metavar="PATH", help="StableToolBench answer files or folders (repeatable)")
-    parser.add_argument("--queries", action="append", metavar="PATH", help="query files/folders mapping answer-file function names to APIs")
-    parser.add_argument("--tools-folder", help="a ToolBench tools folder, also used to map function names (default: 'tools_folder')")
+    add_answer_file_arguments(parser)
     parser.add_argument("--url", help="a running server (http://HOST:PORT or .../virtual); default: the layer in-process")
     parser.add_argument(
         "--max-observation-length", type=int, default=DEFAULT_MAX_OBSERVATION_LENGTH, help="the client's cut for observation texts (1024)"

@@ -19,6 +19,13 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store-path", help="override 'store.path' (diskcache folder)")
 
 
+def add_answer_file_arguments(parser: Any, *, queries: str = "query files or folders mapping answer-file function names to APIs") -> None:
+    """``--answers``, ``--queries`` and ``--tools-folder``, as every command that reads StableToolBench's run files takes them."""
+    parser.add_argument("--answers", action="append", metavar="PATH", help="StableToolBench answer files or folders (repeatable)")
+    parser.add_argument("--queries", action="append", metavar="PATH", help=f"{queries} (repeatable)")
+    parser.add_argument("--tools-folder", help="a ToolBench tools folder, also used to map answer-file function names (default: 'tools_folder')")
+
+
 def print_json(data: Any) -> None:
     """A command's ``--json`` report on stdout: one JSON document (schemas: docs/json-output.md)."""
     import json

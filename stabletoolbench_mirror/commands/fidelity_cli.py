@@ -11,7 +11,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_config_arguments, settings_from_args
 from stabletoolbench_mirror.commands.fidelity import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_atomically, write_json
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
@@ -396,9 +396,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     ref = parser.add_argument_group("reference answers")
     ref.add_argument("--calls", action="append", metavar="FILE.jsonl", help='JSONL of {"payload", "observed"} lines (repeatable)')
-    ref.add_argument("--answers", action="append", metavar="PATH", help="StableToolBench answer files or folders (repeatable)")
-    ref.add_argument("--queries", action="append", metavar="PATH", help="query files mapping answer-file function names to APIs")
-    ref.add_argument("--tools-folder", help="a tools folder, also used to map function names (default: 'tools_folder')")
+    add_answer_file_arguments(ref)
     ref.add_argument("--from-store", action="store_true", help="the store's real records")
     ref.add_argument("--category", action="append", help="only this category (standardised name; repeatable)")
     ref.add_argument("--limit", type=int, help="score at most this many calls")

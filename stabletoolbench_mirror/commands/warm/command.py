@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any, Callable, Sequence
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.commands.warm.inputs import add_answers, add_payloads, add_queries
 from stabletoolbench_mirror.commands.warm.plan import WarmInputError, WarmPlan, WarmReport
 from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes
@@ -173,11 +173,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "call of every API in query files, the calls in answer files, or /virtual payloads. Cached calls are "
         "skipped (resumable); the rest go through the real API -> simulator chain.",
     )
-    parser.add_argument("--queries", action="append", metavar="PATH", help="StableToolBench query files or folders (repeatable)")
-    parser.add_argument("--answers", action="append", metavar="PATH", help="StableToolBench answer files or folders (repeatable)")
+    add_answer_file_arguments(parser, queries="StableToolBench query files or folders (their APIs' default calls)")
     parser.add_argument("--payloads", action="append", metavar="FILE.jsonl", help="JSONL of /virtual bodies (repeatable)")
     parser.add_argument("--index", action="append", metavar="PATH", help="query files used only to map answer-file function names")
-    parser.add_argument("--tools-folder", help="ToolBench tools folder, to map answer-file function names (default: 'tools_folder')")
     parser.add_argument("--include-optional", action="store_true", help="default calls also fill the optional parameters")
     parser.add_argument("--concurrency", "-j", type=int, help="calls in flight; the offline engine's batch size (default 8; 256 with vllm-offline)")
     parser.add_argument(
