@@ -67,9 +67,13 @@ def recorded_arguments(tree: str, tool_name: str) -> dict | None:
 
 async def run(server: object, frozen: str | None = None) -> None:
     async with Client(server) as client:
-        listed = await client.list_tools()
-        print(json.dumps({"tools": [tool.name for tool in listed.tools]}))
-        for tool in listed.tools:
+        page = await client.list_tools()
+        tools = list(page.tools)
+        while page.next_cursor is not None:  # the listing comes in pages (MCP's nextCursor)
+            page = await client.list_tools(cursor=page.next_cursor)
+            tools += page.tools
+        print(json.dumps({"tools": [tool.name for tool in tools]}))
+        for tool in tools:
             recorded = recorded_arguments(frozen, tool.name) if frozen else None
             arguments = recorded if recorded is not None else example_arguments(tool.input_schema)
             result = await client.call_tool(tool.name, arguments)

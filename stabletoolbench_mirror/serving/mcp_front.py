@@ -62,6 +62,11 @@ QUERIES = "/mcp/queries/"
 MCP_SESSION_HEADER = "mcp-session-id"
 #: MCP sessions remembered with their server session (the oldest forgotten beyond it)
 MAX_MCP_SESSIONS = 10_000
+#: the most bytes of tools one ``tools/list`` page holds (its JSON): the official SDK's client refuses a
+#: server-sent event over 1 MiB, and the 2,490 tools of the solvable queries are 1.2 MB together
+PAGE_BYTES = 256 * 1024
+#: the most tools one page holds
+PAGE_TOOLS = 500
 
 QueryKey = tuple[str, str]
 
@@ -82,6 +87,7 @@ class Catalog:
         self.everything = everything
         self.queries = queries
         self._listings: dict[Optional[QueryKey], list[Any]] = {}
+        self._pages: dict[Optional[QueryKey], list[int]] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Catalog":
@@ -124,6 +130,38 @@ class Catalog:
                 tools.append(types.Tool(name=name, description=tool["description"], input_schema=tool["inputSchema"]))
             self._listings[query] = tools
         return self._listings[query]
+
+    def page(self, query: Optional[QueryKey], cursor: Optional[str]) -> Any:
+        """One ``tools/list`` page of a scope (MCP's pagination: ``nextCursor`` names the next one, absent on the last).
+
+        A page holds at most :data:`PAGE_TOOLS` tools and :data:`PAGE_BYTES` of them (one tool over that is
+        a page of its own).  A cursor this server did not give is an ``INVALID_PARAMS`` error, as the spec says.
+        """
+        import mcp_types as types
+        from mcp.shared.exceptions import MCPError
+
+        tools = self.listing(query)
+        starts = self._page_starts(query, tools)
+        if cursor is None:
+            number = 0
+        else:
+            number = int(cursor) if cursor.isdigit() and len(cursor) < 9 else -1
+            if not 0 < number < len(starts):
+                raise MCPError(types.INVALID_PARAMS, f"tools/list: unknown cursor {cursor[:40]!r} (list again from the first page)")
+        end = starts[number + 1] if number + 1 < len(starts) else len(tools)
+        return types.ListToolsResult(tools=tools[starts[number]:end], next_cursor=str(number + 1) if end < len(tools) else None)
+
+    def _page_starts(self, query: Optional[QueryKey], tools: list[Any]) -> list[int]:
+        if query not in self._pages:
+            starts, size = [0], 0
+            for i, tool in enumerate(tools):
+                cost = len(tool.model_dump_json(by_alias=True, exclude_none=True)) + 1
+                if i > starts[-1] and (size + cost > PAGE_BYTES or i - starts[-1] >= PAGE_TOOLS):
+                    starts.append(i)
+                    size = 0
+                size += cost
+            self._pages[query] = starts
+        return self._pages[query]
 
 
 def _every_tool(settings: Settings) -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -225,9 +263,7 @@ class McpFront:
         from mcp.server.lowlevel import Server
 
         async def list_tools(ctx: Any, params: Any) -> Any:
-            import mcp_types as types
-
-            return types.ListToolsResult(tools=self.catalog.listing(self._scope_of(ctx, query)))
+            return self.catalog.page(self._scope_of(ctx, query), params.cursor if params is not None else None)
 
         async def call_tool(ctx: Any, params: Any) -> Any:
             scope = self.catalog.scope(self._scope_of(ctx, query)) or {}

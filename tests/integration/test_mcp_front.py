@@ -64,11 +64,21 @@ def _call_name(payload: dict[str, Any], names: dict[str, set[Target]]) -> tuple[
     return name, json.loads(payload["tool_input"]) if payload["tool_input"].strip() else {}
 
 
+async def _all_tools(mcp: Any) -> list[Any]:
+    """Every tool, page by page (MCP's ``nextCursor``)."""
+    page = await mcp.list_tools()
+    tools = list(page.tools)
+    while page.next_cursor is not None:
+        page = await mcp.list_tools(cursor=page.next_cursor)
+        tools += page.tools
+    return tools
+
+
 async def _calls(server: Any, calls: list[tuple[str, dict[str, Any]]], **client: Any) -> tuple[list[str], list[Any]]:
     async with Client(server, **client) as mcp:
-        listed = await mcp.list_tools()
+        listed = await _all_tools(mcp)
         results = [await mcp.call_tool(name, arguments) for name, arguments in calls]
-    return [t.name for t in listed.tools], results
+    return [t.name for t in listed], results
 
 
 def _http(url: str, token: str | None = None) -> Any:
@@ -327,3 +337,53 @@ def test_the_example_client_calls_recorded_inputs_of_the_frozen_cache_and_shows_
     for name in recorded:
         assert not after[name]["isError"], after[name]
         assert json.loads(after[name]["text"])["error"] == ""
+
+
+async def _pages_over_client_session(url: str) -> list[list[str]]:
+    """The tool names of each ``tools/list`` page, listed by the SDK's ``ClientSession`` over ``streamable_http_client``
+    (its default 1 MiB limit on one server-sent event)."""
+    from mcp.client.session import ClientSession
+    import mcp_types as types
+
+    pages = []
+    async with streamable_http_client(url, http_client=httpx2.AsyncClient(timeout=60)) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        cursor = None
+        while True:
+            page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+            pages.append([t.name for t in page.tools])
+            if page.next_cursor is None:
+                return pages
+            cursor = page.next_cursor
+
+
+@pytest.mark.parametrize("with_queries", [True, False])
+def test_the_sdks_client_session_lists_every_tool_page_by_page(reference_dir: Path, tmp_path: Path, with_queries: bool) -> None:
+    queries = {"queries": str(reference_dir / "solvable_queries")} if with_queries else {}
+    settings = _reference_settings(reference_dir, tmp_path, mcp={"enabled": True, **queries})
+    items = _reference_functions(reference_dir)
+    assert len(items) == 765 or not with_queries  # every solvable query
+    with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+        pages = asyncio.run(_pages_over_client_session(server.url + "/mcp"))
+        item = max(items, key=lambda i: len(i.functions))
+        one_query = asyncio.run(_pages_over_client_session(f"{server.url}/mcp/queries/{item.group}/{item.query_id}")) if with_queries else None
+        # a cursor the server never gave is an error naming it, not an empty page
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+        accept = {"Accept": "application/json, text/event-stream"}
+        opened = requests.post(server.url + "/mcp", json=init, headers=accept, timeout=30)
+        headers = {**accept, "Mcp-Session-Id": opened.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
+        requests.post(server.url + "/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers, timeout=30)
+        bad = requests.post(server.url + "/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"cursor": "nope"}},
+                            headers=headers, timeout=30)
+    listed = [name for page in pages for name in page]
+    assert len(pages) >= 5 and len(listed) == len(set(listed)) == 2490
+    assert listed == [t.name for t in _catalog_listing(settings)]  # every tool once, in the catalog's order
+    assert one_query == ([[fn.name for fn in item.functions]] if with_queries else None)  # one query's tools: one page
+    assert "unknown cursor 'nope'" in bad.text and '"code":-32602' in bad.text.replace(" ", "")
+
+
+def _catalog_listing(settings: Any) -> list[Any]:
+    from stabletoolbench_mirror.serving.mcp_front import Catalog
+
+    return Catalog.from_settings(settings).listing(None)
