@@ -314,6 +314,14 @@ class McpConfig(_Section):
     """An MCP session (``Mcp-Session-Id``; the ``mcp`` command's whole run) is a server session: history-conditioned
     keys and simulation, local-tool state.  Off: its calls are sessionless, keyed as StableToolBench's client's
     (what answering from a frozen StableToolBench cache needs)."""
+    max_sessions: int = Field(default=2048, ge=1)
+    """MCP sessions open at once over HTTP, all clients together.  A new one beyond it closes the least recently
+    used idle session of the client that holds the most; with none idle it is refused (HTTP 503 naming this key)."""
+    max_sessions_per_client: int = Field(default=256, ge=1)
+    """MCP sessions one client address holds at once.  A new one beyond it closes that client's least recently
+    used idle session (its id then answers 404: the client initializes again); with none idle it is refused."""
+    session_idle_timeout_s: float = Field(default=1800.0, gt=0, le=DAY_S)
+    """An MCP session with no request for this long is closed (the SDK's own default, 30 minutes)."""
 
     @property
     def query_paths(self) -> list[str]:

@@ -25,8 +25,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections import OrderedDict
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Optional, Protocol
 
 import anyio
@@ -185,6 +187,19 @@ def query_of(path: str) -> Optional[QueryKey] | bool:
     return False
 
 
+async def _status_of(app: Any, scope: "Scope", receive: "Receive", send: "Send") -> int | None:
+    """Run ``app`` for one request; the HTTP status it answered (``None``: it sent none)."""
+    status: list[int] = []
+
+    async def watch(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+        await send(message)
+
+    await app(scope, receive, watch)
+    return status[0] if status else None
+
+
 def tool_result(outcome: Outcome) -> Any:
     """The MCP result of a call: one text content holding the ``/virtual`` body, ``isError`` when its ``error`` is not empty."""
     import mcp_types as types
@@ -229,6 +244,106 @@ class _SessionMap:
             return found
 
 
+@dataclass
+class _Open:
+    """One open MCP session over HTTP: whose it is, when it was last used, its requests in flight."""
+
+    client: str
+    used: float
+    busy: int = 0
+
+
+class SessionBound:
+    """Open MCP sessions bounded per client (``mcp.max_sessions_per_client``) and in all (``mcp.max_sessions``).
+
+    The SDK's session manager keeps an initialized session for 30 minutes and refuses every new one
+    once 10,000 are open, so one client sending ``initialize`` in a loop locked every other client out.
+    Here a new session is let in only when it fits; else the least recently used *idle* session (no
+    request in flight) of that client, or, when all are full, of the client that holds the most, is
+    closed first (an MCP ``DELETE``, as a client closes its own), so another client always gets one.
+    When none is idle the new one is refused with HTTP 503 naming the key.  Runs on the event loop.
+    """
+
+    def __init__(self, per_client: int, total: int, idle_timeout_s: float) -> None:
+        self.per_client = per_client
+        self.total = total
+        self.idle_timeout_s = idle_timeout_s
+        self._open: dict[str, _Open] = {}  # in the order of their last use
+        self._count: dict[str, int] = {}  # per client: sessions open and being opened
+        self._opening = 0
+
+    def __len__(self) -> int:
+        return len(self._open) + self._opening
+
+    def held_by(self, client: str) -> int:
+        return self._count.get(client, 0)
+
+    def _expire(self, now: float) -> None:
+        """Forget the sessions the SDK has closed for idleness (the same timeout, counted the same way)."""
+        for sid in [sid for sid, s in self._open.items() if not s.busy and now - s.used > self.idle_timeout_s]:
+            self.closed(sid)
+
+    def admit(self, client: str) -> tuple[list[str], str | None]:
+        """Room for one more session of ``client``: the sessions to close first, or the key that refuses it."""
+        self._expire(time.monotonic())
+        victims: list[str] = []
+        if self.held_by(client) >= self.per_client:
+            victim = self._idle_of(client)
+            if victim is None:
+                return [], "mcp.max_sessions_per_client"
+            victims.append(victim)
+        elif len(self) >= self.total:
+            victim = next((v for c in sorted(self._count, key=self._count.__getitem__, reverse=True)
+                           if (v := self._idle_of(c)) is not None), None)
+            if victim is None:
+                return [], "mcp.max_sessions"
+            victims.append(victim)
+        for victim in victims:
+            self.closed(victim)
+        self._count[client] = self.held_by(client) + 1
+        self._opening += 1
+        return victims, None
+
+    def _idle_of(self, client: str) -> str | None:
+        return next((sid for sid, s in self._open.items() if s.client == client and not s.busy), None)
+
+    def opened(self, client: str, sid: str | None) -> None:
+        """The end of an ``admit``: ``sid`` the session it opened, ``None`` when none was."""
+        self._opening -= 1
+        if sid is None:
+            self._drop(client)
+        else:
+            self._open[sid] = _Open(client, time.monotonic())
+
+    def begin(self, sid: str, *, busy: bool = True) -> bool:
+        """A request of session ``sid`` starts (``busy``: it keeps the session from being closed); ``False``: not one of these."""
+        found = self._open.pop(sid, None)
+        if found is None:
+            return False
+        found.busy += busy
+        found.used = time.monotonic()
+        self._open[sid] = found  # now the most recently used
+        return True
+
+    def end(self, sid: str, *, busy: bool = True) -> None:
+        found = self._open.get(sid)
+        if found is not None:
+            found.busy -= busy
+            found.used = time.monotonic()
+
+    def closed(self, sid: str) -> None:
+        found = self._open.pop(sid, None)
+        if found is not None:
+            self._drop(found.client)
+
+    def _drop(self, client: str) -> None:
+        left = self.held_by(client) - 1
+        if left > 0:
+            self._count[client] = left
+        else:
+            self._count.pop(client, None)
+
+
 class _Asgi:
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -246,6 +361,8 @@ class McpFront:
         self._manager: Any = None
         self._admission: Optional[Admission] = None
         self._sessions = _SessionMap()
+        mcp = settings.mcp
+        self.bound = SessionBound(mcp.max_sessions_per_client, mcp.max_sessions, mcp.session_idle_timeout_s)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "McpFront":
@@ -329,8 +446,10 @@ class McpFront:
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
         from starlette.routing import Route
 
+        mcp = self.settings.mcp
         self._manager = StreamableHTTPSessionManager(
             app=self.server(path), max_request_body_size=self.settings.limits.max_body_bytes,
+            session_idle_timeout=mcp.session_idle_timeout_s, max_sessions=mcp.max_sessions + 64,  # SessionBound bounds them first
         )
         endpoint = _Asgi(self._http)  # an ASGI app, not a function: Starlette hands it the raw request
         app.router.routes.append(Route(PREFIX, endpoint=endpoint, include_in_schema=False))
@@ -345,7 +464,62 @@ class McpFront:
             message = f"no MCP endpoint {scope['path']}: /mcp serves the tools, /mcp/queries/<group>/<query_id> one query's ({served})"
             await JSONResponse(protocol.answer(message, ""), status_code=404)(scope, receive, send)
             return
-        await self._manager.handle_request(scope, receive, send)
+        sid = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"mcp-session-id"), None)
+        if sid is None and scope["method"] == "POST":
+            await self._open_session(scope, receive, send)
+        elif sid is not None and self.bound.begin(sid, busy=scope["method"] != "GET"):  # a GET stream only listens
+            status = None
+            try:
+                status = await _status_of(self._manager.handle_request, scope, receive, send)
+            finally:
+                self.bound.end(sid, busy=scope["method"] != "GET")
+                if status == 404 or (scope["method"] == "DELETE" and status is not None and status < 400):
+                    self.bound.closed(sid)
+        else:
+            await self._manager.handle_request(scope, receive, send)
+
+    async def _open_session(self, scope: "Scope", receive: "Receive", send: "Send") -> None:
+        """A request that may open a session (an ``initialize``): only once :class:`SessionBound` has room for it."""
+        client = scope["client"][0] if scope.get("client") else "?"
+        victims, refused = self.bound.admit(client)
+        if refused is not None:
+            from starlette.responses import JSONResponse
+
+            held = self.bound.held_by(client) if refused.endswith("per_client") else len(self.bound)
+            message = (f"stabletoolbench-mirror: too many open MCP sessions ({held}, none idle); the server's {refused} "
+                       "setting bounds this (or close sessions you no longer use: an MCP DELETE)")
+            await JSONResponse(protocol.answer(message, ""), status_code=503, headers={"retry-after": "1"})(scope, receive, send)
+            return
+        for victim in victims:
+            await self._close(victim)
+        opened: list[str] = []
+
+        async def watch(message: Any) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                opened.extend(v.decode("latin-1") for k, v in message.get("headers", ()) if k.lower() == b"mcp-session-id")
+            await send(message)
+
+        try:
+            await self._manager.handle_request(scope, receive, watch)
+        finally:
+            self.bound.opened(client, opened[0] if opened else None)
+
+    async def _close(self, sid: str) -> None:
+        """Close a session as its client would: an MCP ``DELETE`` with its id, answered to nobody."""
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "DELETE", "scheme": "http",
+                 "path": PREFIX, "raw_path": PREFIX.encode(), "query_string": b"", "root_path": "",
+                 "headers": [(b"mcp-session-id", sid.encode("latin-1")), (b"host", b"127.0.0.1")], "client": None, "server": None}
+
+        async def receive() -> Any:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Any) -> None:
+            pass
+
+        try:
+            await self._manager.handle_request(scope, receive, send)
+        except Exception:  # noqa: BLE001 - a session that ended meanwhile is closed all the same
+            log.debug("closing MCP session %s failed", sid[:64], exc_info=True)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
