@@ -11,7 +11,8 @@ One :class:`Environment` is what one ToolManager of API-Bank is for one dialogue
 * **random numbers**: while a call runs, the ``random`` and ``uuid`` an API module imported (and
   ``from random import ...`` functions) are a ``random.Random`` seeded from the session's seed
   and the call's number, so a dialogue run again gets the same ids and tokens.  API modules are
-  shared by all sessions, so API-Bank calls of one process run one at a time (a lock).
+  shared by all sessions, so what they see is the generator of the call running in the same thread:
+  calls of different sessions run at once (a session's own calls one at a time).
 
 Its state is kept in the session (``state["apibank"]``) as :meth:`Environment.snapshot`: the
 tables it wrote, the API attributes that changed since their instance was made, and the number
@@ -27,6 +28,7 @@ import hashlib
 import json
 import random
 import secrets
+import threading
 import types
 import uuid
 from typing import Any, Iterator
@@ -72,32 +74,79 @@ def call_rng(seed: str, n: int) -> _SeededRandom:
 
 _RANDOM_FUNCTIONS = {name: getattr(random, name) for name in dir(random) if callable(getattr(random, name)) and hasattr(random.Random, name)}
 
+#: the generator of the call this thread runs (``None``: none runs)
+_CURRENT = threading.local()
+_INSTALL_LOCK = threading.Lock()
+_INSTALLED: set[int] = set()
 
-@contextlib.contextmanager
-def seeded(modules: list[types.ModuleType], rng: random.Random) -> Iterator[None]:
-    """The API modules' ``random``/``uuid`` seeded by ``rng`` while the block runs (the caller holds the call lock)."""
-    shim_uuid = _SeededUuid(rng)
-    undo: list[tuple[dict[str, Any], str, Any]] = []
-    try:
+
+def _current() -> random.Random | None:
+    return getattr(_CURRENT, "rng", None)
+
+
+class _ThreadRandom(types.SimpleNamespace):
+    """``random`` as an API module sees it: the running call's seeded generator, in the thread that runs it."""
+
+    def __getattr__(self, name: str) -> Any:
+        rng = _current()
+        return getattr(rng, name) if rng is not None and hasattr(random.Random, name) else getattr(random, name)
+
+
+class _ThreadUuid(types.SimpleNamespace):
+    """``uuid`` as an API module sees it: ``uuid4`` from the running call's seeded generator."""
+
+    def __getattr__(self, name: str) -> Any:
+        return _uuid4 if name == "uuid4" else getattr(uuid, name)
+
+
+def _uuid4() -> uuid.UUID:
+    rng = _current()
+    return uuid.uuid4() if rng is None else _SeededUuid(rng).uuid4()
+
+
+def _thread_function(name: str) -> Any:
+    def seeded_function(*args: Any, **kwargs: Any) -> Any:
+        rng = _current()
+        return getattr(rng if rng is not None else random, name)(*args, **kwargs)
+
+    seeded_function.__name__ = name
+    return seeded_function
+
+
+def _install(modules: list[types.ModuleType]) -> None:
+    """Once per module: its ``random``, ``uuid``, ``uuid4`` and ``from random import ...`` names read the thread's generator."""
+    with _INSTALL_LOCK:
         for module in modules:
+            if id(module) in _INSTALLED:
+                continue
             names = vars(module)
             for name, value in list(names.items()):
                 if value is random:
-                    replacement: Any = rng
+                    names[name] = _ThreadRandom()
                 elif value is uuid:
-                    replacement = shim_uuid
+                    names[name] = _ThreadUuid()
                 elif value is uuid.uuid4:
-                    replacement = shim_uuid.uuid4
+                    names[name] = _uuid4
                 elif any(value is fn for fn in _RANDOM_FUNCTIONS.values()):
-                    replacement = getattr(rng, value.__name__)
-                else:
-                    continue
-                undo.append((names, name, value))
-                names[name] = replacement
+                    names[name] = _thread_function(value.__name__)
+            _INSTALLED.add(id(module))
+
+
+@contextlib.contextmanager
+def seeded(modules: list[types.ModuleType], rng: random.Random) -> Iterator[None]:
+    """The API modules' ``random``/``uuid`` seeded by ``rng`` while the block runs, in this thread only.
+
+    The modules are shared by every session, so what they see is per thread (their names are set once
+    to objects that read the thread's generator): calls of different sessions run at once, and none
+    waits behind another's long call.
+    """
+    _install(modules)
+    previous = _current()
+    _CURRENT.rng = rng
+    try:
         yield
     finally:
-        for names, name, value in reversed(undo):
-            names[name] = value
+        _CURRENT.rng = previous
 
 
 def _attr_texts(obj: Any) -> dict[str, str]:

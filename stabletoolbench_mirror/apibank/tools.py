@@ -13,6 +13,7 @@ take the normal miss path.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import threading
@@ -35,8 +36,20 @@ CATEGORY = "APIBank"
 TOOL_NAMES = {"apis": "API-Bank", "lv3_apis": "API-Bank Level-3"}
 #: live environments kept per process (older ones are rebuilt from their session's state)
 MAX_LIVE = 256
-#: API-Bank calls of one process run one at a time (API modules are shared; see :mod:`.environment`)
-CALL_LOCK = threading.Lock()
+#: session locks kept (a session's calls run one at a time; different sessions' at once)
+MAX_SESSION_LOCKS = 4 * MAX_LIVE
+
+
+class CallOverrun(BaseException):
+    """Raised in the thread of an API-Bank call still running past ``local_tools_timeout_s``: it ends the call.
+
+    A ``BaseException``: API-Bank's own ``except Exception`` (``Calculator.call``'s) does not catch it.
+    """
+
+
+def _end_thread(ident: int) -> None:
+    """End the call running in thread ``ident`` at its next bytecode (Python code; a long C call ends after it)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(CallOverrun))
 
 
 def state_key(suite: Suite) -> str:
@@ -74,6 +87,7 @@ class ApiBankTools(LocalTools):
         self.suites = list(suites)
         self._live: OrderedDict[tuple[str, str], Environment] = OrderedDict()
         self._live_lock = threading.Lock()
+        self._session_locks: OrderedDict[tuple[str, str], threading.Lock] = OrderedDict()
 
     # -- environments ---------------------------------------------------------------------------
 
@@ -117,11 +131,33 @@ class ApiBankTools(LocalTools):
         if found is None:
             return super().run(tool, call, state)
         suite, name = found
-        returned, result = self.in_thread(f"API-Bank {name}", lambda: self._call(suite, name, call, state))
+        running: dict[str, Any] = {}
+
+        def work() -> LocalResult:
+            running["thread"] = threading.get_ident()
+            try:
+                return self._call(suite, name, call, state)
+            finally:
+                running["done"] = True
+
+        returned, result = self.in_thread(f"API-Bank {name}", work)
         if not returned:
             self._forget(suite, call)  # not run, or did not return: its next call rebuilds the environment from the state
+            if "thread" in running and "done" not in running:
+                _end_thread(running["thread"])  # past local_tools_timeout_s: ended, so it holds no CPU and no session lock
         ran: LocalResult = result
         return ran
+
+    def _session_lock(self, suite: Suite, call: ToolCall) -> threading.Lock:
+        key = (suite.folder, call.session.id if call.session is not None else "")
+        with self._live_lock:
+            lock = self._session_locks.get(key)
+            if lock is None:
+                lock = self._session_locks[key] = threading.Lock()
+                while len(self._session_locks) > MAX_SESSION_LOCKS:
+                    self._session_locks.popitem(last=False)
+            self._session_locks.move_to_end(key)
+        return lock
 
     def _call(self, suite: Suite, name: str, call: ToolCall, state: dict) -> LocalResult:
         tool_input = call.tool_input if isinstance(call.tool_input, dict) else {}
@@ -131,8 +167,10 @@ class ApiBankTools(LocalTools):
             kwargs = type_inputs(tool_input, suite.apis[name].input_parameters)
         except InputError as exc:
             return self._answer(_exception_answer(name, tool_input, str(exc)), state)
-        if not CALL_LOCK.acquire(timeout=self.timeout_s):
-            raise TimeoutError("another API-Bank call holds the call lock")
+        # a session's calls run one at a time (its environment is one); other sessions' calls never wait for it
+        lock = self._session_lock(suite, call) if call.session is not None else threading.Lock()
+        if not lock.acquire(timeout=self.timeout_s):
+            raise TimeoutError("an earlier call of this session is still running")
         try:
             try:
                 env = self._environment(suite, call, state)
@@ -150,7 +188,7 @@ class ApiBankTools(LocalTools):
             env.n += 1
             snapshot = env.snapshot()
         finally:
-            CALL_LOCK.release()
+            lock.release()
         self._keep(suite, call, env)
         return LocalResult(protocol.answer("", text), {**state, state_key(suite): snapshot})
 

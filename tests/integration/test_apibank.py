@@ -379,3 +379,34 @@ def test_local_tools_files_still_run_beside_api_bank(tmp_path: Path, settings_fa
     echo = layer.handle_payload({"category": "Tools", "tool_name": "Echo", "api_name": "echo", "tool_input": '{"a": 1}', "strip": "", "toolbench_key": ""})
     assert json.loads(json.loads(echo.body)["response"]) == {"echo": {"a": 1}}
     assert Client(layer).call(None, "CountNotes")["output"] == 0
+
+
+def test_a_long_calculator_formula_holds_no_other_session_hostage_and_is_ended_at_its_timeout(apibank: Path, tmp_path: Path) -> None:
+    """A 120 KB formula keeps API-Bank's own Calculator busy for tens of seconds; other sessions' calls are answered at
+    once meanwhile, and the long call is answered as a timeout at local_tools_timeout_s and ended (its session calls again)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+
+    config = {"store": {"path": str(tmp_path / "store")}, "apibank": {"path": str(apibank)}, "local_tools_timeout_s": 3}
+    formula = "+".join(["(1+2)*3"] * 15_000)  # 119,999 characters
+    with ServeProcess(tmp_path, config) as server, ThreadPoolExecutor(1) as side:
+        def session() -> dict[str, str]:
+            return {"X-STM-Session": requests.post(server.url + "/sessions", json={}, timeout=30).json()["id"]}
+
+        hog, other = session(), session()
+        url = server.url + "/virtual"
+        long_call = side.submit(requests.post, url, json=payload("Calculator", formula=formula), headers=hog, timeout=120)
+        answered = []
+        for i in range(5):  # while the long formula runs
+            started = time.monotonic()
+            reply = requests.post(url, json=payload("Calculator", formula=f"({i}+2)*3"), headers=other, timeout=60)
+            answered.append((time.monotonic() - started, result_of(reply.text)["output"]))
+            assert not long_call.done(), "the long formula ended before the other session's calls were made"
+        hogged = long_call.result()
+        again = requests.post(url, json=payload("Calculator", formula="1+1"), headers=hog, timeout=60)
+    assert [out for _, out in answered] == [(i + 2) * 3 for i in range(5)]
+    assert max(t for t, _ in answered) < 1.0, answered
+    assert "did not answer within 3s" in hogged.json()["response"], hogged.text
+    assert result_of(again.text)["output"] == 2  # the ended call holds nothing of its session
