@@ -298,7 +298,8 @@ def check_local_tools(settings: Settings, report: StartupReport) -> None:
     if not settings.local_tools:
         return
     paths = [Path(settings.resolve(p)) for p in settings.local_tools]
-    report.add("local tools", f"{', '.join(str(p) for p in paths)} (timeout {settings.local_tools_timeout_s:g} s)")
+    report.add("local tools", f"{', '.join(str(p) for p in paths)} (timeout {settings.local_tools_timeout_s:g} s; "
+                              "their code runs in this process: name only files you trust)")
     for path in paths:
         if not path.is_file():
             report.error("local_tools", f"{path}: no such file")
@@ -347,6 +348,8 @@ def check_apibank(settings: Settings, report: StartupReport) -> None:
     except ConfigError as exc:
         report.error("apibank.path", str(exc).removeprefix("apibank.path: "))
         return
+    report.add("API-Bank", f"{settings.resolve(settings.apibank.path)}: its API modules were imported, which ran their code "
+                           "in this process (doctor too): name only a folder you trust")
     for line in describe(suites):
         report.add("API-Bank" if not line.startswith(" ") else "API-Bank miss", line.strip())
 

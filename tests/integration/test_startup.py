@@ -641,3 +641,19 @@ def test_doctor_warns_when_the_trusted_proxies_take_in_every_local_client(tmp_pa
     assert ("where every local client connects from" in text) is warned
     if warned:
         assert "limits.trusted_proxies" in text and "proxy_bind 127.0.0.2" in text
+
+
+def test_doctor_says_that_local_tools_and_api_bank_run_their_code(tmp_path: Path) -> None:
+    tools = tmp_path / "tools.py"
+    tools.write_text("TOOLS = {}\n")
+    bank = tmp_path / "bank"
+    (bank / "apis").mkdir(parents=True)
+    (bank / "init_database").mkdir()
+    (bank / "apis" / "ran.py").write_text(f"open({str(tmp_path / 'ran-at-doctor')!r}, 'w').close()\n")
+    cfg = write_config(tmp_path / "c.yml", {"store": {"path": str(tmp_path / "store")}, "local_tools": [str(tools)],
+                                            "apibank": {"path": str(bank)}})
+    result = cli("doctor", "--config", str(cfg), "--no-probe", cwd=tmp_path)
+    text = flat(result.stdout)
+    assert "their code runs in this process: name only files you trust" in text
+    assert "its API modules were imported, which ran their code in this process (doctor too)" in text
+    assert (tmp_path / "ran-at-doctor").exists()  # what the summary says is what happened
