@@ -21,7 +21,7 @@ nothing on a live connection; a subscriber too slow to read is disconnected, whi
 subscription, and the memory is emptied when it is back).  What no message covers (one published
 while the subscription was down, a Redis restarted from an older dump, a key removed with
 ``redis-cli``, a writer that does not publish) is bounded by age: the memory serves a record for
-at most :data:`~.redis_store.MEMORY_MAX_AGE_S` after reading it, then reads Redis again (and
+at most :data:`~.redis_memory.MEMORY_MAX_AGE_S` after reading it, then reads Redis again (and
 serves what it holds, whatever its age, only while Redis cannot be read).
 """
 

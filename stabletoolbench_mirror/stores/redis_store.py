@@ -28,10 +28,8 @@ import contextlib
 import hashlib
 import json
 import logging
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from typing import Any, Iterable, Iterator
 
 import redis
@@ -42,12 +40,13 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from stabletoolbench_mirror.core.logs import clip
-from stabletoolbench_mirror.core.records import Record, Source
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.stores import formats, rules
 from stabletoolbench_mirror.stores import redis_scripts as scripts
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S, LeaseKeeper
+from stabletoolbench_mirror.stores.redis_memory import MEMORY_MAX_AGE_S, RecordMemory
 from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, channel, forget_message
 
 log = logging.getLogger(__name__)
@@ -63,123 +62,6 @@ def _optional_text(value: str | bytes | None) -> str | None:
 def _text(value: str | bytes) -> str:
     """A reply's text (the clients decode replies: ``decode_responses``; bytes only as a fallback)."""
     return value if isinstance(value, str) else value.decode("utf-8")
-
-
-#: how long a remembered record or pointer is served without asking Redis again (see :class:`RecordMemory`)
-MEMORY_MAX_AGE_S = 1.0
-
-
-class RecordMemory:
-    """A bounded in-process copy of records already read (least recently used ones go first).
-
-    Sound because usable answers never change once written (add-if-absent): a key, once
-    found, names the same answer for good on every host.  Absent keys and failure records
-    (which an answer may replace, and whose canonical pointers may move) are never remembered.
-    Only what a hit serves is kept (not ``meta`` or ``replaced``).
-
-    What changes an answer (``cache delete``, ``mode: refresh``) is heard on the invalidation
-    channel (:mod:`.redis_invalidation`).  What that cannot cover (a message lost with the
-    subscription, a Redis restarted from an older dump, a key deleted with ``redis-cli``) is
-    bounded by age: an item read more than ``max_age_s`` ago is read from Redis again, and served
-    as it is only while Redis cannot be read (:meth:`get` with ``stale=True``).
-    """
-
-    def __init__(self, max_bytes: int, max_age_s: float = MEMORY_MAX_AGE_S) -> None:
-        self.max_bytes = max(0, int(max_bytes))
-        self.max_age_s = float(max_age_s)
-        # each item: (value, size, monotonic time it was read)
-        self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, Source, str, float], int, float]] = OrderedDict()
-        self._pointers: OrderedDict[tuple[str, str], tuple[str, int, float]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.live = True
-        """Whether the memory serves (a store's memory is live only while it hears invalidations)."""
-        self.epoch = 0
-        """Bumped by every invalidation: a read begun before one is not remembered (see :meth:`put`)."""
-
-    def go_live(self) -> None:
-        """Invalidations are heard from now on: empty the memory (some may have been missed) and serve."""
-        self.clear()
-        self.live = True
-
-    def clear(self) -> None:
-        with self._lock:
-            self.epoch += 1
-            self._records.clear()
-            self._pointers.clear()
-            self._bytes = 0
-
-    def forget(self, where: tuple[str, str]) -> None:
-        """Forget one record (it was replaced); pointers stay right, as they name keys."""
-        with self._lock:
-            self.epoch += 1
-            item = self._records.pop(where, None)
-            if item is not None:
-                self._bytes -= item[1]
-
-    def get(self, where: tuple[str, str], *, stale: bool = False) -> Record | None:
-        """The record remembered for ``where`` if read within ``max_age_s`` (any age with ``stale``)."""
-        if not self.live:
-            return None
-        with self._lock:
-            item = self._records.get(where)
-            if item is None or (not stale and time.monotonic() - item[2] >= self.max_age_s):
-                return None
-            self._records.move_to_end(where)
-        key, body, source, origin, created_at = item[0]
-        return Record(api=where[0], key=key, body=body, source=source, origin=origin, created_at=created_at)
-
-    def pointer(self, where: tuple[str, str], *, stale: bool = False) -> str | None:
-        if not self.live:
-            return None
-        with self._lock:
-            item = self._pointers.get(where)
-            if item is None or (not stale and time.monotonic() - item[2] >= self.max_age_s):
-                return None
-            self._pointers.move_to_end(where)
-            return item[0]
-
-    def put(self, where: tuple[str, str], record: Record, epoch: int | None = None) -> None:
-        """Remember ``record`` (read when the memory's :attr:`epoch` was ``epoch``, if given)."""
-        # kept as a tuple of strings and a float, which Python's garbage collector stops tracking:
-        # a memory of many records then costs the collector (and so the latency tail) nothing
-        if record.is_failure:
-            return
-        fields = (record.key, record.body, record.source, record.origin, record.created_at)
-        self._insert(self._records, where, fields, len(record.body) + len(record.key) + len(record.origin) + 200, epoch)
-
-    def unpoint(self, where: tuple[str, str]) -> None:
-        """Forget a canonical pointer (it names a failure record, so it may move)."""
-        with self._lock:
-            item = self._pointers.pop(where, None)
-            if item is not None:
-                self._bytes -= item[1]
-
-    def point(self, where: tuple[str, str], key: str, epoch: int | None = None) -> None:
-        self._insert(self._pointers, where, key, len(key) + len(where[1]) + 100, epoch)
-
-    def _insert(self, table: "OrderedDict[tuple[str, str], Any]", where: tuple[str, str], value: Any, size: int,
-                epoch: int | None = None) -> None:
-        if size > self.max_bytes // 4 or not self.live:
-            return
-        with self._lock:
-            if epoch is not None and epoch != self.epoch:
-                return
-            old = table.pop(where, None)  # read again (it had aged): the new read's time counts
-            if old is not None:
-                self._bytes -= old[1]
-            table[where] = (value, size, time.monotonic())
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                victims = self._records if len(self._records) >= len(self._pointers) else self._pointers
-                if not victims:
-                    break
-                _where, (_value, freed, _at) = victims.popitem(last=False)
-                self._bytes -= freed
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._records)
 
 
 class RedisStore(Store):

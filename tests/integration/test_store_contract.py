@@ -222,7 +222,7 @@ def test_diskcache_open_failure_is_a_store_error(tmp_path: Path) -> None:
 
 
 def test_redis_record_memory_is_bounded_and_never_remembers_absence() -> None:
-    from stabletoolbench_mirror.stores.redis_store import RecordMemory
+    from stabletoolbench_mirror.stores.redis_memory import RecordMemory
 
     memory = RecordMemory(max_bytes=20_000)
     for i in range(200):

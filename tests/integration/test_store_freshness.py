@@ -212,7 +212,8 @@ def test_files_beside_the_store_deleted_or_truncated_crash_nothing_and_stale_not
 def test_a_redis_record_removed_behind_the_stores_back_is_read_again_within_its_age_bound(tmp_path: Path) -> None:
     import redis as redis_client
 
-    from stabletoolbench_mirror.stores.redis_store import MEMORY_MAX_AGE_S, RedisStore
+    from stabletoolbench_mirror.stores.redis_memory import MEMORY_MAX_AGE_S
+    from stabletoolbench_mirror.stores.redis_store import RedisStore
     from tests.helpers.redis_server import RedisServer, require_redis_server
 
     require_redis_server()
