@@ -355,7 +355,14 @@ class Settings(_Section):
     files are dropped beyond it and re-read when needed."""
     frozen_max_file_mb: float = Field(default=512, gt=0)
     """The largest frozen cache file (or file ``cache import`` reads) that is parsed; a larger one is
-    skipped with one warning naming it (parsing takes about twice its size in memory)."""
+    skipped with one warning naming it (parsing takes about twice its size in memory).  A snapshot
+    archive holding a larger member is refused before it is unpacked."""
+    archive_max_total_mb: float = Field(default=16384, gt=0)
+    """The most a snapshot archive (``frozen_caches``, ``cache import``, ``snapshot --verify``) may unpack
+    to, by its members' sizes as its tar headers give them; a larger one is refused before anything is unpacked."""
+    archive_max_members: int = Field(default=100_000, gt=0)
+    """The most members (files and folders) a snapshot archive may hold; one with more is refused before
+    anything is unpacked."""
     allow_symlinks: bool = False
     """Follow symbolic links that lead out of a frozen cache tree or the tools folder (refused otherwise)."""
     tools_folder: Optional[str] = None

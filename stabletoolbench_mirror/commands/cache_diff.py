@@ -27,7 +27,7 @@ from stabletoolbench_mirror.config import ConfigError, Settings
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.stores import Store, StoreError
-from stabletoolbench_mirror.upstream.archives import ArchiveError, is_archive, local_tree
+from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveLimits, is_archive, local_tree
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
 
 Group = tuple[str, dict[str, str]]
@@ -72,7 +72,7 @@ def open_side(spec: str, settings: Settings, *, progress: bool, desc: str) -> It
             prefix = fragment.removeprefix("prefix=") if fragment.startswith("prefix=") else settings.store.prefix
             store = RedisStore(url, prefix=prefix, memory_bytes=0)
         elif is_archive(spec):
-            spec = local_tree(spec, settings.resolve(settings.download_dir), progress=progress)
+            spec = local_tree(spec, settings.resolve(settings.download_dir), progress=progress, limits=ArchiveLimits.of(settings))
         elif os.path.isfile(os.path.join(spec, "cache.db")):
             store = DiskcacheStore(spec, read_only=True)
         if store is None and not os.path.isdir(spec):

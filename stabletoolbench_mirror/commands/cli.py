@@ -211,13 +211,13 @@ def _open_store(args: argparse.Namespace):
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
     from stabletoolbench_mirror.commands.cache_tools import ImportFailed, import_tree
-    from stabletoolbench_mirror.upstream.archives import ArchiveError, is_archive, local_tree
+    from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveLimits, is_archive, local_tree
     from stabletoolbench_mirror.upstream.trees import frozen_cache_problem
 
     settings = settings_from_args(args)
     try:  # a snapshot archive or a URL to one: fetched into download_dir and checked first
         if is_archive(args.directory):
-            args.directory = local_tree(args.directory, settings.resolve(settings.download_dir), progress=not args.quiet)
+            args.directory = local_tree(args.directory, settings.resolve(settings.download_dir), progress=not args.quiet, limits=ArchiveLimits.of(settings))
     except ArchiveError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

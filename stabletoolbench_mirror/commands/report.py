@@ -34,7 +34,7 @@ from stabletoolbench_mirror.commands.cli_common import add_config_arguments, set
 from stabletoolbench_mirror.config import ConfigError, Settings
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import Store, StoreError
-from stabletoolbench_mirror.upstream.archives import ARCHIVE_SUFFIXES, ArchiveError, is_archive, local_tree
+from stabletoolbench_mirror.upstream.archives import ARCHIVE_SUFFIXES, ArchiveError, ArchiveLimits, is_archive, local_tree
 from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME, failure_entries
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
 
@@ -335,7 +335,7 @@ def collect(spec: str, settings: Settings, *, timeout_s: float = 30.0, progress:
         return report
     if is_archive(spec):
         try:
-            root = Path(local_tree(spec, settings.resolve(settings.download_dir), progress=progress))
+            root = Path(local_tree(spec, settings.resolve(settings.download_dir), progress=progress, limits=ArchiveLimits.of(settings)))
         except ArchiveError as exc:
             raise ReportError(str(exc)) from exc
         return _snapshot_report(root, {"kind": "archive", "location": spec, "unpacked": str(root)})

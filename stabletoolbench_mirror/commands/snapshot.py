@@ -319,13 +319,13 @@ def changed_apis(root: Path, recorded: Any, computed: dict[str, str], paths: dic
 def cmd_snapshot(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.verify:
-        from stabletoolbench_mirror.upstream.archives import ArchiveError, is_archive, local_tree
+        from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveLimits, is_archive, local_tree
 
         out = args.out
         if is_archive(out):  # an archive or URL: unpacked into download_dir (its content hash checked there too)
             try:
                 settings = settings_from_args(args)
-                out = local_tree(out, settings.resolve(settings.download_dir), progress=not args.quiet)
+                out = local_tree(out, settings.resolve(settings.download_dir), progress=not args.quiet, limits=ArchiveLimits.of(settings))
             except ArchiveError as exc:
                 print(f"FAILED: {exc}", file=sys.stderr)
                 return 1

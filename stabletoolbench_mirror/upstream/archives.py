@@ -6,10 +6,15 @@ one, optionally ending in ``#sha256=<hex>`` (the archive file's SHA-256).  :func
 
 1. downloads a URL once into ``download_dir`` (a progress bar; the file's SHA-256 checked against
    the URL's as it arrives; a partial download is never used);
-2. unpacks the archive into ``download_dir`` safely: only folders and regular files, none outside
+2. reads the archive's tar headers, without unpacking anything, and refuses it (naming the key to
+   raise) when a member is larger than ``frozen_max_file_mb``, the members together larger than
+   ``archive_max_total_mb`` or more than ``archive_max_members`` (:class:`ArchiveLimits`);
+3. unpacks the archive into ``download_dir`` safely: only folders and regular files, none outside
    the target (no absolute paths, no ``..``, no links or devices);
-3. recomputes the tree's content hash and compares it with the manifest's; a mismatch is an
+4. recomputes the tree's content hash and compares it with the manifest's; a mismatch is an
    :class:`ArchiveError` naming both hashes, and the unpacked copy is removed.
+
+Whatever was unpacked (or, for a URL, downloaded) for a refused archive is removed from ``download_dir``.
 
 A second start uses the local copies: the download is kept, and the unpacked folder carries a
 marker naming the archive it came from (size, modification time, SHA-256), so it is neither
@@ -26,6 +31,7 @@ import tarfile
 import tempfile
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -41,6 +47,7 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
 #: the file in an unpacked folder naming the archive it was unpacked from (and that it was checked)
 MARKER = ".stm-unpacked.json"
 _CHUNK = 1 << 20
+_MB = 1024 * 1024
 
 
 class ArchiveError(RuntimeError):
@@ -116,12 +123,68 @@ def download(url: str, download_dir: Path, sha256: str | None, *, progress: bool
     return target
 
 
-def _member_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
-    """Only folders and regular files, each inside ``dest`` (tarfile's ``data`` filter, and no links)."""
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """What an archive may unpack to, checked on its tar headers before anything is unpacked.
+
+    The defaults are the settings' (``frozen_max_file_mb``, ``archive_max_total_mb``, ``archive_max_members``).
+    """
+
+    max_member_bytes: int = 512 * _MB
+    max_total_bytes: int = 16384 * _MB
+    max_members: int = 100_000
+
+    @classmethod
+    def of(cls, settings: "Settings") -> "ArchiveLimits":
+        return cls(int(settings.frozen_max_file_mb * _MB), int(settings.archive_max_total_mb * _MB), settings.archive_max_members)
+
+
+class _Budget:
+    """The members of one archive counted against :class:`ArchiveLimits`, one tar header at a time."""
+
+    def __init__(self, archive: Path, limits: ArchiveLimits) -> None:
+        self.archive, self.limits = archive, limits
+        self.members = 0
+        self.total = 0
+
+    def admit(self, member: tarfile.TarInfo) -> None:
+        """Raise :class:`ArchiveError` naming the key when ``member`` takes the archive over a limit."""
+        limits = self.limits
+        self.members += 1
+        if self.members > limits.max_members:
+            raise ArchiveError(f"{self.archive}: more than {limits.max_members:,} members, over archive_max_members "
+                               f"({limits.max_members:,}): not unpacked; raise archive_max_members to unpack it")
+        if not member.isfile():
+            return
+        if member.size > limits.max_member_bytes:
+            raise ArchiveError(f"{self.archive}: {member.name} unpacks to {member.size / _MB:,.1f} MB, over frozen_max_file_mb "
+                               f"({limits.max_member_bytes / _MB:g} MB): not unpacked; raise frozen_max_file_mb to unpack it")
+        self.total += member.size
+        if self.total > limits.max_total_bytes:
+            raise ArchiveError(f"{self.archive}: the members unpack to more than {limits.max_total_bytes / _MB:g} MB, over "
+                               f"archive_max_total_mb: not unpacked; raise archive_max_total_mb to unpack it")
+
+
+def _check_headers(archive: Path, limits: ArchiveLimits) -> None:
+    """Every member's header checked (type, path, size, count) as the archive streams by; nothing is unpacked."""
+    budget = _Budget(archive, limits)
+    with tarfile.open(archive, "r|gz") as tar:
+        for member in tar:  # a member's data is skipped, never kept
+            budget.admit(member)
+            _member_kind(member)
+
+
+def _member_kind(member: tarfile.TarInfo) -> None:
+    """Only folders and regular files, none with an absolute path or ``..``."""
     if not (member.isfile() or member.isdir()):
         raise ArchiveError(f"{member.name}: the archive holds a link or special file; only folders and files are unpacked")
     if member.name.startswith(("/", "\\")) or ".." in Path(member.name).parts:
         raise ArchiveError(f"{member.name}: a path outside the archive's folder; not unpacked")
+
+
+def _member_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """Only folders and regular files, each inside ``dest`` (tarfile's ``data`` filter, and no links)."""
+    _member_kind(member)
     try:
         return tarfile.data_filter(member, dest)
     except tarfile.FilterError as exc:
@@ -167,8 +230,10 @@ def _unpacked_copy(archive: Path, dest: Path) -> Path | None:
     return None
 
 
-def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, progress: bool = True) -> Path:
+def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, progress: bool = True,
+           limits: ArchiveLimits | None = None) -> Path:
     """The checked tree of ``archive`` (unpacked into ``download_dir`` now, unless done before)."""
+    limits = limits or ArchiveLimits()
     archive = archive.resolve()
     stem = archive.name
     for suffix in ARCHIVE_SUFFIXES:
@@ -186,6 +251,7 @@ def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, prog
     work = Path(tempfile.mkdtemp(prefix=".unpack-", dir=download_dir))
     try:
         try:
+            _check_headers(archive, limits)
             with tarfile.open(archive, "r:gz") as tar:
                 tar.extractall(work, filter=_member_filter)
         except (OSError, tarfile.TarError, EOFError) as exc:
@@ -217,11 +283,12 @@ def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, prog
 
 
 def local_tree(spec: str, download_dir: str | os.PathLike[str], *, resolve: Callable[[str], str] = os.path.abspath,
-               progress: bool = True) -> str:
+               progress: bool = True, limits: ArchiveLimits | None = None) -> str:
     """The folder to read for a ``frozen_caches`` entry or ``cache import`` argument.
 
     A folder is itself (``resolve``d); an archive or a URL is fetched, unpacked and checked
-    (see the module docstring).  Raises :class:`ArchiveError`.
+    (see the module docstring).  Raises :class:`ArchiveError`; a downloaded archive that is
+    refused is removed.
     """
     if not is_archive(spec):
         return resolve(spec)
@@ -229,10 +296,12 @@ def local_tree(spec: str, download_dir: str | os.PathLike[str], *, resolve: Call
     where = Path(download_dir)
     if is_url(location):
         archive = download(location, where, sha256, progress=progress)
-        sha256 = None  # checked as it arrived (or, for a kept copy, just now)
-    else:
-        archive = Path(resolve(location))
-    return str(unpack(archive, where, sha256, progress=progress))
+        try:  # its SHA-256 checked as it arrived (or, for a kept copy, just now)
+            return str(unpack(archive, where, None, progress=progress, limits=limits))
+        except ArchiveError:
+            archive.unlink(missing_ok=True)
+            raise
+    return str(unpack(Path(resolve(location)), where, sha256, progress=progress, limits=limits))
 
 
 def pack(folder: Path, out: Path) -> None:
@@ -253,4 +322,5 @@ def pack(folder: Path, out: Path) -> None:
 
 def frozen_folder(settings: "Settings", configured: str, *, progress: bool = True) -> str:
     """The folder a ``frozen_caches`` entry names: itself, or its archive's checked tree in ``download_dir``."""
-    return local_tree(configured, settings.resolve(settings.download_dir), resolve=settings.resolve, progress=progress)
+    return local_tree(configured, settings.resolve(settings.download_dir), resolve=settings.resolve, progress=progress,
+                      limits=ArchiveLimits.of(settings))

@@ -35,6 +35,8 @@ def test_defaults() -> None:
         ("store:\n  kind: mongodb\n", "store.kind"),
         ("simulator:\n  style: gpt5\n", "simulator.style"),
         ("real:\n  breaker_failures: 0\n", "real.breaker_failures"),
+        ("archive_max_members: 0\n", "archive_max_members"),
+        ("archive_max_total_mb: -1\n", "archive_max_total_mb"),
     ],
 )
 def test_bad_keys_fail_naming_the_key(tmp_path: Path, text: str, key: str) -> None:
