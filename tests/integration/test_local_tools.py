@@ -297,7 +297,7 @@ def test_doctor_lists_the_local_tools_files(tmp_path: Path) -> None:
         cwd=REPO, env=_clean_env(), capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "local tools:" in done.stdout + done.stderr and f"{EXAMPLE_TOOLS} (timeout 3 s)" in done.stdout + done.stderr
+    assert "local tools:" in done.stdout + done.stderr and f"{EXAMPLE_TOOLS} (timeout 3 s; their code runs in this process" in done.stdout + done.stderr
 
 
 DEEP_INPUT = "[" * 600 + "]" * 600  # valid JSON, too deep for copy.deepcopy
