@@ -10,9 +10,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import requests
 
@@ -87,7 +87,7 @@ def serve_args(config: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(config), *extra]
 
 
-def serve_checkout(checkout: Path, config: Path, port: int) -> "contextlib.AbstractContextManager[subprocess.Popen]":
+def serve_checkout(checkout: Path, config: Path, port: int) -> contextlib.AbstractContextManager[subprocess.Popen]:
     """``serve`` of another checkout (its own package through ``PYTHONPATH``, run from its folder) on 127.0.0.1:``port``."""
     env = clean_env()
     env["PYTHONPATH"] = str(checkout)

@@ -21,8 +21,9 @@ import os
 import random
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import requests
 from _procs import REPO, free_port, serve_checkout

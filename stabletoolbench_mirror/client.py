@@ -70,7 +70,7 @@ class Session:
 
     # -- the session ------------------------------------------------------------------------------
 
-    def start(self) -> "Session":
+    def start(self) -> Session:
         """Ask the server for a new session (done by ``with`` and by the first call when needed)."""
         if self.id is None:
             self.id = self._request("POST", "/sessions", json={"task": self.task})["id"]
@@ -102,7 +102,7 @@ class Session:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

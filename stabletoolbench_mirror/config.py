@@ -19,9 +19,10 @@ import enum
 import ipaddress
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Union, get_args
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -75,7 +76,7 @@ class StoreConfig(_Section):
     kind: Literal["diskcache", "redis"] = "diskcache"
     path: str = "cache/store"
     """diskcache folder (``kind: diskcache``)."""
-    url: Optional[str] = None
+    url: str | None = None
     """Redis URL, e.g. ``redis://127.0.0.1:6379/0`` (``kind: redis``)."""
     prefix: str = "stm"
     """Key prefix in Redis, so that several caches can share one server."""
@@ -90,12 +91,12 @@ class StoreConfig(_Section):
 class RealConfig(_Section):
     enabled: bool = False
     backend: Literal["relay", "rapidapi"] = "relay"
-    relay_url: Optional[str] = None
+    relay_url: str | None = None
     """StableToolBench's ``toolbench_url``: the ToolBench relay the real calls go to."""
-    toolbench_key: Optional[SecretStr] = None
+    toolbench_key: SecretStr | None = None
     """Used when a request carries no ``toolbench_key``."""
-    rapidapi_key: Optional[SecretStr] = None
-    rapidapi_base_url: Optional[str] = None
+    rapidapi_key: SecretStr | None = None
+    rapidapi_base_url: str | None = None
     """Send direct RapidAPI calls here instead of the doc's URL host (tests, proxies)."""
     allow_categories: list[str] = Field(default_factory=list)
     deny_categories: list[str] = Field(default_factory=list)
@@ -120,28 +121,28 @@ SimulatorStyle = Literal["mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache", "g
 class SimulatorConfig(_Section):
     enabled: bool = False
     style: SimulatorStyle = "mirrorapi-sft"
-    api_base: Union[str, list[str]] = "http://127.0.0.1:12345/v1"
+    api_base: str | list[str] = "http://127.0.0.1:12345/v1"
     """One OpenAI-compatible endpoint, or a list used round robin / least busy."""
     balance: Literal["round_robin", "least_busy"] = "least_busy"
-    api_key: Optional[SecretStr] = None
+    api_key: SecretStr | None = None
     model: str = "MirrorAPI"
     temperature: float = Field(default=0.0, ge=0)
     max_tokens: int = Field(default=2048, ge=1)
-    seed: Optional[int] = 42
+    seed: int | None = 42
     connect_timeout_s: float = Field(default=3.0, gt=0, le=HOUR_S)
     read_timeout_s: float = Field(default=120.0, gt=0, le=HOUR_S)
     max_retries: int = Field(default=3, ge=0, le=100)
     backoff_s: float = Field(default=0.5, ge=0)
-    system_prompt_file: Optional[str] = None
+    system_prompt_file: str | None = None
     """The system prompt: a text file sent verbatim, StableToolBench's ``server/system_prompts.py``
     (its ``SFT_SYSTEM`` / ``COT_SYSTEM`` constant, read without running the file) or the folder of a
     StableToolBench checkout.  Unset: this project's own built-in prompts."""
-    parse_retries: Optional[int] = Field(default=None, ge=0, le=10)
+    parse_retries: int | None = Field(default=None, ge=0, le=10)
     """Completions asked for again when an output cannot be parsed (with seed + 1, + 2, ...).
     Unset: 0 for the MirrorAPI styles, 3 for ``gpt-fewshot`` (as upstream's GPT server)."""
     structured_output: bool = False
     """Ask a vLLM endpoint for schema-constrained JSON (off: keep MirrorAPI's trained behaviour)."""
-    structured_max_chars: Optional[int] = Field(default=None, ge=1)
+    structured_max_chars: int | None = Field(default=None, ge=1)
     """With ``structured_output``: a ``maxLength`` for each string of the schema (small models need one to stop)."""
     fuzzy_match_score: float = Field(default=85.0, ge=0, le=100)
     """Lowest rapidfuzz score at which a slightly-off API name is matched to a tool doc."""
@@ -161,7 +162,7 @@ class SimulatorConfig(_Section):
 
     @field_validator("api_base")
     @classmethod
-    def _non_empty(cls, value: Union[str, list[str]]) -> Union[str, list[str]]:
+    def _non_empty(cls, value: str | list[str]) -> str | list[str]:
         if isinstance(value, list) and not value:
             raise ValueError("needs at least one endpoint")
         return value
@@ -186,7 +187,7 @@ class RefreshConfig(_Section):
     """Categories (standardised, as in ``cache stats``)."""
     sources: list[Literal["real", "simulated", "imported", "local", "frozen"]] = Field(default_factory=list)
     """Records of these sources (``frozen``: answers found only in a frozen cache)."""
-    older_than_days: Optional[float] = Field(default=None, ge=0)
+    older_than_days: float | None = Field(default=None, ge=0)
     """Only records recorded more than this many days ago."""
 
 
@@ -307,7 +308,7 @@ class McpConfig(_Section):
 
     enabled: bool = False
     """Serve MCP over streamable HTTP at ``/mcp`` (needs the ``mcp`` extra and ``tools_folder``)."""
-    queries: Union[str, list[str]] = Field(default_factory=list)
+    queries: str | list[str] = Field(default_factory=list)
     """StableToolBench query files or folders: ``/mcp`` offers their tools, ``/mcp/queries/<group>/<query_id>``
     one query's; empty: ``/mcp`` offers every tool of ``tools_folder``."""
     sessions: bool = True
@@ -344,7 +345,7 @@ class Settings(_Section):
     mode: Mode = Mode.RECORD
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
-    auth_token: Optional[SecretStr] = None
+    auth_token: SecretStr | None = None
     store: StoreConfig = Field(default_factory=StoreConfig)
     frozen_caches: list[str] = Field(default_factory=list)
     download_dir: str = "cache/downloads"
@@ -365,7 +366,7 @@ class Settings(_Section):
     anything is unpacked."""
     allow_symlinks: bool = False
     """Follow symbolic links that lead out of a frozen cache tree or the tools folder (refused otherwise)."""
-    tools_folder: Optional[str] = None
+    tools_folder: str | None = None
     save: bool = True
     """Record new answers (upstream ``is_save``); when false, ``record`` answers but stores nothing."""
     real: RealConfig = Field(default_factory=RealConfig)
@@ -380,11 +381,11 @@ class Settings(_Section):
     """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
     local_tools_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
     """A local tool running longer than this gets an error answer (its thread cannot be killed)."""
-    apibank: Optional[ApiBankConfig] = None
+    apibank: ApiBankConfig | None = None
     """API-Bank's runnable APIs as local tools with a per-session environment (docs/apibank.md)."""
     workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_file: Optional[str] = None
+    log_file: str | None = None
     """Also append the server's log to this file (upstream ``log_file``)."""
     base_dir: str = Field(default=".", exclude=True)
     """The folder relative paths are resolved against (the config file's folder)."""

@@ -7,8 +7,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from stabletoolbench_mirror.config import ConfigError, Mode, Settings
 from stabletoolbench_mirror.engine.faults import FaultPlan
@@ -35,14 +36,14 @@ class StoreKind:
 
     records: Callable[[Settings, bool], Store]
     """``(settings, read_only)``: the record store; ``read_only`` opens an existing one without writing."""
-    sessions: Callable[[Settings], "SessionStore"]
+    sessions: Callable[[Settings], SessionStore]
 
 
 def _diskcache_records(settings: Settings, read_only: bool) -> Store:
     return DiskcacheStore(settings.resolve(settings.store.path), read_only=read_only)
 
 
-def _diskcache_sessions(settings: Settings) -> "SessionStore":
+def _diskcache_sessions(settings: Settings) -> SessionStore:
     from stabletoolbench_mirror.stores.sessions import DiskcacheSessionStore
 
     return DiskcacheSessionStore(os.path.join(settings.resolve(settings.store.path), "sessions"), settings.sessions.idle_expiry_s)
@@ -65,7 +66,7 @@ def _redis_records(settings: Settings, read_only: bool) -> Store:
     return RedisStore(url, prefix=cfg.prefix, lock_ttl_s=cfg.lock_ttl_s, timeout_s=cfg.timeout_s)
 
 
-def _redis_sessions(settings: Settings) -> "SessionStore":
+def _redis_sessions(settings: Settings) -> SessionStore:
     from stabletoolbench_mirror.stores.sessions import RedisSessionStore
 
     cfg = settings.store
@@ -183,12 +184,12 @@ def build_layer(
 # -- sessions and local tools ---------------------------------------------------------------------
 
 
-def build_session_store(settings: Settings) -> "SessionStore":
+def build_session_store(settings: Settings) -> SessionStore:
     """Where sessions are kept: beside the records (``<store.path>/sessions``, or the same Redis)."""
     return store_kind(settings).sessions(settings)
 
 
-def build_sessions(settings: Settings, store: Store) -> "Sessions":
+def build_sessions(settings: Settings, store: Store) -> Sessions:
     """Sessions kept beside ``store``; the calls of one session are serialised by the store's lock."""
     from stabletoolbench_mirror.engine.sessions import LOCK_NAMESPACE, Sessions
 
@@ -200,7 +201,7 @@ def build_sessions(settings: Settings, store: Store) -> "Sessions":
     )
 
 
-def build_local_tools(settings: Settings) -> "LocalTools | None":
+def build_local_tools(settings: Settings) -> LocalTools | None:
     """The local tools of the ``local_tools`` files (only those files are imported) and API-Bank's, or ``None``."""
     if settings.apibank is not None:
         from stabletoolbench_mirror.apibank import build_apibank_tools

@@ -24,7 +24,7 @@ _loaded: dict[tuple[str, bool, tuple[str, ...], tuple[str, ...]], list[Suite]] =
 _loaded_lock = threading.Lock()
 
 
-def load_suites(settings: "Settings") -> list[Suite]:
+def load_suites(settings: Settings) -> list[Suite]:
     """The API folders ``settings.apibank`` names, loaded once per process (``[]`` without ``apibank``)."""
     cfg = settings.apibank
     if cfg is None:
@@ -38,7 +38,7 @@ def load_suites(settings: "Settings") -> list[Suite]:
         return _loaded[key]
 
 
-def build_apibank_tools(settings: "Settings") -> ApiBankTools:
+def build_apibank_tools(settings: Settings) -> ApiBankTools:
     """API-Bank's local tools, with the ``local_tools`` files' tools beside them."""
     from stabletoolbench_mirror.engine.local_tools import LocalTools
 
@@ -51,7 +51,7 @@ def build_apibank_tools(settings: "Settings") -> ApiBankTools:
     )
 
 
-def register_apibank_docs(settings: "Settings", docs: "ToolDocs | None") -> "ToolDocs":
+def register_apibank_docs(settings: Settings, docs: ToolDocs | None) -> ToolDocs:
     """``docs`` (a new registry without a folder when ``None``) with API-Bank's tool docs registered."""
     from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
 

@@ -11,7 +11,8 @@ the ``template_response``.  :func:`register_docs` adds them to a
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from stabletoolbench_mirror.apibank.loader import ApiClass, Suite
 from stabletoolbench_mirror.upstream.tooldocs import ToolDocs

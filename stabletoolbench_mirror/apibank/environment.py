@@ -31,7 +31,8 @@ import secrets
 import threading
 import types
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from stabletoolbench_mirror.apibank.loader import Suite
 from stabletoolbench_mirror.apibank.tables import DictView, ListView, NotEncodable, TableRoot, decode, encode
@@ -224,7 +225,7 @@ class Environment:
         }
 
     @classmethod
-    def restore(cls, suite: Suite, seed: str, state: Any) -> "Environment":
+    def restore(cls, suite: Suite, seed: str, state: Any) -> Environment:
         """The environment a :meth:`snapshot` describes; :class:`StateError` when ``state`` is not one."""
         if not isinstance(state, dict) or state.get("v") != STATE_VERSION:
             raise StateError(f"not an API-Bank state of version {STATE_VERSION}")

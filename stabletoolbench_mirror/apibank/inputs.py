@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import ast
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 #: the longest list text :func:`read_literal` reads
 MAX_LITERAL_CHARS = 1_000_000

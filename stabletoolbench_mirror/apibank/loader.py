@@ -26,10 +26,11 @@ import logging
 import sys
 import threading
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any
 
 from stabletoolbench_mirror.config import ConfigError
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import copy
 import datetime
-from collections.abc import MutableMapping, MutableSequence
-from typing import Any, Iterator
+from collections.abc import Iterator, MutableMapping, MutableSequence
+from typing import Any
 
 #: the mark of a value :func:`encode` wrote as an object of its own
 TAG = "__stm__"

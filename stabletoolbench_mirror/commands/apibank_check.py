@@ -17,9 +17,10 @@ import hashlib
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 from stabletoolbench_mirror.apibank import load_suites
 from stabletoolbench_mirror.apibank.environment import Environment

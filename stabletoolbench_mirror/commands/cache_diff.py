@@ -18,9 +18,10 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import Any, Iterator
+from typing import Any
 
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import ConfigError, Settings

@@ -15,10 +15,11 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Generator, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Generator, Iterator
+from typing import Any
 
 from stabletoolbench_mirror.commands.interrupts import CtrlC
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.config import Settings
+from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.records import Record
 
@@ -89,7 +90,6 @@ def export_chat_jsonl(
     progress: bool = True,
 ) -> ChatExportSummary:
     from stabletoolbench_mirror.core.progress import progress_bar
-
     from stabletoolbench_mirror.core.record_calls import call_of_record
     from stabletoolbench_mirror.responders.simulator import system_prompt_for
     from stabletoolbench_mirror.responders.simulator.prompts import mirrorapi_messages

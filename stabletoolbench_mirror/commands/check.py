@@ -28,10 +28,11 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict, deque
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import Mode, Settings

@@ -12,10 +12,11 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from itertools import groupby
-from typing import Any, Iterator
+from typing import Any
 
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.core.keys import record_key
@@ -45,7 +46,7 @@ def parse_date(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a date: give it as 2026-10-01 or 2026-10-01T12:00:00") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return when.timestamp()
 
 
@@ -63,7 +64,7 @@ class RecordFilter:
     before: float | None = None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "RecordFilter":
+    def from_args(cls, args: argparse.Namespace) -> RecordFilter:
         apis = frozenset(name for given in args.api or () for name in api_names(given))
         return cls(apis, frozenset(args.category or ()), frozenset(args.source or ()), frozenset(getattr(args, "origin", None) or ()),
                    frozenset(getattr(args, "key", None) or ()), bool(args.failures), getattr(args, "before", None))

@@ -35,8 +35,10 @@ import logging
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+
 from stabletoolbench_mirror.core.files import write_bytes
 
 log = logging.getLogger(__name__)

@@ -89,7 +89,6 @@ def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: A
     ``seen`` counts the entries read by source, real failure records as ``real failure records``.
     """
     from stabletoolbench_mirror.core.progress import progress_bar
-
     from stabletoolbench_mirror.core.record_calls import call_of_record
 
     seen = seen if seen is not None else Counter()

@@ -26,7 +26,7 @@ class CtrlC:
         self._message = f"\n{message}\n".encode()
         self._previous: Any = None
 
-    def __enter__(self) -> "CtrlC":
+    def __enter__(self) -> CtrlC:
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self

@@ -11,7 +11,7 @@ record writes that pointer.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from stabletoolbench_mirror.core import keys
 from stabletoolbench_mirror.core.progress import progress_bar

@@ -24,14 +24,15 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import ConfigError, Settings
+from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import Store, StoreError
 from stabletoolbench_mirror.upstream.archives import ARCHIVE_SUFFIXES, ArchiveError, ArchiveLimits, is_archive, local_tree

@@ -9,7 +9,8 @@ table beside it, with the numbers as text.
 from __future__ import annotations
 
 import html
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 #: rows drawn in a chart at most (the tables and the JSON have them all)
 CHART_ROWS = 25

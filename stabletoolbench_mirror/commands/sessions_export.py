@@ -6,8 +6,8 @@ import json
 import sys
 from typing import Any
 
-from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.engine.sessions import public_view
 from stabletoolbench_mirror.factory import build_session_store

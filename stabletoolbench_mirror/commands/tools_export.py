@@ -11,8 +11,8 @@ import os
 import sys
 from typing import Any
 
-from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.upstream.functions import ToolsFolderError, UpstreamTools, export_line, iter_query_functions
 from stabletoolbench_mirror.upstream.queries import QueryFileError

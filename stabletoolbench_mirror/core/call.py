@@ -58,7 +58,7 @@ class ToolCall:
     session: SessionContext | None = field(default=None, repr=False, compare=False)
     """Inside a session: its task and recent history (for prompts); ``key`` and ``canonical`` then carry the history hash."""
 
-    def in_session(self, history: str, context: SessionContext) -> "ToolCall":
+    def in_session(self, history: str, context: SessionContext) -> ToolCall:
         """This call as made inside a session whose history hash is ``history`` (see :mod:`.keys`)."""
         key = session_key(self.key, history)
         return replace(self, key=key, canonical=session_key(self.canonical, history), upstream=key, session=context)
@@ -68,7 +68,7 @@ class ToolCall:
         return self.names.api
 
     @classmethod
-    def build(cls, request: VirtualRequest, tool_input: Any, names: CallNames | None = None) -> "ToolCall":
+    def build(cls, request: VirtualRequest, tool_input: Any, names: CallNames | None = None) -> ToolCall:
         """The call of ``request`` with its already parsed ``tool_input`` (secret fields taken out)."""
         upstream = upstream_key(tool_input)
         if may_name_a_secret_field(upstream):  # a substring test first: the walk is for the rare input that may
@@ -89,12 +89,12 @@ class ToolCall:
         )
 
     @classmethod
-    def from_request(cls, request: VirtualRequest) -> "ToolCall":
+    def from_request(cls, request: VirtualRequest) -> ToolCall:
         """Resolve a request; raise :class:`~stabletoolbench_mirror.core.protocol.ToolInputParseError` on bad input."""
         return cls.build(request, parse_tool_input(request.tool_input))
 
     @classmethod
-    def of(cls, category: str, tool_name: str, api_name: str, tool_input: Any, **extra: str) -> "ToolCall":
+    def of(cls, category: str, tool_name: str, api_name: str, tool_input: Any, **extra: str) -> ToolCall:
         """A call from its parts (warming, checks, tests)."""
         request = VirtualRequest(category=category, tool_name=tool_name, api_name=api_name, tool_input="", **extra)
         return cls.build(request, tool_input)

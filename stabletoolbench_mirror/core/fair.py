@@ -25,8 +25,9 @@ import heapq
 import itertools
 import threading
 from collections import deque
+from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 CLIENT: ContextVar[str] = ContextVar("stm_client", default="")
 """The client (its address) on whose behalf the current request's work runs."""

@@ -9,8 +9,9 @@ partly readable), and uvicorn's access log quotes at most :data:`MAX_QUOTED_CHAR
 from __future__ import annotations
 
 import logging
+import os
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from stabletoolbench_mirror.core.secrets import Redactor
 
@@ -75,20 +76,26 @@ _ACCESS_CLIP = ClipAccessPath()
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class _Console(logging.StreamHandler):
+    """This package's stderr handler (added once, however often logging is set up)."""
+
+
+class _LogFile(logging.FileHandler):
+    """This package's handler of ``log_file`` (one per file)."""
+
+
 def setup_logging(level: str = "info", secrets: Iterable[str] = (), log_file: str | None = None) -> None:
     """Log to stderr (and append to ``log_file`` when given), with every known secret redacted."""
     REDACTOR.add(secrets)
     root = logging.getLogger()
-    if not any(isinstance(h, logging.StreamHandler) and getattr(h, "_stm", False) for h in root.handlers):
-        handler = logging.StreamHandler()
-        handler._stm = True  # type: ignore[attr-defined]
+    if not any(isinstance(h, _Console) for h in root.handlers):
+        handler = _Console()
         handler.setFormatter(logging.Formatter(_FORMAT))
         handler.addFilter(REDACTOR)
         root.addHandler(handler)
-    if log_file and not any(getattr(h, "_stm_file", None) == log_file for h in root.handlers):
+    if log_file and not any(isinstance(h, _LogFile) and h.baseFilename == os.path.abspath(log_file) for h in root.handlers):
         # raises OSError when the file cannot be opened: the caller reports it at start
-        file_handler = logging.FileHandler(log_file, encoding="utf-8", delay=False)
-        file_handler._stm_file = log_file  # type: ignore[attr-defined]
+        file_handler = _LogFile(log_file, encoding="utf-8", delay=False)
         file_handler.setFormatter(logging.Formatter(_FORMAT))
         file_handler.addFilter(REDACTOR)
         root.addHandler(file_handler)

@@ -10,7 +10,8 @@ end): the description, the count of the total, the time taken and the rate, e.g.
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable, TypeVar
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 
@@ -88,12 +88,12 @@ class VirtualRequest(BaseModel):
     category: Name
     tool_name: Name
     api_name: Name
-    tool_input: Union[str, dict]
+    tool_input: str | dict
     strip: str = ""
     toolbench_key: str = ""
 
     @model_validator(mode="after")
-    def _encodable(self) -> "VirtualRequest":
+    def _encodable(self) -> VirtualRequest:
         # JSON escapes such as "\ud800" decode to lone surrogates, which no store can encode
         text = self.tool_input if isinstance(self.tool_input, str) else ""
         try:  # every string field at once (the usual case; a lone surrogate stays one when joined)
@@ -127,7 +127,7 @@ class ToolInputParseError(ValueError):
     """The ``tool_input`` text is not JSON (upstream answers ``Tool input parse error...``)."""
 
 
-def parse_tool_input(tool_input: Union[str, dict]) -> Any:
+def parse_tool_input(tool_input: str | dict) -> Any:
     """Parse ``tool_input`` like the upstream server: JSON text, ``""`` -> ``{}``, a dict as is.
 
     Any JSON value is accepted, as upstream does (the cache key is then ``str()`` of it).

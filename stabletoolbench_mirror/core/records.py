@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from stabletoolbench_mirror.core.protocol import encode_answer
 
@@ -60,7 +61,7 @@ class Record:
     @classmethod
     def failure(
         cls, api: str, key: str, answer: Any, source: Source, origin: str, *, reason: str, tried: tuple[str, ...] = ()
-    ) -> "Record":
+    ) -> Record:
         """A failure record: ``answer`` is exactly what the client was served."""
         return cls(
             api=api, key=key, body=encode_answer(answer), source=source, origin=origin,
@@ -77,7 +78,7 @@ class Record:
     @classmethod
     def from_answer(
         cls, api: str, key: str, answer: Any, source: Source, origin: str = "", meta: Mapping[str, Any] | None = None
-    ) -> "Record":
+    ) -> Record:
         return cls(api=api, key=key, body=encode_answer(answer), source=source, origin=origin, meta=meta)
 
     @property
@@ -110,7 +111,7 @@ class Record:
             separators=(",", ":"),
         )
 
-    def keep_json(self) -> "Record":
+    def keep_json(self) -> Record:
         """Encode the record now and keep the text with it (pickled along), so ``to_json`` is free later.
 
         ``cache import`` reads files in worker processes: they encode, the one writing process only writes.
@@ -119,7 +120,7 @@ class Record:
         return self
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Record":
+    def from_json(cls, text: str | bytes) -> Record:
         data = json.loads(text)
         version = data.get("v")
         if version not in (1, RECORD_VERSION):

@@ -25,9 +25,9 @@ from __future__ import annotations
 import base64
 import functools
 import re
-from typing import Any, Iterable, Mapping, Protocol
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
-
 
 
 class HasSecrets(Protocol):
@@ -73,7 +73,7 @@ class Redactor:
     def __bool__(self) -> bool:
         return bool(self._secrets)
 
-    def plus(self, *extra: str) -> "Redactor":
+    def plus(self, *extra: str) -> Redactor:
         """This redactor and ``extra`` (e.g. the ``toolbench_key`` of one request)."""
         more = [s for s in extra if s and len(s) >= MIN_LENGTH and s not in self._secrets]
         if not more:

@@ -86,7 +86,7 @@ class FaultPlan:
         self._categories = frozenset(config.categories)
 
     @classmethod
-    def from_config(cls, config: FaultsConfig) -> "FaultPlan | None":
+    def from_config(cls, config: FaultsConfig) -> FaultPlan | None:
         """The plan of ``faults:``, or ``None`` when faults are off (``rate: 0``)."""
         return cls(config) if config.enabled else None
 

@@ -20,20 +20,21 @@ request once, from its final outcome.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from stabletoolbench_mirror.config import Mode
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.fair import FairSemaphore
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.naming import resolve_names
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import ToolInputParseError, VirtualRequest, parse_tool_input
 from stabletoolbench_mirror.core.records import Record, Source
-from stabletoolbench_mirror.core.fair import FairSemaphore
 from stabletoolbench_mirror.engine.local_tools import LocalTool, LocalTools
 from stabletoolbench_mirror.engine.recent_hits import RecentHits
 from stabletoolbench_mirror.engine.refresh import RefreshScope
@@ -70,7 +71,7 @@ class MirrorLayer:
         stats: Stats | None = None,
         sessions: Sessions | None = None,
         local_tools: LocalTools | None = None,
-        faults: "FaultPlan | None" = None,
+        faults: FaultPlan | None = None,
         refresh: RefreshScope | None = None,
     ) -> None:
         try:
@@ -175,7 +176,7 @@ class MirrorLayer:
         found = await self.probe_async(call)
         return found if isinstance(found, Outcome) else None
 
-    async def probe_async(self, call: ToolCall) -> "Outcome | Looked | None":
+    async def probe_async(self, call: ToolCall) -> Outcome | Looked | None:
         """:meth:`cached_async`, saying what a lookup found when it is no hit: a :class:`Looked`
         (no record, or a failure record tried again) for :meth:`answer`'s ``looked``, so a miss is
         not looked up twice before its single flight; ``None`` for a local tool or a failed read."""
@@ -235,7 +236,7 @@ class MirrorLayer:
         record = self.lookup(call)
         return record is not None and not (record.is_failure and self.retry_failures) and not self.refreshes(record)
 
-    def answer(self, call: ToolCall, state: dict, looked: "Looked | None" = None) -> Outcome:
+    def answer(self, call: ToolCall, state: dict, looked: Looked | None = None) -> Outcome:
         """A local tool's answer (it may change ``state``), else the cache, else the real API and the simulator, recorded.
 
         ``looked``: what :meth:`probe_async` found for ``call`` just now (the cache is not read again here).
@@ -409,7 +410,7 @@ class MirrorLayer:
             log.info("%s %s key=%s", replaced_note, clip(call.api), clip(call.key))
         return replace(_served(call, record, kind), problems=tuple(problems))
 
-    def _failed(self, call: ToolCall, failure: Record | None, misses: "_Misses") -> Outcome:
+    def _failed(self, call: ToolCall, failure: Record | None, misses: _Misses) -> Outcome:
         """No usable answer: serve, and record, a failure.
 
         A failure record found for the call is served again unchanged (every observation of the

@@ -31,8 +31,9 @@ import os
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.core import protocol
@@ -127,7 +128,7 @@ class LocalTools:
         self._slots = threading.BoundedSemaphore(MAX_RUNNING)
 
     @classmethod
-    def load(cls, paths: list[str], **options: Any) -> "LocalTools":
+    def load(cls, paths: list[str], **options: Any) -> LocalTools:
         tools: dict[str, LocalTool] = {}
         for path in paths:
             for api, tool in import_tools_file(path).items():

@@ -11,12 +11,11 @@ process the counters are ordinary in-process metrics with their own registry.
 from __future__ import annotations
 
 import functools
-
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -66,7 +65,7 @@ class SharedCountsFolder:
         self.path = tempfile.mkdtemp(prefix="stm-metrics-")
         os.chmod(self.path, 0o700)
 
-    def __enter__(self) -> "SharedCountsFolder":
+    def __enter__(self) -> SharedCountsFolder:
         os.environ[MULTIPROC_ENV] = self.path
         return self
 

@@ -13,8 +13,8 @@ found, never an answer of the same run.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from stabletoolbench_mirror.config import DAY_S, RefreshConfig
 from stabletoolbench_mirror.core.records import Record
@@ -33,7 +33,7 @@ class RefreshScope:
     """When this run started: records written since are its own answers, never asked again."""
 
     @classmethod
-    def from_config(cls, config: RefreshConfig) -> "RefreshScope":
+    def from_config(cls, config: RefreshConfig) -> RefreshScope:
         older = None if config.older_than_days is None else config.older_than_days * DAY_S
         return cls(frozenset(config.apis), frozenset(config.categories), frozenset(config.sources), older)
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.records import Record, Source
@@ -51,7 +52,7 @@ class Responder(Protocol):
 class CountsEvents(Protocol):
     """A responder with counters of its own in ``/stats`` (the simulator's parse retries, shadow answers)."""
 
-    def use_stats(self, stats: "Stats") -> None:
+    def use_stats(self, stats: Stats) -> None:
         """Count its events in the server's counters (shared by every worker)."""
         ...
 

@@ -26,8 +26,10 @@ import logging
 import secrets
 import time
 import unicodedata
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Any, Callable, ContextManager, Protocol, TypedDict, cast
+from typing import Any, Protocol, TypedDict, cast
 
 from stabletoolbench_mirror.config import SessionsConfig
 from stabletoolbench_mirror.core.call import HistoryItem, SessionContext, ToolCall
@@ -177,7 +179,7 @@ class Sessions:
     def __init__(
         self,
         store: SessionStore,
-        lock: Callable[[str], ContextManager[None]],
+        lock: Callable[[str], AbstractContextManager[None]],
         config: SessionsConfig | None = None,
         *,
         history: int = 8,

@@ -8,8 +8,9 @@ hosts the store's add-if-absent write (and, with Redis, a lock) keeps one answer
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

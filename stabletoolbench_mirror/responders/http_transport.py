@@ -50,8 +50,9 @@ import ssl
 import time
 import urllib.parse
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
+from typing import Any, Protocol
 
 import httpcore
 import requests.utils

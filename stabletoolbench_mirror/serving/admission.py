@@ -90,7 +90,7 @@ class Admission:
         self.queued += 1
         try:
             await asyncio.wait_for(asyncio.shield(waiter), self.queue_timeout_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+        except (TimeoutError, asyncio.CancelledError) as exc:
             if waiter.done() and not waiter.cancelled():
                 # the slot was handed over just as the wait ended: give it on to the next in line
                 self.leave(client)

@@ -23,8 +23,8 @@ import threading
 import time
 from pathlib import Path
 
-from stabletoolbench_mirror.core.files import write_bytes
 from stabletoolbench_mirror.config import NOT_SETTINGS_ENV, NOT_SETTINGS_ENV_PREFIXES, Settings, deserialize_settings, serialize_settings
+from stabletoolbench_mirror.core.files import write_bytes
 
 ENV = "STM_SERVE_SETTINGS_FILE"
 FILE_NAME = "settings.json"
@@ -46,7 +46,7 @@ class SettingsHandoff:
         self._hidden: dict[str, str] = {}
         self._write()
 
-    def __enter__(self) -> "SettingsHandoff":
+    def __enter__(self) -> SettingsHandoff:
         os.environ[ENV] = str(self.path)
         for name in [n for n in os.environ if _is_settings_variable(n)]:
             self._hidden[name] = os.environ.pop(name)

@@ -27,9 +27,10 @@ import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.to_thread
@@ -77,9 +78,9 @@ class _HasAnswer(Protocol):
     """What the front needs of ``serving.server.CallPath`` (typed here: this module does not import the server)."""
 
     @property
-    def layer(self) -> "MirrorLayer": ...
+    def layer(self) -> MirrorLayer: ...
 
-    async def answer(self, payload: Any, session: "str | None | Outcome" = None) -> Outcome: ...
+    async def answer(self, payload: Any, session: str | None | Outcome = None) -> Outcome: ...
 
 
 class Catalog:
@@ -88,11 +89,11 @@ class Catalog:
     def __init__(self, everything: dict[str, Function], queries: dict[QueryKey, dict[str, Function]]) -> None:
         self.everything = everything
         self.queries = queries
-        self._listings: dict[Optional[QueryKey], list[Any]] = {}
-        self._pages: dict[Optional[QueryKey], list[int]] = {}
+        self._listings: dict[QueryKey | None, list[Any]] = {}
+        self._pages: dict[QueryKey | None, list[int]] = {}
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "Catalog":
+    def from_settings(cls, settings: Settings) -> Catalog:
         """The tools of ``mcp.queries`` (or of the whole tools folder); :class:`ConfigError` naming the key when they cannot be read."""
         paths = [settings.resolve(p) for p in settings.mcp.query_paths]
         if not settings.tools_folder and (paths or settings.apibank is None):
@@ -116,11 +117,11 @@ class Catalog:
             raise ConfigError(f"mcp.queries: {exc}; give StableToolBench query files or folders of them") from None
         return cls(unique_names(listed), queries)
 
-    def scope(self, query: Optional[QueryKey]) -> Optional[dict[str, Function]]:
+    def scope(self, query: QueryKey | None) -> dict[str, Function] | None:
         """The tools of ``query`` (everything for ``None``); ``None`` when no such query is served."""
         return self.everything if query is None else self.queries.get(query)
 
-    def listing(self, query: Optional[QueryKey]) -> list[Any]:
+    def listing(self, query: QueryKey | None) -> list[Any]:
         """The ``types.Tool`` list of a scope (built once)."""
         import mcp_types as types
 
@@ -133,7 +134,7 @@ class Catalog:
             self._listings[query] = tools
         return self._listings[query]
 
-    def page(self, query: Optional[QueryKey], cursor: Optional[str]) -> Any:
+    def page(self, query: QueryKey | None, cursor: str | None) -> Any:
         """One ``tools/list`` page of a scope (MCP's pagination: ``nextCursor`` names the next one, absent on the last).
 
         A page holds at most :data:`PAGE_TOOLS` tools and :data:`PAGE_BYTES` of them (one tool over that is
@@ -153,7 +154,7 @@ class Catalog:
         end = starts[number + 1] if number + 1 < len(starts) else len(tools)
         return types.ListToolsResult(tools=tools[starts[number]:end], next_cursor=str(number + 1) if end < len(tools) else None)
 
-    def _page_starts(self, query: Optional[QueryKey], tools: list[Any]) -> list[int]:
+    def _page_starts(self, query: QueryKey | None, tools: list[Any]) -> list[int]:
         if query not in self._pages:
             starts, size = [0], 0
             for i, tool in enumerate(tools):
@@ -176,7 +177,7 @@ def _every_tool(settings: Settings) -> Iterator[tuple[str, str, dict[str, Any]]]
     return docs.tools() if docs is not None else iter(())
 
 
-def query_of(path: str) -> Optional[QueryKey] | bool:
+def query_of(path: str) -> QueryKey | None | bool:
     """``None`` for ``/mcp``, ``(group, query_id)`` for ``/mcp/queries/<group>/<query_id>``, ``False`` for anything else."""
     if path.rstrip("/") == PREFIX:
         return None
@@ -187,7 +188,7 @@ def query_of(path: str) -> Optional[QueryKey] | bool:
     return False
 
 
-async def _status_of(app: Any, scope: "Scope", receive: "Receive", send: "Send") -> int | None:
+async def _status_of(app: Any, scope: Scope, receive: Receive, send: Send) -> int | None:
     """Run ``app`` for one request; the HTTP status it answered (``None``: it sent none)."""
     status: list[int] = []
 
@@ -227,7 +228,7 @@ class _SessionMap:
         self._ids: OrderedDict[str, str] = OrderedDict()
         self._lock = anyio.Lock()
 
-    async def server_session(self, layer: "MirrorLayer", mcp_id: str) -> str | None | Outcome:
+    async def server_session(self, layer: MirrorLayer, mcp_id: str) -> str | None | Outcome:
         if layer.sessions is None:
             return None
         async with self._lock:
@@ -348,7 +349,7 @@ class _Asgi:
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    async def __call__(self, scope: "Scope", receive: "Receive", send: "Send") -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
 
 
@@ -359,13 +360,13 @@ class McpFront:
         self.catalog = catalog
         self.settings = settings
         self._manager: Any = None
-        self._admission: Optional[Admission] = None
+        self._admission: Admission | None = None
         self._sessions = _SessionMap()
         mcp = settings.mcp
         self.bound = SessionBound(mcp.max_sessions_per_client, mcp.max_sessions, mcp.session_idle_timeout_s)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "McpFront":
+    def from_settings(cls, settings: Settings) -> McpFront:
         try:
             import mcp.server.lowlevel  # noqa: F401
         except ImportError:
@@ -375,7 +376,7 @@ class McpFront:
 
     # -- the MCP server --------------------------------------------------------------------------
 
-    def server(self, path: _HasAnswer, *, query: Optional[QueryKey] = None, session: str | None = None) -> "Server[Any]":
+    def server(self, path: _HasAnswer, *, query: QueryKey | None = None, session: str | None = None) -> Server[Any]:
         """The SDK's server: for HTTP the scope comes from each request's path, for stdio it is ``query`` and ``session``."""
         from mcp.server.lowlevel import Server
 
@@ -418,13 +419,13 @@ class McpFront:
         return outcome
 
     @staticmethod
-    def _scope_of(ctx: Any, fixed: Optional[QueryKey]) -> Optional[QueryKey]:
+    def _scope_of(ctx: Any, fixed: QueryKey | None) -> QueryKey | None:
         if ctx.request is None:
             return fixed
         found = query_of(ctx.request.url.path)
         return None if found is False else found  # type: ignore[return-value]
 
-    async def _session_of(self, ctx: Any, layer: "MirrorLayer") -> str | None | Outcome:
+    async def _session_of(self, ctx: Any, layer: MirrorLayer) -> str | None | Outcome:
         headers = ctx.request.headers
         given = headers.get(sessions.HEADER)
         if given is not None:
@@ -437,7 +438,7 @@ class McpFront:
 
     # -- HTTP ----------------------------------------------------------------------------------
 
-    def mount(self, app: Any, path: _HasAnswer, admission: Optional[Admission] = None) -> None:
+    def mount(self, app: Any, path: _HasAnswer, admission: Admission | None = None) -> None:
         """Add ``/mcp`` and ``/mcp/queries/<group>/<query_id>`` to ``app`` (run :meth:`running` in its lifespan).
 
         ``admission``: ``/virtual``'s, so a client's MCP calls take slots among its in-flight requests too.
@@ -455,7 +456,7 @@ class McpFront:
         app.router.routes.append(Route(PREFIX, endpoint=endpoint, include_in_schema=False))
         app.router.routes.append(Route(PREFIX + "/{rest:path}", endpoint=endpoint, include_in_schema=False))
 
-    async def _http(self, scope: "Scope", receive: "Receive", send: "Send") -> None:
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         query = query_of(scope["path"])
         if query is False or (query is not None and query not in self.catalog.queries):
             from starlette.responses import JSONResponse
@@ -478,7 +479,7 @@ class McpFront:
         else:
             await self._manager.handle_request(scope, receive, send)
 
-    async def _open_session(self, scope: "Scope", receive: "Receive", send: "Send") -> None:
+    async def _open_session(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A request that may open a session (an ``initialize``): only once :class:`SessionBound` has room for it."""
         client = scope["client"][0] if scope.get("client") else "?"
         victims, refused = self.bound.admit(client)
@@ -529,7 +530,7 @@ class McpFront:
 
     # -- stdio ---------------------------------------------------------------------------------
 
-    async def serve_stdio(self, path: _HasAnswer, query: Optional[QueryKey] = None) -> None:
+    async def serve_stdio(self, path: _HasAnswer, query: QueryKey | None = None) -> None:
         """Serve MCP on this process's stdin and stdout until the client closes them (one server session)."""
         from mcp.server.stdio import stdio_server
 

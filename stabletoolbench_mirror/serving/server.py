@@ -18,8 +18,9 @@ import os
 import struct
 import termios
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, cast
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -31,13 +32,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.config import Settings
-from stabletoolbench_mirror.core import protocol
-from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core import fair, protocol
 from stabletoolbench_mirror.core.call import ToolCall
-from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
-from stabletoolbench_mirror.core import fair
-from stabletoolbench_mirror.engine import sessions
 from stabletoolbench_mirror.core.fair import FairLimiter
+from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.engine import sessions
 from stabletoolbench_mirror.engine.faults import wants_no_faults
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -103,7 +103,7 @@ class _App(FastAPI):
     """FastAPI with :class:`_Front` ahead of its own middleware stack (error, telemetry and body-limit
     layers that cost a hit more than the rest of its path); lifespan events go to FastAPI itself."""
 
-    front: "_Front | None" = None
+    front: _Front | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.front is None or scope["type"] != "http":
@@ -201,7 +201,7 @@ class _Front:
                 return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
         return False
 
-    async def _read_body(self, scope: Scope, receive: Receive, reservation: "_Reservation") -> bytes | Outcome:
+    async def _read_body(self, scope: Scope, receive: Receive, reservation: _Reservation) -> bytes | Outcome:
         """The body, or the answer that ends the request: too large, gone, too slow, or over ``max_queued_bytes``.
 
         The body's bytes (its ``Content-Length`` at once, else each chunk as it comes) are counted in
@@ -245,7 +245,7 @@ class _Front:
             return Outcome.error(408, late, OutcomeKind.REFUSED, "limits.body_timeout_s")
 
 
-    def _whole_body(self, message: Any, length: int | None, reservation: "_Reservation") -> bytes | Outcome:
+    def _whole_body(self, message: Any, length: int | None, reservation: _Reservation) -> bytes | Outcome:
         """:meth:`_read_body` for a body that had all arrived: the same checks, in one message."""
         if message["type"] == "http.disconnect":
             return Outcome.error(400, "the client went away")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections import defaultdict
+from collections.abc import Hashable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ContextManager, Hashable, Iterable, Iterator
+from typing import Any
 
 from stabletoolbench_mirror.core.records import Record
 
@@ -31,13 +33,13 @@ class StoreCounts:
     memory_bytes: int | None = None
 
 
-def origin_key(record: "Record") -> str:
+def origin_key(record: Record) -> str:
     """The origin a record is counted under: ``<source>:<origin>``, an import's cut to its folder."""
     group = record.origin.split("/", 1)[0] if record.source == "imported" else record.origin
     return f"{record.source}:{group}"
 
 
-def _recording_order(records: list["Record"]) -> list["Record"]:
+def _recording_order(records: list[Record]) -> list[Record]:
     """One API's records in recording order (the order an export writes them in)."""
     records.sort(key=lambda r: (r.created_at, r.key))
     return records
@@ -165,7 +167,7 @@ class Store(CacheTier):
         """
         return None
 
-    def flight_lock(self, api: str, canonical: str) -> ContextManager[None]:
+    def flight_lock(self, api: str, canonical: str) -> AbstractContextManager[None]:
         """A lock held while one miss is filled, shared with other processes (and hosts) using the store.
 
         While one holder asks the real API or the simulator, others wait, then find the
@@ -183,7 +185,7 @@ class Store(CacheTier):
     def __len__(self) -> int:
         """The number of records."""
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:

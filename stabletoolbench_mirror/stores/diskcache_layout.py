@@ -16,7 +16,8 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import diskcache
 

@@ -10,7 +10,8 @@ import stat
 import threading
 import time
 from collections import Counter
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import diskcache
 
@@ -85,7 +86,7 @@ def _text(value: object) -> str:
     return value
 
 
-def _format_marker(cache: Any) -> "formats.Marker | None":
+def _format_marker(cache: Any) -> formats.Marker | None:
     value = cache.get(_FORMAT)
     return formats.parse(None if value is None else _text(value))
 

@@ -28,16 +28,17 @@ usable answer for the same call wins over it (see :mod:`..failures`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
 import threading
 from array import array
 from collections import OrderedDict
-import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.protocol import encode_answer

@@ -53,7 +53,7 @@ class ChangeWatch:
     """
 
     __slots__ = ("path", "interval_s", "_lock", "_con", "_pid", "_version", "_token", "_next", "_users", "_key", "_released", "__weakref__")
-    _shared: "weakref.WeakValueDictionary[str, ChangeWatch]" = weakref.WeakValueDictionary()
+    _shared: weakref.WeakValueDictionary[str, ChangeWatch] = weakref.WeakValueDictionary()
     _shared_lock = threading.Lock()
 
     def __init__(self, path: str, interval_s: float = CHECK_INTERVAL_S) -> None:
@@ -73,7 +73,7 @@ class ChangeWatch:
         self.check()
 
     @classmethod
-    def of(cls, path: str) -> "ChangeWatch":
+    def of(cls, path: str) -> ChangeWatch:
         """The watch of the database ``path`` that every store object of this process shares."""
         where = os.path.realpath(path)
         try:

@@ -32,7 +32,8 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -124,7 +125,7 @@ class Invalidations:
             thread.join(timeout=2.0)
 
 
-def _listen(ref: "weakref.ReferenceType[Invalidations]", stop: threading.Event, pubsub: Any) -> None:
+def _listen(ref: weakref.ReferenceType[Invalidations], stop: threading.Event, pubsub: Any) -> None:
     """The listening thread, until closed or until its store is gone.
 
     It holds its listener only to apply a message or to subscribe again, never while it waits: a
@@ -157,7 +158,7 @@ def _listen(ref: "weakref.ReferenceType[Invalidations]", stop: threading.Event, 
         _close(pubsub)
 
 
-def _after_fork(ref: "weakref.ReferenceType[Invalidations]") -> None:
+def _after_fork(ref: weakref.ReferenceType[Invalidations]) -> None:
     listener = ref()
     if listener is not None:
         listener._forked()  # noqa: SLF001 - its own fork hook

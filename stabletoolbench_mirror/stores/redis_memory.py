@@ -14,7 +14,6 @@ from typing import Any
 
 from stabletoolbench_mirror.core.records import Record, Source
 
-
 #: how long a remembered record or pointer is served without asking Redis again (see :class:`RecordMemory`)
 MEMORY_MAX_AGE_S = 1.0
 
@@ -108,7 +107,7 @@ class RecordMemory:
     def point(self, where: tuple[str, str], key: str, epoch: int | None = None) -> None:
         self._insert(self._pointers, where, key, len(key) + len(where[1]) + 100, epoch)
 
-    def _insert(self, table: "OrderedDict[tuple[str, str], Any]", where: tuple[str, str], value: Any, size: int,
+    def _insert(self, table: OrderedDict[tuple[str, str], Any], where: tuple[str, str], value: Any, size: int,
                 epoch: int | None = None) -> None:
         if size > self.max_bytes // 4 or not self.live:
             return

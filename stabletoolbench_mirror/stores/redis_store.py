@@ -30,7 +30,8 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import redis
 import redis.asyncio
@@ -46,8 +47,8 @@ from stabletoolbench_mirror.stores import formats, rules
 from stabletoolbench_mirror.stores import redis_scripts as scripts
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S, LeaseKeeper
-from stabletoolbench_mirror.stores.redis_memory import MEMORY_MAX_AGE_S, RecordMemory
 from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, channel, forget_message
+from stabletoolbench_mirror.stores.redis_memory import MEMORY_MAX_AGE_S, RecordMemory
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class RedisStore(Store):
         self.lock_poll_s = float(lock_poll_s)
         self._raw_url = url
         self.timeout_s = float(timeout_s)
-        self._aclient: "redis.asyncio.Redis | None" = None
+        self._aclient: redis.asyncio.Redis | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
         try:
             # the asyncio client (for the server's event loop) is made on first use, from the same URL
@@ -175,7 +176,7 @@ class RedisStore(Store):
         """The record of this key if this process has it in memory (no I/O), else ``None``."""
         return self._memory.get((api, key))
 
-    def _async_client(self) -> "redis.asyncio.Redis":
+    def _async_client(self) -> redis.asyncio.Redis:
         loop = asyncio.get_running_loop()
         if self._aclient is None or self._aloop is not loop:
             self._aclient = redis.asyncio.Redis.from_url(self._raw_url, **self._client_options(AsyncRetry))
@@ -223,7 +224,7 @@ class RedisStore(Store):
         epoch = self._epoch()
         try:
             raw = await self._async_client().hget(self._entries(api), key)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             return self._stale((api, key), self._failed("read", exc))
         return self._remember(api, key, raw, epoch)
 
@@ -261,7 +262,7 @@ class RedisStore(Store):
             epoch = self._epoch()
             try:
                 key = self._point(api, canonical, await self._async_client().hget(self._canonicals(api), canonical), epoch)
-            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, RedisError, OSError) as exc:
                 key = self._stale_pointer((api, canonical), self._failed("read", exc))
         return self._pointed(api, canonical, None if key is None else await self.aget(api, key))
 

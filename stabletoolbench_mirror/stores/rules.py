@@ -25,8 +25,8 @@ names its own way.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores.base import origin_key

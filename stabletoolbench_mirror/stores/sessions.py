@@ -23,7 +23,8 @@ import os
 import sqlite3
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from stabletoolbench_mirror.stores.base import StoreError
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from stabletoolbench_mirror.upstream.queries import ApiRef, FunctionIndex, QueryFileError, iter_json_files, read_json_file
 

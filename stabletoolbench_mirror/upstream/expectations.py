@@ -8,9 +8,10 @@ them; ``fidelity`` scores a simulator against them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from stabletoolbench_mirror.core.naming import resolve_names
 from stabletoolbench_mirror.upstream.answers import iter_answer_calls

@@ -42,9 +42,10 @@ import copy
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from stabletoolbench_mirror.core.naming import change_name, standardize
 from stabletoolbench_mirror.upstream.queries import CLIENT_TYPE_MAP, FUNCTION_NAME_MAX, iter_json_files, load_queries
@@ -301,7 +302,7 @@ def all_functions(tools: Iterable[tuple[str, str, dict[str, Any]]]) -> list[Func
 
 def clash_name(name: str, target: Target) -> str:
     """The name offered for an API whose upstream name ``name`` another API in the same list has too."""
-    digest = hashlib.sha256(f"{target.category}/{target.tool_name}/{target.api_name}".encode("utf-8")).hexdigest()
+    digest = hashlib.sha256(f"{target.category}/{target.tool_name}/{target.api_name}".encode()).hexdigest()
     return f"{name[-CLASH_KEEP:]}__{digest[:CLASH_HEX]}"
 
 

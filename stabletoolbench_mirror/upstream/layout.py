@@ -18,10 +18,11 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from json.decoder import scanstring  # type: ignore[attr-defined]  # public since Python 2, not in typeshed
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from stabletoolbench_mirror.core.files import atomic_write
@@ -213,7 +214,7 @@ def is_utf8_encodable(text: str) -> bool:
 def read_cache_text(path: str | os.PathLike[str]) -> str:
     """The text of one API file (``ValueError`` naming it when it is not UTF-8)."""
     try:
-        with open(path, "r", encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             return fh.read()
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8: {exc}") from None

@@ -24,9 +24,10 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.naming import change_name, parameter_name, standardize
@@ -179,7 +180,7 @@ def iter_json_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
 def read_json_file(path: str | os.PathLike[str]) -> Any:
     """The value of a JSON file; :class:`QueryFileError` (a ``ValueError``) naming the file when it cannot be read."""
     try:
-        with open(path, "r", encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             return json.load(fh)
     except OSError as exc:
         raise QueryFileError(f"{path}: cannot read: {exc}") from None
@@ -195,7 +196,7 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
     :class:`QueryFileError`.
     """
     try:
-        with open(path, "r", encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             for number, line in enumerate(fh, 1):
                 if not line.strip():
                     continue

@@ -23,9 +23,10 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from rapidfuzz import fuzz, process
 
@@ -389,7 +390,7 @@ class ToolDocs:
         )
 
 
-def tool_docs_for(settings: "Settings") -> ToolDocs | None:
+def tool_docs_for(settings: Settings) -> ToolDocs | None:
     """The registry over ``settings.tools_folder`` (``None`` when none is configured)."""
     if not settings.tools_folder:
         return None

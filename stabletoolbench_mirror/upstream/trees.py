@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from stabletoolbench_mirror.upstream.layout import iter_cache_spans
 from stabletoolbench_mirror.upstream.tooldocs import json_files, subfolders

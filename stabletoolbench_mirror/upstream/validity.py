@@ -121,7 +121,7 @@ def _classify_compatible(text: str) -> Validity:
 # -- strict ------------------------------------------------------------------------------------
 
 _CODES = r"(?:401|403|404|429|500|502|503|504)"
-_STRICT_RULES: tuple[tuple[str, "re.Pattern[str]"], ...] = tuple(
+_STRICT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(pattern, flags))
     for name, pattern, flags in (
         ("rate limit", r"\brate[ -]?limit", re.I),

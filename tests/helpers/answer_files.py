@@ -8,7 +8,8 @@ Each call is ``(function_name, arguments_text, observation_text)``.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 Call = tuple[str, str, str]
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs
 
 from tests.helpers.live import UvicornThread, free_port
@@ -124,7 +125,7 @@ class ApiHost:
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
-    def __enter__(self) -> "ApiHost":
+    def __enter__(self) -> ApiHost:
         self._runner = UvicornThread(self, self.port, lifespan="off", force_exit=True).__enter__()
         return self
 

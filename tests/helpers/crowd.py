@@ -74,7 +74,7 @@ def peer_closed(sock: socket.socket, within_s: float) -> bool:
         try:
             if not sock.recv(1 << 20):
                 return True
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             return False
         except (ConnectionResetError, BrokenPipeError):
             return True

@@ -31,7 +31,7 @@ class UvicornThread:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def __enter__(self) -> "UvicornThread":
+    def __enter__(self) -> UvicornThread:
         self.thread.start()
         deadline = time.monotonic() + 20
         while not self.server.started:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -92,7 +93,7 @@ def send_all(
                 if headers.get("connection", "").lower() == "close":
                     writer.close()
                     reader = writer = None
-            except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError, IndexError) as exc:
+            except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
                 answers[i] = Answer(i, 0, error=f"{type(exc).__name__}: {exc}", finished_at=time.monotonic())
                 if writer is not None:
                     writer.close()

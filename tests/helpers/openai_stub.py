@@ -27,8 +27,9 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import uvicorn
 
@@ -176,7 +177,7 @@ class OpenAIStub:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def __enter__(self) -> "OpenAIStub":
+    def __enter__(self) -> OpenAIStub:
         self._runner = UvicornThread(self, self.port, lifespan="off", force_exit=True).__enter__()
         return self
 

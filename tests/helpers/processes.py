@@ -79,7 +79,7 @@ class StubProcess:
             self.args.append("--echo-prompt")
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "StubProcess":
+    def start(self) -> StubProcess:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.args, cwd=REPO, env=_clean_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         _wait_http(self.api_base + "/models", self.proc, 30, "openai stub", self.log)
@@ -90,7 +90,7 @@ class StubProcess:
             _stop_group(self.proc)
             self.proc = None
 
-    def __enter__(self) -> "StubProcess":
+    def __enter__(self) -> StubProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -116,7 +116,7 @@ class ServeProcess:
         self.log = workdir / f"server-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 60.0) -> "ServeProcess":
+    def start(self, timeout_s: float = 60.0) -> ServeProcess:
         args = [sys.executable, "-m", "stabletoolbench_mirror", "serve", "--config", str(self.config_file), "--workers", str(self.workers)]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -158,7 +158,7 @@ class ServeProcess:
             _stop_group(self.proc)
             self.proc = None
 
-    def __enter__(self) -> "ServeProcess":
+    def __enter__(self) -> ServeProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -17,8 +17,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -48,7 +48,7 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 15.0) -> "RedisServer":
+    def start(self, timeout_s: float = 15.0) -> RedisServer:
         if self.process is not None and self.process.poll() is None:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -122,7 +122,7 @@ class RedisServer:
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

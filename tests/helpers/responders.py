@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.records import Record

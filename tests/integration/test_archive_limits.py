@@ -15,8 +15,8 @@ import subprocess
 import sys
 import tarfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

@@ -264,4 +264,4 @@ def test_the_server_hands_its_fair_threads_to_the_frozen_tiers(tmp_path: Path, s
     (tmp_path / "tree").mkdir()
     layer = MirrorLayer(DiskcacheStore(tmp_path / "store"), frozen=[FrozenCache(str(tmp_path / "tree"))])
     create_app(settings_factory(), layer)
-    assert isinstance(layer.frozen[0]._threads, FairLimiter)
+    assert isinstance(layer.frozen[0]._threads, FairLimiter)  # noqa: SLF001 - which limiter the frozen loads wait on

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import requests
 
-from stabletoolbench_mirror.core.fault_kinds import CLIENT_STATUS, ERROR_KINDS, KINDS
 from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.fault_kinds import CLIENT_STATUS, ERROR_KINDS, KINDS
 from stabletoolbench_mirror.core.keys import session_key
 from stabletoolbench_mirror.core.protocol import VirtualRequest
 from stabletoolbench_mirror.engine.faults import FaultPlan, draw

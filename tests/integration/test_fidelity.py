@@ -167,8 +167,8 @@ def test_fidelity_metrics_match_sacrebleu_and_rouge(tmp_path, reference_dir, ref
     html = page.read_text()
     assert html.count("<svg") == len(METRICS)
     # both reports name what was scored: simulator, model, prompt hash, date, the references' hash
-    from stabletoolbench_mirror.responders.simulator import system_prompt_for
     from stabletoolbench_mirror.config import load_settings
+    from stabletoolbench_mirror.responders.simulator import system_prompt_for
 
     scored = report["scored"]
     assert (scored["candidate"], scored["simulator"], scored["model"]) == ("simulator", "mirrorapi-sft", "MirrorAPI")

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import requests
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
@@ -33,7 +34,6 @@ from stabletoolbench_mirror.serving.prepared import PreparedCalls
 from stabletoolbench_mirror.serving.server import GuardedHttpProtocol, create_app, uvicorn_options
 from tests.helpers.live import UvicornThread
 from tests.helpers.paths import REPO
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 API = "Tools/t_for_Tools/a"
 

@@ -17,8 +17,8 @@ import struct
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator
 
 import pytest
 import trustme
@@ -53,7 +53,7 @@ class RawServer:
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._accept, daemon=True)
 
-    def __enter__(self) -> "RawServer":
+    def __enter__(self) -> RawServer:
         self._thread.start()
         return self
 
@@ -182,7 +182,7 @@ def test_the_request_is_one_post_with_length_host_and_the_given_headers(raw) -> 
     head, _, body = request.partition(b"\r\n\r\n")
     lines = head.decode().split("\r\n")
     assert lines[0] == "POST /v1/chat/completions HTTP/1.1"
-    assert {"Host: 127.0.0.1:%d" % server.port, "Content-Length: 8", "Authorization: Bearer k", "Content-Type: application/json",
+    assert {f"Host: 127.0.0.1:{server.port}", "Content-Length: 8", "Authorization: Bearer k", "Content-Type: application/json",
             "Accept-Encoding: identity", "X-Request: r1"} <= set(lines[1:])
     assert body == b'{"a": 1}'
 

@@ -229,7 +229,7 @@ def _closed_by_server(sock: socket.socket, within_s: float) -> bool:
         while sock.recv(65536):
             pass  # an HTTP 408 answer may come first
         return True
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         return False
     except ConnectionResetError:
         return True

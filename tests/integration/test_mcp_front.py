@@ -27,7 +27,7 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from stabletoolbench_mirror.core.naming import change_name, standardize  # noqa: E402
 from stabletoolbench_mirror.serving.server import create_app, uvicorn_options  # noqa: E402
-from stabletoolbench_mirror.upstream.functions import Target, clash_name, iter_query_functions, UpstreamTools  # noqa: E402
+from stabletoolbench_mirror.upstream.functions import Target, UpstreamTools, clash_name, iter_query_functions  # noqa: E402
 from tests.conftest import make_settings  # noqa: E402
 from tests.helpers.live import UvicornThread  # noqa: E402
 from tests.helpers.openai_stub import OpenAIStub, Reply  # noqa: E402
@@ -342,8 +342,8 @@ def test_the_example_client_calls_recorded_inputs_of_the_frozen_cache_and_shows_
 async def _pages_over_client_session(url: str) -> list[list[str]]:
     """The tool names of each ``tools/list`` page, listed by the SDK's ``ClientSession`` over ``streamable_http_client``
     (its default 1 MiB limit on one server-sent event)."""
-    from mcp.client.session import ClientSession
     import mcp_types as types
+    from mcp.client.session import ClientSession
 
     pages = []
     async with streamable_http_client(url, http_client=httpx2.AsyncClient(timeout=60)) as (read, write), ClientSession(read, write) as session:

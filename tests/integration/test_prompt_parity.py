@@ -131,7 +131,7 @@ def test_checkout_folder_and_plain_text_file(layout, tmp_path) -> None:
         prompt = system_prompt_for(settings)
         assert prompt.text == text and prompt.source.endswith("server/system_prompts.py:" + ("COT_SYSTEM" if style == "mirrorapi-cot" else "SFT_SYSTEM"))
     plain = tmp_path / "my_prompt.txt"
-    plain.write_bytes("  verbatim\r\nprompt  \n".encode())
+    plain.write_bytes(b"  verbatim\r\nprompt  \n")
     prompt = system_prompt_for(make_settings(tmp_path, simulator={"system_prompt_file": str(plain)}))
     assert prompt.text == "  verbatim\r\nprompt  \n" and prompt.source == str(plain)
     with pytest.raises(ConfigError, match="simulator.system_prompt_file: .*without StableToolBench's system_prompts.py"):

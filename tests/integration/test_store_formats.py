@@ -22,8 +22,7 @@ import requests
 
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.core.records import Record
-from stabletoolbench_mirror.stores import DiskcacheStore
-from stabletoolbench_mirror.stores import formats
+from stabletoolbench_mirror.stores import DiskcacheStore, formats
 from stabletoolbench_mirror.stores.base import StoreError
 from stabletoolbench_mirror.stores.redis_store import RedisStore
 from tests.helpers.live import free_port

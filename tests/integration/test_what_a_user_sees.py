@@ -15,8 +15,9 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -176,7 +177,7 @@ def test_doctor_calls_a_simulator_endpoint_answering_404_an_error(not_found: str
 
 def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """Every command of the parser, as its words and its parser."""
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001 - argparse offers no public walk
     if not subs:
         yield prefix, parser
         return
@@ -187,7 +188,7 @@ def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ())
 def required_arguments(parser: argparse.ArgumentParser, missing: str) -> list[str]:
     """Each required argument given a path that does not exist."""
     out: list[str] = []
-    for action in parser._actions:
+    for action in parser._actions:  # noqa: SLF001 - argparse offers no public walk
         if not action.option_strings and action.nargs != 0 and action.dest != "help":
             out.append(missing)
         elif action.required:
@@ -203,7 +204,7 @@ def test_every_command_exits_2_when_it_cannot_run(tmp_path: Path, capsys: pytest
     assert len(commands) >= 18 and ("doctor",) in [words for words, _ in commands]
     for words, parser in commands:
         args = [*words, *required_arguments(parser, missing)]
-        if "--config" in parser._option_string_actions:
+        if "--config" in parser._option_string_actions:  # noqa: SLF001 - argparse offers no public walk
             args += ["--config", str(typo)]
         assert main(args) == 2, words
         assert "error" in capsys.readouterr().err.lower(), words

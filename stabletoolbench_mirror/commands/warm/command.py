@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_config_arguments, add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import (
+    add_answer_file_arguments,
+    add_config_arguments,
+    add_json_argument,
+    print_json,
+    settings_from_args,
+)
 from stabletoolbench_mirror.commands.warm.inputs import add_answers, add_payloads, add_queries
 from stabletoolbench_mirror.commands.warm.plan import WarmInputError, WarmPlan, WarmReport
 from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes

@@ -15,7 +15,8 @@ invalid body) is skipped with the server's own reason.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from stabletoolbench_mirror.commands.warm.plan import WarmInputError, WarmPlan
 from stabletoolbench_mirror.core.call import ToolCall

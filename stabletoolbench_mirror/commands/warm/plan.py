@@ -39,10 +39,10 @@ class KindCounts:
     skipped: int = 0
     """Calls that never reach the store: unparsable arguments, ``chat_with_user``, unknown functions."""
 
-    def copy(self) -> "KindCounts":
+    def copy(self) -> KindCounts:
         return KindCounts(**vars(self))
 
-    def __iadd__(self, other: "KindCounts") -> "KindCounts":
+    def __iadd__(self, other: KindCounts) -> KindCounts:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         return self

@@ -7,7 +7,8 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from stabletoolbench_mirror.commands.warm.plan import (
     Failure,

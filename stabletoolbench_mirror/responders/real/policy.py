@@ -8,8 +8,8 @@ category.  An empty allow list allows everything; a deny entry always wins.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.naming import standardize, standardize_category
@@ -37,7 +37,7 @@ class CallPolicy:
         deny_categories: Iterable[str] = (),
         allow_tools: Iterable[str] = (),
         deny_tools: Iterable[str] = (),
-    ) -> "CallPolicy":
+    ) -> CallPolicy:
         return cls(
             frozenset(map(_category, allow_categories)),
             frozenset(map(_category, deny_categories)),

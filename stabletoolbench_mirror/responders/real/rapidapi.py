@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 from urllib.parse import SplitResult, quote, urlsplit, urlunsplit
 
 from stabletoolbench_mirror.core.call import ToolCall
@@ -40,7 +41,7 @@ _PLACEHOLDER = re.compile(r"\{([^{}/]+)\}")
 
 #: finds the API doc entry of a call (``None`` when there is none)
 log = logging.getLogger(__name__)
-DocFinder = Callable[[ToolCall], Optional[Mapping[str, Any]]]
+DocFinder = Callable[[ToolCall], Mapping[str, Any] | None]
 
 
 def exact_doc_finder(docs: ToolDocs) -> DocFinder:
@@ -50,7 +51,7 @@ def exact_doc_finder(docs: ToolDocs) -> DocFinder:
     send it to a different API.
     """
 
-    def find(call: ToolCall) -> Optional[Mapping[str, Any]]:
+    def find(call: ToolCall) -> Mapping[str, Any] | None:
         doc = docs.find(call.names)
         if doc is None:
             return None
@@ -75,7 +76,7 @@ class PreparedRequest:
     """Scheme, host and the filled-in path (plus any query the doc's URL has)."""
     rapidapi_host: str
     query: dict[str, Any] = field(default_factory=dict)
-    body: Optional[dict[str, Any]] = None
+    body: dict[str, Any] | None = None
 
     @property
     def origin(self) -> str:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.records import Record, Source

@@ -12,9 +12,10 @@ with fixed phrases.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.cookiejar import DefaultCookiePolicy
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests

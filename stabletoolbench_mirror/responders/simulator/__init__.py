@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from stabletoolbench_mirror.config import ConfigError, Settings
 from stabletoolbench_mirror.core.secrets import redactor_for

@@ -25,7 +25,8 @@ StableToolBench's ``system_prompts.py`` read as a syntax tree).
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rapidfuzz import fuzz
 

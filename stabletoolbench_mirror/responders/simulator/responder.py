@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.call import ToolCall
+from stabletoolbench_mirror.core.fair import FairSemaphore
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.records import Record, Source
 from stabletoolbench_mirror.core.secrets import Redactor
-from stabletoolbench_mirror.core.fair import FairSemaphore
 from stabletoolbench_mirror.engine.responders import Attempt
 from stabletoolbench_mirror.engine.stats import LocalEvents, event_section
 from stabletoolbench_mirror.responders.simulator import history, prompts

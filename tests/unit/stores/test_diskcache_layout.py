@@ -16,7 +16,7 @@ from stabletoolbench_mirror.stores import diskcache_layout as layout
 def test_the_installed_diskcache_lays_its_table_out_as_the_store_expects(tmp_path: Path) -> None:
     cache = diskcache.Cache(str(tmp_path / "c"))
     try:
-        found = tuple((name, kind) for _cid, name, kind, *_ in cache._sql("PRAGMA table_info(Cache)").fetchall())
+        found = tuple((name, kind) for _cid, name, kind, *_ in cache._sql("PRAGMA table_info(Cache)").fetchall())  # noqa: SLF001
     finally:
         cache.close()
     assert found == layout.COLUMNS, (
