@@ -11,7 +11,8 @@ import importlib
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import ConfigError, Settings
@@ -71,7 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         vllm.stop()
 
 
-def launch_vllm(settings: Settings, args: argparse.Namespace) -> "VllmServer":
+def launch_vllm(settings: Settings, args: argparse.Namespace) -> VllmServer:
     """Start vLLM's OpenAI-compatible server for ``serve --launch-vllm`` and wait until it completes a chat."""
     from urllib.parse import urlsplit
 
@@ -211,7 +212,7 @@ def _open_store(args: argparse.Namespace):
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
     from stabletoolbench_mirror.commands.cache_tools import ImportFailed, import_tree
-    from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveLimits, is_archive, local_tree
+    from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveLimits, is_archive, local_tree, manifest_problem
     from stabletoolbench_mirror.upstream.trees import frozen_cache_problem
 
     settings = settings_from_args(args)
@@ -222,7 +223,7 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # a folder with no cache files (often one level above or below the tree) would import nothing
-    problem = frozen_cache_problem(os.path.abspath(args.directory))
+    problem = frozen_cache_problem(os.path.abspath(args.directory)) or manifest_problem(args.directory)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2

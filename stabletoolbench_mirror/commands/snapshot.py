@@ -25,22 +25,23 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import groupby
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
-from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.commands.cache_tools import ExportSummary, Tally, count, iter_export
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.config import Settings
+from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.core.secrets import public_settings
 from stabletoolbench_mirror.factory import build_store
 from stabletoolbench_mirror.stores import Store
 from stabletoolbench_mirror.upstream.content_hash import HASH_METHOD, ContentHash
-from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME, failure_entries
+from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME, failure_entries, failure_entries_hash, failure_entries_problem
 from stabletoolbench_mirror.upstream.layout import api_path, iter_cache_files, read_cache_file
 
 FORMAT = "stabletoolbench-mirror-snapshot"
@@ -128,6 +129,7 @@ def write_snapshot(
         "failure_reasons": tally["failure_reasons"],
         "excluded_failures": _excluded(store, exclude_failures, excluded_before),
         "failure_entries": sorted(failures),
+        "failure_entries_hash": failure_entries_hash(digest.hexdigest(), {(api, key) for api, key in failures}),
         "api_hashes": digest.apis,
         "store": store.kind,
         "settings": public_settings(settings) if settings is not None else None,
@@ -260,6 +262,9 @@ def _check_failures(manifest: dict[str, Any], listed: set[tuple[str, str]] | Non
     if listed is None:
         problems.append("failure_entries is not a list of [api, key] pairs")
         return
+    changed = failure_entries_problem(manifest)
+    if changed is not None:
+        problems.append(changed)
     missing = [entry for entry in listed if entry not in present]
     if missing:
         problems.append(f"{len(missing)} failure entries of the manifest are not in the files")

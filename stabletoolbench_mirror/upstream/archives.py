@@ -31,13 +31,14 @@ import tarfile
 import tempfile
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.upstream.content_hash import ContentHash
-from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
+from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME, failure_entries_problem
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class ArchiveLimits:
     max_members: int = 100_000
 
     @classmethod
-    def of(cls, settings: "Settings") -> "ArchiveLimits":
+    def of(cls, settings: Settings) -> ArchiveLimits:
         return cls(int(settings.frozen_max_file_mb * _MB), int(settings.archive_max_total_mb * _MB), settings.archive_max_members)
 
 
@@ -264,6 +265,8 @@ def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, prog
         expected = manifest.get("content_hash") if isinstance(manifest, dict) else None
         if not isinstance(expected, str):
             raise ArchiveError(f"{archive}: {MANIFEST_NAME} has no content_hash: not a snapshot manifest")
+        if (problem := failure_entries_problem(manifest)) is not None:
+            raise ArchiveError(f"{archive}: {MANIFEST_NAME}: {problem}")
         actual = tree_hash(root, progress=progress)
         if actual != expected:
             raise ArchiveError(
@@ -320,7 +323,24 @@ def pack(folder: Path, out: Path) -> None:
             os.unlink(part)
 
 
-def frozen_folder(settings: "Settings", configured: str, *, progress: bool = True) -> str:
+def manifest_problem(folder: str | os.PathLike[str]) -> str | None:
+    """Why a snapshot folder's manifest cannot be trusted (its failure entries changed since it was written), or ``None``.
+
+    A folder without a readable manifest has none (its reader says so and takes no entry for a failure).
+    """
+    path = Path(folder, MANIFEST_NAME)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    problem = failure_entries_problem(manifest)
+    return f"{path}: {problem}" if problem is not None else None
+
+
+def frozen_folder(settings: Settings, configured: str, *, progress: bool = True) -> str:
     """The folder a ``frozen_caches`` entry names: itself, or its archive's checked tree in ``download_dir``."""
-    return local_tree(configured, settings.resolve(settings.download_dir), resolve=settings.resolve, progress=progress,
-                      limits=ArchiveLimits.of(settings))
+    folder = local_tree(configured, settings.resolve(settings.download_dir), resolve=settings.resolve, progress=progress,
+                        limits=ArchiveLimits.of(settings))
+    if not is_archive(configured) and (problem := manifest_problem(folder)) is not None:  # an archive's was checked unpacking it
+        raise ArchiveError(problem)
+    return folder

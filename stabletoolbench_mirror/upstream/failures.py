@@ -13,6 +13,7 @@ Frozen caches and ``cache import`` use this, so a failure keeps being a failure 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -42,6 +43,28 @@ def failure_entries(manifest: Any) -> set[tuple[str, str]] | None:
             return None
         out.add((item[0], item[1]))
     return out
+
+
+def failure_entries_hash(content_hash: Any, entries: set[tuple[str, str]]) -> str:
+    """``sha256:<hex>`` binding a manifest's failure entries to its ``content_hash`` (its ``failure_entries_hash``)."""
+    line = json.dumps([content_hash, sorted([api, key] for api, key in entries)], ensure_ascii=False, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(line.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def failure_entries_problem(manifest: Any) -> str | None:
+    """Why a manifest's ``failure_entries`` cannot be trusted, or ``None``.
+
+    A manifest written since ``failure_entries_hash`` was kept must list exactly the failure entries
+    that hash covers (with its ``content_hash``); one written before has no such hash and is taken as it is.
+    """
+    if not isinstance(manifest, dict) or (recorded := manifest.get("failure_entries_hash")) is None:
+        return None
+    listed = failure_entries(manifest)
+    if listed is None or recorded != failure_entries_hash(manifest.get("content_hash"), listed):
+        return ("failure_entries differ from what the manifest's failure_entries_hash covers: the manifest was changed "
+                "after it was written (failure records would be taken for answers); not used; take the snapshot as published "
+                "or write it again with: stabletoolbench-mirror snapshot")
+    return None
 
 
 def tree_failure_entries(root: str | os.PathLike[str]) -> set[tuple[str, str]]:
