@@ -29,6 +29,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -92,8 +93,58 @@ def _mismatch(what: str, expected: str, actual: str) -> ArchiveError:
 # -- fetching ---------------------------------------------------------------------------------------
 
 
-def download(url: str, download_dir: Path, sha256: str | None, *, progress: bool = True, timeout_s: float = 60.0) -> Path:
-    """The archive at ``url`` in ``download_dir`` (downloaded now unless a copy is there)."""
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects followed only to ``http(s)://``."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if not is_url(newurl):
+            raise ArchiveError(f"{req.full_url} redirects to {newurl}: only http(s):// is followed; not downloaded")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_HttpOnlyRedirects)
+
+
+class _Pace:
+    """A download's overall deadline, low-speed limit and size limit, checked as each chunk arrives."""
+
+    def __init__(self, url: str, limits: ArchiveLimits) -> None:
+        self.url, self.limits = url, limits
+        self.started = self.window_start = time.monotonic()
+        self.size = self.window_bytes = 0
+
+    def read_timeout(self) -> float:
+        """The longest one read may wait: the low-speed window, never past the deadline."""
+        return max(0.1, min(self.limits.download_low_speed_s, self.started + self.limits.download_deadline_s - time.monotonic()))
+
+    def check_length(self, length: int | None) -> None:
+        if length is not None and length > self.limits.download_max_bytes:
+            raise self._over(length)
+
+    def arrived(self, n: int) -> None:
+        limits, now = self.limits, time.monotonic()
+        self.size += n
+        self.window_bytes += n
+        if self.size > limits.download_max_bytes:
+            raise self._over(self.size)
+        if now - self.started > limits.download_deadline_s:
+            raise ArchiveError(f"cannot download {self.url}: not done within download_deadline_s ({limits.download_deadline_s:g} s); "
+                               "raise download_deadline_s for a slow link")
+        if now - self.window_start >= limits.download_low_speed_s:
+            if self.window_bytes < limits.download_min_bytes_per_s * (now - self.window_start):
+                raise ArchiveError(f"cannot download {self.url}: slower than download_min_kb_per_s "
+                                   f"({limits.download_min_bytes_per_s / 1024:g} KB/s) over download_low_speed_s "
+                                   f"({limits.download_low_speed_s:g} s); lower download_min_kb_per_s for a slow link")
+            self.window_start, self.window_bytes = now, 0
+
+    def _over(self, size: int) -> ArchiveError:
+        return ArchiveError(f"cannot download {self.url}: {size / _MB:,.1f} MB, over download_max_mb "
+                            f"({self.limits.download_max_bytes / _MB:g} MB); raise download_max_mb to download it")
+
+
+def download(url: str, download_dir: Path, sha256: str | None, *, progress: bool = True, limits: ArchiveLimits | None = None) -> Path:
+    """The archive at ``url`` in ``download_dir`` (downloaded now unless a copy is there), within ``limits``."""
+    pace = _Pace(url, limits or ArchiveLimits())
     name = os.path.basename(urllib.parse.urlparse(url).path) or "snapshot.tar.gz"
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[-100:]
     target = download_dir / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{safe}"
@@ -105,11 +156,16 @@ def download(url: str, download_dir: Path, sha256: str | None, *, progress: bool
     fd, part = tempfile.mkstemp(prefix=".part-", dir=download_dir)
     digest = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - http(s) only
+        with os.fdopen(fd, "wb") as out, _OPENER.open(url, timeout=pace.read_timeout()) as response:
             total = response.headers.get("Content-Length")
-            with progress_bar(total=int(total) if total and total.isdigit() else None, unit="B", unit_scale=True, desc="download",
-                      disable=not progress) as bar:
-                while chunk := response.read(_CHUNK):
+            length = int(total) if total and total.isdigit() else None
+            pace.check_length(length)
+            with progress_bar(total=length, unit="B", unit_scale=True, desc="download", disable=not progress) as bar:
+                while True:
+                    chunk = response.read1(_CHUNK)
+                    if not chunk:
+                        break
+                    pace.arrived(len(chunk))
                     out.write(chunk)
                     digest.update(chunk)
                     bar.update(len(chunk))
@@ -134,10 +190,16 @@ class ArchiveLimits:
     max_member_bytes: int = 512 * _MB
     max_total_bytes: int = 16384 * _MB
     max_members: int = 100_000
+    download_max_bytes: int = 16384 * _MB
+    download_deadline_s: float = 3600.0
+    download_min_bytes_per_s: float = 10 * 1024
+    download_low_speed_s: float = 60.0
 
     @classmethod
     def of(cls, settings: Settings) -> ArchiveLimits:
-        return cls(int(settings.frozen_max_file_mb * _MB), int(settings.archive_max_total_mb * _MB), settings.archive_max_members)
+        return cls(int(settings.frozen_max_file_mb * _MB), int(settings.archive_max_total_mb * _MB), settings.archive_max_members,
+                   int(settings.download_max_mb * _MB), settings.download_deadline_s, settings.download_min_kb_per_s * 1024,
+                   settings.download_low_speed_s)
 
 
 class _Budget:
@@ -298,7 +360,7 @@ def local_tree(spec: str, download_dir: str | os.PathLike[str], *, resolve: Call
     location, sha256 = split_spec(spec)
     where = Path(download_dir)
     if is_url(location):
-        archive = download(location, where, sha256, progress=progress)
+        archive = download(location, where, sha256, progress=progress, limits=limits)
         try:  # its SHA-256 checked as it arrived (or, for a kept copy, just now)
             return str(unpack(archive, where, None, progress=progress, limits=limits))
         except ArchiveError:

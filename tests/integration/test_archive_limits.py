@@ -214,3 +214,65 @@ def test_the_limits_apply_to_urls_and_snapshot_verify_and_a_refused_download_is_
 
 def test_the_default_limits_are_the_settings_defaults(settings_factory) -> None:
     assert ArchiveLimits() == ArchiveLimits.of(settings_factory())
+
+
+# -- downloads ------------------------------------------------------------------------------------
+
+
+class _Slow(http.server.BaseHTTPRequestHandler):
+    """``/big``: says 64 MB; ``/trickle``: 1 byte every 0.2 s; ``/steady``: 64 KB every 0.05 s, no end; ``/ftp``: a redirect to ftp."""
+
+    def do_GET(self) -> None:  # noqa: N802 - the handler's name
+        if self.path == "/ftp":
+            self.send_response(302)
+            self.send_header("Location", "ftp://127.0.0.1/snap.tar.gz")
+            self.end_headers()
+            return
+        self.send_response(200)
+        if self.path == "/big":
+            self.send_header("Content-Length", str(64 << 20))
+        self.end_headers()
+        try:
+            for _ in range(100 if self.path == "/trickle" else 400):  # about 20 s at most
+                if self.path == "/trickle":
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    threading.Event().wait(0.2)
+                elif self.path == "/steady":
+                    self.wfile.write(bytes(64 * 1024))
+                    self.wfile.flush()
+                    threading.Event().wait(0.05)
+                else:
+                    self.wfile.write(bytes(1 << 20))
+        except OSError:
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def slow_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("path, settings, refusal", [
+    ("/big", {"download_max_mb": 16}, r"64.0 MB, over download_max_mb \(16 MB\); raise download_max_mb"),
+    ("/trickle", {"download_min_kb_per_s": 1, "download_low_speed_s": 1}, r"slower than download_min_kb_per_s \(1 KB/s\)"),
+    ("/steady", {"download_deadline_s": 1}, r"not done within download_deadline_s \(1 s\)"),
+    ("/steady", {"download_max_mb": 1}, r"over download_max_mb \(1 MB\)"),  # no Content-Length: counted as it arrives
+    ("/ftp", {}, r"redirects to ftp://127.0.0.1/snap.tar.gz: only http\(s\):// is followed"),
+])
+def test_downloads_are_bounded_and_nothing_partial_is_kept(slow_server: str, settings_factory, tmp_path: Path, path: str,
+                                                          settings: dict, refusal: str) -> None:
+    downloads = tmp_path / "downloads"
+    with pytest.raises(ConfigError, match=refusal):
+        build_frozen(settings_factory(mode="replay", frozen_caches=[f"{slow_server}{path}"], download_dir=str(downloads), **settings))
+    assert _left_in(downloads) == []

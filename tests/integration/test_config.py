@@ -37,6 +37,8 @@ def test_defaults() -> None:
         ("real:\n  breaker_failures: 0\n", "real.breaker_failures"),
         ("archive_max_members: 0\n", "archive_max_members"),
         ("archive_max_total_mb: -1\n", "archive_max_total_mb"),
+        ("download_deadline_s: 0\n", "download_deadline_s"),
+        ("download_min_kb_per_s: -1\n", "download_min_kb_per_s"),
     ],
 )
 def test_bad_keys_fail_naming_the_key(tmp_path: Path, text: str, key: str) -> None:
