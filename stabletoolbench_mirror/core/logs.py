@@ -109,5 +109,5 @@ def to_log_file(message: str) -> None:
     """Append ``message`` to the configured log file only (e.g. the start-up summary already printed)."""
     record = logging.LogRecord("stabletoolbench_mirror", logging.INFO, __file__, 0, message, None, None)
     for handler in logging.getLogger().handlers:
-        if getattr(handler, "_stm_file", None):
+        if isinstance(handler, _LogFile):
             handler.handle(record)
