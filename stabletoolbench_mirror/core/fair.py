@@ -245,6 +245,12 @@ class FairSemaphore:
     def total(self) -> int:
         return self._turns.total
 
+    @property
+    def waiting(self) -> int:
+        """Threads waiting for a turn now."""
+        with self._lock:
+            return self._turns.queued
+
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         client = CLIENT.get()
         with self._lock:

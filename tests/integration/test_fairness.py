@@ -11,6 +11,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,34 +27,44 @@ from tests.helpers.processes import ServeProcess, StubProcess
 # -- the turns -----------------------------------------------------------------------------------
 
 
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
+        time.sleep(0.002)
+
+
 def test_a_freed_turn_goes_to_the_client_holding_the_fewest_then_in_turn() -> None:
     turns = FairSemaphore(2)
     order: list[str] = []
     lock = threading.Lock()
+    busy_go, late_go = threading.Event(), threading.Event()
 
-    def work(client: str) -> None:
+    def work(client: str, go: threading.Event) -> None:
         def one() -> None:
             with turns:
                 with lock:
                     order.append(client)
-                time.sleep(0.3)
+                assert go.wait(10)
 
         run_as(client, one)
 
-    threads = [threading.Thread(target=work, args=("busy",)) for _ in range(10)]
+    threads = [threading.Thread(target=work, args=("busy", busy_go)) for _ in range(10)]
     for t in threads:
         t.start()
-        time.sleep(0.005)  # "busy" queues 8 behind its 2 running
-    time.sleep(0.05)
-    late = [threading.Thread(target=work, args=(c,)) for c in ("a", "b")]
+    _until(lambda: turns.in_use == 2 and turns.waiting == 8, '"busy" queues 8 behind its 2 running')
+    late = [threading.Thread(target=work, args=(c, late_go)) for c in ("a", "b")]
     for t in late:
         t.start()
-        time.sleep(0.005)
+    _until(lambda: turns.waiting == 10, "a and b queue behind busy's 8")
+    busy_go.set()  # busy's two turns are freed; a and b keep the turns they get until late_go
+    _until(lambda: len(order) == 4, "the two freed turns are taken")
+    late_go.set()
     for t in threads + late:
         t.join(10)
     # a and b hold nothing: they get the next two turns, not the 8 queued before them
     assert order[:2] == ["busy", "busy"] and sorted(order[2:4]) == ["a", "b"], order
-    assert turns.in_use == 0
+    assert turns.in_use == 0 and turns.waiting == 0 and len(order) == 12
 
 
 def test_clients_with_queues_share_turns_equally_fifo_within_each() -> None:

@@ -123,6 +123,32 @@ def test_agents_default_call_hits_after_warming(tmp_path: Path, serve, settings_
     assert as_text.headers["X-STM-Outcome"] == "unanswered"
 
 
+def _descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` now (read from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone while listed
+        parents[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 def test_interrupted_warm_resumes_without_duplicates(processes: int, reference_dir: Path, tmp_path: Path) -> None:
     folder = subset(reference_dir, tmp_path, 4)
@@ -152,13 +178,18 @@ def test_interrupted_warm_resumes_without_duplicates(processes: int, reference_d
                     break
                 assert proc.poll() is None, "warm ended before it could be interrupted"
                 time.sleep(0.05)
+            workers = _descendants(proc.pid)
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
         finally:
             if proc.poll() is None:
                 proc.kill()
         assert proc.returncode == -signal.SIGKILL
-        time.sleep(0.5)  # worker processes die with the warm process; nothing lands after the kill
+        # worker processes die with the warm process: once they are gone nothing can land after the kill
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in workers):
+            assert time.monotonic() < deadline, f"warm's workers outlived it by 30 s: {sorted(workers)}"
+            time.sleep(0.02)
         after_kill = records(store_path)
         assert 10 <= len(after_kill) < len(expected)
         calls_before = stub.count
