@@ -22,11 +22,10 @@ from stabletoolbench_mirror.commands.cli_common import add_config_arguments, set
 from stabletoolbench_mirror.core.keys import record_key
 from stabletoolbench_mirror.core.naming import resolve_names
 from stabletoolbench_mirror.core.protocol import ToolInputParseError, parse_tool_input
-from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.core.records import Record, origin_key
 from stabletoolbench_mirror.stores import Store, StoreError
-from stabletoolbench_mirror.stores.base import origin_key
 
-SOURCES = ("real", "simulated", "imported", "local")
+SOURCES = ("real", "simulated", "imported", "local", "model")
 
 
 def api_names(text: str) -> set[str]:

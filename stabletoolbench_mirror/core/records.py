@@ -10,9 +10,11 @@ from typing import Any, Literal
 
 from stabletoolbench_mirror.core.protocol import encode_answer
 
-Source = Literal["real", "simulated", "imported", "local", "frozen"]
+Source = Literal["real", "simulated", "imported", "local", "frozen", "model"]
 """``real`` and ``simulated`` answers were recorded here, ``imported`` ones copied into the store
-by ``cache import``, ``local`` ones made by a local tool; ``frozen`` marks an answer read from a frozen cache tree (never stored)."""
+by ``cache import``, ``local`` ones made by a local tool; ``model`` records are recorded model calls
+(chat completions of an agent or a judge, :mod:`.model_calls`); ``frozen`` marks an answer read from a
+frozen cache tree (never stored)."""
 RECORD_VERSION = 2
 """Version 2 names the API ``api``; version 1 (still read) named it ``namespace``."""
 
@@ -138,3 +140,9 @@ class Record:
             tried=tuple(str(t) for t in data.get("tried") or ()),
             replaced=data["replaced"] if isinstance(data.get("replaced"), dict) else None,
         )
+
+
+def origin_key(record: Record) -> str:
+    """The origin a record is counted under: ``<source>:<origin>``, an import's cut to its folder."""
+    group = record.origin.split("/", 1)[0] if record.source == "imported" else record.origin
+    return f"{record.source}:{group}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
+import threading
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.stores import rules
 
 
 class StoreError(RuntimeError):
@@ -31,12 +34,6 @@ class StoreCounts:
     """``failure``: failure records now; ``replaced``: usable answers that replaced one."""
     disk_bytes: int | None = None
     memory_bytes: int | None = None
-
-
-def origin_key(record: Record) -> str:
-    """The origin a record is counted under: ``<source>:<origin>``, an import's cut to its folder."""
-    group = record.origin.split("/", 1)[0] if record.source == "imported" else record.origin
-    return f"{record.source}:{group}"
 
 
 def _recording_order(records: list[Record]) -> list[Record]:
@@ -166,6 +163,31 @@ class Store(CacheTier):
         ``None``: the backend cannot tell, so nothing may be kept on its word (the default).
         """
         return None
+
+    def claim_occurrence(self, run: str, digest: str) -> int:
+        """The occurrence number of this identical model request in ``run`` (1 for the first; see
+        :func:`.rules.claim_occurrence`), counted with every process and host using the store.
+
+        The default counts in this process only (a backend shared by processes overrides it).
+        """
+        with self._occurrence_lock:
+            number, self._occurrences[run, digest] = rules.claim_occurrence(
+                self._occurrences.get((run, digest), rules.Occurrences()))
+            return number
+
+    def release_occurrence(self, run: str, digest: str, number: int) -> None:
+        """Give ``number`` back: its request got no answer, so the next identical one takes it."""
+        with self._occurrence_lock:
+            self._occurrences[run, digest] = rules.release_occurrence(
+                self._occurrences.get((run, digest), rules.Occurrences()), number)
+
+    @functools.cached_property
+    def _occurrence_lock(self) -> threading.Lock:
+        return threading.Lock()
+
+    @functools.cached_property
+    def _occurrences(self) -> dict[tuple[str, str], rules.Occurrences]:
+        return {}
 
     def flight_lock(self, api: str, canonical: str) -> AbstractContextManager[None]:
         """A lock held while one miss is filled, shared with other processes (and hosts) using the store.

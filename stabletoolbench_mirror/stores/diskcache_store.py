@@ -36,6 +36,8 @@ _COUNTED = f"{_COUNT}\x00counted"
 _DELETES = "g\x00deletes"
 #: bumped by every ``delete`` and ``replace``: an in-process copy of records must be dropped when it moves
 _CHANGES = "g\x00changes"
+#: a run's occurrence counter of one model request (:func:`.rules.claim_occurrence`), with an expiry
+_OCCURRENCE = "o"
 #: the store's format marker (:mod:`.formats`)
 _FORMAT = "m\x00format"
 #: written by format 1 (0.2.0) and trusted by its readers; rewritten after each commit while it exists
@@ -150,6 +152,7 @@ class DiskcacheStore(Store):
                 self._cache.set(_FORMAT, formats.current().to_text())
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
             self._reads = _recent_reads(self.path)
+            self._cache.expire()  # run counters past their expiry (no eviction culls them)
             if _COUNTED not in self._cache and self._first_key(_ENTRY) is None:
                 # an empty store: the counters kept from now on count every record
                 self._cache.add(_COUNTED, 1)
@@ -206,6 +209,33 @@ class DiskcacheStore(Store):
             if self._reads is not None:
                 self._reads.watch.changed()
             _touch_legacy_generation(self.path)
+
+    def claim_occurrence(self, run: str, digest: str) -> int:
+        if self.read_only:  # a read-only store counts in this process (what it cannot write, it cannot share)
+            return super().claim_occurrence(run, digest)
+        return self._occurrence(run, digest, lambda held: rules.claim_occurrence(held))
+
+    def release_occurrence(self, run: str, digest: str, number: int) -> None:
+        if self.read_only:
+            super().release_occurrence(run, digest, number)
+            return
+        self._occurrence(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
+
+    def _occurrence(self, run: str, digest: str, decide: Any) -> int:
+        """Read a counter, ask the rules, write it back: one transaction, shared by every process.
+
+        Records do not change, so this process's kept reads stay (other processes drop theirs at the
+        commit: SQLite's ``data_version`` moves for any write, which only costs them a read).
+        """
+        where = f"{_OCCURRENCE}\x00{_no_nul(run)}\x00{digest}"
+        with self._write_lock:
+            try:
+                with self._cache.transact(retry=True):
+                    number, after = decide(rules.Occurrences.from_json(self._cache.get(where)))
+                    self._cache.set(where, after.to_json(), expire=rules.OCCURRENCE_TTL_S)
+            except (OSError, sqlite3.Error, diskcache.Timeout, ValueError, KeyError) as exc:
+                raise StoreError(f"diskcache occurrence counter failed: {exc}") from exc
+        return int(number)
 
     def _writable(self) -> None:
         if self.read_only:

@@ -160,6 +160,29 @@ class RedisStore(Store):
         digest = hashlib.sha256(f"{api}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
         return f"{self.prefix}:lock:{digest}"
 
+    def claim_occurrence(self, run: str, digest: str) -> int:
+        return self._occurrence(run, digest, lambda held: rules.claim_occurrence(held))
+
+    def release_occurrence(self, run: str, digest: str, number: int) -> None:
+        self._occurrence(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
+
+    def _occurrence(self, run: str, digest: str, decide: Any) -> int:
+        """Read a counter, ask the rules, write it back while nobody else did (``WATCH``/``MULTI``): every host counts together."""
+        name = f"{self.prefix}:o:{run}:{digest}"
+        result: list[int] = []
+
+        def apply(pipe: Any) -> None:
+            number, after = decide(rules.Occurrences.from_json(pipe.get(name)))
+            pipe.multi()
+            pipe.set(name, after.to_json(), ex=rules.OCCURRENCE_TTL_S)
+            result[:] = [int(number)]
+
+        try:
+            self._client.transaction(apply, name)
+        except (RedisError, ValueError, KeyError) as exc:
+            raise self._failed("occurrence counter", exc) from exc
+        return result[0]
+
     def _failed(self, what: str, exc: Exception) -> StoreError:
         return StoreError(f"redis store at {self.url}: {what} failed: {type(exc).__name__}: {exc}")
 

@@ -28,8 +28,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from stabletoolbench_mirror.core.records import Record
-from stabletoolbench_mirror.stores.base import origin_key
+from stabletoolbench_mirror.core.records import Record, origin_key
 
 Counts = Counter[tuple[str, ...]]
 
@@ -172,3 +171,55 @@ def batch_adds(items: list[tuple[Record, str | None]], held: list[Holding]) -> l
             pointers[record.api, canonical] = record.key
         plans.append(plan)
     return plans
+
+
+# -- occurrence numbers (recorded model calls) --------------------------------------------------------
+#
+# The n-th identical model request of a run gets the n-th recorded answer.  A run's counter of one
+# request is an :class:`Occurrences`: the next number never given, and the numbers given back (a
+# request that got no answer: an upstream error, a replay miss), which are given again first, lowest
+# first, so the judge's retry of a failed request takes the number the failure left.
+
+
+@dataclass(frozen=True)
+class Occurrences:
+    """One request's numbers in one run."""
+
+    next: int = 1
+    """The lowest number never given."""
+    free: tuple[int, ...] = ()
+    """Numbers given back, ascending."""
+
+    def to_json(self) -> str:
+        return f'{{"next":{self.next},"free":[{",".join(map(str, self.free))}]}}'
+
+    @classmethod
+    def from_json(cls, text: str | bytes | None) -> Occurrences:
+        if not text:
+            return cls()
+        import json
+
+        data = json.loads(text)
+        return cls(int(data["next"]), tuple(sorted(int(n) for n in data.get("free", ()))))
+
+
+#: how long a run's counters outlive its last request (a run of a benchmark takes hours, not weeks)
+OCCURRENCE_TTL_S = 30 * 24 * 3600
+#: numbers given back kept per request (more would mean a client that fails for ever: the lowest are kept)
+MAX_FREE_OCCURRENCES = 1024
+
+
+def claim_occurrence(held: Occurrences) -> tuple[int, Occurrences]:
+    """The number the next identical request gets, and the counter after it."""
+    if held.free:
+        return held.free[0], Occurrences(held.next, held.free[1:])
+    return held.next, Occurrences(held.next + 1, held.free)
+
+
+def release_occurrence(held: Occurrences, number: int) -> Occurrences:
+    """The counter after ``number`` is given back (it had no answer); a number never given changes nothing."""
+    if number < 1 or number >= held.next or number in held.free:
+        return held
+    if number == held.next - 1 and not held.free:
+        return Occurrences(number, ())
+    return Occurrences(held.next, tuple(sorted((*held.free, number)))[:MAX_FREE_OCCURRENCES])

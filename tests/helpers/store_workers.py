@@ -39,3 +39,14 @@ def hold_lock_forever(spec: dict[str, Any], api: str, canonical: str, ready: Any
     with store.flight_lock(api, canonical):
         ready.set()
         time.sleep(3600)
+
+
+def claim_occurrences(spec: dict[str, Any], run: str, digest: str, count: int, start_at: float) -> list[int]:
+    """Claim ``count`` occurrence numbers of one request (run in several processes at once)."""
+    store = open_store(spec)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    try:
+        return [store.claim_occurrence(run, digest) for _ in range(count)]
+    finally:
+        store.close()

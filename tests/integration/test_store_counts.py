@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.commands.cache_tools import export_tree, store_stats
-from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.core.records import Record, origin_key
 from stabletoolbench_mirror.stores import DiskcacheStore, Store
-from stabletoolbench_mirror.stores.base import origin_key
 from tests.helpers import paths
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server  # noqa: F401
 from tests.helpers.store_fixtures import spec, store  # noqa: F401
