@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pickle
 import threading
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -94,25 +92,6 @@ def test_snapshot_hash_covers_only_what_is_served(tmp_path) -> None:
         assert main(["snapshot", "--verify", str(out)]) == 0
         hashes.append(json.loads((out / "manifest.json").read_text())["content_hash"])
     assert hashes[0] == hashes[1]
-
-
-def test_record_json_round_trip_and_old_records(tmp_path) -> None:
-    record = Record.from_answer("Data/t_for_Data/a", "{}", {"error": "", "response": "r"}, "simulated", "m", {"seed": 1})
-    assert Record.from_json(record.to_json()).meta == {"seed": 1}
-    plain = Record.from_answer("Data/t_for_Data/a", "{}", {"error": "", "response": "r"}, "real", "relay")
-    assert "meta" not in json.loads(plain.to_json())  # records without metadata are written as before
-    assert Record.from_json(plain.to_json()).meta is None
-
-
-def test_kept_json_travels_with_a_pickled_record_and_is_the_same_text() -> None:
-    # cache import's readers encode records in their process; the writer writes the kept text
-    record = Record.failure("Data/x_for_Data/y", "{'q': 1}", {"error": "e", "response": ""}, "imported", "import:t",
-                            reason="r", tried=("simulated:m",))
-    fresh = record.to_json()
-    travelled = pickle.loads(pickle.dumps(record.keep_json()))
-    assert travelled.__dict__.get("_json") == fresh and travelled.to_json() == fresh and travelled == record
-    changed = replace(travelled, body='{"error":"","response":"other"}')
-    assert changed.to_json() != fresh and Record.from_json(changed.to_json()).body == changed.body  # a copy never reuses it
 
 
 def test_unparsable_output_is_retried_with_another_seed(settings_factory, serve, reference_dir) -> None:

@@ -24,7 +24,6 @@ from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.responders.simulator.prompts import STYLES
-from stabletoolbench_mirror.responders.simulator.responder import incomplete
 from tests.helpers.openai_stub import OpenAIStub, Reply
 
 MODEL = "mirror-test-model"
@@ -183,10 +182,3 @@ def test_cache_ls_and_show_give_the_failure_and_its_cause(mirror, capsys: pytest
     shown = json.loads(capsys.readouterr().out)
     assert shown["reason"] == "simulated: simulator output incomplete (finish_reason length)"
     assert shown["answer"] == protocol.simulation_failed_answer()
-
-
-def test_incomplete_names_the_cause() -> None:
-    assert incomplete("stop") is None
-    assert incomplete("length") == "simulator output incomplete (finish_reason length)"
-    assert incomplete(None) == incomplete("") == "simulator output incomplete (no finish_reason)"
-    assert len(incomplete("x" * 500) or "") < 120  # a server's runaway value does not become a huge cause

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import requests
-from requests.adapters import HTTPAdapter
+from requests.adapters import BaseAdapter, HTTPAdapter
 
 from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.responders.real.breaker import BreakerBoard
@@ -69,14 +69,17 @@ class Transport:
         breakers: BreakerBoard,
         pool_size: int = 64,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
+        adapter: BaseAdapter | None = None,
     ) -> None:
+        """``adapter`` sends the requests (default: ``requests``' pooled HTTP one; tests give an in-memory one)."""
         self.timeout = (connect_timeout_s, read_timeout_s)
         self.breakers = breakers
         self.max_answer_bytes = max_answer_bytes
         self.session = requests.Session()
         # several threads share the session: never let one call's cookies reach another's
         self.session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
-        adapter = HTTPAdapter(pool_connections=pool_size, pool_maxsize=pool_size, max_retries=0)
+        if adapter is None:
+            adapter = HTTPAdapter(pool_connections=pool_size, pool_maxsize=pool_size, max_retries=0)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
 
