@@ -10,50 +10,49 @@ Secrets can also come from ``STM_REAL__TOOLBENCH_KEY``, ``STM_REAL__RAPIDAPI_KEY
 Unknown or invalid keys fail at start with a :class:`ConfigError` that names the key.
 Relative paths are resolved against the folder of the config file (the current
 folder when there is no file).
+
+This module holds the model (the sections and :class:`Settings`) and its handing to another process;
+reading a file and merging the environment and flags over it is :mod:`.config_loading`'s, StableToolBench's
+own config files are :mod:`.config_upstream`'s.  Their public names are importable from here too.
 """
 
 from __future__ import annotations
 
-import difflib
 import enum
 import ipaddress
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from stabletoolbench_mirror import config_loading
+from stabletoolbench_mirror.config_loading import BOUND_HINTS as BOUND_HINTS
+from stabletoolbench_mirror.config_loading import DEFAULT_CONFIG_FILE as DEFAULT_CONFIG_FILE
+from stabletoolbench_mirror.config_loading import ENV_PREFIX as ENV_PREFIX
+from stabletoolbench_mirror.config_loading import NOT_SETTINGS_ENV as NOT_SETTINGS_ENV
+from stabletoolbench_mirror.config_loading import NOT_SETTINGS_ENV_PREFIXES as NOT_SETTINGS_ENV_PREFIXES
+from stabletoolbench_mirror.config_loading import ConfigError as ConfigError
+from stabletoolbench_mirror.config_loading import nearest_key as nearest_key
+from stabletoolbench_mirror.config_upstream import UPSTREAM_CONFIG_FILE as UPSTREAM_CONFIG_FILE
+from stabletoolbench_mirror.config_upstream import UPSTREAM_DEFAULT_API_BASE as UPSTREAM_DEFAULT_API_BASE
+from stabletoolbench_mirror.config_upstream import UPSTREAM_GPT_ONLY_KEYS as UPSTREAM_GPT_ONLY_KEYS
+from stabletoolbench_mirror.config_upstream import UPSTREAM_KEYS as UPSTREAM_KEYS
+from stabletoolbench_mirror.config_upstream import UPSTREAM_MIRRORAPI_MODEL as UPSTREAM_MIRRORAPI_MODEL
+from stabletoolbench_mirror.config_upstream import UPSTREAM_PROMPTS_FILE as UPSTREAM_PROMPTS_FILE
+from stabletoolbench_mirror.config_upstream import UPSTREAM_SERVERS as UPSTREAM_SERVERS
+from stabletoolbench_mirror.config_upstream import UpstreamServer as UpstreamServer
+from stabletoolbench_mirror.config_upstream import clearly_upstream as clearly_upstream
+from stabletoolbench_mirror.config_upstream import upstream_server_for as upstream_server_for
 from stabletoolbench_mirror.core.secrets import url_password
-
-ENV_PREFIX = "STM_"
-DEFAULT_CONFIG_FILE = "server_config.yml"
-#: ``STM_*`` variables that are not settings keys: the config file's path, the serve master's
-#: hand-over to its workers, and the tooling's own (``STM_VLLM_*`` for the vLLM tier, ``STM_CI_*``)
-NOT_SETTINGS_ENV = frozenset({"STM_CONFIG", "STM_SERVE_SETTINGS_FILE", "STM_REDIS_URL"})
-NOT_SETTINGS_ENV_PREFIXES = ("STM_VLLM_", "STM_CI_")
-
 
 #: upper bounds of durations and counts: a value past them cannot work (a timeout over ~9.2e9 s overflows
 #: the platform's time_t, and every wait with it fails) or is a typo; the error names the key and the bound
 HOUR_S = 3600.0
 DAY_S = 24 * HOUR_S
 MAX_WORKERS = 256
-#: what a bounded key is for, added to the error of a value past its bound
-BOUND_HINTS = {
-    "limits.queue_timeout_s": "the longest a request waits for a slot or a miss turn, in seconds: minutes, at most a day",
-    "simulator.read_timeout_s": "how long one completion may take, in seconds: minutes for a slow model, at most an hour",
-    "real.read_timeout_s": "how long one real API call may take, in seconds: at most an hour",
-    "faults.rate": "the share of calls served a fault: from 0 (faults off) to 1 (every call)",
-    "workers": f"uvicorn worker processes: about one per CPU core (this machine has {os.cpu_count() or 1})",
-}
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with the offending key in the message."""
 
 
 class Mode(enum.StrEnum):
@@ -418,283 +417,7 @@ class Settings(_Section):
         return found + [p for p in (url_password(u) for u in urls if u) if p]
 
 
-# -- StableToolBench's own config.yml ------------------------------------------------------------
-# Its keys are accepted where they mean the same; an empty value means "not set".  Without a
-# server_config.yml, a config.yml in the working folder is used when it holds only known keys.
-
-UPSTREAM_CONFIG_FILE = "config.yml"
-#: every key of upstream's server/config.yml
-UPSTREAM_KEYS = (
-    "api_key", "api_base", "model", "temperature", "toolbench_url", "rapidapi_url", "tools_folder", "cache_folder", "is_save", "port", "log_file",
-)
-_LEGACY_KEYS = ("cache_folder", "is_save", "toolbench_url", "rapidapi_url", "api_base", "api_key", "model", "temperature")
-#: upstream's OpenAI client talks to OpenAI when ``api_base`` is empty
-UPSTREAM_DEFAULT_API_BASE = "https://api.openai.com/v1"
-
-
-@dataclass(frozen=True)
-class UpstreamServer:
-    """One of StableToolBench's simulator servers: the config file it reads and the prompt it sends."""
-
-    config_file: str
-    script: str
-    style: str
-    prompt: str
-    """What its prompt is, for the start-up summary."""
-
-
-#: upstream's three servers (``server/``), each hard-wired to its own config file
-UPSTREAM_SERVERS = (
-    UpstreamServer("config.yml", "main.py", "gpt-fewshot", "the GPT simulator's few-shot prompt with cached examples"),
-    UpstreamServer("config_mirrorapi.yml", "main_mirrorapi.py", "mirrorapi-sft", "MirrorAPI's SFT_SYSTEM prompt, the doc's API name"),
-    UpstreamServer(
-        "config_mirrorapi_cache.yml", "main_mirrorapi_cache.py", "mirrorapi-cache", "MirrorAPI's SFT_SYSTEM prompt, the standardized API name"
-    ),
-)
-#: keys upstream's GPT server (``main.py``) cannot start without; its MirrorAPI servers read none of them
-UPSTREAM_GPT_ONLY_KEYS = ("cache_folder", "toolbench_url", "rapidapi_url", "is_save")
-#: the model name upstream's MirrorAPI servers use when their file names none
-UPSTREAM_MIRRORAPI_MODEL = "simulation-250123-qwen25-mixed"
-#: the file upstream's MirrorAPI servers import their system prompt from (beside their config file)
-UPSTREAM_PROMPTS_FILE = "system_prompts.py"
-
-
-def upstream_server_for(path: Path | None, data: Mapping[str, Any]) -> tuple[UpstreamServer, str]:
-    """Which of upstream's servers reads the config file ``path`` (holding ``data``), and why we think so.
-
-    Each server opens one fixed file name, so the name decides; a file under another name is the GPT
-    server's when it has one of the keys only that server reads, else a MirrorAPI server's (their
-    files are alike: ``mirrorapi-sft`` is taken, the more general one).
-    """
-    by_name = {server.config_file: server for server in UPSTREAM_SERVERS}
-    name = path.name if path is not None else ""
-    if name in by_name:
-        server = by_name[name]
-        return server, f"{name} is the file StableToolBench's {server.script} reads"
-    gpt_keys = [k for k in UPSTREAM_GPT_ONLY_KEYS if k in data]
-    shown = name or "the file"
-    if gpt_keys:
-        return by_name["config.yml"], f"{shown} has {', '.join(gpt_keys)}, read only by StableToolBench's main.py"
-    return by_name["config_mirrorapi.yml"], (
-        f"{shown} has none of main.py's keys ({', '.join(UPSTREAM_GPT_ONLY_KEYS)}), as StableToolBench's MirrorAPI configs"
-    )
-
-
-def _translate_legacy(data: dict[str, Any], environ: Mapping[str, str] | None = None, path: Path | None = None) -> dict[str, Any]:
-    """Map StableToolBench ``config.yml`` keys onto this model (only where they mean the same).
-
-    The simulator style is that of the upstream server that reads the file (:func:`upstream_server_for`);
-    a MirrorAPI server's file also gets the ``system_prompts.py`` beside it, as that server imports it.
-    """
-    if not any(k in data for k in _LEGACY_KEYS):
-        return data
-    server, _why = upstream_server_for(path, data)
-    # upstream's file ships with empty values (``api_key:``, ``api_base:``): they mean "not set"
-    data = {k: v for k, v in data.items() if not (k in UPSTREAM_KEYS and (v is None or v == ""))}
-    _translate_legacy_files_and_relay(data)
-    _translate_legacy_simulator(data, server, environ, path)
-    return data
-
-
-def _translate_legacy_files_and_relay(data: dict[str, Any]) -> None:
-    """Upstream's ``cache_folder``, ``is_save``, ``rapidapi_url`` and ``toolbench_url``, in place."""
-    if "cache_folder" in data:
-        frozen = list(data.get("frozen_caches") or [])
-        folder = data.pop("cache_folder")
-        if folder not in frozen:
-            frozen.append(folder)
-        data["frozen_caches"] = frozen
-    if "is_save" in data:
-        data["save"] = data.pop("is_save")
-    if "rapidapi_url" in data:  # its name in upstream's earlier config.yml: the same relay
-        data.setdefault("toolbench_url", data["rapidapi_url"])
-        data.pop("rapidapi_url")
-    if "toolbench_url" in data:
-        real = dict(data.get("real") or {})
-        real.setdefault("relay_url", data.pop("toolbench_url"))
-        real.setdefault("enabled", True)
-        real.setdefault("backend", "relay")
-        data["real"] = real
-
-
-def _translate_legacy_simulator(
-    data: dict[str, Any], server: UpstreamServer, environ: Mapping[str, str] | None, path: Path | None
-) -> None:
-    """Upstream's ``api_base``, ``api_key``, ``model`` and ``temperature``, in place, as the server reading the file takes them."""
-    sim_keys = {"api_base": "api_base", "api_key": "api_key", "model": "model", "temperature": "temperature"}
-    if not any(k in data for k in sim_keys):
-        return
-    sim = dict(data.get("simulator") or {})
-    for old, new in sim_keys.items():
-        if old in data:
-            sim.setdefault(new, data.pop(old))
-    sim.setdefault("enabled", True)
-    # upstream's servers are OpenAI clients: without api_base they talk to OpenAI, and
-    # without api_key they read OPENAI_API_KEY
-    sim.setdefault("style", server.style)
-    sim.setdefault("api_base", UPSTREAM_DEFAULT_API_BASE)
-    if server.style != "gpt-fewshot":
-        sim.setdefault("model", UPSTREAM_MIRRORAPI_MODEL)
-        # ``from system_prompts import SFT_SYSTEM``: the file beside the server and its config
-        if path is not None and (path.parent / UPSTREAM_PROMPTS_FILE).is_file():
-            sim.setdefault("system_prompt_file", UPSTREAM_PROMPTS_FILE)
-    openai_key = (environ or {}).get("OPENAI_API_KEY")
-    if openai_key:
-        sim.setdefault("api_key", openai_key)
-    data["simulator"] = sim
-
-
-def _upstream_file_problem(path: Path) -> str | None:
-    """Why ``path`` (a ``config.yml`` found in the working folder) is not used, or ``None`` to use it."""
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        return f"cannot read it: {exc}"
-    except yaml.YAMLError as exc:
-        return f"not valid YAML: {str(exc).splitlines()[0]}"
-    if not isinstance(loaded, dict):
-        return "its top level is not a mapping of keys"
-    unknown = sorted(str(k) for k in loaded if k not in UPSTREAM_KEYS and k not in Settings.model_fields)
-    if unknown and not clearly_upstream(loaded, unknown):
-        known = [*UPSTREAM_KEYS, *(n for n, f in Settings.model_fields.items() if not f.exclude)]
-        shown = [k + (f" (did you mean '{near}'?)" if (near := nearest_key(k, known)) else "") for k in unknown[:5]]
-        return f"unknown keys {', '.join(shown)}: not StableToolBench's server config"
-    # used; an unknown key of a file that is clearly upstream's is then an error naming it (a typo
-    # such as ``is_sav`` must not start the server on the defaults)
-    return None
-
-
-def clearly_upstream(loaded: Mapping[Any, Any], unknown: list[str]) -> bool:
-    """Whether a file is StableToolBench's despite ``unknown`` keys: most of its keys are upstream's, one only upstream has among them."""
-    upstream = [k for k in loaded if k in UPSTREAM_KEYS]
-    return any(k in _LEGACY_KEYS for k in loaded) and len(upstream) > len(unknown)
-
-
-def discover_config_file(environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """The config file to use when none is given, and a note on how it was chosen (or why none was)."""
-    if environ.get("STM_CONFIG"):
-        return environ["STM_CONFIG"], ""
-    if Path(DEFAULT_CONFIG_FILE).is_file():
-        return DEFAULT_CONFIG_FILE, ""
-    upstream = Path(UPSTREAM_CONFIG_FILE)
-    if not upstream.is_file():
-        return None, ""
-    problem = _upstream_file_problem(upstream)
-    if problem is None:
-        return UPSTREAM_CONFIG_FILE, f"StableToolBench's {UPSTREAM_CONFIG_FILE}: no {DEFAULT_CONFIG_FILE} in this folder"
-    return None, f"./{UPSTREAM_CONFIG_FILE} not used: {problem}; pass --config {UPSTREAM_CONFIG_FILE} to use it"
-
-
-def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
-    node = data
-    for part in path[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[path[-1]] = value
-
-
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, raw in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS_ENV or name.startswith(NOT_SETTINGS_ENV_PREFIXES):
-            continue
-        path = name[len(ENV_PREFIX) :].lower().split("__")
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
-        # secrets and strings stay strings even when YAML would read a number
-        if path[-1] in ("auth_token", "toolbench_key", "rapidapi_key", "api_key", "relay_url", "url", "path"):
-            value = raw
-        _set_path(out, path, value)
-    return out
-
-
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _merge(dict(merged[key]), value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _config_key(loc: tuple[Any, ...]) -> str:
-    """The settings key an error is about: ``simulator.api_base``, ``frozen_caches[1]``.
-
-    pydantic adds the members of a union to the location (``api_base.str``, ``api_base.list[str]``):
-    below a field that is not a section, only list indexes are kept.
-    """
-    model: Any = Settings
-    key = ""
-    for part in loc:
-        if isinstance(part, int):
-            key += f"[{part}]"
-        elif model is not None:
-            key += ("." if key else "") + str(part)
-            field = model.model_fields.get(part)
-            annotation = field.annotation if field is not None else None
-            model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-    return key or "(top level)"
-
-
-def _keys_at(loc: tuple[Any, ...]) -> list[str]:
-    """The keys accepted in the section ``loc`` is in (upstream's too at the top level)."""
-    model: Any = Settings
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part)
-        annotation = field.annotation if field is not None else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return []
-        model = annotation
-    known = [name for name, field in model.model_fields.items() if not field.exclude]
-    return known + list(UPSTREAM_KEYS) if model is Settings else known
-
-
-def nearest_key(name: str, known: list[str]) -> str | None:
-    """The known key ``name`` is most likely a typo of (difflib), or ``None`` when none is close."""
-    found = difflib.get_close_matches(name, known, n=1, cutoff=0.75) or difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.75)
-    if found:
-        return found[0]
-    # a key cut short or run on (``relay`` for ``relay_url``)
-    cut = [k for k in known if len(name) >= 4 and (k.startswith(name.lower()) or name.lower().startswith(k))]
-    return min(cut, key=lambda k: abs(len(k) - len(name))) if cut else None
-
-
-def _did_you_mean(loc: tuple[Any, ...], key: str) -> str:
-    """`` (did you mean 'simulator.temperature'?)`` for the unknown key ``key`` at ``loc``, or nothing."""
-    found = nearest_key(str(loc[-1]), _keys_at(loc)) if loc else None
-    if found is None:
-        return ""
-    parent = key[: len(key) - len(str(loc[-1]))]
-    return f" (did you mean '{parent}{found}'?)"
-
-
-def _format_error(exc: ValidationError, source: str) -> str:
-    """One line per key: ``unknown key``, or ``invalid value`` with every reason given (a union gives several)."""
-    lines: dict[tuple[str, str], list[str]] = {}
-    for err in exc.errors():
-        key = _config_key(tuple(err["loc"]))
-        if err["type"] == "extra_forbidden":
-            lines.setdefault((key, ""), []).append(_did_you_mean(tuple(err["loc"]), key))
-            continue
-        got = "an empty value" if err.get("input") is None else repr(err.get("input"))
-        reasons = lines.setdefault((key, got), [])
-        msg = err["msg"]
-        if err["type"] in ("less_than_equal", "less_than"):
-            msg += f": {BOUND_HINTS.get(key, 'a value this large cannot work')}"
-        if msg not in reasons:
-            reasons.append(msg)
-    return "\n".join(
-        f"{source}: invalid value for '{key}': {', or '.join(reasons)} (got {got})" if got else f"{source}: unknown key '{key}'{reasons[0]}"
-        for (key, got), reasons in lines.items()
-    )
+# -- loading (see :mod:`.config_loading` and :mod:`.config_upstream`) ------------------------------
 
 
 def load_settings(
@@ -707,80 +430,14 @@ def load_settings(
 
     With ``config_file=None``, ``$STM_CONFIG`` or ``./server_config.yml`` is used when present, else
     StableToolBench's ``./config.yml`` when it holds only known keys (see :func:`discover_config_file`).
+    The work is :mod:`.config_loading`'s.
     """
-    environ = os.environ if environ is None else environ
-    note = style_source = ""
-    if config_file is None:
-        config_file, note = discover_config_file(environ)
-    data: dict[str, Any] = {}
-    source = "defaults"
-    base_dir = Path.cwd()
-    if config_file is not None:
-        path = Path(config_file)
-        source = str(path)
-        data, style_source = _read_config_file(path, environ)
-        base_dir = path.resolve().parent
-    env = _env_overrides(environ)
-    if env:
-        data = _merge(data, env)
-        source += " + STM_* environment"
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    if given:
-        data = _merge(data, given)
-        source += " + command line"
-    data.pop("base_dir", None)
-    try:
-        settings = Settings(**data)
-    except ValidationError as exc:
-        raise ConfigError(_format_error(exc, source)) from None
-    settings.base_dir = str(base_dir)
-    settings.config_source = f"{source} ({note})" if note else source
-    if style_source:
-        settings.style_source = _final_style_source(settings, style_source)
-    return settings
+    return config_loading.load(Settings, get_args(SimulatorStyle), config_file, overrides=overrides, environ=environ)
 
 
-def _read_config_file(path: Path, environ: Mapping[str, str]) -> tuple[dict[str, Any], str]:
-    """A config file's keys (StableToolBench's translated) and, for StableToolBench's, how its simulator style was chosen."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if loaded is None:
-        loaded = {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys")
-    data = _translate_legacy(loaded, environ, path)
-    style_source = ""
-    if data is not loaded and isinstance(data.get("simulator"), dict) and "style" not in (loaded.get("simulator") or {}):
-        style_source = _style_note(path, loaded)
-    return data, style_source
-
-
-def _final_style_source(settings: Settings, style_source: str) -> str:
-    """The file's style note, or a note that the environment or command line set another style."""
-    inferred, why = style_source.split(": ", 1)
-    if settings.simulator.style != inferred:
-        return f"{settings.simulator.style}: set by the environment or command line (the file alone gives {inferred}: {why.split('; choose')[0]})"
-    return style_source
-
-
-def _style_note(path: Path, loaded: Mapping[str, Any]) -> str:
-    """``<style>: <why>; choose another with ...``: how a StableToolBench file's simulator style was chosen."""
-    server, why = upstream_server_for(path, loaded)
-    others = ", ".join(s for s in get_args(SimulatorStyle) if s != server.style)
-    # run from upstream's server/ folder, the MirrorAPI configs lie beside config.yml
-    beside = [s.config_file for s in UPSTREAM_SERVERS if s.style != server.style and (path.parent / s.config_file).is_file()]
-    if server.style == "gpt-fewshot" and beside:
-        why += f"; for MirrorAPI pass --config {' or '.join(beside)}"
-    return (
-        f"{server.style}: {why} ({server.prompt}); "
-        f"choose another with STM_SIMULATOR__STYLE=<style> or 'simulator: {{style: <style>}}' in the file ({others})"
-    )
+def discover_config_file(environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The config file to use when none is given, and a note on how it was chosen (or why none was)."""
+    return config_loading.discover_config_file(environ, Settings)
 
 
 # -- handing settings to another process (``serve --workers N``, ``warm --processes N``) ------------

@@ -9,7 +9,7 @@ nothing).  A name upstream gives to more than one API in a list is offered with 
 
 A tool call is the ``/virtual`` call upstream's client makes for that function, with
 ``tool_input = json.dumps(arguments)``, answered by the same coroutine as ``POST /virtual``
-(``serving.server.CallPath.answer``: same keys, records and counts).  Its result is one text
+(``serving.call_path.CallPath.answer``: same keys, records and counts).  Its result is one text
 content holding the ``/virtual`` body, ``isError`` when the body's ``error`` is not empty.
 
 **Sessions.**  An MCP session is a server session (:mod:`stabletoolbench_mirror.engine.sessions`):
@@ -75,7 +75,7 @@ QueryKey = tuple[str, str]
 
 
 class _HasAnswer(Protocol):
-    """What the front needs of ``serving.server.CallPath`` (typed here: this module does not import the server)."""
+    """What the front needs of ``serving.call_path.CallPath`` (typed here: this module does not import it)."""
 
     @property
     def layer(self) -> MirrorLayer: ...
