@@ -287,11 +287,15 @@ def test_mcp_calls_take_the_clients_in_flight_slots_of_virtual(tmp_path: Path) -
     (tools / "slow_tool.json").write_text(json.dumps(doc), encoding="utf-8")
     settings = make_settings(tmp_path, tools_folder=str(tmp_path / "tools"), mcp={"enabled": True},
                              limits={"max_in_flight_per_client": 1, "queue_timeout_s": 0.5})
-    layer = MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[KeyedResponder(delay_s=2.0)])
+    responder = KeyedResponder(delay_s=2.0)
+    layer = MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[responder])
     slow = {"category": "Data", "tool_name": "slow_tool", "api_name": "wait", "tool_input": "{\"n\": 1}", "strip": "", "toolbench_key": ""}
     with UvicornThread(create_app(settings, layer), **uvicorn_options(settings)) as server, ThreadPoolExecutor(1) as side:
         held = side.submit(requests.post, server.url + "/virtual", json=slow, timeout=30)  # holds the client's one slot
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while responder.active < 1:  # the slow call holds the slot now
+            assert time.monotonic() < deadline and not held.done(), "the slow call never reached its responder"
+            time.sleep(0.01)
         _, [refused] = asyncio.run(_calls(server.url + "/mcp", [("wait_for_slow_tool", {"n": 2})]))
         assert held.result().status_code == 200
         stats = requests.get(server.url + "/stats", timeout=10).json()
