@@ -188,3 +188,105 @@ def test_close_closes_every_transport() -> None:
 def test_credentials_in_an_endpoint_url_are_refused() -> None:
     with pytest.raises(ValueError, match="credentials in the URL"):
         client_for(Script(), "http://user:secret@model.test/v1")
+
+
+@pytest.mark.parametrize(
+    ("choice", "content", "finish_reason"),
+    [
+        ({"message": {"content": "text"}, "finish_reason": "length"}, "text", "length"),
+        ({"message": {"content": None}, "finish_reason": "tool_calls"}, "", "tool_calls"),
+        ({"message": {}}, "", ""),
+        ({"message": {"content": ["a", 1]}, "finish_reason": None}, "['a', 1]", ""),
+        ({"message": {"content": 42}, "finish_reason": 7}, "42", "7"),
+    ],
+)
+def test_a_completions_content_and_finish_reason_are_taken_as_sent(choice: dict, content: str, finish_reason: str) -> None:
+    answer = ht.Answer(200, {}, json.dumps({"choices": [choice]}).encode())
+    result = client_for(Script(answer)).complete(MESSAGES)
+    assert (result.content, result.finish_reason, result.model) == (content, finish_reason, "m")  # no model named: the one asked for
+
+
+@pytest.mark.parametrize(
+    ("usage", "counts"),
+    [
+        ({"prompt_tokens": 0, "completion_tokens": 5}, (0, 5)),
+        ({"prompt_tokens": -1, "completion_tokens": True}, (None, None)),
+        ({"prompt_tokens": "3", "completion_tokens": 2.0}, (None, None)),
+        ("not an object", (None, None)),
+        (None, (None, None)),
+    ],
+)
+def test_token_counts_are_kept_only_when_they_are_counts(usage: object, counts: tuple[int | None, int | None]) -> None:
+    result = client_for(Script(completion(usage=usage))).complete(MESSAGES)
+    assert (result.prompt_tokens, result.completion_tokens) == counts
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        (b'{"error": {"message": "model not found"}}', "HTTP 404: model not found"),
+        (b'{"message": "top-level message"}', "HTTP 404: top-level message"),
+        (b'{"error": "a plain string"}', 'HTTP 404: {"error": "a plain string"}'),
+        (b"<html>Not Found</html>", "HTTP 404: <html>Not Found</html>"),
+        (b"\xff\xfe broken", "HTTP 404: \ufffd\ufffd broken"),
+        (b"x" * 1000, "HTTP 404: " + "x" * 300),
+    ],
+)
+def test_an_error_names_the_servers_message_cut_short(body: bytes, detail: str) -> None:
+    with pytest.raises(ChatError) as caught:
+        client_for(Script(ht.Answer(404, {}, body))).complete(MESSAGES)
+    assert caught.value.detail == detail and caught.value.status == 404
+
+
+@pytest.mark.parametrize(("retry_after", "slept"), [("2.5", 2.5), ("soon", 0.5), ("-3", 0.5), ("", 0.5)])
+def test_a_429s_retry_after_is_read_when_it_is_a_number(sleeps: list[float], retry_after: str, slept: float) -> None:
+    client_for(Script(error(429, **{"retry-after": retry_after}), completion())).complete(MESSAGES)
+    assert sleeps == [slept]
+
+
+def test_a_retry_after_on_a_5xx_is_not_waited_for(sleeps: list[float]) -> None:
+    client_for(Script(error(503, **{"retry-after": "20"}), completion())).complete(MESSAGES)
+    assert sleeps == [0.5]
+
+
+def test_no_retries_means_one_try_and_no_backoff_means_no_sleep(sleeps: list[float]) -> None:
+    script = Script(error(500), error(500))
+    with pytest.raises(ChatError):
+        client_for(script, max_retries=0).complete(MESSAGES)
+    assert len(script.requests) == 1
+    client_for(Script(error(500), completion()), backoff_s=0).complete(MESSAGES)
+    assert sleeps == []
+
+
+def test_least_busy_takes_the_endpoint_with_the_fewest_calls_in_flight() -> None:
+    bases: list[str] = []
+
+    def handler(request: ht.Request) -> ht.Answer:
+        bases.append(request.base)
+        if len(bases) == 1:  # a.test is busy with this call while two more come
+            client.complete(MESSAGES)
+            client.complete(MESSAGES)
+        return completion()
+
+    client = client_for(handler, ["http://a.test/v1", "http://b.test/v1"], balance="least_busy")
+    client.complete(MESSAGES)
+    assert bases == ["http://a.test/v1", "http://b.test/v1", "http://b.test/v1"]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [("ftp://model.test/v1", "not an http"), ("model.test/v1", "not an http"), ("http:///v1", "not an http")],
+)
+def test_an_endpoint_that_is_no_http_url_is_refused(endpoint: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        client_for(Script(), endpoint)
+    with pytest.raises(ValueError, match="at least one endpoint"):
+        client_for(Script(), [])
+
+
+def test_an_endpoints_trailing_slash_is_dropped_and_its_path_kept() -> None:
+    script = Script(completion())
+    client = client_for(script, "http://model.test:8000/prefix/v1/")
+    assert client.endpoints == ["http://model.test:8000/prefix/v1"]
+    result = client.complete(MESSAGES)
+    assert result.endpoint == "http://model.test:8000/prefix/v1" and script.requests[0].path == "/prefix/v1/chat/completions"

@@ -123,3 +123,61 @@ def test_a_batch_sees_what_the_store_held_before_it() -> None:
     assert [(p.write, p.point, p.replaced is not None) for p in plans] == [(True, False, True), (True, True, False)]
     with pytest.raises(ValueError):
         rules.batch_adds(items, held[:1])
+
+
+class _OneAtATime:
+    """A store as the rules describe it, one add at a time: records by (api, key), pointers by (api, canonical)."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[str, str], Record] = {}
+        self.pointers: dict[tuple[str, str], str] = {}
+
+    def holding(self, record: Record, canonical: str | None) -> Holding:
+        target = self.pointers.get((record.api, canonical)) if canonical is not None else None
+        pointed = self.records.get((record.api, target)) if target is not None else None
+        return Holding(self.records.get((record.api, record.key)), target, target is not None and (pointed is None or pointed.is_failure))
+
+    def add(self, record: Record, canonical: str | None) -> rules.Plan:
+        plan = rules.add(record, canonical, self.holding(record, canonical))
+        if plan.write:
+            self.records[record.api, record.key] = record
+        if plan.point and canonical is not None:
+            self.pointers[record.api, canonical] = record.key
+        return plan
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_random_batch_writes_points_and_counts_as_its_adds_one_at_a_time(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    items: list[tuple[Record, str | None]] = []
+    for n in range(12):
+        key, api = rng.choice(["k1", "k2", "k3"]), rng.choice([API, "Cat/t_for_Cat/b"])
+        record = fail(key, f"f{n}") if rng.random() < 0.4 else ans(key, f"a{n}", api=api)
+        items.append((replace_api(record, api), rng.choice(["c1", "c2", None])))
+    one = _OneAtATime()
+    sequential = [one.add(record, canonical) for record, canonical in items]
+    batch = rules.batch_adds(items, [Holding(None)] * len(items))
+    assert [(p.write, p.point) for p in batch] == [(p.write, p.point) for p in sequential]
+    total_batch: Counter = Counter()
+    total_one: Counter = Counter()
+    for b, s in zip(batch, sequential):
+        total_batch.update(b.counts)
+        total_one.update(s.counts)
+    assert +total_batch == +total_one and -total_batch == -total_one
+
+
+def replace_api(record: Record, api: str) -> Record:
+    from dataclasses import replace as copy
+
+    return copy(record, api=api)
+
+
+def test_a_batch_after_the_store_held_an_answer_writes_nothing_for_that_key() -> None:
+    plans = rules.batch_adds([(ans(text="new"), "c"), (fail(), "c")], [Holding(ans(text="old"), "k", False)] * 2)
+    assert [(p.write, p.point, +p.counts) for p in plans] == [(False, False, Counter()), (False, False, Counter())]
+
+
+def test_an_empty_batch_plans_nothing() -> None:
+    assert rules.batch_adds([], []) == []
