@@ -340,6 +340,58 @@ class ApiBankConfig(_Section):
     """APIs run here although their imports look like they need the internet or a model."""
 
 
+class LLMUpstream(_Section):
+    """One OpenAI-compatible server that answers model calls (``llm.upstreams[]``)."""
+
+    base_url: str
+    """Its OpenAI base URL, e.g. ``http://127.0.0.1:8000/v1`` (requests go to ``<base_url>/chat/completions``)."""
+    models: list[str] = Field(default_factory=lambda: ["*"])
+    """The models it answers: ``fnmatch`` patterns (``gpt-4*``); the first upstream whose pattern matches wins."""
+    api_key_env: str | None = None
+    """The environment variable holding its key; unset: the client's own ``Authorization`` is passed through.
+    Either way the key is never stored, never part of a record's key and never logged."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http(s):// URL, e.g. http://127.0.0.1:8000/v1 (got {value[:100]!r})")
+        return value.rstrip("/")
+
+    @field_validator("models")
+    @classmethod
+    def _some_models(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError('needs at least one pattern (["*"] answers every model)')
+        return value
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) or None if self.api_key_env else None
+
+
+class LLMConfig(_Section):
+    """The recorded model calls at ``/v1`` (docs/model-calls.md): the agent's and the judge's chat completions."""
+
+    upstreams: list[LLMUpstream] = Field(default_factory=list)
+    """Who answers a model call that is not recorded (none: every call must be recorded)."""
+    mode: Mode | None = None
+    """``record`` / ``replay`` / ``refresh`` for model calls; unset: the server's ``mode``."""
+    run: str | None = Field(default=None, max_length=200)
+    """The run whose identical requests are counted together (occurrence numbers); unset: each start of
+    ``serve`` is a new run (all its workers together).  Name it to count several hosts of one Redis
+    store together; a client names its own run with the ``X-STM-Run`` header."""
+    max_upstream_tokens: int | None = Field(default=None, ge=1)
+    """Refuse upstream calls (HTTP 429, nothing recorded) once the upstream answers of this server's
+    run used this many prompt plus completion tokens; unset: no budget."""
+    timeout_s: float = Field(default=600.0, gt=0, le=DAY_S)
+    """For one upstream call, from the request's first byte to the answer's last."""
+    connect_timeout_s: float = Field(default=5.0, gt=0, le=HOUR_S)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """The largest request body accepted (an agent's whole conversation)."""
+    max_answer_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """The largest upstream answer read (larger: HTTP 502, nothing recorded)."""
+
+
 class Settings(_Section):
     mode: Mode = Mode.RECORD
     host: str = "127.0.0.1"
@@ -385,6 +437,8 @@ class Settings(_Section):
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    """Recorded model calls (``/v1/chat/completions``): upstreams, mode, run, budget."""
     local_tools: list[str] = Field(default_factory=list)
     """Python files of local, stateful tools (each defines ``TOOLS``); only these files are ever imported."""
     local_tools_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
@@ -413,7 +467,9 @@ class Settings(_Section):
             for v in (self.auth_token, self.real.toolbench_key, self.real.rapidapi_key, self.simulator.api_key)
             if v is not None and v.get_secret_value()
         ]
-        urls = [self.store.url, self.real.relay_url, self.real.rapidapi_base_url, *self.simulator.endpoints]
+        found += [key for key in (u.api_key() for u in self.llm.upstreams) if key]
+        urls = [self.store.url, self.real.relay_url, self.real.rapidapi_base_url, *self.simulator.endpoints,
+                *(u.base_url for u in self.llm.upstreams)]
         return found + [p for p in (url_password(u) for u in urls if u) if p]
 
 

@@ -14,8 +14,8 @@ same store as tool answers, as ordinary :class:`~stabletoolbench_mirror.core.rec
   ``occurrence`` counts identical requests within one run (1, 2, ...), so the n-th identical
   request of a run gets the n-th recorded answer;
 * the **body** is the completion as the upstream sent it, in compact JSON with its own key order,
-  every secret the upstream echoed masked (:func:`masked`); a streamed request is served as
-  server-sent events built from it (:func:`sse_events`).
+  every secret the upstream echoed masked (:class:`~.secrets.Redactor`, as for tool answers); a
+  streamed request is served as server-sent events built from it (:func:`sse_events`).
 
 Nothing here does I/O.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 #: the category of every model API: never a StableToolBench category (``/virtual`` refuses it)
@@ -38,8 +38,6 @@ CHAT_COMPLETIONS = "chat_completions"
 OUT_OF_KEY = frozenset({"stream", "stream_options", "user"})
 #: the longest model name accepted (a folder name of a snapshot)
 MAX_MODEL_CHARS = 200
-#: what a masked secret reads as in a recorded answer
-MASK = "[secret removed]"
 
 
 def model_api(model: str) -> str:
@@ -89,27 +87,6 @@ def split_key(key: str) -> tuple[str, int] | None:
     if not sep or len(digest) != 64 or not number.isdigit():
         return None
     return digest, int(number)
-
-
-def masked(value: Any, secrets: Iterable[str]) -> Any:
-    """``value`` with every occurrence of each secret (of 8 characters or more) in its strings replaced by :data:`MASK`."""
-    found = sorted({s for s in secrets if s and len(s) >= 8}, key=len, reverse=True)
-    if not found:
-        return value
-
-    def walk(v: Any) -> Any:
-        if isinstance(v, str):
-            for secret in found:
-                if secret in v:
-                    v = v.replace(secret, MASK)
-            return v
-        if isinstance(v, dict):
-            return {walk(k): walk(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [walk(x) for x in v]
-        return v
-
-    return walk(value)
 
 
 def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:

@@ -50,6 +50,10 @@ FAMILIES = {
         ("event",),
     ),
     "faults": Family("faults_served", "answers replaced by an injected fault (faults:), by kind", ("kind",)),
+    "model_requests": Family("model_requests", "/v1/chat/completions requests by model and outcome (bounded: rare models are counted as '(other)')",
+                             ("model", "outcome")),
+    "model_upstream": Family("model_upstream_calls", "model calls sent to an upstream, by model", ("model",)),
+    "model_tokens": Family("model_tokens", "tokens of upstream answers (prompt, completion), by model", ("model", "kind")),
 }
 
 

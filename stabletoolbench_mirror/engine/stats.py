@@ -133,6 +133,41 @@ class Stats:
             self._plain[plain] = found
         return found
 
+    def count_model(self, model: str, outcome: str, prompt_tokens: int = 0, completion_tokens: int = 0, asked: bool = False) -> None:
+        """Count one model call (``/v1/chat/completions``) by its outcome, and the upstream's tokens when it was asked."""
+        label = self._api_label(model)
+        counters = self.counters
+        counters.inc("model_requests", label, outcome)
+        if asked:
+            counters.inc("model_upstream", label)
+        if prompt_tokens:
+            counters.inc("model_tokens", label, "prompt", amount=prompt_tokens)
+        if completion_tokens:
+            counters.inc("model_tokens", label, "completion", amount=completion_tokens)
+
+    def model_tokens_spent(self) -> int:
+        """Prompt and completion tokens of every upstream answer so far (every worker together)."""
+        return int(sum(self.counters.totals()["model_tokens"].values()))
+
+    def model_snapshot(self, totals: dict[str, dict[tuple[str, ...], float]] | None = None) -> dict[str, dict[str, int]]:
+        """``/stats``'s ``model_calls``: by model, ``requests``, each outcome, ``upstream_calls``, ``prompt_tokens``, ``completion_tokens``."""
+        totals = totals if totals is not None else self.counters.totals()
+        out: dict[str, dict[str, int]] = {}
+
+        def row(model: str) -> dict[str, int]:
+            return out.setdefault(model, {"requests": 0, "hits": 0, "upstream_calls": 0, "prompt_tokens": 0, "completion_tokens": 0})
+
+        for (model, outcome), n in sorted(totals["model_requests"].items()):
+            r = row(model)
+            r["requests"] += int(n)
+            name = "hits" if outcome == "hit" else outcome
+            r[name] = r.get(name, 0) + int(n)
+        for (model,), n in totals["model_upstream"].items():
+            row(model)["upstream_calls"] += int(n)
+        for (model, kind), n in totals["model_tokens"].items():
+            row(model)[f"{kind}_tokens"] += int(n)
+        return out
+
     def count_event(self, group: str, event: str) -> None:
         """A responder's own event (``simulator``: ``parse_retries``; ``shadow``: ``shadow_recorded``, ...)."""
         self.counters.inc("events", group, event)
@@ -169,6 +204,7 @@ class Stats:
             if kind.is_miss:
                 per_api[MISSES] = per_api.get(MISSES, 0) + int(n)
         out["by_api"] = by_api
+        out["model_calls"] = self.model_snapshot(totals)
         return out
 
     @property

@@ -37,6 +37,7 @@ from stabletoolbench_mirror.serving.admission import Admission, ForwardedFor
 from stabletoolbench_mirror.serving.asgi_front import Front
 from stabletoolbench_mirror.serving.call_path import CallPath as CallPath
 from stabletoolbench_mirror.serving.memory import tune_malloc
+from stabletoolbench_mirror.serving.model_front import ModelFront, add_model_routes, build_model_calls
 from stabletoolbench_mirror.serving.uvicorn_protocol import GuardedHttpProtocol as GuardedHttpProtocol
 from stabletoolbench_mirror.serving.uvicorn_protocol import JoinedWrites as JoinedWrites
 from stabletoolbench_mirror.serving.uvicorn_protocol import uvicorn_options as uvicorn_options
@@ -71,6 +72,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 
         mcp_front = McpFront.from_settings(settings)
     layer = layer if layer is not None else build_layer(settings)
+    model_calls = build_model_calls(settings, layer)  # /v1: the agent's and the judge's model calls
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -84,6 +86,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
                 async with mcp_front.running():
                     yield
         finally:
+            model_calls.close()
             if owned:
                 layer.close()
 
@@ -114,6 +117,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
         max_body=settings.limits.max_body_bytes,
         body_timeout_s=settings.limits.body_timeout_s,
         proxies=ForwardedFor(settings.limits.trusted_proxies) if settings.limits.trusted_proxies else None,
+        models=ModelFront(model_calls, settings),
     )
 
     @app.get("/health")
@@ -146,6 +150,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
         return Response(body, media_type=METRICS_CONTENT_TYPE, headers=worker)
 
     _add_session_routes(app, layer, settings)
+    add_model_routes(app, settings, layer)
     _answer_unknown_routes(app)
     return app
 

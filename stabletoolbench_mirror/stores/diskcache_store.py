@@ -22,6 +22,7 @@ from stabletoolbench_mirror.stores import formats, rules
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
 from stabletoolbench_mirror.stores.filelock import ByteRangeLocks
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S
+from stabletoolbench_mirror.stores.occurrence_file import OccurrenceFile
 from stabletoolbench_mirror.stores.recent_reads import UNKNOWN, ChangeWatch, RecentReads
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,6 @@ _COUNTED = f"{_COUNT}\x00counted"
 _DELETES = "g\x00deletes"
 #: bumped by every ``delete`` and ``replace``: an in-process copy of records must be dropped when it moves
 _CHANGES = "g\x00changes"
-#: a run's occurrence counter of one model request (:func:`.rules.claim_occurrence`), with an expiry
-_OCCURRENCE = "o"
 #: the store's format marker (:mod:`.formats`)
 _FORMAT = "m\x00format"
 #: written by format 1 (0.2.0) and trusted by its readers; rewritten after each commit while it exists
@@ -128,6 +127,8 @@ class DiskcacheStore(Store):
         self._known_apis: set[str] = set()
         """APIs known to have their key already: no write to find out again (forgotten after a ``delete``)."""
         self._deletes_seen: object = None
+        self._occurrence_file: OccurrenceFile | None = None
+        """The occurrence counters of model calls, opened at the first claim."""
         if read_only:
             try:
                 self._cache: Any = layout.ReadOnlyCache(self.path)
@@ -152,7 +153,6 @@ class DiskcacheStore(Store):
                 self._cache.set(_FORMAT, formats.current().to_text())
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
             self._reads = _recent_reads(self.path)
-            self._cache.expire()  # run counters past their expiry (no eviction culls them)
             if _COUNTED not in self._cache and self._first_key(_ENTRY) is None:
                 # an empty store: the counters kept from now on count every record
                 self._cache.add(_COUNTED, 1)
@@ -222,20 +222,20 @@ class DiskcacheStore(Store):
         self._occurrence(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
 
     def _occurrence(self, run: str, digest: str, decide: Any) -> int:
-        """Read a counter, ask the rules, write it back: one transaction, shared by every process.
-
-        Records do not change, so this process's kept reads stay (other processes drop theirs at the
-        commit: SQLite's ``data_version`` moves for any write, which only costs them a read).
-        """
-        where = f"{_OCCURRENCE}\x00{_no_nul(run)}\x00{digest}"
-        with self._write_lock:
-            try:
-                with self._cache.transact(retry=True):
-                    number, after = decide(rules.Occurrences.from_json(self._cache.get(where)))
-                    self._cache.set(where, after.to_json(), expire=rules.OCCURRENCE_TTL_S)
-            except (OSError, sqlite3.Error, diskcache.Timeout, ValueError, KeyError) as exc:
-                raise StoreError(f"diskcache occurrence counter failed: {exc}") from exc
-        return int(number)
+        """One counter's read, decision and write, in the store's occurrence file (:mod:`.occurrence_file`)."""
+        counters = self._occurrence_file
+        if counters is None:
+            with self._write_lock:
+                if self._occurrence_file is None:
+                    try:
+                        self._occurrence_file = OccurrenceFile(self.path)
+                    except sqlite3.Error as exc:
+                        raise StoreError(f"diskcache occurrence counters at {self.path} cannot be opened: {exc}") from exc
+            counters = self._occurrence_file
+        try:
+            return counters.apply(run, digest, decide)
+        except (sqlite3.Error, ValueError, KeyError) as exc:
+            raise StoreError(f"diskcache occurrence counter failed: {exc}") from exc
 
     def _writable(self) -> None:
         if self.read_only:
@@ -553,6 +553,8 @@ class DiskcacheStore(Store):
     def close(self) -> None:
         if self._locks is not None:
             self._locks.close()
+        if self._occurrence_file is not None:
+            self._occurrence_file.close()
         reads, self._reads = self._reads, None
         if reads is not None:
             reads.watch.release()  # before SQLite's own connections close (see ChangeWatch)

@@ -1,0 +1,121 @@
+"""Model calls (``/v1/chat/completions``) beside tool calls (``/virtual``): what a hit costs, what a recorded miss adds.
+
+Starts the OpenAI-compatible stub (tests/helpers/openai_stub.py, its own process) and
+``stabletoolbench-mirror serve`` (record mode; the stub as the simulator of ``/virtual`` and as the
+upstream of ``/v1``), then, in one run:
+
+1. **a recorded miss**: N distinct requests one at a time, each first sent to the stub directly,
+   then through the server (a tool call: the simulator's request of the same size; a model call: the same
+   body), reporting the median latency each way and the median added by the server;
+2. **hits**: the N recorded requests again, in rounds over ``--concurrency`` keep-alive connections
+   (a model call's round under a fresh ``X-STM-Run``, so each is occurrence 1 again), reporting the median
+   requests/s and p50 of the rounds.
+
+    python benchmarks/model_calls.py [--requests 300] [--rounds 5] [--concurrency 8]
+
+A model hit does more than a tool hit: it claims its occurrence number from the store (one SQLite
+transaction on diskcache), then reads the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _loadgen import run_list  # noqa: E402
+from _procs import free_port, process, serve_args, stub_args  # noqa: E402
+
+
+def virtual_body(i: int) -> dict:
+    return {"category": "Weather", "tool_name": "Bench Weather", "api_name": "Current Weather",
+            "tool_input": json.dumps({"city": f"City {i}"}), "strip": "", "toolbench_key": ""}
+
+
+def model_body(i: int) -> dict:
+    return {"model": "gpt-bench", "temperature": 0.2, "max_tokens": 512,
+            "messages": [{"role": "system", "content": "You are a judge. " * 40},
+                         {"role": "user", "content": f"Is answer {i} solved? " + "context " * 200}]}
+
+
+def timed_post(session: requests.Session, url: str, body: dict, headers: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    got = session.post(url, json=body, headers=headers, timeout=60)
+    elapsed = time.perf_counter() - start
+    if got.status_code != 200:
+        raise SystemExit(f"{url}: HTTP {got.status_code}: {got.text[:300]}")
+    return elapsed
+
+
+def misses(session: requests.Session, server: str, stub: str, n: int) -> dict[str, dict[str, float]]:
+    out = {}
+    for label, route, body_of, direct_of in (
+        ("/virtual", "/virtual", virtual_body, lambda i: model_body(10_000_000 + i)),
+        ("/v1", "/v1/chat/completions", model_body, model_body),
+    ):
+        direct, through = [], []
+        for i in range(n):
+            direct.append(timed_post(session, stub + "/chat/completions", direct_of(i)))
+            through.append(timed_post(session, server + route, body_of(i)))
+        added = [t - d for t, d in zip(through, direct, strict=True)]
+        out[label] = {"direct_ms": statistics.median(direct) * 1000, "through_ms": statistics.median(through) * 1000,
+                      "added_ms": statistics.median(added) * 1000}
+    return out
+
+
+def hits(server: str, n: int, rounds: int, concurrency: int) -> dict[str, dict[str, float]]:
+    out = {}
+    for label, route, body_of in (("/virtual", "/virtual", virtual_body), ("/v1", "/v1/chat/completions", model_body)):
+        bodies = [json.dumps(body_of(i)).encode() for i in range(n)]
+        rps, p50 = [], []
+        for r in range(rounds):
+            headers = {"X-STM-Run": f"hits-{r}-{time.time()}"} if label == "/v1" else None
+            result = run_list(server + route, bodies, concurrency=concurrency, headers=headers)
+            if result.errors:
+                raise SystemExit(f"{label}: {result.errors} errors in a round of hits ({result.statuses})")
+            rps.append(result.rps)
+            p50.append(result.p50_ms)
+        out[label] = {"rps": statistics.median(rps), "p50_ms": statistics.median(p50)}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=300, help="distinct requests of each kind")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of hits (the median is reported)")
+    ap.add_argument("--concurrency", type=int, default=8)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        stub_port, port = free_port(), free_port()
+        stub = f"http://127.0.0.1:{stub_port}/v1"
+        config = Path(tmp, "server_config.yml")
+        config.write_text(json.dumps({
+            "mode": "record", "port": port, "log_level": "warning", "store": {"path": str(Path(tmp, "store"))},
+            "simulator": {"enabled": True, "api_base": stub, "allow_without_docs": True, "validity": "off", "style": "gpt-fewshot"},
+            "llm": {"upstreams": [{"base_url": stub}]},
+        }))
+        server = f"http://127.0.0.1:{port}"
+        with process(stub_args(stub_port, 0.0), stub + "/models"), process(serve_args(config), server + "/health"):
+            session = requests.Session()
+            missed = misses(session, server, stub, args.requests)
+            hit = hits(server, args.requests, args.rounds, args.concurrency)
+    print(f"{'':10} {'miss: direct':>13} {'through':>9} {'added':>8} {'hits/s (c=' + str(args.concurrency) + ')':>15} {'hit p50':>9}")
+    for label in ("/virtual", "/v1"):
+        m, h = missed[label], hit[label]
+        print(f"{label:10} {m['direct_ms']:10.2f} ms {m['through_ms']:6.2f} ms {m['added_ms']:5.2f} ms "
+              f"{h['rps']:15.0f} {h['p50_ms']:6.2f} ms")
+    ratio = hit["/v1"]["rps"] / hit["/virtual"]["rps"]
+    print(f"model hits/s over tool hits/s: {ratio:.2f}x; added by a recorded model miss: {missed['/v1']['added_ms']:.2f} ms "
+          f"(a tool miss: {missed['/virtual']['added_ms']:.2f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""The OpenAI-compatible servers that answer model calls not recorded yet (``llm.upstreams``).
+
+Each upstream is reached through a :class:`~stabletoolbench_mirror.responders.http_transport.Transport`
+(httpcore by default: kept-alive pooling, interim answers skipped, proxies from the environment, an
+overall deadline), so the agent's and the judge's calls get the same client as the simulator's.
+The upstream is always asked for the whole completion (``stream`` off): a streamed request is
+served as events built from it.  Which upstream answers a model: the first whose ``models``
+patterns (``fnmatch``) match it.  Its key: the upstream's ``api_key_env`` variable, else the
+client's own ``Authorization``; never kept beyond the request.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stabletoolbench_mirror.config import LLMConfig, LLMUpstream
+from stabletoolbench_mirror.core.secrets import public_url
+from stabletoolbench_mirror.engine.model_calls import UpstreamAnswer, UpstreamFailed
+from stabletoolbench_mirror.responders.http_transport import (
+    AnswerTimedOut,
+    BrokenAnswer,
+    ConnectFailed,
+    HttpcoreTransport,
+    SendFailed,
+    Transport,
+    TransportError,
+    TransportFactory,
+    TransportOptions,
+)
+
+
+class Upstream:
+    """One configured upstream and its transport."""
+
+    def __init__(self, config: LLMUpstream, options: TransportOptions, factory: TransportFactory | None = None) -> None:
+        self.config = config
+        self.patterns = tuple(config.models)
+        self.url = public_url(config.base_url)
+        """The base URL without credentials (what a record's provenance names)."""
+        parsed = urllib.parse.urlsplit(config.base_url)
+        self._path = (parsed.path.rstrip("/") or "") + "/chat/completions"
+        base = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "", "", ""))
+        self.transport: Transport = (factory or HttpcoreTransport)(base, options)
+
+    def answers(self, model: str) -> bool:
+        return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.patterns)
+
+    def key(self, client_authorization: str | None) -> str | None:
+        """The key sent upstream: ``api_key_env``'s, else the client's (``None``: none)."""
+        configured = self.config.api_key()
+        if configured:
+            return configured
+        if client_authorization:
+            scheme, _, given = client_authorization.partition(" ")
+            return given.strip() if scheme.lower() == "bearer" and given.strip() else None
+        return None
+
+    def complete(self, body: Mapping[str, Any], key: str | None, timeout_s: float) -> UpstreamAnswer:
+        """POST the request (``stream`` off) and return the answer, whatever its status; :class:`UpstreamFailed` when none came."""
+        sent = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        headers = {"content-type": "application/json", "accept": "application/json"}
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        started = time.monotonic()
+        try:
+            answer = self.transport.post(self._path, json.dumps(sent, ensure_ascii=False).encode("utf-8"), headers,
+                                         answer_timeout_s=timeout_s)
+        except AnswerTimedOut as exc:
+            raise UpstreamFailed(504, f"the upstream {self.url} sent no complete answer within {timeout_s:g} s (llm.timeout_s)") from exc
+        except (ConnectFailed, SendFailed) as exc:
+            raise UpstreamFailed(502, f"cannot reach the upstream {self.url}: {exc}") from exc
+        except BrokenAnswer as exc:
+            raise UpstreamFailed(502, f"the upstream {self.url} sent a broken answer: {exc}") from exc
+        except TransportError as exc:  # pragma: no cover - the four kinds above are all there are
+            raise UpstreamFailed(502, f"the upstream {self.url} failed: {exc}") from exc
+        return UpstreamAnswer(answer.status, answer.body, time.monotonic() - started,
+                              answer.headers.get("content-type", "application/json"))
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class Upstreams:
+    """The configured upstreams, in order."""
+
+    def __init__(self, config: LLMConfig, factory: TransportFactory | None = None) -> None:
+        options = TransportOptions(pool_size=64, connect_timeout_s=config.connect_timeout_s,
+                                   answer_timeout_s=config.timeout_s, max_answer_bytes=config.max_answer_bytes)
+        self.items: Sequence[Upstream] = tuple(Upstream(u, options, factory) for u in config.upstreams)
+
+    def for_model(self, model: str) -> Upstream | None:
+        return next((u for u in self.items if u.answers(model)), None)
+
+    def close(self) -> None:
+        for upstream in self.items:
+            upstream.close()

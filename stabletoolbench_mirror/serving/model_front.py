@@ -1,0 +1,156 @@
+"""The OpenAI-compatible front of recorded model calls: ``POST /v1/chat/completions``, ``GET /v1/models``.
+
+``OpenAI(base_url="http://HOST:PORT/v1")`` works unchanged, for the agent (``qa_pipeline
+--base_url``) and for the judge (``API_POOL_FILE`` entries' ``api_base``).  :class:`ModelFront` is a
+pure ASGI handler the server's front hands ``/v1/chat/completions`` to, as it handles ``/virtual``
+(ahead of FastAPI's middleware stack): the body is read (at most ``llm.max_body_bytes``, within
+``limits.body_timeout_s``), parsed, and handed to
+:class:`~stabletoolbench_mirror.engine.model_calls.ModelCalls` once (a hit of a local store answered on the event loop, the rest in worker threads); its answer is
+sent as JSON, or as server-sent events when the request asked for ``stream: true``.  Every answer names
+how it ended (``X-STM-Outcome``), where it came from (``X-STM-Source``) and, for a completion, its
+record's key (``X-STM-Key``: ``<sha256>#<occurrence>``) and run (``X-STM-Run``).  A client names its
+run with the ``X-STM-Run`` header (printable, at most 200 characters); with the server's bearer token
+set, the client's ``Authorization`` is that token and never passed upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio.to_thread
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from stabletoolbench_mirror.config import Settings
+from stabletoolbench_mirror.core import model_calls as mc
+from stabletoolbench_mirror.core.protocol import encode_answer
+from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.engine.model_calls import ModelAnswer, ModelCalls, new_run_id
+from stabletoolbench_mirror.responders.model_upstream import Upstreams
+
+MAX_RUN_CHARS = 200
+
+
+def build_model_calls(settings: Settings, layer: MirrorLayer, upstreams: Any = None) -> ModelCalls:
+    """The model-call path of a server: the layer's store and frozen caches, ``llm``'s upstreams, mode, run and budget."""
+    llm = settings.llm
+    stats = layer.stats
+    return ModelCalls(
+        layer.store, layer.frozen, upstreams if upstreams is not None else Upstreams(llm),
+        mode=llm.mode or settings.mode, run=llm.run or new_run_id(), secrets=settings.secrets(),
+        max_upstream_tokens=llm.max_upstream_tokens, timeout_s=llm.timeout_s,
+        tokens_spent=stats.model_tokens_spent,
+        count=lambda answer, prompt, completion, asked: stats.count_model(answer.model or "(none)", answer.outcome, prompt, completion, asked),
+    )
+
+
+def _headers(answer: ModelAnswer) -> list[tuple[bytes, bytes]]:
+    headers = [(b"x-stm-outcome", answer.outcome.encode()), (b"x-stm-source", answer.source.encode())]
+    if answer.key is not None:
+        headers += [(b"x-stm-key", answer.key.encode()), (b"x-stm-run", answer.run.encode("utf-8", "replace"))]
+    return headers
+
+
+def _error_body(status: int, message: str, type_: str = "invalid_request_error") -> tuple[int, bytes]:
+    return status, encode_answer(mc.error_body(message, type_)).encode("utf-8")
+
+
+class ModelFront:
+    """``POST /v1/chat/completions`` as a pure ASGI handler (the server's front hands it the request, as it
+    does ``/virtual``'s, ahead of FastAPI's middleware stack: a replayed model call costs what a tool hit does)."""
+
+    def __init__(self, calls: ModelCalls, settings: Settings) -> None:
+        self.calls = calls
+        self.max_body = settings.llm.max_body_bytes
+        self.body_timeout_s = settings.limits.body_timeout_s
+        self.pass_authorization = settings.auth_token is None
+        """The client's ``Authorization`` is its upstream key only when it is not the server's bearer token."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            status, body = _error_body(405, "use POST /v1/chat/completions")
+            await _send_json(send, status, body, [(b"allow", b"POST"), (b"x-stm-outcome", b"rejected"), (b"x-stm-source", b"mirror")])
+            return
+        headers = dict(scope.get("headers", ()))
+        raw = await self._body(headers, receive)
+        if isinstance(raw, tuple):
+            await _send_json(send, *raw, [(b"x-stm-outcome", b"rejected"), (b"x-stm-source", b"mirror")])
+            return
+        problem, body, run = _parsed(raw, headers.get(b"x-stm-run"))
+        if problem is not None:
+            await _send_json(send, *problem, [(b"x-stm-outcome", b"rejected"), (b"x-stm-source", b"mirror")])
+            return
+        authorization = headers.get(b"authorization") if self.pass_authorization else None
+        answer = await self.calls.answer(body, authorization.decode("latin-1") if authorization else None, run)
+        if answer.status == 200 and answer.completion is not None and isinstance(body, dict) and body.get("stream") is True:
+            options = body.get("stream_options")
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *_headers(answer)]})
+            await send({"type": "http.response.body", "body": b"".join(mc.sse_events(answer.completion, include_usage))})
+            return
+        await _send_json(send, answer.status, answer.body, _headers(answer))
+
+    async def _body(self, headers: Mapping[bytes, bytes], receive: Receive) -> bytes | tuple[int, bytes]:
+        """The whole body, or the error answer: too large (``llm.max_body_bytes``), too slow, or the client gone."""
+        too_large = _error_body(413, f"request body larger than {self.max_body} bytes (llm.max_body_bytes)")
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            return too_large
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return _error_body(400, "the client went away")
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_body:
+                        return too_large
+                    chunks.append(chunk)
+                    if not message.get("more_body"):
+                        return b"".join(chunks)
+        except TimeoutError:
+            return _error_body(408, f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)")
+
+
+def _parsed(raw: bytes, run_header: bytes | None) -> tuple[tuple[int, bytes] | None, Any, str | None]:
+    """``(problem, body, run)``: the parsed body and the run the client named, or the error answer."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error_body(400, f"the request body is not JSON: {exc}"), None, None
+    if run_header is None:
+        return None, body, None
+    run = run_header.decode("latin-1")
+    if not run or len(run) > MAX_RUN_CHARS or not run.isprintable():
+        return _error_body(400, f"the X-STM-Run header must be 1 to {MAX_RUN_CHARS} printable characters"), None, None
+    return None, body, run
+
+
+async def _send_json(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def add_model_routes(app: FastAPI, settings: Settings, layer: MirrorLayer) -> None:
+    """``GET /v1/models`` on ``app`` (``POST /v1/chat/completions`` is :class:`ModelFront`'s, ahead of the app)."""
+    started = int(time.time())
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        # the models counted so far and every model named without a pattern in llm.upstreams
+        named = {p for u in settings.llm.upstreams for p in u.models if not any(c in p for c in "*?[")}
+        counted = await anyio.to_thread.run_sync(layer.stats.model_snapshot)
+        seen = {m for m in counted if m not in ("(other)", "(none)")}
+        data = [{"id": m, "object": "model", "created": started, "owned_by": "stabletoolbench-mirror"}
+                for m in sorted(named | seen)]
+        return JSONResponse({"object": "list", "data": data})
