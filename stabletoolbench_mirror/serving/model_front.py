@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -49,8 +50,11 @@ def build_model_calls(settings: Settings, layer: MirrorLayer, upstreams: Any = N
     )
 
 
+_WORKER = (b"x-stm-worker", str(os.getpid()).encode())
+
+
 def _headers(answer: ModelAnswer) -> list[tuple[bytes, bytes]]:
-    headers = [(b"x-stm-outcome", answer.outcome.encode()), (b"x-stm-source", answer.source.encode())]
+    headers = [(b"x-stm-outcome", answer.outcome.encode()), (b"x-stm-source", answer.source.encode()), _WORKER]
     if answer.key is not None:
         headers += [(b"x-stm-key", answer.key.encode()), (b"x-stm-run", answer.run.encode("utf-8", "replace"))]
     return headers

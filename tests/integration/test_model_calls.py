@@ -8,6 +8,7 @@ reaching the upstream.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import requests
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.serving.server import create_app
 from tests.helpers.live import UvicornThread, free_port
+from tests.helpers.redis_server import redis_prefix, redis_server  # noqa: F401
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -38,6 +40,7 @@ class Upstream:
         self.headers: list[dict[str, str]] = []
         self.fail_next: list[int] = []
         self.echo_key = False
+        self.delay_s = 0.0
         self._lock = threading.Lock()
         self._runner: UvicornThread | None = None
 
@@ -57,6 +60,8 @@ class Upstream:
             self.headers.append(headers)
             n = len(self.requests)
             failing = self.fail_next.pop(0) if self.fail_next else None
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         if failing is not None:
             await _send(send, failing, {"error": {"message": f"upstream overloaded ({n})", "type": "server_error", "code": None}})
             return
@@ -296,3 +301,61 @@ def test_virtual_refuses_the_model_calls_category(tmp_path: Path) -> None:
         got = requests.post(server.url + "/virtual", json={"category": "@model", "tool_name": "gpt-4o-mini",
                                                            "api_name": "chat_completions", "tool_input": "{}"}, timeout=10)
     assert got.status_code == 422 and "reserved for recorded model calls" in got.text
+
+
+def test_two_workers_count_one_run_together(tmp_path: Path, upstream: Upstream) -> None:
+    """``serve --workers 2``: the run begins in the master, so identical requests on either worker take 1, 2, 3, 4."""
+    from tests.helpers.processes import ServeProcess
+
+    config = {"mode": "record", "store": {"path": str(tmp_path / "store")}, "llm": {"upstreams": [{"base_url": upstream.base_url}]}}
+    with ServeProcess(tmp_path, config, workers=2) as server:
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "judge"}], "temperature": 0.2}
+        keys, workers, runs = [], set(), set()
+        while len(workers) < 2 or len(keys) < 8:  # new connections: the kernel spreads them over the workers
+            got = requests.post(server.url + "/v1/chat/completions", json=body, timeout=30, headers={"connection": "close"})
+            keys.append(got.headers["x-stm-key"].rsplit("#", 1)[1])
+            workers.add(got.headers["x-stm-worker"])
+            runs.add(got.headers["x-stm-run"])
+            assert len(keys) < 200, "one worker answered every request"
+        assert keys == [str(n) for n in range(1, len(keys) + 1)] and len(runs) == 1
+    assert len(upstream.requests) == len(keys)
+
+
+@pytest.mark.redis
+def test_two_hosts_of_one_redis_store_count_a_named_run_together(tmp_path: Path, upstream: Upstream, redis_server: Any,
+                                                                  redis_prefix: str) -> None:
+    def host(name: str) -> Served:
+        return Served(Settings(mode="record", log_level="warning", store={"kind": "redis", "url": redis_server.url, "prefix": redis_prefix},
+                               llm={"upstreams": [{"base_url": upstream.base_url}], "run": "paper-run-1"}))
+
+    with host("a") as a, host("b") as b:
+        got = [ask((a if i % 2 else b).client(), "judge").choices[0].message.content for i in range(4)]
+    assert got == [f"answer {n} to judge" for n in (1, 2, 3, 4)]
+    with host("c") as c:  # the same named run goes on counting on a host started later
+        assert ask(c.client(), "judge").choices[0].message.content == "answer 5 to judge"
+    with Served(Settings(mode="replay", log_level="warning", store={"kind": "redis", "url": redis_server.url, "prefix": redis_prefix})) as replay:
+        assert [ask(replay.client(), "judge").choices[0].message.content for _ in range(4)] == got
+
+
+def test_bodies_and_answers_are_bounded_and_a_slow_upstream_times_out(tmp_path: Path, upstream: Upstream) -> None:
+    with Served(settings_for(tmp_path, "record", upstream, max_body_bytes=4096, timeout_s=1.0)) as server:
+        big = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x" * 5000}]}
+        got = requests.post(server.url + "/v1/chat/completions", json=big, timeout=10)
+        assert got.status_code == 413 and "llm.max_body_bytes" in got.json()["error"]["message"]
+        bad = requests.post(server.url + "/v1/chat/completions", data=b"{not json", timeout=10)
+        assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+        nomodel = requests.post(server.url + "/v1/chat/completions", json={"messages": []}, timeout=10)
+        assert nomodel.status_code == 400 and "model" in nomodel.json()["error"]["message"]
+        upstream.delay_s = 3.0
+        slow = requests.post(server.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": [
+            {"role": "user", "content": "slow"}]}, timeout=30)
+        assert slow.status_code == 504 and "llm.timeout_s" in slow.json()["error"]["message"]
+        upstream.delay_s = 0.0
+        fine = requests.post(server.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": [
+            {"role": "user", "content": "slow"}]}, timeout=30)
+        assert fine.status_code == 200 and fine.headers["x-stm-key"].endswith("#1")  # the timeout used no number
+        metrics = requests.get(server.url + "/metrics", timeout=10).text
+        assert 'stm_model_requests_total{model="gpt-4o-mini",outcome="error"} 1.0' in metrics
+        assert 'stm_model_tokens_total{kind="completion",model="gpt-4o-mini"}' in metrics
+        models = requests.get(server.url + "/v1/models", timeout=10).json()
+        assert "gpt-4o-mini" in [m["id"] for m in models["data"]]
