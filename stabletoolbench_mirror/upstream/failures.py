@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +52,35 @@ def failure_entries_hash(content_hash: Any, entries: set[tuple[str, str]]) -> st
     return "sha256:" + hashlib.sha256(line.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+#: the first version whose ``snapshot`` writes ``failure_entries_hash``; every version writes ``created_by``
+HASH_SINCE = (0, 3, 0)
+_CREATED_BY = re.compile(r"stabletoolbench-mirror (\d+)\.(\d+)\.(\d+)")
+
+
+def written_before_the_hash(manifest: dict[str, Any]) -> bool:
+    """Whether ``created_by`` names a version before :data:`HASH_SINCE` (0.1.0 and 0.2.0 wrote no hash)."""
+    created_by = manifest.get("created_by")
+    matched = _CREATED_BY.match(created_by) if isinstance(created_by, str) else None
+    return matched is not None and tuple(int(n) for n in matched.groups()) < HASH_SINCE
+
+
 def failure_entries_problem(manifest: Any) -> str | None:
     """Why a manifest's ``failure_entries`` cannot be trusted, or ``None``.
 
-    A manifest written since ``failure_entries_hash`` was kept must list exactly the failure entries
-    that hash covers (with its ``content_hash``); one written before has no such hash and is taken as it is.
+    A manifest written since ``failure_entries_hash`` was kept must carry it and list exactly the failure
+    entries that hash covers (with its ``content_hash``); one whose ``created_by`` names a version before
+    (0.2.0 listed ``failure_entries`` without a hash) is taken as it is.  The field removed, or ``created_by``
+    with it, is refused as a changed list is: which version wrote a manifest is read from the manifest only.
     """
-    if not isinstance(manifest, dict) or (recorded := manifest.get("failure_entries_hash")) is None:
+    if not isinstance(manifest, dict):
         return None
+    if (recorded := manifest.get("failure_entries_hash")) is None:
+        if written_before_the_hash(manifest):
+            return None
+        return (f"the manifest has no failure_entries_hash, which every snapshot written by stabletoolbench-mirror "
+                f"{'.'.join(map(str, HASH_SINCE))} or later carries (created_by: {manifest.get('created_by')!r}): its "
+                "failure_entries cannot be checked (failure records would be taken for answers); not used; take the "
+                "snapshot as published or write it again with: stabletoolbench-mirror snapshot")
     listed = failure_entries(manifest)
     if listed is None or recorded != failure_entries_hash(manifest.get("content_hash"), listed):
         return ("failure_entries differ from what the manifest's failure_entries_hash covers: the manifest was changed "

@@ -1,6 +1,7 @@
 """A snapshot's ``failure_entries`` covered by its manifest: emptied, the snapshot is refused naming the field.
 
-A manifest written before ``failure_entries_hash`` was kept (today's snapshots) still verifies and imports.
+A manifest written before ``failure_entries_hash`` was kept (by 0.2.0) still verifies and imports; one that says it was
+written by a version that keeps the field, without it, is refused as a changed list is.
 """
 
 from __future__ import annotations
@@ -105,10 +106,33 @@ def test_emptied_failure_entries_are_refused_naming_the_field(settings_factory, 
 @pytest.mark.parametrize("as_archive", [False, True])
 def test_a_snapshot_written_before_the_hash_still_verifies_and_imports(tmp_path: Path, as_archive: bool) -> None:
     folder = _snapshot_folder(tmp_path)
-    _edit_manifest(folder, lambda m: m.pop("failure_entries_hash"))  # what today's snapshot writes
+    # what 0.2.0 wrote: failure_entries, no failure_entries_hash
+    _edit_manifest(folder, lambda m: (m.pop("failure_entries_hash"), m.update(created_by="stabletoolbench-mirror 0.2.0")))
     source = _pack(folder, tmp_path / "old.tar.gz") if as_archive else folder
     verified = _cli("snapshot", "--verify", str(source), "--config", _config(tmp_path, "verify"), "-q", cwd=tmp_path)
     assert verified.returncode == 0 and "OK: the snapshot matches its manifest" in verified.stdout, verified.stdout + verified.stderr
     done = _imported(tmp_path, source, "old")
     assert done.returncode == 0, done.stderr
     assert _failures_in(tmp_path, "old") == 2
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: m.pop("failure_entries_hash"),  # the field removed, the list kept
+    lambda m: (m.pop("failure_entries_hash"), m.update(failure_entries=[], failures=0)),  # and the list emptied
+    lambda m: (m.pop("failure_entries_hash"), m.pop("created_by")),  # and who wrote it
+], ids=["hash-removed", "hash-removed-list-emptied", "hash-and-created-by-removed"])
+@pytest.mark.parametrize("as_archive", [False, True])
+def test_a_manifest_of_this_version_without_the_hash_is_refused_naming_the_field(
+    settings_factory, tmp_path: Path, as_archive: bool, edit
+) -> None:
+    folder = _snapshot_folder(tmp_path)
+    _edit_manifest(folder, edit)
+    source = _pack(folder, tmp_path / "stripped.tar.gz") if as_archive else folder
+    verified = _cli("snapshot", "--verify", str(source), "--config", _config(tmp_path, "verify"), "-q", cwd=tmp_path)
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    assert "has no failure_entries_hash" in verified.stdout + verified.stderr
+    done = _imported(tmp_path, source, "stripped")
+    assert done.returncode == 2 and "has no failure_entries_hash" in done.stderr, done.stderr
+    assert not (tmp_path / "into-stripped" / "cache.db").exists() or _failures_in(tmp_path, "stripped") == 0
+    with pytest.raises(ConfigError, match="has no failure_entries_hash"):
+        build_frozen(settings_factory(mode="replay", frozen_caches=[str(source)], download_dir=str(tmp_path / "downloads-frozen")))

@@ -50,7 +50,12 @@ def test_a_manifest_changed_after_it_was_written_is_a_problem_and_an_old_one_is_
     good = {"content_hash": "sha256:c", "failure_entries": entries,
             "failure_entries_hash": failures.failure_entries_hash("sha256:c", {(API, "k1")})}
     assert failures.failure_entries_problem(good) is None
-    assert failures.failure_entries_problem({"failure_entries": entries}) is None  # written before the hash was kept
+    for before in ("stabletoolbench-mirror 0.2.0", "stabletoolbench-mirror 0.1.0"):  # written before the hash was kept
+        assert failures.failure_entries_problem({"created_by": before, "failure_entries": entries}) is None
+    for since in ({"created_by": "stabletoolbench-mirror 0.3.0"}, {"created_by": "stabletoolbench-mirror 0.10.1"},
+                  {"created_by": "someone else"}, {}):  # the field removed from a manifest of a version that writes it
+        problem = failures.failure_entries_problem({**since, "failure_entries": entries})
+        assert problem is not None and "has no failure_entries_hash" in problem, since
     assert failures.failure_entries_problem("not a manifest") is None
     for changed in (dict(good, failure_entries=[]), dict(good, failure_entries=[[API, "k1"], [API, "k2"]]),
                     dict(good, content_hash="sha256:d"), dict(good, failure_entries="k1")):
