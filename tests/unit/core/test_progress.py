@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pty
+import select
+import time
 from pathlib import Path
 
 from stabletoolbench_mirror.core.progress import progress_bar
@@ -34,7 +36,12 @@ def test_on_a_terminal_it_is_tqdm_s_bar() -> None:
             for _ in progress_bar(range(10), desc="import", unit="file", file=tty, mininterval=0):
                 pass
             tty.flush()
-        shown = os.read(main, 65536).decode()
+        # a pty hands its output on in pieces: read until the last update is there (or a generous deadline)
+        shown = ""
+        deadline = time.monotonic() + 10
+        while not ("100%" in shown and "10/10" in shown) and time.monotonic() < deadline:
+            if select.select([main], [], [], 0.1)[0]:
+                shown += os.read(main, 65536).decode(errors="replace")
     finally:
         os.close(main)
         os.close(other)
