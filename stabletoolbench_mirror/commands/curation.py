@@ -9,6 +9,7 @@ canonical pointers stay right and every server using the store stops serving the
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
 from stabletoolbench_mirror.core.keys import record_key
+from stabletoolbench_mirror.core.model_calls import model_of
 from stabletoolbench_mirror.core.naming import resolve_names
 from stabletoolbench_mirror.core.protocol import ToolInputParseError, parse_tool_input
 from stabletoolbench_mirror.core.records import Record, origin_key
@@ -61,12 +63,15 @@ class RecordFilter:
     keys: frozenset[str] = frozenset()
     failures: bool = False
     before: float | None = None
+    models: tuple[str, ...] = ()
+    """``fnmatch`` patterns of models: recorded model calls of a matching model only (``--model``)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RecordFilter:
         apis = frozenset(name for given in args.api or () for name in api_names(given))
         return cls(apis, frozenset(args.category or ()), frozenset(args.source or ()), frozenset(getattr(args, "origin", None) or ()),
-                   frozenset(getattr(args, "key", None) or ()), bool(args.failures), getattr(args, "before", None))
+                   frozenset(getattr(args, "key", None) or ()), bool(args.failures), getattr(args, "before", None),
+                   tuple(getattr(args, "model", None) or ()))
 
     @property
     def empty(self) -> bool:
@@ -81,6 +86,7 @@ class RecordFilter:
             not self.keys or record.key in self.keys,
             not self.failures or record.is_failure,
             self.before is None or record.created_at < self.before,
+            not self.models or _is_model_of(record.api, self.models),
         )
         return all(checks)
 
@@ -88,6 +94,11 @@ class RecordFilter:
         """The matching records, streamed, grouped by API (only the named APIs are read when ``--api`` is given)."""
         source = (r for api in sorted(self.apis) for r in store.iter_api(api)) if self.apis else iter(store)
         return (record for record in source if self.matches(record))
+
+
+def _is_model_of(api: str, patterns: tuple[str, ...]) -> bool:
+    model = model_of(api)
+    return model is not None and any(fnmatch.fnmatchcase(model, p) for p in patterns)
 
 
 def _when(created_at: float) -> str:
@@ -171,7 +182,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 1
 
 
-NO_FILTER = ("error: name what to delete (--api, --category, --source, --origin, --key, --before, --failures); "
+NO_FILTER = ("error: name what to delete (--api, --category, --source, --model, --origin, --key, --before, --failures); "
              "to empty the whole store, remove it (store.path) instead")
 
 
@@ -208,6 +219,8 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--category", action="append", help="standardised category (repeatable)")
     parser.add_argument("--source", action="append", choices=SOURCES, help="records of this source (repeatable)")
     parser.add_argument("--failures", action="store_true", help="failure records only")
+    parser.add_argument("--model", action="append", metavar="PATTERN",
+                        help="recorded model calls of this model only (fnmatch pattern, e.g. 'gpt-4*'; repeatable)")
 
 
 def register_cache(cache_sub: argparse._SubParsersAction) -> None:

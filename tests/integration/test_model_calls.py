@@ -283,6 +283,9 @@ def test_a_snapshot_replays_the_model_calls_as_a_frozen_cache_and_cache_ls_finds
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert sorted(r["key"][-2:] for r in listed) == ["#1", "#1", "#2"]
     assert {r["api"] for r in listed} == {"@model/gpt-4o-mini/chat_completions"}
+    for pattern, count in (("gpt-4o*", 3), ("claude*", 0)):
+        assert main(["cache", "ls", "--model", pattern, "--json", "--store", str(tmp_path / "store")]) == 0
+        assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]) == count
 
     # a fresh store, the snapshot as a frozen cache, no upstream: agent and judge calls replay from it
     replay = Settings(mode="replay", store={"path": str(tmp_path / "empty")}, frozen_caches=[str(tmp_path / "snap")],
