@@ -1,6 +1,6 @@
 """The request path: the cache tiers, then the real API and the simulator, then the record.
 
-``server -> MirrorLayer.prepare -> lookup (store, frozen caches) -> (real API, simulator) -> store.add``
+``server -> MirrorLayer.prepare -> MirrorLayer.answer_async: lookup (store, frozen caches) -> (real API, simulator) -> store.add``
 
 A call to a local tool (``local_tools``) skips the lookup: the tool always runs, and its answer
 is recorded.  A call inside a session (``X-STM-Session``) takes the same path through
@@ -20,10 +20,12 @@ request once, from its final outcome.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
 from pydantic import ValidationError
 
 from stabletoolbench_mirror.config import Mode
@@ -36,6 +38,7 @@ from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import ToolInputParseError, VirtualRequest, parse_tool_input
 from stabletoolbench_mirror.core.records import Record, Source
 from stabletoolbench_mirror.engine.local_tools import LocalTool, LocalTools
+from stabletoolbench_mirror.engine.lookup_order import lookup_order
 from stabletoolbench_mirror.engine.recent_hits import RecentHits
 from stabletoolbench_mirror.engine.refresh import RefreshScope
 from stabletoolbench_mirror.engine.responders import Attempt, CountsEvents, Responder, wants_examples
@@ -104,11 +107,11 @@ class MirrorLayer:
         self.pending_timeout_s = pending_timeout_s
         self.sessions = sessions
         self.local_tools = local_tools if local_tools is not None and len(local_tools) else None
-        self._probes = tuple(_lookup_order(self.tiers))
+        self._probes = tuple(lookup_order(self.tiers))
         self._hits = _recent_hits(store, self.frozen)
         """Recent hits, served again while the store's change token and the frozen files are unchanged (:mod:`.recent_hits`)."""
         self.faults = faults
-        """Injected faults (``faults:``), applied by the server to what it serves; ``None`` when off."""
+        """Injected faults (``faults:``), applied by :meth:`answer_async` to what the server serves; ``None`` when off."""
 
     # -- entry points -------------------------------------------------------------------------
 
@@ -136,6 +139,30 @@ class MirrorLayer:
             )
             return Outcome.error(422, f"invalid /virtual request: {problems}")
         return self._prepare_request(request)
+
+    async def answer_async(
+        self, call: ToolCall, session: str | None = None, *, faults: bool = True, limiter: anyio.CapacityLimiter | None = None
+    ) -> Outcome:
+        """The server's one entry for a prepared call (:meth:`prepare`): its answer, every tier in order.
+
+        A session's calls and the local tools read and write state: they run in a worker thread of
+        ``limiter`` (:meth:`handle_call`).  Any other call is looked up on the event loop
+        (:meth:`probe_async`: a local store at once, Redis through its async client, a frozen file not
+        parsed yet in a thread); a hit is answered there, a miss goes to a worker thread with what the
+        lookup found (:meth:`answer`'s ``looked``: the cache is not read again).  ``faults``: whether
+        ``faults:`` may fault what is served, after it was recorded (:mod:`.faults`).
+        """
+        if session is not None or self.runs_locally(call):
+            outcome = await anyio.to_thread.run_sync(self.handle_call, call, session, limiter=limiter)
+        else:
+            found = await self.probe_async(call)
+            if isinstance(found, Outcome):
+                outcome = found
+            else:
+                outcome = await anyio.to_thread.run_sync(self.answer, call, {}, found, limiter=limiter)
+        if self.faults is not None and faults:
+            outcome = await self.faults.serve(call, outcome, session is not None)
+        return outcome
 
     def _prepare_request(self, request: VirtualRequest) -> ToolCall | Outcome:
         names = resolve_names(request.category, request.tool_name, request.api_name)
@@ -278,7 +305,7 @@ class MirrorLayer:
     # -- the parts ----------------------------------------------------------------------------
 
     def lookup(self, call: ToolCall) -> Record | None:
-        """The cached record of ``call``, in the order of :func:`_lookup_order`.
+        """The cached record of ``call``, in the order of :func:`.lookup_order.lookup_order`.
 
         The first usable answer wins; a failure record (the first found) is returned only when
         no tier has a usable answer for the call, so a failure never hides an answer.
@@ -525,46 +552,6 @@ def _recent_hits(store: Store, frozen: Sequence[FrozenCache]) -> RecentHits | No
     if store.change_token() is None or not all(callable(getattr(f, "state_token", None)) for f in frozen):
         return None
     return RecentHits(store.change_token, frozen)
-
-
-def _lookup_order(tiers: Sequence[CacheTier]) -> Iterator[tuple[Any, Any, KeyOf]]:
-    """The "Cache keys" order of docs/cache-keys.md: the exact key in every tier, then the canonical key.
-
-    Tiers come in their order (the store, then the frozen caches as listed).  The exact key is
-    the call's record key (:attr:`ToolCall.key`) in every tier, then, for a call whose upstream
-    key differs (a kind-marked string input), upstream's own key in the frozen tiers only: they
-    are looked up as upstream looks them up, the writable store never (see :mod:`.keys`).  Each
-    step is ``(get, aget, key_of)``: the tier's sync and async reads, and the key a call is read
-    with there (``None``: skip the step).
-    """
-    for tier in tiers:
-        yield tier.get, _own_async(tier, "aget"), _record_key
-    for tier in tiers:
-        if not isinstance(tier, Store):
-            yield tier.get, _own_async(tier, "aget"), _upstream_key_if_other
-    for tier in tiers:
-        yield tier.get_canonical, _own_async(tier, "aget_canonical"), _canonical_key
-
-
-def _own_async(tier: CacheTier, name: str) -> Any:
-    """The tier's async read, or ``None`` where it is :class:`CacheTier`'s own (which only calls the sync
-    read: :meth:`MirrorLayer.lookup_async` then calls that at once, without a coroutine)."""
-    return None if getattr(type(tier), name) is getattr(CacheTier, name) else getattr(tier, name)
-
-
-KeyOf = Callable[[ToolCall], "str | None"]
-
-
-def _record_key(call: ToolCall) -> str:
-    return call.key
-
-
-def _upstream_key_if_other(call: ToolCall) -> str | None:
-    return call.upstream if call.upstream != call.key else None
-
-
-def _canonical_key(call: ToolCall) -> str:
-    return call.canonical
 
 
 def _served(call: ToolCall, record: Record, kind: OutcomeKind) -> Outcome:

@@ -1,8 +1,9 @@
 """The one path from a ``/virtual`` call to its counted answer, shared by ``POST /virtual`` and the MCP front.
 
-:class:`CallPath` validates a payload (a body seen lately skips its parse, :mod:`.prepared`), answers
-it on the event loop (a hit) or in a worker thread shared fairly between clients (sessions, local
-tools, misses), serves ``faults:`` on what is served, and counts the outcome once.
+:class:`CallPath` validates a payload (a body seen lately skips its parse, :mod:`.prepared`), hands
+the call to the engine's one entry (``MirrorLayer.answer_async``: a hit on the event loop; sessions,
+local tools and misses in a worker thread shared fairly between clients; ``faults:`` on what is
+served), and counts the outcome once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 from typing import Any, cast
 
 import anyio
-import anyio.to_thread
 
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.fair import FairLimiter
@@ -63,7 +63,11 @@ class CallPath:
         """
         try:
             prepared = self._prepare(payload, session)
-            outcome = prepared if isinstance(prepared, Outcome) else await self._answer(prepared, session, faults)
+            if isinstance(prepared, Outcome):
+                outcome = prepared
+            else:
+                assert not isinstance(session, Outcome)  # answered by _prepare
+                outcome = await self.layer.answer_async(prepared, session, faults=faults, limiter=self._limiter)
         except Exception:
             outcome = _internal_error()
         self.layer.stats.count(outcome)
@@ -80,7 +84,12 @@ class CallPath:
                     self.calls.put(body, prepared)
             elif isinstance(session, Outcome):
                 prepared = session
-            outcome = prepared if isinstance(prepared, Outcome) else await self._answer(prepared, session, faults)
+            if isinstance(prepared, Outcome):
+                outcome = prepared
+            else:
+                assert not isinstance(session, Outcome)  # answered above
+                # the engine's one entry: every tier, the miss, the faults (engine.layer)
+                outcome = await self.layer.answer_async(prepared, session, faults=faults, limiter=self._limiter)
         except Exception:
             outcome = _internal_error()
         self.layer.stats.count(outcome)
@@ -92,22 +101,3 @@ class CallPath:
         if isinstance(session, Outcome):
             return session
         return self.layer.prepare(payload)
-
-    async def _answer(self, prepared: ToolCall, session: str | None | Outcome, faults: bool) -> Outcome:
-        assert not isinstance(session, Outcome)  # answered by _prepare
-        layer = self.layer
-        if session is not None or layer.runs_locally(prepared):
-            # a session's calls and local tools read and write state: always in a worker thread
-            outcome = await anyio.to_thread.run_sync(layer.handle_call, prepared, session, limiter=self._limiter)
-        else:
-            # hits are answered on the event loop (a local store at once, Redis through its async
-            # client); a frozen file not parsed yet is parsed in a thread while the loop goes on
-            found = await layer.probe_async(prepared)
-            if isinstance(found, Outcome):
-                outcome = found
-            else:  # a miss: what the lookup found goes along (the worker does not read the cache again)
-                outcome = await anyio.to_thread.run_sync(layer.answer, prepared, {}, found, limiter=self._limiter)
-        if layer.faults is not None and faults:
-            # injected faults: on what is served, after the answer was recorded (see engine.faults)
-            outcome = await layer.faults.serve(prepared, outcome, session is not None)
-        return outcome
