@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -66,12 +67,20 @@ def _post_from(source_ip: str, url: str, body: dict[str, Any]) -> tuple[int, flo
     return status, time.monotonic() - start
 
 
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
+        time.sleep(0.005)
+
+
 def test_waiting_is_per_client_another_client_is_not_queued_behind(tmp_path: Path, serve, settings_factory) -> None:
     settings = settings_factory(limits={"max_in_flight_per_client": 2})
-    server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[KeyedResponder(delay_s=0.6)]))
+    responder = KeyedResponder(delay_s=0.6)
+    server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[responder]))
     with ThreadPoolExecutor(1) as side:
         busy = side.submit(post_all, server.url, [payload(i) for i in range(10)])  # 127.0.0.1: 5 rounds of 0.6 s
-        time.sleep(0.3)
+        _until(lambda: responder.active == 2, "the busy client fills its 2 slots")
         status, elapsed = _post_from("127.0.0.2", server.url, payload(100))
         assert status == 200
         assert elapsed < 1.5, f"another client waited {elapsed:.2f} s behind the busy one"
@@ -186,7 +195,7 @@ def test_pending_misses_are_bounded_they_wait_and_hits_are_still_served(tmp_path
     server = serve(settings, MirrorLayer(store, responders=[responder], max_pending_misses=3))
     with ThreadPoolExecutor(1) as side:
         misses = side.submit(post_all, server.url, [payload(i) for i in range(10)])
-        time.sleep(0.25)
+        _until(lambda: responder.active == 3, "the misses fill their 3 turns")
         start = time.monotonic()
         hit = requests.post(server.url + "/virtual", json=payload(-1), timeout=30)
         assert hit.status_code == 200 and hit.json()["response"] == "cached"
