@@ -150,10 +150,10 @@ def run_server(settings: Settings) -> int:
     from stabletoolbench_mirror.stores import StoreError
 
     _warn_about_prompt(settings)
-    if settings.llm.run is None:
+    if settings.llm.run is None and settings.workers > 1:
         from stabletoolbench_mirror.engine.model_calls import new_run_id
 
-        # one run per start of serve: every worker counts identical model calls together
+        # one run per start of serve: every worker counts identical model calls together (in the store)
         settings.llm.run = new_run_id()
 
     if settings.workers > 1:

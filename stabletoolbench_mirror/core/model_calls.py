@@ -10,7 +10,7 @@ same store as tool answers, as ordinary :class:`~stabletoolbench_mirror.core.rec
   ``cache ls --source model``, ``cache diff``, the content hash;
 * the **key** is ``<digest>#<occurrence>`` (:func:`record_key`): ``digest`` is the SHA-256 of the
   request's canonical JSON (:func:`canonical_request`: keys sorted, no whitespace, an integral
-  float written as the integer, the transport fields of :data:`OUT_OF_KEY` left out), and
+  float read as the integer by :func:`parse_request`, the transport fields of :data:`OUT_OF_KEY` left out), and
   ``occurrence`` counts identical requests within one run (1, 2, ...), so the n-th identical
   request of a run gets the n-th recorded answer;
 * the **body** is the completion as the upstream sent it, in compact JSON with its own key order,
@@ -56,20 +56,21 @@ def model_of(api: str) -> str | None:
     return api[len(MODEL_CATEGORY) + 1 : -len(CHAT_COMPLETIONS) - 1]
 
 
-def _normal(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _normal(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_normal(v) for v in value]
-    return value
+def _number(text: str) -> int | float:
+    value = float(text)
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
+
+
+def parse_request(raw: bytes | str) -> Any:
+    """A request body as JSON, an integral number written as a float (``0.0``, ``1e3``) read as the integer:
+    ``temperature: 0.0`` and ``temperature: 0`` are one request (and are sent upstream as the integer)."""
+    return json.loads(raw, parse_float=_number)
 
 
 def canonical_request(body: Mapping[str, Any]) -> str:
-    """The request's canonical JSON: what its key is made of (see the module's docstring)."""
+    """The request's canonical JSON (of a body read by :func:`parse_request`): what its key is made of."""
     kept = {k: v for k, v in body.items() if k not in OUT_OF_KEY}
-    return json.dumps(_normal(kept), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def request_digest(body: Mapping[str, Any]) -> str:

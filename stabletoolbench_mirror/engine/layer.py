@@ -33,6 +33,7 @@ from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.fair import FairSemaphore
 from stabletoolbench_mirror.core.logs import clip
+from stabletoolbench_mirror.core.model_calls import MODEL_CATEGORY
 from stabletoolbench_mirror.core.naming import resolve_names
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import ToolInputParseError, VirtualRequest, parse_tool_input
@@ -166,6 +167,8 @@ class MirrorLayer:
 
     def _prepare_request(self, request: VirtualRequest) -> ToolCall | Outcome:
         names = resolve_names(request.category, request.tool_name, request.api_name)
+        if names.category == MODEL_CATEGORY:  # the recorded model calls' names: never a tool's
+            return Outcome.error(422, f"invalid /virtual request: category {MODEL_CATEGORY!r} is reserved for recorded model calls (/v1)")
         # upstream answers chat_with_user before it parses the input
         if names.api_name == protocol.CHAT_WITH_USER_API:
             return Outcome(protocol.encode_answer(protocol.chat_with_user_answer()), OutcomeKind.LOCAL, api=names.api)
@@ -285,7 +288,7 @@ class MirrorLayer:
         if self.mode is Mode.REPLAY or not self.responders:
             reason = "replay mode" if self.mode is Mode.REPLAY else "no real API or simulator configured"
             log.info("miss %s key=%s (%s)", clip(call.api), clip(call.key), reason)
-            answer = protocol.encode_answer(protocol.miss_answer(call.api, reason))
+            answer = protocol.encode_answer(protocol.miss_answer(call.api))  # the same text in either mode
             return Outcome(answer, OutcomeKind.UNANSWERED, api=call.api)
         # more misses than limits.max_pending_misses wait for a turn (a refusal would become a tool error)
         if not self._pending.acquire(timeout=self.pending_timeout_s):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from stabletoolbench_mirror.core import model_calls as mc
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.core.secrets import Redactor
+from stabletoolbench_mirror.stores import rules
 from stabletoolbench_mirror.stores.base import CacheTier, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,7 @@ class ModelCalls:
     """Answers model calls from the store, the frozen caches and the upstreams (see the module's docstring)."""
 
     def __init__(
-        self, store: Store, frozen: Sequence[CacheTier], upstreams: ModelUpstreams, *, mode: Mode, run: str,
+        self, store: Store, frozen: Sequence[CacheTier], upstreams: ModelUpstreams, *, mode: Mode, run: str, private_run: bool = False,
         secrets: Sequence[str] = (), max_upstream_tokens: int | None = None, timeout_s: float = 600.0,
         tokens_spent: Callable[[], int] | None = None, count: Callable[[ModelAnswer, int, int, bool], None] | None = None,
     ) -> None:
@@ -118,6 +120,9 @@ class ModelCalls:
         self.upstreams = upstreams
         self.mode = mode
         self.run = run
+        self._private = PrivateCounters() if private_run else None
+        """The counters of :attr:`run` when no other process can share it (one worker, a run named by no one):
+        kept here, so a hit writes nothing.  A run a client names (``X-STM-Run``) is always counted in the store."""
         self.redactor = Redactor(secrets)
         self.max_upstream_tokens = max_upstream_tokens
         self.timeout_s = timeout_s
@@ -154,8 +159,10 @@ class ModelCalls:
         model: str = body["model"]
         digest = mc.request_digest(body)
         api = mc.model_api(model)
+        counters = self._private if self._private is not None and run == self.run else None
         try:
-            number = await self._store_call(self.store.claim_occurrence, run, digest)
+            number = counters.claim(digest) if counters is not None and counters.holds(digest) else \
+                await self._store_call(self.store.claim_occurrence, run, digest)
         except StoreError as exc:
             return _error(503, f"the store cannot count this request's occurrence: {exc}", "server_error", "error", model), 0, 0, False
         key = mc.record_key(digest, number)
@@ -174,7 +181,10 @@ class ModelCalls:
             return answer, prompt, completion, asked
         finally:
             if release:
-                await self._store_call(self._give_back, run, digest, number)
+                if counters is not None and counters.counts(digest):
+                    counters.release(digest, number)
+                else:
+                    await self._store_call(self._give_back, run, digest, number)
 
     async def _lookup(self, api: str, key: str) -> Record | None:
         try:
@@ -279,6 +289,32 @@ class ModelCalls:
             f"recorded occurrences of this model (keys <sha256>#<occurrence>); record it with llm.mode: record"
         )
         return _error(404, message, "invalid_request_error", "unanswered", model, code="not_recorded")
+
+
+class PrivateCounters:
+    """Occurrence counters of one process's own run, in memory (bounded: past :attr:`limit` requests, the
+    store counts the new ones; a request is counted in one place for the whole run)."""
+
+    def __init__(self, limit: int = 1_000_000) -> None:
+        self.limit = limit
+        self._held: dict[str, rules.Occurrences] = {}
+        self._lock = threading.Lock()
+
+    def holds(self, digest: str) -> bool:
+        """Whether ``digest`` is counted here (a new one is while there is room)."""
+        return digest in self._held or len(self._held) < self.limit
+
+    def counts(self, digest: str) -> bool:
+        return digest in self._held
+
+    def claim(self, digest: str) -> int:
+        with self._lock:
+            number, self._held[digest] = rules.claim_occurrence(self._held.get(digest, rules.Occurrences()))
+            return number
+
+    def release(self, digest: str, number: int) -> None:
+        with self._lock:
+            self._held[digest] = rules.release_occurrence(self._held.get(digest, rules.Occurrences()), number)
 
 
 def _error(status: int, message: str, type_: str, outcome: str, model: str = "", *, code: str | None = None,

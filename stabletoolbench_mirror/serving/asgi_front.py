@@ -186,7 +186,7 @@ class Front:
             reservation.add(REQUEST_OVERHEAD + (length or 0))
         except Refused as refusal:
             return self._refused(refusal)
-        if _arrived(receive):  # the whole body is in: one receive, which cannot wait (no timer to set)
+        if arrived(receive):  # the whole body is in: one receive, which cannot wait (no timer to set)
             return self._whole_body(await receive(), length, reservation)
         chunks: list[bytes] = []
         size = 0
@@ -229,7 +229,7 @@ class Front:
         return whole
 
 
-def _arrived(receive: Receive) -> bool:
+def arrived(receive: Receive) -> bool:
     """Whether a request's whole body has arrived: its next ``receive`` returns all of it at once.
 
     Only uvicorn's own cycle says so (its ``receive`` is a bound method); anything else is read

@@ -16,7 +16,6 @@ set, the client's ``Authorization`` is that token and never passed upstream.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.model_calls import ModelAnswer, ModelCalls, new_run_id
 from stabletoolbench_mirror.responders.model_upstream import Upstreams
+from stabletoolbench_mirror.serving.asgi_front import arrived
 
 MAX_RUN_CHARS = 200
 
@@ -44,6 +44,8 @@ def build_model_calls(settings: Settings, layer: MirrorLayer, upstreams: Any = N
     return ModelCalls(
         layer.store, layer.frozen, upstreams if upstreams is not None else Upstreams(llm),
         mode=llm.mode or settings.mode, run=llm.run or new_run_id(), secrets=settings.secrets(),
+        # a run only this process can see: one worker, and no run named in the config (serve names it for workers)
+        private_run=llm.run is None and settings.workers == 1,
         max_upstream_tokens=llm.max_upstream_tokens, timeout_s=llm.timeout_s,
         tokens_spent=stats.model_tokens_spent,
         count=lambda answer, prompt, completion, asked: stats.count_model(answer.model or "(none)", answer.outcome, prompt, completion, asked),
@@ -106,6 +108,10 @@ class ModelFront:
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             return too_large
+        if arrived(receive):  # the whole body is in: one receive, no timer (as /virtual's)
+            message = await receive()
+            whole: bytes = message.get("body", b"") if message["type"] != "http.disconnect" else b""
+            return whole if len(whole) <= self.max_body else too_large
         chunks: list[bytes] = []
         size = 0
         try:
@@ -128,7 +134,7 @@ class ModelFront:
 def _parsed(raw: bytes, run_header: bytes | None) -> tuple[tuple[int, bytes] | None, Any, str | None]:
     """``(problem, body, run)``: the parsed body and the run the client named, or the error answer."""
     try:
-        body = json.loads(raw)
+        body = mc.parse_request(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         return _error_body(400, f"the request body is not JSON: {exc}"), None, None
     if run_header is None:
