@@ -560,13 +560,6 @@ def test_tls_is_verified_against_the_trusted_authorities(raw, tmp_path, monkeypa
     assert server.connections == 2  # the refused handshake, then one kept connection
 
 
-def test_line_breaks_in_headers_or_path_are_refused() -> None:
-    with pytest.raises(ValueError, match="line break"):
-        transport(1, headers={"Authorization": "Bearer k\r\nX-Injected: 1"})
-    with pytest.raises(ValueError, match="not a request path"):
-        transport(1).post("/v1/x HTTP/1.1\r\nX: y", b"")
-
-
 class Relay:
     """Relays TCP connections on 127.0.0.1 to ``port``, counting them and those still open."""
 
@@ -710,14 +703,3 @@ def test_a_local_endpoint_goes_through_the_proxy_unless_no_proxy_names_it(proxy:
         assert client.complete(MESSAGES).finish_reason == "stop"
         client.close()
     assert proxy.count == 1
-
-
-def test_no_proxy_in_the_environment_means_direct(no_proxy_env: pytest.MonkeyPatch) -> None:
-    assert ht.proxy_for("http://127.0.0.1:8000/v1") is None
-    no_proxy_env.setenv("ALL_PROXY", "proxy.example:3128")
-    assert ht.proxy_for("https://model.example/v1") == "http://proxy.example:3128"
-    no_proxy_env.setenv("NO_PROXY", "model.example")
-    assert ht.proxy_for("https://model.example/v1") is None
-    no_proxy_env.setenv("ALL_PROXY", "socks5://proxy.example:1080")
-    with pytest.raises(ValueError, match="only http:// and https:// proxies"):
-        ht.HttpcoreTransport("https://other.example/v1")
