@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -103,4 +105,68 @@ def test_sessions_are_bounded_in_all_and_the_client_holding_the_most_gives_one_u
         assert _flood(server.port, 40, "127.0.0.1")[:2] == (40, 0)  # 15 kept: its own oldest closed
         assert _flood(server.port, 8, "127.0.0.3")[:2] == (8, 0)  # 20 in all: 127.0.0.1 (15) gave up 3
         names, _ = asyncio.run(_list_and_call(server.url + "/mcp", "127.0.0.2"))
+        assert names == ["echo_for_echo_tool"]
+
+
+def _initialize(port: int, source: str) -> tuple[int, str, str | None]:
+    """One ``initialize`` from ``source``: (status, body, its session id)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60, source_address=(source, 0))
+    try:
+        conn.request("POST", "/mcp", INIT, HEADERS)
+        reply = conn.getresponse()
+        return reply.status, reply.read().decode(), reply.getheader("mcp-session-id")
+    finally:
+        conn.close()
+
+
+def _hold_busy(port: int, source: str, sid: str) -> socket.socket:
+    """A request of session ``sid`` in flight: its headers sent, its body withheld (the session is busy until it closes)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0))
+    sock.sendall((f"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+                  f"Mcp-Session-Id: {sid}\r\nMcp-Protocol-Version: 2025-11-25\r\nContent-Length: 1000\r\n\r\n").encode())
+    return sock
+
+
+def _refused_while_held(port: int, holders: list[str], newcomer: str) -> tuple[str, list[socket.socket]]:
+    """Sessions of ``holders`` opened and each kept busy, then ``newcomer``'s ``initialize``: its 503 body, and the held sockets.
+
+    A held request reaches the server in its own time, and a session is counted as open only once the server's
+    ``initialize`` handler has returned, which may be a moment after its client read the answer (a request of the
+    session before that is not seen as keeping it busy); a newcomer let in before the holders were busy closes an
+    idle session, so the round is tried again, the holders given longer each time (up to about 45 s in all).
+    """
+    for wait_s in (0.2, 0.5, 1, 2, 4, 8, 16):
+        held = []
+        for source in holders:
+            status, _, sid = _initialize(port, source)
+            assert status == 200 and sid
+            time.sleep(wait_s / 2)
+            held.append(_hold_busy(port, source, sid))
+        time.sleep(wait_s)
+        status, body, _ = _initialize(port, newcomer)
+        if status == 503:
+            return body, held
+        for sock in held:
+            sock.close()
+    raise AssertionError(f"never refused: {status} {body}")
+
+
+@pytest.mark.parametrize("key", ["mcp.max_sessions", "mcp.max_sessions_per_client"])
+def test_with_no_session_idle_a_new_one_is_refused_with_503_naming_the_key(tmp_path: Path, key: str) -> None:
+    limits = {"max_sessions": 2, "max_sessions_per_client": 5} if key == "mcp.max_sessions" else {"max_sessions_per_client": 2}
+    holders = ["127.0.0.1", "127.0.0.3"] if key == "mcp.max_sessions" else ["127.0.0.1", "127.0.0.1"]
+    newcomer = "127.0.0.2" if key == "mcp.max_sessions" else "127.0.0.1"
+    with _serve(tmp_path, **limits) as server:
+        body, held = _refused_while_held(server.port, holders, newcomer)
+        try:
+            assert f"the server's {key} setting bounds this" in body and "none idle" in body and "MCP DELETE" in body, body
+        finally:
+            for sock in held:
+                sock.close()
+        # the held requests ended: their sessions are idle again, and one of them makes room
+        deadline = time.monotonic() + 30
+        while (status := _initialize(server.port, newcomer)[0]) != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert status == 200
+        names, _ = asyncio.run(_list_and_call(server.url + "/mcp", newcomer))
         assert names == ["echo_for_echo_tool"]
