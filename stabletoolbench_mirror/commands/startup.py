@@ -230,7 +230,9 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
     else:
         what = "record mode with nothing to answer a miss (neither real.enabled nor simulator.enabled) and nothing recorded"
         fix = "or enable the real API (real.enabled, upstream's toolbench_url) or the simulator (simulator.enabled)"
-    (report.error if doctor else report.warning)(
+    # a server of model calls only (llm.upstreams: the judge re-scoring answers) is no mistake: said, not refused
+    refuse = doctor and not settings.llm.upstreams
+    (report.error if refuse else report.warning)(
         "mode",
         f"{what}: the store is empty and {frozen}, so every call will be a miss, answered '{MISS_ERROR}'. "
         f"Point frozen_caches at a tool_response_cache tree (upstream cache_folder) or store.path at a recorded store, {fix}",
@@ -283,6 +285,7 @@ def inspect(
     check_faults(settings, report)
     check_trusted_proxies(settings, report)
     check_apibank(settings, report)
+    check_model_calls(settings, report)
     check_anything_answers(settings, report, doctor=doctor, simulator_launched=simulator_launched)
     if settings.log_file:
         path = Path(settings.resolve(settings.log_file))
@@ -314,6 +317,28 @@ def check_faults(settings: Settings, report: StartupReport) -> None:
     plan = FaultPlan.from_config(settings.faults)
     if plan is not None:
         report.add("faults", plan.describe())
+def check_model_calls(settings: Settings, report: StartupReport) -> None:
+    """``llm:``: the recorded model calls at ``/v1``, one line (only when configured), and what cannot work."""
+    llm = settings.llm
+    if not llm.upstreams and llm.mode is None and llm.run is None:
+        return
+    mode = llm.mode or settings.mode
+    upstreams = "; ".join(
+        f"{public_url(u.base_url)} for {', '.join(u.models)} (key: ${u.api_key_env})" if u.api_key_env
+        else f"{public_url(u.base_url)} for {', '.join(u.models)} (key: the client's)" for u in llm.upstreams)
+    report.add("model calls", f"/v1, {mode}; " + (upstreams or "no upstream: only recorded calls are answered"))
+    if not llm.upstreams and mode != "replay":
+        report.warning("llm.upstreams", f"llm mode is {mode} but no upstream is configured: every model call not "
+                       "recorded gets HTTP 404; add llm.upstreams: [{base_url: ..., models: [...]}]")
+    for i, upstream in enumerate(llm.upstreams):
+        if upstream.api_key_env and not os.environ.get(upstream.api_key_env):
+            report.warning(f"llm.upstreams[{i}].api_key_env", f"${upstream.api_key_env} is not set: the client's own key "
+                           "is passed through instead; export it before serve")
+        elif not upstream.api_key_env and settings.auth_token is not None:
+            report.warning(f"llm.upstreams[{i}].api_key_env", "with auth_token set, the client's key is the server's token "
+                           "and is never passed on: name the upstream's key in api_key_env")
+
+
 def check_trusted_proxies(settings: Settings, report: StartupReport) -> None:
     """``limits.trusted_proxies``: a warning when it names the address every local client connects from."""
     trusted = settings.limits.trusted_proxies

@@ -362,3 +362,22 @@ def test_bodies_and_answers_are_bounded_and_a_slow_upstream_times_out(tmp_path: 
         assert 'stm_model_tokens_total{kind="completion",model="gpt-4o-mini"}' in metrics
         models = requests.get(server.url + "/v1/models", timeout=10).json()
         assert "gpt-4o-mini" in [m["id"] for m in models["data"]]
+
+
+def test_doctor_says_what_the_model_calls_will_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from stabletoolbench_mirror.commands.cli import main
+
+    monkeypatch.delenv("MIRROR_UNSET_KEY", raising=False)
+    config = tmp_path / "server_config.yml"
+    config.write_text(json.dumps({"mode": "record", "llm": {"upstreams": [
+        {"base_url": "http://user:pw-in-url-123@127.0.0.1:9/v1", "models": ["gpt-*"], "api_key_env": "MIRROR_UNSET_KEY"}]}}))
+    assert main(["doctor", "--config", str(config), "--no-probe"]) == 0  # a server of model calls only: warned, not refused
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "model calls:   /v1, record; http://127.0.0.1:9/v1 for gpt-* (key: $MIRROR_UNSET_KEY)" in text
+    assert "llm.upstreams[0].api_key_env: $MIRROR_UNSET_KEY is not set" in text and "pw-in-url-123" not in text
+    config.write_text(json.dumps({"mode": "record", "llm": {"mode": "record"}}))
+    main(["doctor", "--config", str(config), "--no-probe"])
+    out = capsys.readouterr()
+    assert "no upstream is configured: every model call not recorded gets HTTP 404" in out.out + out.err
