@@ -50,9 +50,12 @@ def test_1000_stalled_1mb_bodies_stay_within_max_queued_bytes(tmp_path: Path) ->
                     break
         finally:
             close_all(socks)
-        # once they are gone, their bytes are given back: the next request is read and answered
-        time.sleep(0.5)
-        after = requests.post(server.url + "/virtual", json=payload(1), timeout=10)
+        # once they are gone, their bytes are given back: the next request is read and answered (as soon as the
+        # server has seen them go; a generous deadline for a busy machine)
+        deadline = time.monotonic() + 30
+        while (after := requests.post(server.url + "/virtual", json=payload(1), timeout=10)).status_code == 503:
+            assert time.monotonic() < deadline, "the stalled bodies' bytes were not given back within 30 s"
+            time.sleep(0.1)
     assert peak - start <= 160, f"1,000 stalled 1 MB bodies took the server from {start:.0f} MB to {peak:.0f} MB"
     # 64 MiB hold about 63 bodies of 1 MiB and their overhead: all the others were refused
     assert stats["refusals"].get("limits.max_queued_bytes", 0) >= 900, stats["refusals"]
@@ -67,7 +70,10 @@ def test_a_body_over_max_queued_bytes_is_refused_with_the_setting_and_counted_un
     port = int(server.url.rsplit(":", 1)[1])
     (holder,) = stalled_bodies(port, 1, body_bytes=150_000)  # holds 150,000 + 15 KiB while its body is read
     try:
-        time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while not server.server.server_state.tasks:  # uvicorn took the stalled request's headers: it is being read
+            assert time.monotonic() < deadline, "the stalled request never reached the server"
+            time.sleep(0.01)
         r = requests.post(server.url + "/virtual", json=dict(payload(1), tool_input=json.dumps({"q": "x" * 50_000})), timeout=10)
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
         assert r.json() == {
@@ -80,11 +86,18 @@ def test_a_body_over_max_queued_bytes_is_refused_with_the_setting_and_counted_un
         assert requests.post(server.url + "/virtual", json=payload(2), timeout=10).status_code == 200
     finally:
         holder.close()
-    time.sleep(0.3)  # the stalled body went away: its bytes were given back
-    r = requests.post(server.url + "/virtual", json=dict(payload(1), tool_input=json.dumps({"q": "x" * 150_000})), timeout=10)
+    # the stalled body went away: its bytes are given back once the server has seen it go (each try before that
+    # is refused, and counted)
+    refused_again = 0
+    deadline = time.monotonic() + 10
+    big = dict(payload(1), tool_input=json.dumps({"q": "x" * 150_000}))
+    while (r := requests.post(server.url + "/virtual", json=big, timeout=10)).status_code == 503:
+        assert time.monotonic() < deadline, "the stalled body's bytes were not given back within 10 s"
+        refused_again += 1
+        time.sleep(0.05)
     assert r.status_code == 200
     stats = requests.get(server.url + "/stats", timeout=10).json()
-    assert stats["refusals"] == {"limits.max_queued_bytes": 1}
+    assert stats["refusals"] == {"limits.max_queued_bytes": 1 + refused_again}
 
 
 def _store_with_big_answer(path: Path, size: int) -> None:
