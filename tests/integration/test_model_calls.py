@@ -115,10 +115,10 @@ class Served:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=30)
 
 
-def settings_for(tmp_path: Path, mode: str, up: Upstream | None = None, *, upstream_options: dict[str, Any] | None = None,
+def settings_for(tmp_path: Path, server_mode: str, up: Upstream | None = None, *, upstream_options: dict[str, Any] | None = None,
                  **llm: Any) -> Settings:
     upstreams = [{"base_url": up.base_url, **(upstream_options or {})}] if up is not None else []
-    return Settings(mode=mode, store={"path": str(tmp_path / "store")}, log_level="warning",
+    return Settings(mode=server_mode, store={"path": str(tmp_path / "store")}, log_level="warning",
                     llm={"upstreams": upstreams, **llm})
 
 
@@ -381,3 +381,14 @@ def test_doctor_says_what_the_model_calls_will_do(tmp_path: Path, monkeypatch: p
     main(["doctor", "--config", str(config), "--no-probe"])
     out = capsys.readouterr()
     assert "no upstream is configured: every model call not recorded gets HTTP 404" in out.out + out.err
+
+
+def test_refresh_asks_again_and_replaces_the_record(tmp_path: Path, upstream: Upstream) -> None:
+    with Served(settings_for(tmp_path, "record", upstream)) as server:
+        assert ask(server.client(), "again").choices[0].message.content == "answer 1 to again"
+    with Served(settings_for(tmp_path, "record", upstream, mode="refresh")) as server:  # llm.mode over the server's
+        got = requests.post(server.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": [
+            {"role": "user", "content": "again"}], "temperature": 0.2}, timeout=10)
+        assert got.headers["x-stm-outcome"] == "replaced" and got.json()["choices"][0]["message"]["content"] == "answer 2 to again"
+    with Served(settings_for(tmp_path, "replay")) as server:
+        assert ask(server.client(), "again").choices[0].message.content == "answer 2 to again"
