@@ -49,12 +49,8 @@ def simulation_failed_answer() -> dict[str, Any]:
     return answer(SIMULATION_FAILED, "")
 
 
-def miss_answer(api: str, reason: str | None = None) -> dict[str, Any]:
-    """The answer to a miss nobody answered.  ``reason`` only where it is part of the record (a failure
-    record's fallback): an unanswered miss reads the same in ``record`` and ``replay`` mode, so a run that
-    met it replays byte for byte (the reason is logged and counted instead)."""
-    because = f" ({reason})" if reason else ""
-    return answer(MISS_ERROR, f"stabletoolbench-mirror: no recorded response for {api}{because}.")
+def miss_answer(api: str, reason: str) -> dict[str, Any]:
+    return answer(MISS_ERROR, f"stabletoolbench-mirror: no recorded response for {api} ({reason}).")
 
 
 def encode_answer(body: Any) -> str:

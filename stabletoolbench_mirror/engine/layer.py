@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: what an unanswered miss says, in ``replay`` mode and in ``record`` mode with nothing to fill it
+REPLAY_MISS = "replay mode"
+
 
 class MirrorLayer:
     """Answers StableToolBench calls from the cache tiers, the real API or the simulator, and records them.
@@ -288,7 +291,9 @@ class MirrorLayer:
         if self.mode is Mode.REPLAY or not self.responders:
             reason = "replay mode" if self.mode is Mode.REPLAY else "no real API or simulator configured"
             log.info("miss %s key=%s (%s)", clip(call.api), clip(call.key), reason)
-            answer = protocol.encode_answer(protocol.miss_answer(call.api))  # the same text in either mode
+            # one text in either mode, replay's as it always was: a run recorded with nothing to fill a miss
+            # replays byte for byte, and so do answer files of earlier replays (the log says which it was)
+            answer = protocol.encode_answer(protocol.miss_answer(call.api, REPLAY_MISS))
             return Outcome(answer, OutcomeKind.UNANSWERED, api=call.api)
         # more misses than limits.max_pending_misses wait for a turn (a refusal would become a tool error)
         if not self._pending.acquire(timeout=self.pending_timeout_s):

@@ -66,9 +66,9 @@ def test_answers_are_encoded_as_fastapi_encodes_them() -> None:
     assert list(protocol.answer("e", "r")) == ["error", "response"]  # upstream's key order
 
 
-def test_a_miss_answer_names_the_api_and_a_reason_only_when_given() -> None:
-    assert protocol.miss_answer("Data/t_for_Data/a") == {
-        "error": protocol.MISS_ERROR, "response": "stabletoolbench-mirror: no recorded response for Data/t_for_Data/a."}
+def test_a_miss_answer_names_the_api_and_the_reason() -> None:
+    assert protocol.miss_answer("Data/t_for_Data/a", "replay mode") == {
+        "error": protocol.MISS_ERROR, "response": "stabletoolbench-mirror: no recorded response for Data/t_for_Data/a (replay mode)."}
     assert protocol.miss_answer("Data/t_for_Data/a", "simulator down")["response"].endswith("Data/t_for_Data/a (simulator down).")
 
 
