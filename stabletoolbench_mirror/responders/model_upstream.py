@@ -43,7 +43,7 @@ class Upstream:
         self.url = public_url(config.base_url)
         """The base URL without credentials (what a record's provenance names)."""
         parsed = urllib.parse.urlsplit(config.base_url)
-        self._path = (parsed.path.rstrip("/") or "") + "/chat/completions"
+        self._path = parsed.path.rstrip("/") + "/chat/completions" + (f"?{parsed.query}" if parsed.query else "")
         base = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "", "", ""))
         self.transport: Transport = (factory or HttpcoreTransport)(base, options)
 

@@ -69,12 +69,13 @@ class Completion:
 class _Endpoint:
     def __init__(self, base: str, factory: transport.TransportFactory, options: transport.TransportOptions) -> None:
         self.base = base.rstrip("/")
-        parsed = urllib3.util.parse_url(self.base + "/chat/completions")
+        parsed = urllib3.util.parse_url(self.base)
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ValueError(f"not an http(s) URL: {_display(base)!r}")
         if parsed.auth:
             raise ValueError(f"credentials in the URL are not supported (use simulator.api_key): {_display(base)!r}")
-        self.path = parsed.request_uri
+        # a query string of the base (``?api-version=...``) goes after the route, not inside it
+        self.path = (parsed.path or "").rstrip("/") + "/chat/completions" + (f"?{parsed.query}" if parsed.query else "")
         self.name = _display(self.base)
         """The endpoint for logs, stats and errors: no query string."""
         self.in_flight = 0

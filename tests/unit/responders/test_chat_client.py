@@ -290,3 +290,15 @@ def test_an_endpoints_trailing_slash_is_dropped_and_its_path_kept() -> None:
     assert client.endpoints == ["http://model.test:8000/prefix/v1"]
     result = client.complete(MESSAGES)
     assert result.endpoint == "http://model.test:8000/prefix/v1" and script.requests[0].path == "/prefix/v1/chat/completions"
+
+
+@pytest.mark.parametrize(("base", "path"), [
+    ("http://model.test/v1", "/v1/chat/completions"),
+    ("http://model.test/v1/", "/v1/chat/completions"),
+    ("http://model.test", "/chat/completions"),
+    ("https://model.test/openai/v1?api-version=2024-06-01", "/openai/v1/chat/completions?api-version=2024-06-01"),
+])
+def test_the_route_goes_before_the_base_s_query_string(base: str, path: str) -> None:
+    script = Script(completion())
+    client_for(script, endpoints=base).complete(MESSAGES)
+    assert script.requests[0].path == path
