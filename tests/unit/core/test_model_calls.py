@@ -1,0 +1,59 @@
+"""A recorded model call's name, key and streamed form (core/model_calls.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stabletoolbench_mirror.core import model_calls as mc
+
+
+def test_key_order_spacing_and_transport_fields_never_change_the_digest() -> None:
+    a = mc.parse_request(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 0.0}')
+    b = mc.parse_request(b'{"temperature":0,"messages":[{"content":"x","role":"user"}],"model":"m","stream":true,'
+                         b'"stream_options":{"include_usage":true},"user":"someone"}')
+    assert mc.request_digest(a) == mc.request_digest(b)
+    assert mc.request_digest(a) != mc.request_digest({**a, "temperature": 0.2})
+    assert mc.request_digest(a) != mc.request_digest({**a, "seed": 1})
+    assert mc.parse_request(b'{"n": 1e3, "t": 0.25, "big": 1e300}') == {"n": 1000, "t": 0.25, "big": 1e300}
+
+
+def test_names_and_keys_round_trip() -> None:
+    api = mc.model_api("Qwen/Qwen2.5-7B")
+    assert api == "@model/Qwen/Qwen2.5-7B/chat_completions" and mc.is_model_api(api) and mc.model_of(api) == "Qwen/Qwen2.5-7B"
+    assert mc.model_of("Data/t_for_Data/a") is None and not mc.is_model_api("Data/t_for_Data/a")
+    key = mc.record_key("a" * 64, 3)
+    assert mc.split_key(key) == ("a" * 64, 3)
+    assert mc.split_key("{'a': 1}") is None and mc.split_key("abc#1") is None
+
+
+def test_a_completion_streams_as_two_chunks_usage_and_done() -> None:
+    completion = {"id": "c1", "created": 5, "model": "m-1", "system_fingerprint": "fp",
+                  "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                      "role": "assistant", "content": None,
+                      "tool_calls": [{"id": "t", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}],
+                  "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+    events = list(mc.sse_events(completion, include_usage=True))
+    assert events[-1] == b"data: [DONE]\n\n"
+    chunks = [json.loads(e[len(b"data: "):]) for e in events[:-1]]
+    assert [c["object"] for c in chunks] == ["chat.completion.chunk"] * 3
+    first, last, usage = chunks
+    assert first["choices"][0]["delta"]["tool_calls"][0]["index"] == 0 and first["choices"][0]["finish_reason"] is None
+    assert last["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 4 and first["system_fingerprint"] == "fp"
+    assert len(list(mc.sse_events(completion, include_usage=False))) == 3
+
+
+def test_usage_is_read_defensively() -> None:
+    assert mc.usage_of({"usage": {"prompt_tokens": 5, "completion_tokens": 2}}) == (5, 2)
+    assert mc.usage_of({"usage": {"prompt_tokens": True, "completion_tokens": -1}}) == (0, 0)
+    assert mc.usage_of({}) == (0, 0)
+
+
+@pytest.mark.parametrize("text", ["x" * 8, "sk-0123456789"])
+def test_an_echoed_key_is_masked_in_a_completion(text: str) -> None:
+    from stabletoolbench_mirror.core.secrets import Redactor
+
+    masked = Redactor([text]).data({"choices": [{"message": {"content": f"key={text} and {json.dumps(text)}"}}]})
+    assert text not in json.dumps(masked)
