@@ -210,9 +210,10 @@ def _warn_about_prompt(settings: Settings) -> None:
 
 
 def _open_store(args: argparse.Namespace):
+    """The store a command reads: opened read-only, so a mistyped path is an error (exit 2), never an empty store made there."""
     from stabletoolbench_mirror.factory import build_store
 
-    return build_store(settings_from_args(args))
+    return build_store(settings_from_args(args), read_only=True)
 
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
@@ -277,7 +278,7 @@ def _export_chat(args: argparse.Namespace) -> int:
         print(f"error: {args.directory} is a folder; chat-jsonl is written to a file (e.g. train.jsonl)", file=sys.stderr)
         return 2
     settings = settings_from_args(args)
-    with build_store(settings) as store:
+    with build_store(settings, read_only=True) as store:
         summary = export_chat_jsonl(
             store, args.directory, settings, style=args.style, source=args.source, categories=args.category, progress=not args.quiet
         )
@@ -297,7 +298,7 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
             stats = store_stats(store)
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     if args.json:
         print(json.dumps(stats, indent=2, ensure_ascii=False))
         return 0
@@ -401,6 +402,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return closed_pipe()
     except ConfigError as exc:
         print(f"configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # a StoreError (imported here: the stores stay out of every command's start)
+        from stabletoolbench_mirror.stores.base import StoreError
+
+        if not isinstance(exc, StoreError):
+            raise
+        print(f"error: {exc}", file=sys.stderr)  # a store that cannot be opened or read, wherever a command met it
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

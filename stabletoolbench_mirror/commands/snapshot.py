@@ -343,7 +343,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         return 0 if result.ok else 1
     settings = settings_from_args(args)
     try:
-        with build_store(settings) as store, _written(args.out) as folder:
+        with build_store(settings, read_only=True) as store, _written(args.out) as folder:  # a mistyped store path: exit 2
             manifest = write_snapshot(store, folder, settings=settings, progress=not args.quiet, exclude_failures=args.exclude_failures)
     except SnapshotError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -118,7 +118,7 @@ def test_cache_stats_of_a_closed_store_leaves_its_file_as_it_was(tmp_path: Path)
     assert {k: after[k] for k in before} == before
     assert set(after) - set(before) <= {"cache.db-wal", "cache.db-shm"} and after.get("cache.db-wal", (0,))[0] == 0
     missing = cli("cache", "stats", "--store-path", str(tmp_path / "nothing"), cwd=tmp_path)
-    assert missing.returncode == 1 and "error: no diskcache store at" in missing.stderr and "(no cache.db there): check store.path" in missing.stderr
+    assert missing.returncode == 2 and "error: no diskcache store at" in missing.stderr and "(no cache.db there): check store.path" in missing.stderr
     assert not (tmp_path / "nothing").exists()  # no empty store made on the way
 
 

@@ -214,6 +214,135 @@ def test_every_command_exits_2_when_it_cannot_run(tmp_path: Path, capsys: pytest
         capsys.readouterr()
 
 
+#: long-running servers: their 2 is walked above, their 0 is a clean stop (tests/integration/test_serve_launch.py, test_mcp_front.py)
+SERVERS = {("serve",), ("mcp",)}
+TOO_LONG = "L" * 300
+
+
+def documented_ones() -> set[str]:
+    """The commands the table's row 1 names: what each exits 1 on."""
+    row = next(line for line in DOCS.read_text().split("## Exit codes", 1)[1].splitlines() if line.startswith("| 1 |"))
+    return {name for name in re.findall(r"`([a-z][a-z -]*)`", row) if not name.startswith("-")}
+
+
+def test_every_command_exits_0_when_all_is_well_and_1_on_what_the_table_says(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each command run as a user would, once where nothing is wrong (0) and, for each command row 1 names, once
+    on what it names (1); every command of the parser is run at least once."""
+    from tests.helpers.openai_stub import OpenAIStub, Reply, echo_responder
+
+    store = ("--store-path", str(tmp_path / "store"))
+    config = write_config(tmp_path / "c.yml", store={"path": str(tmp_path / "store")}, tools_folder=str(DEMO / "tools"))
+    payload = {"category": "Weather", "tool_name": "Demo Weather", "api_name": "Current Weather", "tool_input": '{"city": "Paris"}'}
+    assert main(["cache", "import", str(DEMO / "frozen"), *store, "-q"]) == 0
+    with DiskcacheStore(tmp_path / "store") as opened:
+        recorded = opened.get(WEATHER, "{'city': 'Paris'}")
+    assert recorded is not None
+    same, other = tmp_path / "same.jsonl", tmp_path / "other.jsonl"
+    same.write_text(json.dumps({"payload": payload, "observed": recorded.answer}) + "\n")
+    other.write_text(json.dumps({"payload": payload, "observed": {"error": "", "response": "another answer"}}) + "\n")
+    bad_tree = tmp_path / "bad_tree" / "Tools" / "t_for_Tools"
+    bad_tree.mkdir(parents=True)
+    (bad_tree / "good.json").write_text(json.dumps({"{'a': 1}": {"error": "", "response": "ok"}}))
+    (bad_tree / "bad.json").write_text("{ not json")
+    long_store = tmp_path / "long_store"  # an entry whose names are too long for a file name: an export leaves it out
+    with DiskcacheStore(long_store) as opened:
+        opened.add(Record.from_answer(f"{TOO_LONG}/tool_for_{TOO_LONG}/api", "{'a': 1}", {"error": "", "response": "x"}, "simulated", "m"),
+                   None)
+    no_frozen = write_config(tmp_path / "nofrozen.yml", store={"path": str(tmp_path / "store")}, frozen_caches=[str(tmp_path / "nope")])
+    nothing = tmp_path / "nothing.json"
+    nothing.write_text(json.dumps([query(2, [api("Data", "TheClique", "Songkick artist")])]))
+
+    def changed_snapshot() -> None:  # one answer of the snapshot's files changed after it was written
+        path = next(p for p in (tmp_path / "snap").rglob("*.json") if p.name != "manifest.json")
+        data = json.loads(path.read_text())
+        data[next(iter(data))] = {"error": "", "response": "changed"}
+        path.write_text(json.dumps(data))
+
+    def failing(body: dict[str, Any]) -> Reply:  # the simulator fails the call of "Nowhere"
+        return Reply(status=500) if "Nowhere" in json.dumps(body) else echo_responder(body)
+
+    runs: list[Any] = [  # (the command's words, its arguments, the status expected), or a step between them
+        (("doctor",), ["--config", str(config), "--no-probe"], 0),
+        (("doctor",), ["--config", str(no_frozen), "--no-probe"], 1),
+        (("check",), ["--config", str(config), "--calls", str(same), "-q"], 0),
+        (("check",), ["--config", str(config), "--calls", str(other), "-q"], 1),
+        (("check",), ["--config", str(config), "--calls", str(other), "--report-only", "-q"], 0),
+        (("fidelity",), ["--config", str(config), "--calls", str(same), "--candidate-calls", str(same), "-q"], 0),
+        (("fidelity",), ["--config", str(config), "--calls", str(tmp_path / "empty.jsonl"), "-q"], 1),
+        (("cache", "stats"), [*store], 0),
+        (("cache", "ls"), [*store], 0),
+        (("cache", "show"), [WEATHER, "{'city': 'Paris'}", *store], 0),
+        (("cache", "show"), [WEATHER, "{'city': 'Atlantis'}", *store], 1),
+        (("cache", "delete"), ["--api", WEATHER, *store], 0),  # without --yes: what it would delete
+        (("cache", "import"), [str(bad_tree.parent.parent), "--store-path", str(tmp_path / "bad_store"), "-q"], 1),
+        (("cache", "export"), [str(tmp_path / "export"), *store, "-q"], 0),
+        (("cache", "export"), [str(tmp_path / "export_long"), "--store-path", str(long_store), "-q"], 1),
+        (("snapshot",), [str(tmp_path / "snap"), *store, "-q"], 0),
+        (("snapshot",), [str(tmp_path / "snap_long"), "--store-path", str(long_store), "-q"], 1),
+        (("snapshot", "--verify"), [str(tmp_path / "snap"), "-q"], 0),
+        (("cache", "diff"), ["store", str(tmp_path / "snap"), "--config", str(config), "-q"], 0),
+        changed_snapshot,
+        (("snapshot", "--verify"), [str(tmp_path / "snap"), "-q"], 1),
+        (("cache", "diff"), ["store", str(tmp_path / "snap"), "--config", str(config), "-q"], 1),
+        (("report",), [str(tmp_path / "snap"), "--json", str(tmp_path / "report.json"), "-q"], 0),
+        (("faults", "profile"), [str(DEMO / "frozen"), "-q"], 0),
+        (("sessions", "export"), [str(tmp_path / "sessions.jsonl"), *store], 0),
+        (("tools", "export"), [str(tmp_path / "f.jsonl"), "--queries", str(weather_queries(tmp_path)), "--config", str(config), "-q"], 0),
+        (("tools", "export"), [str(tmp_path / "g.jsonl"), "--queries", str(nothing), "--config", str(config), "-q"], 1),
+    ]
+    (tmp_path / "empty.jsonl").write_text("")
+    seen: dict[tuple[str, ...], set[int]] = {}
+    for run in runs:
+        if callable(run):
+            run()
+            continue
+        words, args, expected = run
+        got = main([*(w for w in words if w != "--verify"), *(["--verify"] if "--verify" in words else []), *args])
+        out = capsys.readouterr()
+        assert got == expected, (words, args, expected, got, out.out[-2000:], out.err[-2000:])
+        seen.setdefault(tuple(w for w in words if w != "--verify"), set()).add(expected)
+        if words != tuple(w for w in words if w != "--verify"):
+            seen.setdefault(words, set()).add(expected)
+    payloads = tmp_path / "payloads.jsonl"
+    payloads.write_text("".join(json.dumps({**payload, "tool_input": json.dumps({"city": city})}) + "\n" for city in ("Lyon", "Nowhere")))
+    with OpenAIStub(failing) as stub:
+        warm_config = write_config(tmp_path / "warm.yml", store={"path": str(tmp_path / "warm_store")}, tools_folder=str(DEMO / "tools"),
+                                   simulator={"enabled": True, "api_base": stub.api_base, "max_retries": 0})
+        for lines, expected in ((1, 0), (2, 1)):  # Lyon simulated; then Nowhere failed (Lyon now cached)
+            (tmp_path / "p.jsonl").write_text("".join(payloads.read_text().splitlines(keepends=True)[:lines]))
+            got = main(["warm", "--config", str(warm_config), "--payloads", str(tmp_path / "p.jsonl"), "-q"])
+            out = capsys.readouterr()
+            assert got == expected, (lines, got, out.out[-2000:], out.err[-2000:])
+            seen.setdefault(("warm",), set()).add(expected)
+    commands = {words for words, _ in leaf_commands(build_parser())}
+    assert commands - SERVERS - set(seen) == set(), "commands never run with a 0 or 1 expected"
+    ones = {" ".join(words) for words, codes in seen.items() if 1 in codes}
+    # check --apibank's 1 (a call scored wrong) is asserted by tests/integration/test_apibank.py's check()
+    assert documented_ones() - ones - {"check --apibank"} == set(), "row 1 names a command not run to its 1"
+
+
+def test_a_mistyped_store_path_is_exit_2_for_every_command_that_reads_a_store_and_no_store_is_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Row 2's "a store that cannot be opened": a reading command never makes an empty store at a mistyped path and then
+    reports (or snapshots, or exports) nothing with 0."""
+    missing = tmp_path / "typo"
+    store = ("--store-path", str(missing))
+    readers = [
+        ["cache", "stats", *store], ["cache", "ls", *store], ["cache", "show", WEATHER, "{'city': 'Paris'}", *store],
+        ["cache", "delete", "--api", WEATHER, *store], ["cache", "export", str(tmp_path / "out"), *store, "-q"],
+        ["cache", "export", str(tmp_path / "out.jsonl"), "--format", "chat-jsonl", "--style", "mirrorapi-sft", *store, "-q"],
+        ["snapshot", str(tmp_path / "snap"), *store, "-q"], ["cache", "diff", "store", str(DEMO / "frozen"), *store, "-q"],
+        ["report", "store", "--json", str(tmp_path / "r.json"), *store, "-q"],
+    ]
+    for args in readers:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert "no diskcache store at" in err and "check store.path" in err, (args, err)
+        assert not missing.exists(), args
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_the_readme_points_at_the_one_table() -> None:
     readme = (paths.REPO / "README.md").read_text()
     assert "docs/json-output.md#exit-codes" in readme
