@@ -35,6 +35,9 @@ class OccurrenceFile:
         self.path = os.path.join(folder, FILE_NAME)
         self.timeout_s = timeout_s
         self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        """Every thread's connection, closed together by :meth:`close` (from any thread)."""
+        self._lock = threading.Lock()
         con = self._connection()
         with con:
             con.execute("DELETE FROM occurrences WHERE touched < ?", (time.time() - rules.OCCURRENCE_TTL_S,))
@@ -47,6 +50,8 @@ class OccurrenceFile:
             con.execute("PRAGMA synchronous=NORMAL")
             con.execute(_SCHEMA)
             self._local.con = con
+            with self._lock:
+                self._all.append(con)
         return con
 
     def apply(self, run: str, digest: str, decide: Decide) -> int:
@@ -65,7 +70,8 @@ class OccurrenceFile:
         return number
 
     def close(self) -> None:
-        con = getattr(self._local, "con", None)
-        if con is not None:
+        with self._lock:
+            connections, self._all = self._all, []
+        for con in connections:
             con.close()
-            self._local.con = None
+        self._local = threading.local()
