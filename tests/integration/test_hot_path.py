@@ -215,21 +215,23 @@ def test_an_answer_is_one_write_of_the_same_bytes(settings_factory, tmp_path: Pa
 
 def test_one_header_timer_still_closes_a_later_stalled_request(serve, settings_factory) -> None:
     """A kept-alive connection's timer, armed by its first request, waits for the full header_timeout_s of the next."""
-    timeout = 1.0
+    timeout = 2.0  # wide enough for the steps below to fall where they should on a loaded machine
     server = serve(settings_factory(limits={"header_timeout_s": timeout}))
     port = int(server.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         start = time.monotonic()
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
-        time.sleep(0.6)
+        time.sleep(0.5 * timeout)
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # headers never finished
         stalled = time.monotonic()
         time.sleep(max(0.0, start + timeout + 0.25 - time.monotonic()))
+        # the precondition, measured: this look falls past the first request's timeout and before the second's
+        assert start + timeout < time.monotonic() < stalled + 0.9 * timeout, (start, stalled, time.monotonic())
         sock.settimeout(0.05)
         with pytest.raises((socket.timeout, TimeoutError)):
             sock.recv(65536)  # still open past the first request's timeout
-        sock.settimeout(stalled + timeout + 1.5 - time.monotonic())
+        sock.settimeout(stalled + timeout + 5 - time.monotonic())
         assert sock.recv(65536) == b"", "the stalled request's connection was not closed"
         assert time.monotonic() - stalled >= timeout * 0.95
 
