@@ -34,11 +34,14 @@ Hardening V (issue 32), each a real process on 127.0.0.1 and its figures:
    contrast, the same from 127.0.0.1 named a proxy itself (each value a client);
 10. **escaped echo**: a simulator that echoes its key ``\\u``-escaped, ``\\/``-escaped, percent-encoded and in
     base64 inside the inner JSON: the forms of the key found in the served answers and the exported records
-    (target: 0), and the seconds of that miss.
+    (target: 0), and the seconds of that miss;
+11. **MCP listing**: ``/mcp`` with ``mcp.queries`` set to every solvable query of the reference data, listed
+    page by page (``nextCursor``) by the official SDK's ``ClientSession`` (target: every tool, no message over
+    its 1 MiB limit).
 
 Run from the repository root::
 
-    python benchmarks/hardening.py            # all parts; --parts 1,3 for some; --parts 4,5,6,7,8,9,10 for Hardening V
+    python benchmarks/hardening.py            # all parts; --parts 1,3 for some; --parts 4,5,6,7,8,9,10,11 for Hardening V
 """
 
 from __future__ import annotations
@@ -523,9 +526,48 @@ def escaped_echo(tmp: Path) -> None:
           f"(target 0); the masked miss {sorted(times)[2]:.3f} s (median of 5), its hit {hit_s:.3f} s")
 
 
+async def _pages(url: str) -> list[int]:
+    """The number of tools on each ``tools/list`` page, listed by the SDK's ``ClientSession`` over
+    ``streamable_http_client`` (its default 1 MiB limit on one server-sent event)."""
+    import httpx2
+    import mcp_types as types
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    pages: list[int] = []
+    async with streamable_http_client(url, http_client=httpx2.AsyncClient(timeout=120)) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        cursor = None
+        while True:
+            page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+            pages.append(len(page.tools))
+            if page.next_cursor is None:
+                return pages
+            cursor = page.next_cursor
+
+
+def mcp_listing(tmp: Path) -> None:
+    reference = REPO.parent / "shared" / "reference"
+    if not (reference / "solvable_queries").is_dir():
+        print(f"11. skipped: the reference data (solvable_queries) not found at {reference}")
+        return
+    config = {"mode": "replay", "store": {"path": str(tmp / "store11")}, "frozen_caches": [str(reference / "cache")],
+              "tools_folder": str(reference / "toolenv" / "tools"),
+              "mcp": {"enabled": True, "queries": str(reference / "solvable_queries")}}
+    t = time.monotonic()
+    with ServeProcess(tmp, config) as server:
+        ready = time.monotonic() - t
+        t = time.monotonic()
+        pages = asyncio.run(_pages(server.url + "/mcp"))
+        listed = time.monotonic() - t
+        rss = rss_mb(server.pid)
+    print(f"11. /mcp with mcp.queries = every solvable query (ready in {ready:.1f} s, RSS {rss:.0f} MB): the SDK's ClientSession "
+          f"lists {sum(pages):,} tools in {len(pages)} pages (at most {max(pages)} a page) in {listed:.2f} s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8,9,10")
+    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8,9,10,11")
     parser.add_argument("--wait", type=float, default=45.0, help="seconds part 2 waits (default 45)")
     parser.add_argument("--latency", type=float, default=3.0, help="the crowd's simulator latency (default 3 s)")
     parser.add_argument("--member-mib", type=int, default=1024, help="part 4's archive member (default 1,024 MiB)")
@@ -561,6 +603,8 @@ def main() -> int:
             proxies(Path(tmp), args.proxy_latency, args.proxy_misses)
         if "10" in parts:
             escaped_echo(Path(tmp))
+        if "11" in parts:
+            mcp_listing(Path(tmp))
     return 0
 
 
