@@ -496,14 +496,18 @@ class McpFront:
         opened: list[str] = []
 
         async def watch(message: Any) -> None:
-            if message["type"] == "http.response.start" and message["status"] < 400:
+            if message["type"] == "http.response.start" and message["status"] < 400 and not opened:
                 opened.extend(v.decode("latin-1") for k, v in message.get("headers", ()) if k.lower() == b"mcp-session-id")
+                if opened:
+                    # counted before the client can read its id: a request it sends at once is that session's (busy)
+                    self.bound.opened(client, opened[0])
             await send(message)
 
         try:
             await self._manager.handle_request(scope, receive, watch)
         finally:
-            self.bound.opened(client, opened[0] if opened else None)
+            if not opened:
+                self.bound.opened(client, None)
 
     async def _close(self, sid: str) -> None:
         """Close a session as its client would: an MCP ``DELETE`` with its id, answered to nobody."""
