@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
-from tests.helpers.live import UvicornThread, free_port
+from tests.helpers.live import UvicornThread, free_port, read_body
 
 
 @dataclass
@@ -83,12 +83,7 @@ class ApiHost:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         received = Received(
             method=scope["method"],
             path=scope.get("raw_path", scope["path"].encode()).decode("latin-1").split("?")[0],

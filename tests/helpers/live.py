@@ -1,7 +1,9 @@
-"""Real servers on 127.0.0.1 for tests: the mirror app in a uvicorn thread, free ports."""
+"""Real servers on 127.0.0.1 for tests: the mirror app in a uvicorn thread, free ports, and the two ASGI steps every
+scripted server of the tests takes (read a whole body, send a JSON answer)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -9,6 +11,25 @@ from typing import Any
 
 import requests
 import uvicorn
+
+
+async def read_body(receive: Any) -> bytes:
+    """An ASGI request's whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+async def send_json(send: Any, status: int, data: Any, extra_headers: tuple[tuple[str, str], ...] = ()) -> None:
+    """``data`` as a JSON answer with its length (and ``extra_headers``, names lower-cased)."""
+    payload = json.dumps(data).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra_headers]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
 
 
 def free_port() -> int:

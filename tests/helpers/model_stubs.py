@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from tests.helpers.live import UvicornThread, free_port
+from tests.helpers.live import UvicornThread, free_port, read_body, send_json
 
 FINISH = "Finish"
 LABELS = ("Solved", "Unsolved")
@@ -137,26 +137,21 @@ class ChatStub:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await read_body(receive)
         path, method = scope["path"].rstrip("/"), scope["method"]
         if method == "GET" and path == "/v1/models":
             models = [{"id": self.model, "object": "model", "created": 0, "owned_by": "stub"}]
-            await _send_json(send, 200, {"object": "list", "data": models})
+            await send_json(send, 200, {"object": "list", "data": models})
             return
         if method != "POST" or path != "/v1/chat/completions":
-            await _send_json(send, 404, _error_body(f"no route {method} {path}", "not_found_error", 404))
+            await send_json(send, 404, _error_body(f"no route {method} {path}", "not_found_error", 404))
             return
         try:
             body = json.loads(raw)
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 raise ValueError("messages missing")
         except ValueError as exc:
-            await _send_json(send, 400, _error_body(f"bad request: {exc}", "invalid_request_error", 400))
+            await send_json(send, 400, _error_body(f"bad request: {exc}", "invalid_request_error", 400))
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         with self._lock:
@@ -174,7 +169,7 @@ class ChatStub:
             extra = (("retry-after", f"{failure.retry_after:g}"),) if failure.retry_after is not None else ()
             kind = "rate_limit_error" if failure.status == 429 else "server_error"
             error = _error_body(failure.message or f"stub error {failure.status}", kind, failure.status)
-            await _send_json(send, failure.status, error, extra)
+            await send_json(send, failure.status, error, extra)
             return
         answer = self.answer(body, headers)
         completion_id = f"chatcmpl-stub-{number}"
@@ -191,7 +186,7 @@ class ChatStub:
             reply["tool_calls"] = answer.tool_calls
         if answer.function_call is not None:
             reply["function_call"] = answer.function_call
-        await _send_json(
+        await send_json(
             send,
             200,
             {
@@ -418,13 +413,6 @@ class JudgeStub(ChatStub):
 def _error_body(message: str, kind: str, code: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": str(code)}}
 
-
-async def _send_json(send: Any, status: int, data: Any, extra_headers: tuple[tuple[str, str], ...] = ()) -> None:
-    payload = json.dumps(data).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra_headers]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
 
 
 async def _send_stream(send: Any, completion_id: str, model: str, answer: Answer, usage: dict[str, int] | None) -> None:

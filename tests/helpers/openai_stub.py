@@ -33,7 +33,7 @@ from typing import Any
 
 import uvicorn
 
-from tests.helpers.live import UvicornThread, free_port
+from tests.helpers.live import UvicornThread, free_port, read_body, send_json
 
 
 @dataclass
@@ -107,15 +107,10 @@ class OpenAIStub:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         path, method = scope["path"], scope["method"]
         if method == "GET" and path == "/v1/models":
-            await _send_json(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "stub"}]})
+            await send_json(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "stub"}]})
             return
         if method == "POST" and path == "/v1/embeddings":
             request = json.loads(body)
@@ -123,15 +118,15 @@ class OpenAIStub:
                 self.embedding_requests.append(request)
             inputs = request["input"] if isinstance(request["input"], list) else [request["input"]]
             data = [{"object": "embedding", "index": i, "embedding": self.embedder(text)} for i, text in enumerate(inputs)]
-            await _send_json(send, 200, {"object": "list", "data": data, "model": request.get("model", self.model)})
+            await send_json(send, 200, {"object": "list", "data": data, "model": request.get("model", self.model)})
             return
         if method != "POST" or path != "/v1/chat/completions":
-            await _send_json(send, 404, {"error": {"message": f"no route {method} {path}", "type": "NotFound"}})
+            await send_json(send, 404, {"error": {"message": f"no route {method} {path}", "type": "NotFound"}})
             return
         try:
             request = json.loads(body)
         except ValueError:
-            await _send_json(send, 400, {"error": {"message": "body is not JSON", "type": "BadRequestError"}})
+            await send_json(send, 400, {"error": {"message": "body is not JSON", "type": "BadRequestError"}})
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         with self._lock:
@@ -153,14 +148,14 @@ class OpenAIStub:
             await send({"type": "http.response.body", "body": b"{", "more_body": False})
             return
         if reply.status != 200:
-            await _send_json(
+            await send_json(
                 send,
                 reply.status,
                 {"error": {"message": reply.message or f"stub error {reply.status}", "type": "ServerError", "code": reply.status}},
                 reply.headers,
             )
             return
-        await _send_json(
+        await send_json(
             send,
             200,
             {
@@ -190,13 +185,6 @@ class OpenAIStub:
         with self._lock:
             return len(self.requests)
 
-
-async def _send_json(send: Any, status: int, data: Any, extra_headers: tuple[tuple[str, str], ...] = ()) -> None:
-    payload = json.dumps(data).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra_headers]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
 
 
 def main() -> None:  # pragma: no cover - benchmark helper

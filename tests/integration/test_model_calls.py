@@ -21,7 +21,7 @@ import requests
 
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.serving.server import create_app
-from tests.helpers.live import UvicornThread, free_port
+from tests.helpers.live import UvicornThread, free_port, read_body, send_json
 from tests.helpers.redis_server import redis_prefix, redis_server  # noqa: F401
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
@@ -47,12 +47,7 @@ class Upstream:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         request = json.loads(body)
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         with self._lock:
@@ -63,7 +58,7 @@ class Upstream:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if failing is not None:
-            await _send(send, failing, {"error": {"message": f"upstream overloaded ({n})", "type": "server_error", "code": None}})
+            await send_json(send, failing, {"error": {"message": f"upstream overloaded ({n})", "type": "server_error", "code": None}})
             return
         content = f"answer {n} to {request['messages'][-1]['content']}"
         if self.echo_key:
@@ -74,7 +69,7 @@ class Upstream:
             message_out = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": f"call_{n}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": f"Paris{n}"})}}]}
             finish = "tool_calls"
-        await _send(send, 200, {
+        await send_json(send, 200, {
             "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1700000000 + n, "model": request["model"] + "-0613",
             "system_fingerprint": f"fp_{n}",
             "choices": [{"index": 0, "message": message_out, "finish_reason": finish, "logprobs": None}],
@@ -89,12 +84,6 @@ class Upstream:
         assert self._runner is not None
         self._runner.__exit__(*exc)
 
-
-async def _send(send: Any, status: int, data: Any) -> None:
-    payload = json.dumps(data).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
-    await send({"type": "http.response.body", "body": payload})
 
 
 class Served:
