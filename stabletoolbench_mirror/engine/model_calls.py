@@ -76,13 +76,6 @@ class ModelUpstreams(Protocol):
     def for_model(self, model: str) -> ModelUpstream | None: ...
 
 
-class NoUpstreams:
-    """No ``llm.upstreams``: every model call must be recorded."""
-
-    def for_model(self, model: str) -> ModelUpstream | None:
-        return None
-
-
 @dataclass(frozen=True)
 class ModelAnswer:
     """How one model call ended: what to send, and what to count."""
@@ -96,11 +89,16 @@ class ModelAnswer:
     """``model`` (or the record's source: ``imported``, ``frozen``) for an answer; ``upstream`` for an upstream's
     error; ``mirror`` for this server's own error."""
     model: str = ""
-    completion: Mapping[str, Any] | None = None
-    """The parsed completion (a streamed request's events are built from it)."""
     key: str | None = None
     """``<digest>#<occurrence>``."""
     run: str = ""
+
+    def completion(self) -> Mapping[str, Any] | None:
+        """The served completion, parsed (a streamed request's events are built from it); ``None`` for an error."""
+        if self.outcome not in ANSWERED:
+            return None
+        parsed = json.loads(self.body)
+        return parsed if isinstance(parsed, dict) else None
 
 
 #: the outcomes that served a completion
@@ -275,12 +273,7 @@ class ModelCalls:
         return ModelAnswer(status, encode_answer(redactor.data(parsed)).encode("utf-8"), "error", "upstream", model)
 
     def _served(self, record: Record, outcome: str, model: str, key: str, run: str) -> ModelAnswer:
-        try:
-            completion = json.loads(record.body)
-        except ValueError:
-            completion = None
-        return ModelAnswer(200, record.body.encode("utf-8"), outcome, record.source, model,
-                           completion if isinstance(completion, dict) else None, key, run)
+        return ModelAnswer(200, record.body.encode("utf-8"), outcome, record.source, model, key, run)
 
     def _not_recorded(self, model: str, digest: str, number: int, run: str) -> ModelAnswer:
         message = (

@@ -93,12 +93,13 @@ class ModelFront:
             return
         authorization = headers.get(b"authorization") if self.pass_authorization else None
         answer = await self.calls.answer(body, authorization.decode("latin-1") if authorization else None, run)
-        if answer.status == 200 and answer.completion is not None and isinstance(body, dict) and body.get("stream") is True:
+        completion = answer.completion() if isinstance(body, dict) and body.get("stream") is True else None
+        if completion is not None:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *_headers(answer)]})
-            await send({"type": "http.response.body", "body": b"".join(mc.sse_events(answer.completion, include_usage))})
+            await send({"type": "http.response.body", "body": b"".join(mc.sse_events(completion, include_usage))})
             return
         await _send_json(send, answer.status, answer.body, _headers(answer))
 
