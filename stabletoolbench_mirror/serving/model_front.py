@@ -37,12 +37,12 @@ from stabletoolbench_mirror.serving.asgi_front import arrived
 MAX_RUN_CHARS = 200
 
 
-def build_model_calls(settings: Settings, layer: MirrorLayer, upstreams: Any = None) -> ModelCalls:
+def build_model_calls(settings: Settings, layer: MirrorLayer) -> ModelCalls:
     """The model-call path of a server: the layer's store and frozen caches, ``llm``'s upstreams, mode, run and budget."""
     llm = settings.llm
     stats = layer.stats
     return ModelCalls(
-        layer.store, layer.frozen, upstreams if upstreams is not None else Upstreams(llm),
+        layer.store, layer.frozen, Upstreams(llm),
         mode=llm.mode or settings.mode, run=llm.run or new_run_id(), secrets=settings.secrets(),
         # a run only this process can see: one worker, and no run named in the config (serve names it for workers)
         private_run=llm.run is None and settings.workers == 1,
@@ -53,6 +53,8 @@ def build_model_calls(settings: Settings, layer: MirrorLayer, upstreams: Any = N
 
 
 _WORKER = (b"x-stm-worker", str(os.getpid()).encode())
+#: the headers of a request refused before it reached :class:`ModelCalls`
+_REJECTED = [(b"x-stm-outcome", b"rejected"), (b"x-stm-source", b"mirror")]
 
 
 def _headers(answer: ModelAnswer) -> list[tuple[bytes, bytes]]:
@@ -80,16 +82,16 @@ class ModelFront:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
             status, body = _error_body(405, "use POST /v1/chat/completions")
-            await _send_json(send, status, body, [(b"allow", b"POST"), (b"x-stm-outcome", b"rejected"), (b"x-stm-source", b"mirror")])
+            await _send_json(send, status, body, [(b"allow", b"POST"), *_REJECTED])
             return
         headers = dict(scope.get("headers", ()))
         raw = await self._body(headers, receive)
         if isinstance(raw, tuple):
-            await _send_json(send, *raw, [(b"x-stm-outcome", b"rejected"), (b"x-stm-source", b"mirror")])
+            await _send_json(send, *raw, _REJECTED)
             return
         problem, body, run = _parsed(raw, headers.get(b"x-stm-run"))
         if problem is not None:
-            await _send_json(send, *problem, [(b"x-stm-outcome", b"rejected"), (b"x-stm-source", b"mirror")])
+            await _send_json(send, *problem, _REJECTED)
             return
         authorization = headers.get(b"authorization") if self.pass_authorization else None
         answer = await self.calls.answer(body, authorization.decode("latin-1") if authorization else None, run)
