@@ -213,7 +213,7 @@ class DiskcacheStore(Store):
     def claim_occurrence(self, run: str, digest: str) -> int:
         if self.read_only:  # a read-only store counts in this process (what it cannot write, it cannot share)
             return super().claim_occurrence(run, digest)
-        return self._occurrence(run, digest, lambda held: rules.claim_occurrence(held))
+        return self._occurrence(run, digest, rules.claim_occurrence)
 
     def release_occurrence(self, run: str, digest: str, number: int) -> None:
         if self.read_only:

@@ -161,7 +161,7 @@ class RedisStore(Store):
         return f"{self.prefix}:lock:{digest}"
 
     def claim_occurrence(self, run: str, digest: str) -> int:
-        return self._occurrence(run, digest, lambda held: rules.claim_occurrence(held))
+        return self._occurrence(run, digest, rules.claim_occurrence)
 
     def release_occurrence(self, run: str, digest: str, number: int) -> None:
         self._occurrence(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
