@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,8 +38,7 @@ from stabletoolbench_mirror.core import model_calls as mc
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.core.secrets import Redactor
-from stabletoolbench_mirror.stores import rules
-from stabletoolbench_mirror.stores.base import CacheTier, Store, StoreError
+from stabletoolbench_mirror.stores.base import CacheTier, MemoryOccurrences, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +99,8 @@ class ModelAnswer:
         return parsed if isinstance(parsed, dict) else None
 
 
+#: requests counted in memory for a private run; past it, the store counts the new ones
+PRIVATE_RUN_LIMIT = 1_000_000
 #: the outcomes that served a completion
 ANSWERED = frozenset({"hit", "recorded", "replaced"})
 
@@ -118,7 +118,7 @@ class ModelCalls:
         self.upstreams = upstreams
         self.mode = mode
         self.run = run
-        self._private = PrivateCounters() if private_run else None
+        self._private = MemoryOccurrences(limit=PRIVATE_RUN_LIMIT) if private_run else None
         """The counters of :attr:`run` when no other process can share it (one worker, a run named by no one):
         kept here, so a hit writes nothing.  A run a client names (``X-STM-Run``) is always counted in the store."""
         self.redactor = Redactor(secrets)
@@ -282,32 +282,6 @@ class ModelCalls:
             f"recorded occurrences of this model (keys <sha256>#<occurrence>); record it with llm.mode: record"
         )
         return _error(404, message, "invalid_request_error", "unanswered", model, code="not_recorded")
-
-
-class PrivateCounters:
-    """Occurrence counters of one process's own run, in memory (bounded: past :attr:`limit` requests, the
-    store counts the new ones; a request is counted in one place for the whole run)."""
-
-    def __init__(self, limit: int = 1_000_000) -> None:
-        self.limit = limit
-        self._held: dict[str, rules.Occurrences] = {}
-        self._lock = threading.Lock()
-
-    def holds(self, digest: str) -> bool:
-        """Whether ``digest`` is counted here (a new one is while there is room)."""
-        return digest in self._held or len(self._held) < self.limit
-
-    def counts(self, digest: str) -> bool:
-        return digest in self._held
-
-    def claim(self, digest: str) -> int:
-        with self._lock:
-            number, self._held[digest] = rules.claim_occurrence(self._held.get(digest, rules.Occurrences()))
-            return number
-
-    def release(self, digest: str, number: int) -> None:
-        with self._lock:
-            self._held[digest] = rules.release_occurrence(self._held.get(digest, rules.Occurrences()), number)
 
 
 def _error(status: int, message: str, type_: str, outcome: str, model: str = "", *, code: str | None = None,

@@ -42,6 +42,34 @@ def _recording_order(records: list[Record]) -> list[Record]:
     return records
 
 
+class MemoryOccurrences:
+    """Occurrence counters (:func:`.rules.claim_occurrence`) in this process's memory, by any key.
+
+    ``limit``: how many keys it counts; :meth:`holds` says whether a key is (or, while there is room, can
+    be) counted here, so a caller can count the others elsewhere and each key stays in one place.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        self._held: dict[Hashable, rules.Occurrences] = {}
+        self._lock = threading.Lock()
+
+    def holds(self, key: Hashable) -> bool:
+        return key in self._held or self.limit is None or len(self._held) < self.limit
+
+    def counts(self, key: Hashable) -> bool:
+        return key in self._held
+
+    def claim(self, key: Hashable) -> int:
+        with self._lock:
+            number, self._held[key] = rules.claim_occurrence(self._held.get(key, rules.Occurrences()))
+            return number
+
+    def release(self, key: Hashable, number: int) -> None:
+        with self._lock:
+            self._held[key] = rules.release_occurrence(self._held.get(key, rules.Occurrences()), number)
+
+
 class CacheTier(abc.ABC):
     """One place answers may be found: the writable store or a frozen upstream tree.
 
@@ -170,24 +198,15 @@ class Store(CacheTier):
 
         The default counts in this process only (a backend shared by processes overrides it).
         """
-        with self._occurrence_lock:
-            number, self._occurrences[run, digest] = rules.claim_occurrence(
-                self._occurrences.get((run, digest), rules.Occurrences()))
-            return number
+        return self._occurrences.claim((run, digest))
 
     def release_occurrence(self, run: str, digest: str, number: int) -> None:
         """Give ``number`` back: its request got no answer, so the next identical one takes it."""
-        with self._occurrence_lock:
-            self._occurrences[run, digest] = rules.release_occurrence(
-                self._occurrences.get((run, digest), rules.Occurrences()), number)
+        self._occurrences.release((run, digest), number)
 
     @functools.cached_property
-    def _occurrence_lock(self) -> threading.Lock:
-        return threading.Lock()
-
-    @functools.cached_property
-    def _occurrences(self) -> dict[tuple[str, str], rules.Occurrences]:
-        return {}
+    def _occurrences(self) -> MemoryOccurrences:
+        return MemoryOccurrences()
 
     def flight_lock(self, api: str, canonical: str) -> AbstractContextManager[None]:
         """A lock held while one miss is filled, shared with other processes (and hosts) using the store.

@@ -1,12 +1,12 @@
-"""The in-memory occurrence counters of a run only this process can see (engine/model_calls.py)."""
+"""The in-memory occurrence counters (stores/base.py) a run only this process can see is counted in."""
 
 from __future__ import annotations
 
-from stabletoolbench_mirror.engine.model_calls import PrivateCounters
+from stabletoolbench_mirror.stores.base import MemoryOccurrences
 
 
 def test_private_counters_count_give_back_and_hand_over_past_their_bound() -> None:
-    counters = PrivateCounters(limit=2)
+    counters = MemoryOccurrences(limit=2)
     assert [counters.claim("a") for _ in range(3)] == [1, 2, 3]
     counters.release("a", 2)
     assert counters.claim("a") == 2
