@@ -46,13 +46,27 @@ class OccurrenceFile:
         con: sqlite3.Connection | None = getattr(self._local, "con", None)
         if con is None:
             con = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA synchronous=NORMAL")
-            con.execute(_SCHEMA)
+            self._set_up(con)
             self._local.con = con
             with self._lock:
                 self._all.append(con)
         return con
+
+    def _set_up(self, con: sqlite3.Connection) -> None:
+        """WAL, the table.  SQLite answers "database is locked" at once, without its busy wait, to a journal
+        mode switch while another process opens the file the same moment: tried again until ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                con.execute("PRAGMA journal_mode=WAL")
+                con.execute("PRAGMA synchronous=NORMAL")
+                con.execute(_SCHEMA)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                    con.close()
+                    raise
+                time.sleep(0.01)
 
     def apply(self, run: str, digest: str, decide: Decide) -> int:
         """Read ``(run, digest)``'s counter, ask ``decide``, write the counter it returns; its number.  Raises ``sqlite3.Error``."""
