@@ -1,0 +1,302 @@
+"""A score bundle: one StableToolBench run, sealed, so that it can be replayed and re-scored anywhere.
+
+``stabletoolbench-mirror score`` runs StableToolBench's own inference and evaluation through the server and
+ends with a bundle: a folder (or the same folder as a ``.tar.gz``) laid out as below.  Paths are relative
+to the bundle's root, ``/``-separated; ``<label>`` is the run's name in StableToolBench's evaluation
+(its ``--reference_model`` / ``--output_model``), ``<group>`` a test set such as ``G1_instruction``.
+
+=========================================== ==========================================================
+``bundle.json``                             the seal (:data:`BUNDLE_FILE`): format, every hashed file's
+                                            SHA-256, the content hash over them; not hashed itself
+``run.json``                                what was run (:data:`RUN_FILE`): groups, method, backbone,
+                                            agent and judge models, evaluator, ``evaluate_times``,
+                                            limit, reference, StableToolBench's commit, the server's
+                                            settings that shape answers, each command line
+``score.json``                              the score (:data:`SCORE_FILE`): SoPR per group and on
+                                            average, SoWR when a reference was named, labels per query
+``records/``                                a snapshot (``snapshot``'s format: ``manifest.json`` and an
+                                            upstream ``tool_response_cache`` tree) of every answer the
+                                            run was served, tool answers and model calls (``@model/``)
+``queries/<group>.json``                    the queries ``qa_pipeline`` read (after ``--limit``)
+``test_ids/<group>.json``                   the query ids the evaluation read (``--test_ids``)
+``answers/<group>/<qid>_<method>.json``     ``qa_pipeline``'s answer files, as it wrote them
+``converted/<label>/<group>.json``          ``convert_to_answer_format``'s output
+``pass_rate/<label>/<group>_<label>.json``  ``eval_pass_rate``'s label files (and ``.csv``)
+``preference/<group>_<ref>_<label>.json``   ``eval_preference``'s files (and ``.csv``), with a reference
+``reference/<ref>/...``                     what ``eval_preference`` read of the reference run: its
+                                            ``converted/`` and ``pass_rate/`` files
+``logs/``                                   each step's output: kept, never hashed (paths and timings
+                                            differ from one machine to the next)
+=========================================== ==========================================================
+
+``run.json`` holds at least ``label``, ``groups`` (list), ``method``, ``backbone``, ``agent_model``,
+``judge_model``, ``evaluator``, ``evaluate_times``, ``limit`` (``null``: every query), ``reference``
+(``null`` or ``{"label", "content_hash"}``), ``stabletoolbench`` (``{"commit", "dirty"}``, ``null`` values
+when not a git checkout), ``environment`` (``records_hash``: the records' snapshot content hash; the
+settings that shape answers: simulator model, style and prompt hash, frozen caches' content hashes) and
+``commands`` (``[{"phase", "group", "argv", "env"}]``, no secret in them).  ``score.json`` holds
+``pass_rate`` (``{group: {"solve_rate", "std", "per_evaluation", "queries"}}``, percent, as
+``eval_pass_rate`` computes them: per evaluation, Solved 1 and Unsure 0.5 over the queries; their mean and
+population standard deviation), ``pass_rate_average`` (the mean of the groups' solve rates), ``win_rate``
+(``{group: {"win", "tie", "lose", "queries"}}``, fractions, as ``eval_preference`` prints them; ``{}``
+without a reference), ``win_rate_average`` (``null`` without one) and ``labels``
+(``{group: {query_id: {"evaluations": {"0": "AnswerStatus.Solved", ...}, "solved": bool}}}``, ``solved``
+by the majority of the evaluations).
+
+The **content hash** is SHA-256 over one line per hashed file, ``<path>\\t<sha256 hex of its bytes>\\n``,
+sorted by path: every file but ``bundle.json`` and ``logs/`` (:func:`content_hash`).  It covers the
+records, so the environment, and the answers, labels and score; two bundles with one hash hold the same
+bytes.  :func:`verify` recomputes it and names every file added, removed or changed since the seal.
+
+Written here by hand: a bundle is this project's own format (a folder of files and their digests, as a
+wheel's ``RECORD`` is); ``hashlib`` and ``json`` are the libraries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from stabletoolbench_mirror import __version__
+from stabletoolbench_mirror.core.files import atomic_write
+
+FORMAT = "stabletoolbench-mirror-score-bundle"
+FORMAT_VERSION = 1
+
+BUNDLE_FILE = "bundle.json"
+RUN_FILE = "run.json"
+SCORE_FILE = "score.json"
+RECORDS_DIR = "records"
+QUERIES_DIR = "queries"
+TEST_IDS_DIR = "test_ids"
+ANSWERS_DIR = "answers"
+CONVERTED_DIR = "converted"
+PASS_RATE_DIR = "pass_rate"
+PREFERENCE_DIR = "preference"
+REFERENCE_DIR = "reference"
+LOGS_DIR = "logs"
+#: what the content hash leaves out: the seal itself and the steps' output
+UNHASHED = frozenset({BUNDLE_FILE, LOGS_DIR})
+
+_CHUNK = 1 << 20
+
+
+class BundleError(RuntimeError):
+    """A bundle cannot be read or trusted (the message names the file and the fix)."""
+
+
+# -- where each file of a run lives --------------------------------------------------------------------
+
+
+def answers_dir(group: str) -> str:
+    """``answers/<group>``: ``qa_pipeline``'s ``--output_answer_file`` for one group."""
+    return f"{ANSWERS_DIR}/{group}"
+
+
+def converted_file(label: str, group: str) -> str:
+    return f"{CONVERTED_DIR}/{label}/{group}.json"
+
+
+def pass_rate_files(label: str, group: str) -> tuple[str, str]:
+    """``eval_pass_rate``'s two label files of one group: ``(.json, .csv)``."""
+    stem = f"{PASS_RATE_DIR}/{label}/{group}_{label}"
+    return f"{stem}.json", f"{stem}.csv"
+
+
+def preference_files(reference: str, label: str, group: str) -> tuple[str, str]:
+    """``eval_preference``'s two files of one group: ``(.json, .csv)``."""
+    stem = f"{PREFERENCE_DIR}/{group}_{reference}_{label}"
+    return f"{stem}.json", f"{stem}.csv"
+
+
+# -- the content hash ----------------------------------------------------------------------------------
+
+
+def _hashed(relative: PurePosixPath) -> bool:
+    return relative.parts[0] not in UNHASHED
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def iter_hashed_files(root: str | os.PathLike[str]) -> Iterator[tuple[str, Path]]:
+    """``(relative path, path)`` of every hashed file under ``root``, sorted by relative path.
+
+    A symbolic link or anything but a regular file or folder is refused: a bundle is plain files.
+    """
+    base = Path(root)
+    found: list[tuple[str, Path]] = []
+    for folder, dirs, files in os.walk(base):
+        here = Path(folder)
+        for name in (*dirs, *files):
+            path = here / name
+            if path.is_symlink():
+                raise BundleError(f"{path}: a bundle holds no symbolic links (copy the file in its place)")
+        for name in files:
+            path = here / name
+            relative = PurePosixPath(path.relative_to(base).as_posix())
+            if not path.is_file():
+                raise BundleError(f"{path}: a bundle holds only regular files and folders")
+            if _hashed(relative):
+                found.append((str(relative), path))
+    found.sort(key=lambda item: item[0])
+    return iter(found)
+
+
+def file_digests(root: str | os.PathLike[str]) -> dict[str, str]:
+    """``{relative path: sha256 hex}`` of every hashed file under ``root``."""
+    return {relative: file_sha256(path) for relative, path in iter_hashed_files(root)}
+
+
+def content_hash(digests: Mapping[str, str]) -> str:
+    """``sha256:<hex>`` over ``<path>\\t<sha256>\\n`` lines sorted by path (see the module's docstring)."""
+    digest = hashlib.sha256()
+    for relative in sorted(digests):
+        digest.update(f"{relative}\t{digests[relative]}\n".encode("utf-8", "surrogatepass"))
+    return "sha256:" + digest.hexdigest()
+
+
+# -- sealing and checking ------------------------------------------------------------------------------
+
+
+def seal(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """Write ``bundle.json`` for the files under ``root`` as they are now; return it."""
+    digests = file_digests(root)
+    if RUN_FILE not in digests:
+        raise BundleError(f"{root}: no {RUN_FILE}: a bundle names what was run")
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "mirror_version": __version__,
+        "sealed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "content_hash": content_hash(digests),
+        "files": digests,
+    }
+    with atomic_write(Path(root, BUNDLE_FILE)) as handle:
+        json.dump(manifest, handle, ensure_ascii=False, indent=2, sort_keys=False)
+        handle.write("\n")
+    return manifest
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One file that is not as the seal says: ``added``, ``removed`` or ``changed``."""
+
+    path: str
+    change: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.change} since the bundle was sealed"
+
+
+def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """The seal of the bundle at ``root``, checked for its format (:class:`BundleError` naming the fix)."""
+    path = Path(root, BUNDLE_FILE)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BundleError(f"{root}: no {BUNDLE_FILE}: not a score bundle (made by `stabletoolbench-mirror score ... --out`)") from None
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path}: cannot be read ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise BundleError(f"{path}: not a score bundle's seal (format {FORMAT!r} expected)")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise BundleError(f"{path}: bundle format {version!r} is newer than this version reads ({FORMAT_VERSION}): "
+                          f"upgrade stabletoolbench-mirror (this is {__version__})")
+    if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("content_hash"), str):
+        raise BundleError(f"{path}: the seal has no files or content_hash")
+    return manifest
+
+
+def verify(root: str | os.PathLike[str]) -> list[Difference]:
+    """Every file added, removed or changed since ``root`` was sealed (empty: the bundle is as sealed).
+
+    :class:`BundleError` when there is no readable seal.
+    """
+    manifest = read_manifest(root)
+    sealed: dict[str, str] = manifest["files"]
+    now = file_digests(root)
+    differences = [Difference(p, "removed") for p in sorted(set(sealed) - set(now))]
+    differences += [Difference(p, "added") for p in sorted(set(now) - set(sealed))]
+    differences += [Difference(p, "changed") for p in sorted(set(now) & set(sealed)) if now[p] != sealed[p]]
+    if not differences and content_hash(sealed) != manifest["content_hash"]:
+        differences.append(Difference(BUNDLE_FILE, "content_hash does not match its files list"))
+    differences.sort(key=lambda d: d.path)
+    return differences
+
+
+# -- reading -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle folder, read: its seal, what was run and the score (see the module's docstring)."""
+
+    root: Path
+    manifest: dict[str, Any]
+    run: dict[str, Any]
+    score: dict[str, Any]
+
+    @property
+    def content_hash(self) -> str:
+        return str(self.manifest["content_hash"])
+
+    @property
+    def label(self) -> str:
+        return str(self.run["label"])
+
+    @property
+    def groups(self) -> list[str]:
+        return [str(g) for g in self.run["groups"]]
+
+    @property
+    def records(self) -> Path:
+        return self.root / RECORDS_DIR
+
+    def path(self, relative: str) -> Path:
+        return self.root / relative
+
+    def answer_files(self, group: str) -> list[Path]:
+        """One group's answer files, sorted by name."""
+        folder = self.root / answers_dir(group)
+        return sorted(p for p in folder.glob("*.json")) if folder.is_dir() else []
+
+    def label_files(self, group: str) -> list[Path]:
+        """One group's pass-rate label files (``.json``, ``.csv``) that exist."""
+        return [self.root / p for p in pass_rate_files(self.label, group) if (self.root / p).is_file()]
+
+
+def _read_json(root: Path, name: str) -> dict[str, Any]:
+    path = root / name
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BundleError(f"{root}: no {name}: the bundle is incomplete") from None
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path}: cannot be read ({exc})") from None
+    if not isinstance(data, dict):
+        raise BundleError(f"{path}: a JSON object expected")
+    return data
+
+
+def read_bundle(root: str | os.PathLike[str]) -> Bundle:
+    """The bundle folder at ``root`` (its seal's format checked; :func:`verify` checks its files)."""
+    base = Path(root)
+    manifest = read_manifest(base)
+    run = _read_json(base, RUN_FILE)
+    if not isinstance(run.get("label"), str) or not isinstance(run.get("groups"), list):
+        raise BundleError(f"{base / RUN_FILE}: no label or groups")
+    score = _read_json(base, SCORE_FILE) if (base / SCORE_FILE).exists() else {}
+    return Bundle(base, manifest, run, score)
