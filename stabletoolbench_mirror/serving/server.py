@@ -97,6 +97,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 
     app = _App(title="stabletoolbench-mirror", version=__version__, lifespan=lifespan)
     app.state.layer = layer
+    app.state.model_calls = model_calls
     app.state.settings = settings
     token = settings.auth_token.get_secret_value().encode() if settings.auth_token else None
     # 32 more threads only for clients with nothing running: threads held by other clients' misses

@@ -243,3 +243,26 @@ def test_two_serve_processes_on_one_store_count_a_named_run_together_and_refuse_
         # the first has stopped: its lock went with it
         with ServeProcess(tmp_path, unnamed) as after:
             assert requests.get(after.url + "/health", timeout=10).ok
+
+
+def test_served_is_called_with_every_record_served(tmp_path: Path) -> None:
+    from stabletoolbench_mirror.core.records import Record
+    from stabletoolbench_mirror.serving.server import create_app
+    from tests.helpers.live import UvicornThread
+
+    seen: list[Record] = []
+    with ToolLlamaStub() as upstream:
+        app = create_app(settings(tmp_path, "record", upstream))
+        app.state.model_calls.served = seen.append
+        port = free_port()
+        with UvicornThread(app, port):
+            client = client_of(f"http://127.0.0.1:{port}/v1")
+            recorded = toolllama(client, prompt("copy me"))
+            with pytest.raises(openai.BadRequestError):
+                client.completions.create(model=MODEL, prompt=[])  # refused: nothing served
+    app = create_app(settings(tmp_path, "replay"))
+    app.state.model_calls.served = seen.append
+    with UvicornThread(app, port):
+        assert toolllama(client_of(f"http://127.0.0.1:{port}/v1"), prompt("copy me")).id == recorded.id
+    assert [(r.api, r.key[-2:], r.source) for r in seen] == [(f"@model/{MODEL}/completions", "#1", "model")] * 2
+    assert json.loads(seen[0].body)["id"] == recorded.id and seen[0].body == seen[1].body
