@@ -214,6 +214,18 @@ def test_every_command_exits_2_when_it_cannot_run(tmp_path: Path, capsys: pytest
         capsys.readouterr()
 
 
+def test_snapshot_verify_of_nothing_to_verify_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Row 2: a path that does not exist cannot be read (2), never a mismatch (1); nor can a folder that is no snapshot."""
+    not_a_snapshot = tmp_path / "plain"
+    not_a_snapshot.mkdir()
+    for path, said in ((tmp_path / "missing", "does not exist"), (tmp_path / "missing.tar.gz", "does not exist"),
+                       (not_a_snapshot, "has no manifest.json")):
+        for json_flag in ([], ["--json"]):
+            assert main(["snapshot", "--verify", str(path), "-q", *json_flag]) == 2, (path, json_flag)
+            out = capsys.readouterr()
+            assert said in out.err and out.out == "", (path, out)
+
+
 #: long-running servers: their 2 is walked above, their 0 is a clean stop (tests/integration/test_serve_launch.py, test_mcp_front.py)
 SERVERS = {("serve",), ("mcp",)}
 TOO_LONG = "L" * 300
