@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.config import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -246,7 +247,10 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
             print("interrupted: the entries written so far are kept; run the same command again to go on "
                   "(entries already present are skipped)", file=sys.stderr)
             return 130
-    print("\n".join(summary.lines()))
+    if args.json:
+        print_json({"source": args.directory, **summary.to_json()})
+    else:
+        print("\n".join(summary.lines()))
     return 1 if summary.bad_files else 0
 
 
@@ -260,8 +264,12 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
 
     with _open_store(args) as store:
         summary = export_tree(store, args.directory, progress=not args.quiet)
-    print("\n".join(summary.lines()))
-    if summary.left_out and not args.skip_unsafe:
+    incomplete = bool(summary.left_out) and not args.skip_unsafe
+    if args.json:
+        print_json({"out": args.directory, "format": "tree", "ok": not incomplete, **summary.to_json()})
+    else:
+        print("\n".join(summary.lines()))
+    if incomplete:
         print("error: the export is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
         return 1
     return 0
@@ -278,11 +286,16 @@ def _export_chat(args: argparse.Namespace) -> int:
         print(f"error: {args.directory} is a folder; chat-jsonl is written to a file (e.g. train.jsonl)", file=sys.stderr)
         return 2
     settings = settings_from_args(args)
+    started = time.perf_counter()
     with build_store(settings, read_only=True) as store:
         summary = export_chat_jsonl(
             store, args.directory, settings, style=args.style, source=args.source, categories=args.category, progress=not args.quiet
         )
-    print("\n".join(summary.lines()))
+    if args.json:
+        print_json({"out": args.directory, "format": "chat-jsonl", "style": args.style, **asdict(summary),
+                    "elapsed_s": round(time.perf_counter() - started, 3)})
+    else:
+        print("\n".join(summary.lines()))
     return 0
 
 
@@ -300,7 +313,7 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(stats, indent=2, ensure_ascii=False))
+        print_json(stats)
         return 0
     print(f"entries: {stats['entries']}  apis: {stats['apis']}  (from {stats['counted_by']})")
     if stats["bytes_per_entry"] is not None:
@@ -362,9 +375,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     exp.add_argument("--category", action="append", help="chat-jsonl: only this category (standardised name; repeatable)")
     exp.add_argument("--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)")
     stats = cache_sub.add_parser("stats", help="count the store's entries")
-    stats.add_argument("--json", action="store_true", help="print JSON")
     for p, fn in ((imp, cmd_cache_import), (exp, cmd_cache_export), (stats, cmd_cache_stats)):
         add_config_arguments(p)
+        add_json_argument(p)
         p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
         p.set_defaults(func=fn)
     from stabletoolbench_mirror.commands.curation import register_cache

@@ -397,6 +397,12 @@ def test_every_reporting_command_prints_its_documented_json(tmp_path: Path) -> N
         "tools export --json": ["tools", "export", str(tmp_path / "f.jsonl"), "--queries", str(weather_queries(tmp_path)), "--config", str(config), "-q"],
         "cache stats --json": ["cache", "stats", *store],
         "cache diff --json": ["cache", "diff", "store", str(tmp_path / "snap"), "--config", str(config), "-q"],
+        "cache import --json": ["cache", "import", str(DEMO / "frozen"), "--store-path", str(tmp_path / "store2"), "-q"],
+        "cache export --json": ["cache", "export", str(tmp_path / "tree"), *store, "-q"],
+        "cache export --format chat-jsonl --json": ["cache", "export", str(tmp_path / "chat.jsonl"), "--format", "chat-jsonl",
+                                                    "--style", "mirrorapi-sft", "--config", str(config), "-q"],
+        "cache delete --json": ["cache", "delete", "--api", WEATHER, *store],
+        "sessions export --json": ["sessions", "export", str(tmp_path / "sessions.jsonl"), *store],
     }
     assert set(runs) | {"cache ls --json"} == set(docs)
     for title, args in runs.items():  # in this order: the snapshot is made before it is verified and compared
@@ -406,3 +412,20 @@ def test_every_reporting_command_prints_its_documented_json(tmp_path: Path) -> N
         assert sorted(data) == sorted(docs[title]), title
     lines = cli("cache", "ls", *store, "--json", cwd=tmp_path).stdout.splitlines()
     assert len(lines) == 5 and all(sorted(json.loads(line)) == sorted(docs["cache ls --json"]) for line in lines)
+    # the figures are the text's: what the import read and added, what delete matched, what export wrote
+    imported = json.loads(cli("cache", "import", str(DEMO / "frozen"), "--store-path", str(tmp_path / "store3"), "-q", "--json",
+                              cwd=tmp_path).stdout)
+    assert (imported["files"], imported["entries"], imported["added"], imported["already_present"], imported["unreadable"]) == (3, 5, 5, 0, [])
+    deleted = json.loads(cli("cache", "delete", "--api", WEATHER, "--yes", "--store-path", str(tmp_path / "store3"), "--json",
+                             cwd=tmp_path).stdout)
+    assert deleted["yes"] and deleted["matched"] == deleted["deleted"] == deleted["by_api"][WEATHER] > 0 and deleted["apis"] == 1
+    exported = json.loads(cli("cache", "export", str(tmp_path / "tree3"), "--store-path", str(tmp_path / "store3"), "-q", "--json",
+                              cwd=tmp_path).stdout)
+    assert exported["ok"] and exported["entries"] == 5 - deleted["deleted"] and exported["left_out"] == {}
+
+
+def test_every_command_but_the_servers_takes_json() -> None:
+    """The README: every command that reports takes ``--json``."""
+    for words, parser in leaf_commands(build_parser()):
+        if words not in SERVERS:
+            assert "--json" in parser._option_string_actions, words  # noqa: SLF001 - argparse offers no public walk
