@@ -7,11 +7,12 @@ Each command group lives in its own module and registers itself through a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -356,7 +357,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     vllm.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vLLM's server (repeatable), e.g. --vllm-arg=--dtype=float32")
     vllm.add_argument("--vllm-startup-timeout", type=float, default=900.0, help="seconds to wait for the first completion")
     vllm.add_argument("--vllm-log", help="vLLM's log file (default: a temporary file)")
-    serve.set_defaults(func=cmd_serve)
+    serve.set_defaults(func=cmd_serve, raw_output=True)
 
     cache = sub.add_parser("cache", help="import, export and inspect the response store")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
@@ -407,6 +408,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     from stabletoolbench_mirror.serving.memory import tune_malloc
 
     tune_malloc()  # bulk commands and servers alike: freed file texts go back to the system
+    # a name read from a store, a tree or a file may hold ESC sequences: every command's output shows them escaped
+    # (the servers' logs are escaped by their filter; the stdio MCP server's stdout is its protocol)
+    with contextlib.nullcontext() if getattr(args, "raw_output", False) else printable_output():
+        return _run(args)
+
+
+@contextlib.contextmanager
+def printable_output() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` through :class:`~stabletoolbench_mirror.core.logs.PrintableStream` meanwhile."""
+    from stabletoolbench_mirror.core.logs import PrintableStream
+
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = PrintableStream(out), PrintableStream(err, keep_cr=True)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader gone by now is a closed pipe too (below), not an error at exit

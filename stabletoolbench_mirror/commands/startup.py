@@ -380,7 +380,10 @@ def check_apibank(settings: Settings, report: StartupReport) -> None:
 
 
 def print_report(report: StartupReport, stream: Any = None) -> None:
-    print(report.render(), file=stream or sys.stderr, flush=True)
+    from stabletoolbench_mirror.core.logs import printable
+
+    # serve's output is not escaped as a command's is (cli.main): the names of a tree's files it lists are here
+    print(printable(report.render()), file=stream or sys.stderr, flush=True)
 
 
 def start_checks(settings: Settings, *, probe_endpoints: bool = True, simulator_launched: bool = False) -> bool:

@@ -172,6 +172,45 @@ def test_doctor_calls_a_simulator_endpoint_answering_404_an_error(not_found: str
     assert not report["ok"] and [e["key"] for e in report["errors"]] == ["simulator.api_base"]
 
 
+# -- names holding terminal control characters ------------------------------------------------------
+
+#: what a hostile tree may put in its names and keys: clear the screen, retitle the window, a C1 CSI, a bidi override
+HOSTILE = ("\x1b[2J", "\x1b]0;pwned\x07", "\x9b31m", "\u202e")
+
+
+def raw_controls(text: str) -> list[str]:
+    return [c for c in text if c in "\x1b\x07\x9b\u202e"]
+
+
+def test_names_with_terminal_control_characters_are_shown_escaped_and_json_stays_exact(tmp_path: Path) -> None:
+    """A tree whose folder, file and key names hold ESC sequences, imported: every command that prints them shows
+    them escaped (``\\u001b``), and ``--json`` decodes to the exact names."""
+    tool = tmp_path / "tree" / "Data" / f"evil{HOSTILE[0]}_for_Data"
+    tool.mkdir(parents=True)
+    key = "{'q': '" + HOSTILE[1] + HOSTILE[3] + "'}"  # raw in the file's JSON (str() of a dict would escape them)
+    (tool / f"api{HOSTILE[2]}.json").write_text(json.dumps({key: {"error": "", "response": "ok"}}))
+    store = ("--store-path", str(tmp_path / "store"))
+    assert cli("cache", "import", str(tmp_path / "tree"), *store, "-q", cwd=tmp_path).returncode == 0
+    api = f"Data/evil{HOSTILE[0]}_for_Data/api{HOSTILE[2]}"
+    shown = {
+        "ls": cli("cache", "ls", *store, cwd=tmp_path),
+        "delete": cli("cache", "delete", "--category", "Data", *store, cwd=tmp_path),
+        "show": cli("cache", "show", api, key, *store, cwd=tmp_path),
+        "diff": cli("cache", "diff", "store", str(DEMO / "frozen"), *store, "--show", "5", "-q", cwd=tmp_path),
+        "export": cli("cache", "export", str(tmp_path / "out"), *store, "-q", cwd=tmp_path),
+        "snapshot": cli("snapshot", str(tmp_path / "snap"), *store, "-q", cwd=tmp_path),
+    }
+    for name, done in shown.items():
+        assert raw_controls(done.stdout + done.stderr) == [], (name, done.stdout, done.stderr)
+    assert "evil\\u001b[2J_for_Data/api\\u009b31m" in shown["ls"].stdout and "\\u001b]0;pwned\\u0007\\u202e" in shown["ls"].stdout
+    assert "evil\\u001b[2J" in shown["delete"].stdout and "\\u009b31m" in shown["diff"].stdout
+    assert json.loads(shown["show"].stdout)["key"] == key
+    listed = [json.loads(line) for line in cli("cache", "ls", *store, "--json", cwd=tmp_path).stdout.splitlines()]
+    assert [(r["api"], r["key"]) for r in listed] == [(api, key)] and HOSTILE[0] in listed[0]["origin"]
+    deleted = json.loads(cli("cache", "delete", "--category", "Data", *store, "--json", cwd=tmp_path).stdout)
+    assert deleted["by_api"] == {api: 1}
+
+
 # -- one exit-code table ----------------------------------------------------------------------------
 
 
