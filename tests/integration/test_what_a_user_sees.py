@@ -172,6 +172,29 @@ def test_doctor_calls_a_simulator_endpoint_answering_404_an_error(not_found: str
     assert not report["ok"] and [e["key"] for e in report["errors"]] == ["simulator.api_base"]
 
 
+def test_doctor_passes_a_simulator_endpoint_without_a_models_list_that_answers_chat_completions(tmp_path: Path) -> None:
+    """An OpenAI-compatible server with no ``/v1/models`` (HTTP 404) that answers chat completions: ``warm`` uses it,
+    so ``doctor`` passes it, saying so; one whose chat completions fail too is still an error."""
+    from tests.helpers.openai_stub import OpenAIStub, Reply, echo_responder
+
+    def config(stub: OpenAIStub) -> Path:
+        return write_config(tmp_path / "c.yml", store={"path": str(tmp_path / "store")}, tools_folder=str(DEMO / "tools"),
+                            frozen_caches=[str(DEMO / "frozen")], simulator={"enabled": True, "api_base": stub.api_base})
+
+    with OpenAIStub(echo_responder, models=False) as stub:
+        doctor = cli("doctor", "--config", str(config(stub)), cwd=tmp_path)
+        asked = list(stub.requests)
+    assert doctor.returncode == 0, doctor.stdout
+    assert f"{stub.api_base}: answered (HTTP 404, no models list at /models, but a chat completion of 'MirrorAPI' was answered)" in doctor.stdout
+    assert "simulator.api_base" not in doctor.stdout and "no errors, 0 warning(s)" in doctor.stdout, doctor.stdout
+    assert [(r["model"], r["max_tokens"]) for r in asked] == [("MirrorAPI", 1)]
+    with OpenAIStub(lambda body: Reply(status=500), models=False) as stub:
+        failed = cli("doctor", "--config", str(config(stub)), "--json", cwd=tmp_path)
+    report = json.loads(failed.stdout)
+    assert failed.returncode == 1 and [e["key"] for e in report["errors"]] == ["simulator.api_base"]
+    assert f"no chat completion at {stub.api_base}/chat/completions (chat completion: HTTP 500)" in report["errors"][0]["message"]
+
+
 # -- names holding terminal control characters ------------------------------------------------------
 
 #: what a hostile tree may put in its names and keys: clear the screen, retitle the window, a C1 CSI, a bidi override
