@@ -167,7 +167,12 @@ def check_endpoints(settings: Settings, report: Report, *, probe_endpoints: bool
     """Probe the relay and the simulator endpoints (all at once); warnings for those that do not answer.
 
     ``doctor``: a simulator endpoint that answers without a models list (HTTP 404: a wrong path) is an error.
+    In ``replay`` mode neither is ever asked: they are said to be unused, not probed, and nothing is warned.
     """
+    if settings.mode == "replay":
+        for label, section in (("real API", settings.real), ("simulator", settings.simulator)):
+            report.add(label, "not used: replay mode answers from the caches only" if section.enabled else "off")
+        return {}
     jobs = _probe_jobs(settings, report, probe_endpoints)
     results = _run_probes(jobs)
     _report_real(settings, report, results)

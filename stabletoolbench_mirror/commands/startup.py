@@ -98,8 +98,12 @@ def _n(count: int, word: str, plural: str | None = None) -> str:
 
 
 def _describe_tree(count: TreeCount) -> str:
+    """``3 files, 1 tool, 1 category, 2 models, 14 entries (12 model calls)``: a snapshot's model calls counted too."""
     entries = _n(count.entries, "entry", "entries") if count.entries is not None else f"entries not counted ({count.bytes / 1e6:,.0f} MB)"
-    return f"{_n(count.files, 'file')}, {_n(count.tools, 'tool')}, {_n(count.categories, 'category', 'categories')}, {entries}"
+    if count.model_entries:
+        entries += f" ({_n(count.model_entries, 'model call')})"
+    models = f", {_n(count.models, 'model')}" if count.models else ""
+    return f"{_n(count.files, 'file')}, {_n(count.tools, 'tool')}, {_n(count.categories, 'category', 'categories')}{models}, {entries}"
 
 
 def check_frozen_caches(settings: Settings, report: StartupReport, *, count_entries: bool | None = None) -> None:
@@ -133,6 +137,7 @@ def check_frozen_caches(settings: Settings, report: StartupReport, *, count_entr
 def check_tools_folder(settings: Settings, report: StartupReport, *, count_apis: bool | None = None) -> None:
     problem = tools_folder_problem(settings)
     sim = settings.simulator
+    simulating = sim.enabled and settings.mode != "replay"  # a replay never asks the simulator
     if problem is None:
         assert settings.tools_folder
         path = settings.resolve(settings.tools_folder)
@@ -147,7 +152,7 @@ def check_tools_folder(settings: Settings, report: StartupReport, *, count_apis:
         report.add("tools folder", "none: the simulator has API-Bank's tool docs only")
         return
     report.add("tools folder", problem if settings.tools_folder else "none")
-    if sim.enabled and not sim.allow_without_docs:
+    if simulating and not sim.allow_without_docs:
         what = "is not set" if not settings.tools_folder else f"gives no tool docs: {problem}"
         report.error(
             "tools_folder",
@@ -155,14 +160,14 @@ def check_tools_folder(settings: Settings, report: StartupReport, *, count_apis:
             "answers would be recorded for good. Set tools_folder to a ToolBench tools folder (<Category>/<tool>.json), "
             f"or set simulator.allow_without_docs: true to simulate anyway (their records are marked '{NO_DOCS_MARK.strip()}')",
         )
-    elif sim.enabled:
+    elif simulating:
         report.warning(
             "simulator.allow_without_docs",
             f"simulating without tool docs (tools_folder {problem}): answers are made from the names alone; "
             f"their records' origin ends with '{NO_DOCS_MARK}'",
         )
     elif settings.tools_folder:
-        needed = settings.real.enabled and settings.real.backend == "rapidapi"
+        needed = settings.real.enabled and settings.real.backend == "rapidapi" and settings.mode != "replay"
         report.warning("tools_folder", problem + ("; real.backend 'rapidapi' builds every call from its tool doc" if needed else ""))
 
 
@@ -326,8 +331,11 @@ def check_model_calls(settings: Settings, report: StartupReport) -> None:
     upstreams = "; ".join(
         f"{public_url(u.base_url)} for {', '.join(u.models)} (key: ${u.api_key_env})" if u.api_key_env
         else f"{public_url(u.base_url)} for {', '.join(u.models)} (key: the client's)" for u in llm.upstreams)
+    if mode == "replay":  # no upstream is asked: nothing about their keys to warn of
+        report.add("model calls", "/v1, replay: only recorded calls are answered" + (f" (upstreams not used: {upstreams})" if upstreams else ""))
+        return
     report.add("model calls", f"/v1, {mode}; " + (upstreams or "no upstream: only recorded calls are answered"))
-    if not llm.upstreams and mode != "replay":
+    if not llm.upstreams:
         report.warning("llm.upstreams", f"llm mode is {mode} but no upstream is configured: every model call not "
                        "recorded gets HTTP 404; add llm.upstreams: [{base_url: ..., models: [...]}]")
     for i, upstream in enumerate(llm.upstreams):
