@@ -211,7 +211,11 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
     (replay mode, or record mode with neither the real API nor the simulator), and no local tools:
     every call a miss.
 
-    ``doctor`` reports it as an error, ``serve`` and ``warm`` as a warning (they start anyway).
+    An error for ``doctor``, and in replay mode for ``serve`` too (a replay records nothing: it would
+    answer every call of a whole run with a miss); in record mode ``serve`` and ``warm`` warn and start.
+    A server of model calls (``llm.upstreams`` in a mode that asks them) is no mistake: a warning.
+    When no config file was found (``serve`` run outside the folder of its config, the store then a new,
+    empty one in the current folder), the message says so and names the config to pass.
     Record mode with no responder but something cached says so in the ``mode`` line.
     """
     fills = settings.real.enabled or settings.simulator.enabled or simulator_launched
@@ -236,12 +240,27 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
         what = "record mode with nothing to answer a miss (neither real.enabled nor simulator.enabled) and nothing recorded"
         fix = "or enable the real API (real.enabled, upstream's toolbench_url) or the simulator (simulator.enabled)"
     # a server of model calls only (llm.upstreams: the judge re-scoring answers) is no mistake: said, not refused
-    refuse = doctor and not settings.llm.upstreams
+    model_calls = bool(settings.llm.upstreams) and (settings.llm.mode or settings.mode) != "replay"
+    refuse = (doctor or settings.mode == "replay") and not model_calls
     (report.error if refuse else report.warning)(
         "mode",
-        f"{what}: the store is empty and {frozen}, so every call will be a miss, answered '{MISS_ERROR}'. "
+        f"{_no_config_found(settings)}{what}: the store is empty and {frozen}, so every call will be a miss, answered '{MISS_ERROR}'. "
         f"Point frozen_caches at a tool_response_cache tree (upstream cache_folder) or store.path at a recorded store, {fix}",
     )
+
+
+def _no_config_found(settings: Settings) -> str:
+    """When no config file was found: what was used instead, and the config to pass (the demo's, run from a
+    checkout); else ``""``."""
+    from stabletoolbench_mirror.config import NO_CONFIG_FILE, demo_config_file
+
+    if not (settings.config_source.startswith("defaults") and f"({NO_CONFIG_FILE} in " in settings.config_source):
+        return ""
+    demo = demo_config_file()
+    where = f"pass --config FILE (the demo caches: --config {demo})" if demo is not None else "pass --config FILE"
+    return (f"no config file was found in {settings.base_dir} ({NO_CONFIG_FILE}): the built-in defaults were used, so the "
+            f"store is {settings.resolve(settings.store.path)}, in this folder, and no frozen cache is served; run from the "
+            f"folder of your config or {where}. ")
 
 
 def _store_entries(settings: Settings) -> int | None:
