@@ -211,8 +211,8 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
     (replay mode, or record mode with neither the real API nor the simulator), and no local tools:
     every call a miss.
 
-    An error for ``doctor``, and in replay mode for ``serve`` too (a replay records nothing: it would
-    answer every call of a whole run with a miss); in record mode ``serve`` and ``warm`` warn and start.
+    An error for ``doctor``; ``serve`` and ``warm`` warn and start (another process may fill the store
+    while a server runs: ``cache import``, ``warm``, a server recording into the same Redis).
     A server of model calls (``llm.upstreams`` in a mode that asks them) is no mistake: a warning.
     When no config file was found (``serve`` run outside the folder of its config, the store then a new,
     empty one in the current folder), the message says so and names the config to pass.
@@ -241,7 +241,7 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
         fix = "or enable the real API (real.enabled, upstream's toolbench_url) or the simulator (simulator.enabled)"
     # a server of model calls only (llm.upstreams: the judge re-scoring answers) is no mistake: said, not refused
     model_calls = bool(settings.llm.upstreams) and (settings.llm.mode or settings.mode) != "replay"
-    refuse = (doctor or settings.mode == "replay") and not model_calls
+    refuse = doctor and not model_calls
     (report.error if refuse else report.warning)(
         "mode",
         f"{_no_config_found(settings)}{what}: the store is empty and {frozen}, so every call will be a miss, answered '{MISS_ERROR}'. "
