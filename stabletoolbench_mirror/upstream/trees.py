@@ -18,7 +18,7 @@ from pathlib import Path
 
 from stabletoolbench_mirror.core.model_calls import MODEL_CATEGORY
 from stabletoolbench_mirror.upstream.layout import iter_cache_spans
-from stabletoolbench_mirror.upstream.tooldocs import json_files, subfolders
+from stabletoolbench_mirror.upstream.nearby import NEAR_SEARCH_BUDGET, json_files, nearby, subfolders
 
 #: the layout of an upstream cache tree, for messages
 TREE_LAYOUT = "<Category>/<tool>_for_<Category>/<api>.json"
@@ -26,8 +26,6 @@ TREE_LAYOUT = "<Category>/<tool>_for_<Category>/<api>.json"
 COUNT_ENTRIES_MAX_BYTES = 16 * 1024 * 1024
 #: APIs of a tools folder are counted (by parsing the tool docs) only up to this many tool files
 COUNT_APIS_MAX_TOOLS = 5000
-#: folder entries a search for a nearby tree may look at (a hint must stay cheap)
-NEAR_SEARCH_BUDGET = 20_000
 
 
 # -- cache trees -----------------------------------------------------------------------------------
@@ -132,33 +130,10 @@ def looks_like_tree(path: str | os.PathLike[str], budget: list[int] | None = Non
 
 
 def nearby_tree(path: str | os.PathLike[str]) -> tuple[str, Path] | None:
-    """A folder just below (one or two levels) or above (one or two levels) ``path`` that is a cache tree.
-
-    ``("below", folder)``, ``("above", folder)`` or ``("beside it", folder)``; a folder named
-    ``tool_response_cache`` is preferred.
-    """
-    base = Path(path)
-    budget = [NEAR_SEARCH_BUDGET]
-    children = sorted(subfolders(base), key=lambda e: (e.name != "tool_response_cache", e.name))
-    for child in children:
-        if looks_like_tree(child.path, budget):
-            return "below", Path(child.path)
-    for child in children:
-        for grandchild in sorted(subfolders(child.path), key=lambda e: (e.name != "tool_response_cache", e.name)):
-            if looks_like_tree(grandchild.path, budget):
-                return "below", Path(grandchild.path)
-            if budget[0] <= 0:
-                return None
-    for parent in (base.parent, base.parent.parent):
-        if parent != base and looks_like_tree(parent, budget):
-            return "above", parent
-    # e.g. the tools folder given instead of the cache tree beside it
-    for sibling in sorted(subfolders(base.parent), key=lambda e: (e.name != "tool_response_cache", e.name)):
-        if Path(sibling.path) != base and looks_like_tree(sibling.path, budget):
-            return "beside it", Path(sibling.path)
-        if budget[0] <= 0:
-            break
-    return None
+    """A folder just below (one or two levels), above (one or two levels) or beside ``path`` that is a cache tree
+    (:func:`~.nearby.nearby`, a folder named ``tool_response_cache`` first): ``("below", folder)``, ``("above", folder)``
+    or ``("beside it", folder)``, e.g. the tools folder given instead of the cache tree beside it."""
+    return nearby(path, lambda folder, budget: looks_like_tree(folder, budget), prefer="tool_response_cache")
 
 
 def frozen_cache_problem(path: str | os.PathLike[str], *, follow_symlinks: bool = False) -> str | None:
