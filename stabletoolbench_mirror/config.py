@@ -314,8 +314,10 @@ class McpConfig(_Section):
     one query's; empty: ``/mcp`` offers every tool of ``tools_folder``."""
     sessions: bool = True
     """An MCP session (``Mcp-Session-Id``; the ``mcp`` command's whole run) is a server session: history-conditioned
-    keys and simulation, local-tool state.  Off: its calls are sessionless, keyed as StableToolBench's client's
-    (what answering from a frozen StableToolBench cache needs)."""
+    keys and simulation, local-tool state (API-Bank's per-session environments need it).  A frozen StableToolBench
+    cache, which has no history keys, still answers a session's calls (read with the keys StableToolBench's client
+    gives them, see ``engine.lookup_order``).  Off: MCP calls are sessionless, keyed as StableToolBench's client's,
+    and recorded so (``X-STM-Session`` still applies)."""
     max_sessions: int = Field(default=2048, ge=1)
     """MCP sessions open at once over HTTP, all clients together.  A new one beyond it closes the least recently
     used idle session of the client that holds the most; with none idle it is refused (HTTP 503 naming this key)."""
