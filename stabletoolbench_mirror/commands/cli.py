@@ -420,7 +420,7 @@ def printable_output() -> Iterator[None]:
     from stabletoolbench_mirror.core.logs import PrintableStream
 
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = PrintableStream(out), PrintableStream(err, keep_cr=True)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = PrintableStream(out), PrintableStream(err, keep_cr=True)
     try:
         yield
     finally:

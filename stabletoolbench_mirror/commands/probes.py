@@ -135,7 +135,7 @@ def probe_chat(api_base: str, model: str, headers: dict[str, str], timeout_s: fl
     import requests
 
     url = api_base.rstrip("/") + "/chat/completions"
-    body = {"model": model, "messages": PROBE_MESSAGES, "max_tokens": 1, "temperature": 0}
+    body: dict[str, Any] = {"model": model, "messages": PROBE_MESSAGES, "max_tokens": 1, "temperature": 0}
     try:
         response = requests.post(url, json=body, headers=headers, timeout=(timeout_s, timeout_s), allow_redirects=False, stream=True)
     except requests.RequestException as exc:

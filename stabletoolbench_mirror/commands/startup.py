@@ -232,6 +232,14 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
         entries = _store_entries(settings)
     if entries != 0:
         return
+    # a server of model calls only (llm.upstreams: the judge re-scoring answers) is no mistake: said, not refused
+    model_calls = bool(settings.llm.upstreams) and (settings.llm.mode or settings.mode) != "replay"
+    refuse = doctor and not model_calls
+    (report.error if refuse else report.warning)("mode", _nothing_answers(settings))
+
+
+def _nothing_answers(settings: Settings) -> str:
+    """What :func:`check_anything_answers` says: why every call will be a miss, and the fixes."""
     frozen = "no frozen cache is usable" if settings.frozen_caches else "no frozen cache is configured (frozen_caches)"
     if settings.mode == "replay":
         what = "replay mode with nothing to replay"
@@ -239,14 +247,9 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
     else:
         what = "record mode with nothing to answer a miss (neither real.enabled nor simulator.enabled) and nothing recorded"
         fix = "or enable the real API (real.enabled, upstream's toolbench_url) or the simulator (simulator.enabled)"
-    # a server of model calls only (llm.upstreams: the judge re-scoring answers) is no mistake: said, not refused
-    model_calls = bool(settings.llm.upstreams) and (settings.llm.mode or settings.mode) != "replay"
-    refuse = doctor and not model_calls
-    (report.error if refuse else report.warning)(
-        "mode",
-        f"{_no_config_found(settings)}{what}: the store is empty and {frozen}, so every call will be a miss, answered '{MISS_ERROR}'. "
-        f"Point frozen_caches at a tool_response_cache tree (upstream cache_folder) or store.path at a recorded store, {fix}",
-    )
+    return (f"{_no_config_found(settings)}{what}: the store is empty and {frozen}, so every call will be a miss, answered "
+            f"'{MISS_ERROR}'. Point frozen_caches at a tool_response_cache tree (upstream cache_folder) or store.path at a "
+            f"recorded store, {fix}")
 
 
 def _no_config_found(settings: Settings) -> str:
