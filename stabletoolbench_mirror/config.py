@@ -86,7 +86,8 @@ class StoreConfig(_Section):
     holder that dies blocks the others for at most this long.  (diskcache's lock is a kernel
     file lock, dropped when its holder exits.)"""
     timeout_s: float = Field(default=2.0, gt=0, le=HOUR_S)
-    """Redis connect and command timeout: how fast a Redis outage becomes an error answer."""
+    """Redis connect and command timeout: how fast a Redis outage becomes an error answer, and the longest a request
+    waits for Redis in all (after a timeout, Redis is not asked again for this long: ``stores.redis_store.Outage``)."""
 
 
 class RealConfig(_Section):
