@@ -92,7 +92,7 @@ def configure(label: str, path: Path, tmp: Path, stub: str) -> Checkout:
 
 def misses(checkouts: list[Checkout], stub: str, n: int, chunk: int = 20) -> dict[str, dict[str, dict[str, float]]]:
     """Per checkout and kind: the median direct and through latencies and the median added; the checkouts' chunks
-    interleaved, each request distinct (a new index for every checkout)."""
+    interleaved (each checkout has a store of its own: the same requests are misses in each)."""
     session = requests.Session()
     samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for label, route, body_of, direct_of in (
@@ -100,11 +100,10 @@ def misses(checkouts: list[Checkout], stub: str, n: int, chunk: int = 20) -> dic
         ("/v1", "/v1/chat/completions", model_body, model_body),
     ):
         for start in range(0, n, chunk):
-            for k, checkout in enumerate(checkouts):
+            for checkout in checkouts:
                 for i in range(start, min(n, start + chunk)):
-                    index = i + 20_000_000 * k
-                    direct = timed_post(session, stub + "/chat/completions", direct_of(index))
-                    through = timed_post(session, checkout.url + route, body_of(index))
+                    direct = timed_post(session, stub + "/chat/completions", direct_of(i))
+                    through = timed_post(session, checkout.url + route, body_of(i))
                     samples.setdefault((checkout.label, label), []).append((direct, through))
     out: dict[str, dict[str, dict[str, float]]] = {}
     for (checkout, label), pairs in samples.items():
@@ -124,12 +123,12 @@ def record_all(url: str, bodies: list[bytes], concurrency: int) -> None:
 def hit_rounds(checkouts: list[Checkout], bodies: dict[str, list[bytes]], rounds: int, concurrency: int) -> dict[str, dict[str, dict[str, float]]]:
     """Per checkout and kind, the median requests/s and p50 of ``rounds`` rounds, the checkouts' rounds interleaved:
     disjoint slices of the recorded bodies (each recorded once); ``/v1 X-STM-Run``: the same slice in every round,
-    each round a run the client names (counted in the store)."""
+    each round a run the client names (counted in the store).  The checkouts take turns going first."""
     size = len(bodies["/virtual"]) // rounds
     got: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for r in range(rounds):
         for kind in KINDS:
-            for checkout in checkouts:
+            for checkout in checkouts if r % 2 == 0 else checkouts[::-1]:  # neither checkout always goes first
                 route = "/virtual" if kind == "/virtual" else "/v1/chat/completions"
                 named = kind == "/v1 X-STM-Run"
                 part = bodies[kind][:size] if named else bodies[kind][r * size:(r + 1) * size]

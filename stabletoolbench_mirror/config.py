@@ -85,7 +85,7 @@ class StoreConfig(_Section):
     file lock, dropped when its holder exits.)"""
     timeout_s: float = Field(default=2.0, gt=0, le=HOUR_S)
     """Redis connect and command timeout: how fast a Redis outage becomes an error answer; for either store, the
-    longest a model call (``/v1``) waits for the store (its occurrence counter, its record's read and write)."""
+    longest a model call (``/v1``) waits for the store (its occurrence counter, its record's read)."""
 
 
 class RealConfig(_Section):

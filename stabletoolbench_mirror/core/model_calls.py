@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ COMPLETIONS = "completions"
 OUT_OF_KEY = frozenset({"stream", "stream_options", "user"})
 #: the longest model name accepted (a folder name of a snapshot)
 MAX_MODEL_CHARS = 200
+#: a control character (C0, DEL, C1): never in a model name
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def model_api(model: str, endpoint: str = CHAT_COMPLETIONS) -> str:
@@ -73,16 +76,30 @@ def _number(text: str) -> int | float:
     return int(value) if value.is_integer() and abs(value) < 2**53 else value
 
 
+_DECODER = json.JSONDecoder(parse_float=_number)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def parse_request(raw: bytes | str) -> Any:
     """A request body as JSON, an integral number written as a float (``0.0``, ``1e3``) read as the integer:
-    ``temperature: 0.0`` and ``temperature: 0`` are one request (and are sent upstream as the integer)."""
+    ``temperature: 0.0`` and ``temperature: 0`` are one request (and are sent upstream as the integer).
+
+    A UTF-8 body is read by one decoder made once; any other (UTF-16, a BOM) as ``json.loads`` reads it."""
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return json.loads(raw, parse_float=_number)
+        if text.startswith("\ufeff"):
+            return json.loads(raw, parse_float=_number)  # json.loads' own error for a BOM
+        return _DECODER.decode(text)
     return json.loads(raw, parse_float=_number)
 
 
 def canonical_request(body: Mapping[str, Any]) -> str:
     """The request's canonical JSON (of a body read by :func:`parse_request`): what its key is made of."""
-    kept = {k: v for k, v in body.items() if k not in OUT_OF_KEY}
-    return json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    kept = {k: v for k, v in body.items() if k not in OUT_OF_KEY} if not OUT_OF_KEY.isdisjoint(body) else body
+    return _CANONICAL.encode(kept)
 
 
 def request_digest(body: Mapping[str, Any]) -> str:
@@ -292,7 +309,7 @@ class Endpoint:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             return "the request has no model (a string is required)"
-        if len(model) > MAX_MODEL_CHARS or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in model):
+        if len(model) > MAX_MODEL_CHARS or _CONTROL.search(model):
             return f"the model name is over {MAX_MODEL_CHARS} characters or holds control characters"
         asked = body.get(self.prompt)
         if self.prompt == "messages" and not isinstance(asked, list):

@@ -25,8 +25,8 @@ is its own record, ``<digest>#<n>``.  In order:
 
 Every record served (a hit or a new recording) is also handed to :attr:`ModelCalls.served` when one is set.
 :meth:`ModelCalls.answer` runs on the server's event loop: a small body's parse, a local store's claim and
-read there (as a tool hit's read), the rest (a large body, a store that would wait, the upstream call, the
-record's write) in worker threads.
+read there (as a tool hit's read), the rest (a large body, a store that would wait, the upstream call and
+the record's write, as a tool miss's) in worker threads.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class ModelAnswer:
 ANSWERED = frozenset({"hit", "recorded", "replaced"})
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ModelRequest:
     """A parsed request of one endpoint, with what its key and budget need (:func:`prepare`)."""
 
@@ -126,10 +126,14 @@ class ModelRequest:
     endpoint: Endpoint
     model: str
     digest: str
-    estimate: int
-    """The tokens its upstream call may cost at most (:func:`~stabletoolbench_mirror.core.model_calls.token_estimate`)."""
+    size: int
+    """Its canonical JSON's size in bytes (its prompt's part of :meth:`estimate`)."""
     large: bool = False
     """Over :data:`ON_LOOP_BYTES`: written in pieces for the upstream too (:func:`~stabletoolbench_mirror.core.model_calls.json_bytes`)."""
+
+    def estimate(self) -> int:
+        """The tokens its upstream call may cost at most (:func:`~stabletoolbench_mirror.core.model_calls.token_estimate`)."""
+        return mc.token_estimate(self.body, self.size)
 
 
 def prepare(raw: bytes, endpoint: Endpoint) -> ModelRequest | ModelAnswer:
@@ -155,7 +159,7 @@ def prepare(raw: bytes, endpoint: Endpoint) -> ModelRequest | ModelAnswer:
                            "Unicode", "invalid_request_error", "rejected", retry=False)
     except (ValueError, UnicodeDecodeError) as exc:
         return _error(400, f"the request body is not JSON: {exc}", "invalid_request_error", "rejected", retry=False)
-    return ModelRequest(body, endpoint, body["model"], digest, mc.token_estimate(body, size), large)
+    return ModelRequest(body, endpoint, body["model"], digest, size, large)
 
 
 class TokenBudget:
@@ -216,12 +220,13 @@ class TokenBudget:
 
 @dataclass(frozen=True)
 class _Asked:
-    """What one upstream call gave: the record to write (a usable answer), or the error answer; its tokens."""
+    """What one upstream call gave: the record written and served (a usable answer) and how, or the error answer; its tokens."""
 
     answer: ModelAnswer | None
     record: Record | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    outcome: str = "recorded"
 
 
 _NOTHING = (0, 0, False)
@@ -312,7 +317,8 @@ class ModelCalls:
                 return _error(503, f"the store cannot be read now ({found}); nothing else holds {key}", "server_error", "error",
                               model), _NOTHING
             if found is not None:
-                await self._hand_over_async(found)
+                if self.served is not None:
+                    await self._hand_over_async(found)
                 return self._served(found, "hit", model, key, run), _NOTHING
         if self.mode is Mode.REPLAY:
             used_up = number > 1 and isinstance(await self._lookup(api, mc.record_key(request.digest, number - 1)), Record)
@@ -327,24 +333,25 @@ class ModelCalls:
 
     async def _from_upstream(self, request: ModelRequest, upstream: ModelUpstream, key: str, number: int, run: str,
                              authorization: str | None) -> tuple[ModelAnswer, tuple[int, int, bool]]:
-        reserved = None
+        reserved = estimate = None
         if self.budget is not None:
-            reserved = await self.budget.reserve(request.estimate)
+            estimate = request.estimate()
+            reserved = await self.budget.reserve(estimate)
             if reserved is None:
                 return self._budget_spent(request.model), _NOTHING
         asked = _Asked(None)
         try:
             asked = await self._thread(self._ask, request, upstream, key, number, run, authorization)
         finally:
-            if self.budget is not None and reserved is not None:
+            if self.budget is not None and reserved is not None and estimate is not None:
                 used = asked.prompt_tokens + asked.completion_tokens
                 unreported = asked.record is not None and not used
-                self.budget.settle(reserved, request.estimate if unreported else used, unreported)
+                self.budget.settle(reserved, estimate if unreported else used, unreported)
         tokens = (asked.prompt_tokens, asked.completion_tokens, True)
         if asked.record is None:
             assert asked.answer is not None
             return asked.answer, tokens
-        record, outcome = await self._record(asked.record)
+        record, outcome = asked.record, asked.outcome
         await self._hand_over_async(record)
         return self._served(record, outcome, request.model, key, run), tokens
 
@@ -380,26 +387,21 @@ class ModelCalls:
                 return found
         return failed
 
-    async def _record(self, record: Record) -> tuple[Record, str]:
-        """Write ``record`` (in a store thread, waited for at most ``store.timeout_s``); the record to serve and its outcome.
-
-        When another server recorded this occurrence first, its answer is the one replayed: it is served.  When the
-        store fails or is too slow, the answer is served unrecorded (the write may still land later)."""
+    def _write(self, record: Record) -> tuple[Record, str]:
+        """Write ``record`` (in the upstream call's worker thread, as a tool miss's record is written); the record to
+        serve and its outcome.  When another server recorded this occurrence first, its answer is the one replayed:
+        it is served.  When the store fails, the answer is served unrecorded."""
         try:
-            return await self.counters.waited(self._write, record)
+            if self.mode is Mode.REFRESH:
+                self.store.replace(record, None)
+                return record, "replaced"
+            if not self.store.add(record, None):
+                kept = self.store.get(record.api, record.key)
+                if kept is not None:
+                    return kept, "hit"
         except StoreError as exc:
             log.warning("model call: not recorded (%s); served all the same", exc)
-            return record, "replaced" if self.mode is Mode.REFRESH else "recorded"
-
-    def _write(self, record: Record) -> tuple[Record, str]:
-        if self.mode is Mode.REFRESH:
-            self.store.replace(record, None)
-            return record, "replaced"
-        if not self.store.add(record, None):
-            kept = self.store.get(record.api, record.key)
-            if kept is not None:
-                return kept, "hit"
-        return record, "recorded"
+        return record, "replaced" if self.mode is Mode.REFRESH else "recorded"
 
     async def _hand_over_async(self, record: Record) -> None:
         if self.served is not None:
@@ -439,7 +441,7 @@ class ModelCalls:
             return _Asked(self._no_answer(got, upstream.url, request.endpoint, "it cannot be kept as JSON text", request.model,
                                           redactor))
         prompt, completion_tokens = mc.usage_of(completion)
-        record = Record(
+        fresh = Record(
             api=request.endpoint.api(request.model), key=key, body=body, source="model", origin=upstream.url,
             meta={
                 "upstream": upstream.url, "model_asked": request.model, "model_answered": completion.get("model"),
@@ -447,7 +449,8 @@ class ModelCalls:
                 "run": run, "request_sha256": request.digest,
             },
         )
-        return _Asked(None, record, prompt, completion_tokens)
+        record, outcome = self._write(fresh)
+        return _Asked(None, record, prompt, completion_tokens, outcome)
 
     def _upstream_error(self, got: UpstreamAnswer, model: str, redactor: Redactor) -> ModelAnswer:
         """The upstream's own error, its status kept, its body OpenAI-shaped (and masked)."""

@@ -86,6 +86,11 @@ class PrivateRun:
     def __len__(self) -> int:
         return len(self._held)
 
+    @property
+    def spill_folder(self) -> str | None:
+        """The temporary folder of the spill file (``None`` before the first spill)."""
+        return self._folder
+
     # -- on the event loop: never waits ----------------------------------------------------------
 
     def claim_now(self, digest: str) -> int | None:
@@ -99,8 +104,12 @@ class PrivateRun:
             elif self._maybe_spilled(key) or len(self._pending) >= 2 * self.batch:
                 self._mark(key)  # counted in the file from now on: never in memory again
                 return None
-            number, after = rules.claim_occurrence(_whole(held) if held is not None else rules.Occurrences())
-            self._held[key] = _compact(after)
+            if held is None or isinstance(held, int):  # nothing given back: the next number (the rule's usual case, no objects)
+                number = held or 1
+                self._held[key] = number + 1
+            else:
+                number, after = rules.claim_occurrence(held)
+                self._held[key] = _compact(after)
             if len(self._held) > self.limit:
                 evicted, state = self._held.popitem(last=False)
                 self._mark(evicted)
