@@ -103,7 +103,7 @@ class OccurrenceFile:
         try:
             row = con.execute("SELECT state FROM occurrences WHERE run = ? AND digest = ?", (run, digest)).fetchone()
             number, after = decide(rules.Occurrences.from_json(row[0] if row else None))
-            if after == rules.Occurrences():
+            if after.at_start:
                 con.execute("DELETE FROM occurrences WHERE run = ? AND digest = ?", (run, digest))
             else:
                 con.execute("INSERT OR REPLACE INTO occurrences (run, digest, state, touched) VALUES (?, ?, ?, ?)",
