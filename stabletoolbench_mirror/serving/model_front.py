@@ -5,10 +5,11 @@
 ``http://HOST:PORT/run/<name>/v1`` is the same front for the run ``<name>``, exactly as ``/v1`` with the
 header ``X-STM-Run: <name>`` (:func:`run_route`): for clients that cannot send a header.
 :class:`ModelFront` is a pure ASGI handler the server's front hands ``/v1/...`` and ``/run/...`` to, as it handles ``/virtual``
-(ahead of FastAPI's middleware stack): the body is read (at most ``llm.max_body_bytes``, within
-``limits.body_timeout_s``), parsed, and handed to
-:class:`~stabletoolbench_mirror.engine.model_calls.ModelCalls` once (a hit of a local store answered on the event loop, the rest in worker threads); its answer is
-sent as JSON, or as server-sent events when the request asked for ``stream: true``.  Every answer names
+(ahead of FastAPI's middleware stack): the body is taken in by the front's own way in (the body read at most
+``llm.max_body_bytes``, within ``limits.body_timeout_s``, counted against ``limits.max_queued_bytes``, then a slot
+among the client's), and handed to :class:`~stabletoolbench_mirror.engine.model_calls.ModelCalls` once (a hit of a
+local store answered on the event loop, the rest in worker threads); its answer is sent as JSON, or as
+server-sent events when the request asked for ``stream: true`` (a large one built in a worker thread).  Every answer names
 how it ended (``X-STM-Outcome``), where it came from (``X-STM-Source``) and, for a completion, its
 record's key (``X-STM-Key``: ``<sha256>#<occurrence>``) and run (``X-STM-Run``).  A client names its
 run with the ``X-STM-Run`` header (printable, at most 200 characters); with the server's bearer token
