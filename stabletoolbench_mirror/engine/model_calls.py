@@ -262,7 +262,12 @@ class ModelCalls:
         self._reads_wait = store.kind != "diskcache"
         """Whether a store read can wait (over the network): then bounded by ``store.timeout_s``."""
 
+    holds_private_run = False
+    """Whether this path holds the store's private model-call run (:meth:`Store.hold_private_run`), let go at :meth:`close`."""
+
     def close(self) -> None:
+        if self.holds_private_run:
+            self.store.release_private_run()
         self.counters.close()
         close = getattr(self.upstreams, "close", None)
         if close is not None:

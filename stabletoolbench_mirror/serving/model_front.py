@@ -51,7 +51,7 @@ def records_unnamed_run(settings: Settings) -> bool:
     return settings.llm.run is None and bool(settings.llm.upstreams) and (settings.llm.mode or settings.mode) is not Mode.REPLAY
 
 
-def hold_private_run(settings: Settings, store: Store, run: str) -> None:
+def hold_private_run(settings: Settings, store: Store, run: str) -> bool:
     """Refuse to start a second server recording model calls into one store, each in a run of its own.
 
     Each would count identical requests from 1: the judge's 4 identical requests, spread over both,
@@ -62,7 +62,7 @@ def hold_private_run(settings: Settings, store: Store, run: str) -> None:
     for its workers and holds this in its first process.
     """
     if not records_unnamed_run(settings):
-        return
+        return False
     holder = store.hold_private_run(run)
     if holder is not None:
         raise StoreError(
@@ -70,6 +70,7 @@ def hold_private_run(settings: Settings, store: Store, run: str) -> None:
             f"identical requests from 1 and serve each other's recordings (the judge's identical requests would get one "
             f"answer twice). Name one run for both (llm.run: <name>, or STM_LLM__RUN=<name>), or serve both from one "
             f"process with `serve --workers N`, or stop the other one; a replay server (llm.mode: replay) may run beside it")
+    return True
 
 
 def build_model_calls(settings: Settings, layer: MirrorLayer, limiter: Any = None) -> ModelCalls:
@@ -80,13 +81,12 @@ def build_model_calls(settings: Settings, layer: MirrorLayer, limiter: Any = Non
     llm = settings.llm
     stats = layer.stats
     run = llm.run or new_run_id()
-    if settings.workers == 1:  # serve --workers N holds it in its first process
-        hold_private_run(settings, layer.store, run)
+    held = settings.workers == 1 and hold_private_run(settings, layer.store, run)  # serve --workers N: its first process
     budget = None
     if llm.max_upstream_tokens is not None:
         # with --workers N every worker's settled tokens are read from the shared counts (in a thread)
         budget = TokenBudget(llm.max_upstream_tokens, llm.timeout_s, stats.model_tokens_spent if multiprocess_dir() else None)
-    return ModelCalls(
+    calls = ModelCalls(
         layer.store, layer.frozen, Upstreams(llm),
         mode=llm.mode or settings.mode, run=run, secrets=settings.secrets(),
         # a run only this process can see: one worker, and no run named in the config (serve names it for workers)
@@ -94,6 +94,8 @@ def build_model_calls(settings: Settings, layer: MirrorLayer, limiter: Any = Non
         budget=budget, timeout_s=llm.timeout_s, store_timeout_s=settings.store.timeout_s, limiter=limiter,
         count=lambda answer, prompt, completion, asked: stats.count_model(answer.model or "(none)", answer.outcome, prompt, completion, asked),
     )
+    calls.holds_private_run = held
+    return calls
 
 
 _WORKER = (b"x-stm-worker", str(os.getpid()).encode())

@@ -219,6 +219,9 @@ class Store(CacheTier):
         """
         return None
 
+    def release_private_run(self) -> None:  # noqa: B027 - the default holds nothing
+        """Stop holding what :meth:`hold_private_run` took (closing the store does it too)."""
+
     def flight_lock(self, api: str, canonical: str) -> AbstractContextManager[None]:
         """A lock held while one miss is filled, shared with other processes (and hosts) using the store.
 

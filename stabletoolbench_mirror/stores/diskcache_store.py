@@ -137,6 +137,8 @@ class DiskcacheStore(Store):
         self._deletes_seen: object = None
         self._occurrence_file: OccurrenceFile | None = None
         """The occurrence counters of model calls, opened at the first claim."""
+        self._private_run: int | None = None
+        """The byte of the flight-lock file held by :meth:`hold_private_run`."""
         if read_only:
             try:
                 self._cache: Any = layout.ReadOnlyCache(self.path)
@@ -260,7 +262,10 @@ class DiskcacheStore(Store):
         this process ends, even on ``kill -9``), and a line saying who holds it beside."""
         if self._locks is None:
             return None
-        if self._locks.try_acquire(_PRIVATE_RUN_LOCK) is None:
+        if self._private_run is not None:
+            return None
+        self._private_run = self._locks.try_acquire(_PRIVATE_RUN_LOCK)
+        if self._private_run is None:
             try:
                 with open(os.path.join(self.path, self.PRIVATE_RUN_FILE), encoding="utf-8") as handle:
                     return handle.read(400).strip() or "another process"
@@ -272,6 +277,11 @@ class DiskcacheStore(Store):
         except OSError as exc:  # the line is for a message only: the lock is what counts
             log.info("diskcache store at %s: %s not written (%s)", self.path, self.PRIVATE_RUN_FILE, exc)
         return None
+
+    def release_private_run(self) -> None:
+        held, self._private_run = self._private_run, None
+        if held is not None and self._locks is not None:
+            self._locks.release(held)
 
     def _occurrence(self, run: str, digest: str, decide: Any) -> int:
         """One counter's read, decision and write, in the store's occurrence file (:mod:`.occurrence_file`)."""
