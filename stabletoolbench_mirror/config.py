@@ -48,7 +48,7 @@ from stabletoolbench_mirror.config_upstream import UPSTREAM_SERVERS as UPSTREAM_
 from stabletoolbench_mirror.config_upstream import UpstreamServer as UpstreamServer
 from stabletoolbench_mirror.config_upstream import clearly_upstream as clearly_upstream
 from stabletoolbench_mirror.config_upstream import upstream_server_for as upstream_server_for
-from stabletoolbench_mirror.core.secrets import url_password
+from stabletoolbench_mirror.core.secrets import url_secrets
 
 #: upper bounds of durations and counts: a value past them cannot work (a timeout over ~9.2e9 s overflows
 #: the platform's time_t, and every wait with it fails) or is a typo; the error names the key and the bound
@@ -87,7 +87,8 @@ class StoreConfig(_Section):
     file lock, dropped when its holder exits.)"""
     timeout_s: float = Field(default=2.0, gt=0, le=HOUR_S)
     """Redis connect and command timeout: how fast a Redis outage becomes an error answer, and the longest a request
-    waits for Redis in all (after a timeout, Redis is not asked again for this long: ``stores.redis_store.Outage``)."""
+    waits for Redis in all (after a timeout, Redis is not asked again for this long: ``stores.redis_store.Outage``);
+    for either store, the longest a model call (``/v1``) waits for the store (its occurrence counter, its record's read)."""
 
 
 class RealConfig(_Section):
@@ -466,7 +467,7 @@ class Settings(_Section):
 
     def secrets(self) -> list[str]:
         """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.core.secrets`): the
-        keys and the token, and any password in a configured URL."""
+        keys and the token, and any user, password or query value of a configured URL (:func:`url_secrets`)."""
         found = [
             v.get_secret_value()
             for v in (self.auth_token, self.real.toolbench_key, self.real.rapidapi_key, self.simulator.api_key)
@@ -475,7 +476,7 @@ class Settings(_Section):
         found += [key for key in (u.api_key() for u in self.llm.upstreams) if key]
         urls = [self.store.url, self.real.relay_url, self.real.rapidapi_base_url, *self.simulator.endpoints,
                 *(u.base_url for u in self.llm.upstreams)]
-        return found + [p for p in (url_password(u) for u in urls if u) if p]
+        return found + [secret for u in urls if u for secret in url_secrets(u)]
 
 
 # -- loading (see :mod:`.config_loading` and :mod:`.config_upstream`) ------------------------------

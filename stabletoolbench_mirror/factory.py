@@ -40,7 +40,7 @@ class StoreKind:
 
 
 def _diskcache_records(settings: Settings, read_only: bool) -> Store:
-    return DiskcacheStore(settings.resolve(settings.store.path), read_only=read_only)
+    return DiskcacheStore(settings.resolve(settings.store.path), read_only=read_only, timeout_s=settings.store.timeout_s)
 
 
 def _diskcache_sessions(settings: Settings) -> SessionStore:

@@ -1,7 +1,8 @@
 """One home for secrets: which values are secret, and how they are kept out of text and data.
 
 A *secret* is a configured key (``auth_token``, ``real.toolbench_key``, ``real.rapidapi_key``,
-``simulator.api_key``, a password in a configured URL such as ``store.url``) or the
+``simulator.api_key``, the user, password or a query value of a configured URL such as ``store.url`` or
+``llm.upstreams[].base_url``: :func:`url_secrets`) or the
 ``toolbench_key`` a request carries.  None may reach the store, a log line, ``/stats``, a snapshot or an export:
 
 * :class:`Redactor` replaces every known secret value by :data:`MASK`, in text
@@ -27,7 +28,7 @@ import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 
 class HasSecrets(Protocol):
@@ -47,6 +48,8 @@ SECRET_FIELDS = frozenset({"auth_token", "toolbench_key", "rapidapi_key", "api_k
 #: lower case): this server's own secrets.  ``api_key`` is not among them: it is a real parameter of
 #: some RapidAPI tools (4 of the 2,490 reference docs), and a configured key's value is masked anyway
 INPUT_SECRET_FIELDS = SECRET_FIELDS - {"api_key"}
+#: words in a URL's query parameter names whose values are secrets (``api-key``, ``key``, ``access_token``, ``sig``, ...)
+SECRET_QUERY_WORDS = ("key", "token", "secret", "pass", "auth", "sig", "credential")
 #: HTTP headers that carry one (compared in lower case)
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-rapidapi-key", "toolbench_key", "api-key", "x-api-key"})
 
@@ -252,6 +255,20 @@ def public_settings(settings: HasSecrets) -> dict[str, Any]:
         return value
 
     return clean(mask_fields(settings.model_dump(mode="json")))
+
+
+def url_secrets(url: str) -> list[str]:
+    """The parts of ``url`` that are credentials: its password (or its user name when it has no password, as a
+    token sent as the user is), and the value of each query parameter named like one (``?api-key=...``,
+    ``?key=``, ``?access_token=``, ``?sig=``; :data:`SECRET_QUERY_WORDS`).  Nothing for a URL that cannot be read."""
+    try:
+        parts = urlsplit(url)
+        found = [parts.password or ""] if parts.password else [parts.username or ""]
+    except ValueError:
+        return []
+    found += [unquote(f) for f in found if "%" in f]
+    found += [value for name, value in parse_qsl(parts.query) if any(word in name.lower() for word in SECRET_QUERY_WORDS)]
+    return [f for f in found if f]
 
 
 def url_password(url: str) -> str | None:

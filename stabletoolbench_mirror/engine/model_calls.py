@@ -5,29 +5,35 @@ idea, the **occurrence**: the judge sends 3-4 identical requests per answer and 
 answers, so the n-th identical request of a run (:mod:`stabletoolbench_mirror.core.model_calls`)
 is its own record, ``<digest>#<n>``.  In order:
 
-1. the request is checked (a ``model`` string, a ``messages`` list or a ``prompt``: its endpoint's
-   :meth:`~stabletoolbench_mirror.core.model_calls.Endpoint.request_problem`) and its digest computed;
-2. its occurrence number is claimed from the store (:meth:`Store.claim_occurrence`: every worker
-   and every host of a Redis store count together);
+1. the body is parsed and checked (a ``model`` string, a ``messages`` list or a ``prompt``: its endpoint's
+   :meth:`~stabletoolbench_mirror.core.model_calls.Endpoint.request_problem`; valid Unicode, nested less than
+   Python's recursion limit) and its digest computed (:func:`prepare`; a body over :data:`ON_LOOP_BYTES` in a
+   worker thread, so a large body never holds the event loop);
+2. its occurrence number is claimed (:class:`~.occurrences.RunCounters`: the server's own run in bounded
+   memory, any other run in the store, never waiting on the event loop, at most ``store.timeout_s``);
 3. ``record``/``replay``: the record is looked up in the store, then in each frozen cache; a hit is
    served as recorded;
-4. a miss in ``replay``, a model no upstream answers, a spent budget (``llm.max_upstream_tokens``) or
-   an upstream that gives no completion end with an OpenAI-shaped error; nothing is recorded and
-   the number is given back (:meth:`Store.release_occurrence`), so a retry of the same request
-   takes it;
+4. a miss in ``replay``, a model no upstream answers, a spent budget (``llm.max_upstream_tokens``: each
+   upstream call reserves its :func:`~stabletoolbench_mirror.core.model_calls.token_estimate` first, and
+   settles it with the tokens it used, :class:`TokenBudget`) or an upstream that gives no completion end
+   with an OpenAI-shaped error; nothing is recorded and the number is given back, so a retry of the same
+   request takes it;
 5. otherwise the upstream's completion, every known secret in it masked, is recorded
    (``refresh``: written over what was there) and served: the record run serves the same bytes
    its replay will.  An HTTP 200 that is no answer of the endpoint (no choices, a choice without its
    message or text, an ``error`` object) is the upstream's failure: passed on, never recorded.
 
 Every record served (a hit or a new recording) is also handed to :attr:`ModelCalls.served` when one is set.
-
-:meth:`ModelCalls.answer` runs on the server's event loop: a local store's claim and read there (as a
-tool hit's read), a Redis store's and the upstream call in worker threads.
+:meth:`ModelCalls.answer` runs on the server's event loop: a small body's parse, a local store's claim and
+read there (as a tool hit's read), the rest (a large body, a store that would wait, the upstream call and
+the record's write, as a tool miss's) in worker threads.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import hashlib
 import json
 import logging
 import time
@@ -43,9 +49,13 @@ from stabletoolbench_mirror.core.model_calls import CHAT, Endpoint
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.core.secrets import Redactor
-from stabletoolbench_mirror.stores.base import CacheTier, MemoryOccurrences, Store, StoreError
+from stabletoolbench_mirror.engine.occurrences import PrivateRun, RunCounters
+from stabletoolbench_mirror.stores.base import CacheTier, Store, StoreError
 
 log = logging.getLogger(__name__)
+
+#: the largest body parsed and hashed on the event loop (about a quarter of a millisecond); larger ones in a thread
+ON_LOOP_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -72,7 +82,8 @@ class ModelUpstream(Protocol):
 
     def key(self, client_authorization: str | None) -> str | None: ...
 
-    def complete(self, body: Mapping[str, Any], key: str | None, timeout_s: float, endpoint: Endpoint = CHAT) -> UpstreamAnswer: ...
+    def complete(self, body: Mapping[str, Any], key: str | None, timeout_s: float, endpoint: Endpoint = CHAT, *,
+                 large: bool = False) -> UpstreamAnswer: ...
 
 
 class ModelUpstreams(Protocol):
@@ -87,7 +98,8 @@ class ModelAnswer:
     body: bytes
     outcome: str
     """``hit``, ``recorded``, ``replaced`` (refresh), ``unanswered`` (not recorded, nobody to ask),
-    ``refused`` (budget), ``error`` (the upstream gave no completion) or ``rejected`` (a bad request)."""
+    ``refused`` (budget, a server limit), ``error`` (the upstream gave no completion, the store failed) or
+    ``rejected`` (a bad request)."""
     source: str
     """``model`` (or the record's source: ``imported``, ``frozen``) for an answer; ``upstream`` for an upstream's
     error; ``mirror`` for this server's own error."""
@@ -98,19 +110,127 @@ class ModelAnswer:
     retry: bool = True
     """Whether the client may send the same request again and get another answer (``False``: a bad request, a
     spent budget, a call not recorded in replay; sent as ``X-Should-Retry: false``, which the ``openai`` SDK obeys)."""
-
-    def completion(self) -> Mapping[str, Any] | None:
-        """The served completion, parsed (a streamed request's events are built from it); ``None`` for an error."""
-        if self.outcome not in ANSWERED:
-            return None
-        parsed = json.loads(self.body)
-        return parsed if isinstance(parsed, dict) else None
+    stream: bool | None = None
+    """For a request that asked ``stream: true``: whether it asked ``stream_options.include_usage`` (``None``: not streamed)."""
 
 
-#: requests counted in memory for a private run; past it, the store counts the new ones
-PRIVATE_RUN_LIMIT = 1_000_000
 #: the outcomes that served a completion
 ANSWERED = frozenset({"hit", "recorded", "replaced"})
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    """A parsed request of one endpoint, with what its key and budget need (:func:`prepare`)."""
+
+    body: dict[str, Any]
+    endpoint: Endpoint
+    model: str
+    digest: str
+    size: int
+    """Its canonical JSON's size in bytes (its prompt's part of :meth:`estimate`)."""
+    large: bool = False
+    """Over :data:`ON_LOOP_BYTES`: written in pieces for the upstream too (:func:`~stabletoolbench_mirror.core.model_calls.json_bytes`)."""
+
+    def estimate(self) -> int:
+        """The tokens its upstream call may cost at most (:func:`~stabletoolbench_mirror.core.model_calls.token_estimate`)."""
+        return mc.token_estimate(self.body, self.size)
+
+
+def prepare(raw: bytes, endpoint: Endpoint) -> ModelRequest | ModelAnswer:
+    """The request in ``raw``, or the HTTP 400 answer to a body that is not one: not JSON, not UTF-8, not valid
+    Unicode (a lone surrogate), nested past Python's recursion limit, or not a request of ``endpoint``."""
+    large = len(raw) > ON_LOOP_BYTES
+    try:
+        body = mc.parse_request(raw)
+        problem = endpoint.request_problem(body)
+        if problem is not None:
+            return _error(400, problem, "invalid_request_error", "rejected", param="model" if "model" in problem else None,
+                          retry=False)
+        if large:  # in pieces: the event loop runs between them (this is a worker thread)
+            digest, size = mc.canonical_digest(body)
+        else:
+            canonical = mc.canonical_request(body).encode("utf-8")
+            digest, size = hashlib.sha256(canonical).hexdigest(), len(canonical)
+    except RecursionError:
+        return _error(400, "the request body nests JSON too deep (about 1,000 levels is the most read)",
+                      "invalid_request_error", "rejected", retry=False)
+    except UnicodeEncodeError:
+        return _error(400, "the request body holds a lone UTF-16 surrogate (\\ud800-\\udfff without its pair): not valid "
+                           "Unicode", "invalid_request_error", "rejected", retry=False)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error(400, f"the request body is not JSON: {exc}", "invalid_request_error", "rejected", retry=False)
+    return ModelRequest(body, endpoint, body["model"], digest, size, large)
+
+
+class TokenBudget:
+    """``llm.max_upstream_tokens``: reserved before each upstream call, settled with what it used after it.
+
+    A call goes upstream only when the tokens spent, those reserved by calls in flight and its own estimate
+    fit in the budget, or when no call is in flight and some budget is left (so one request larger than
+    the budget still goes, alone); else it waits (at most ``timeout_s``) for calls in flight to settle.
+    So concurrent calls spend at most the budget plus what one call used beyond its estimate.  A call
+    settles with its answer's ``usage`` (its estimate when the answer reports none, 0 when no answer
+    came).  ``shared_spent``: with ``serve --workers N``, the tokens every worker settled (each worker
+    reserves for its own calls).
+    """
+
+    def __init__(self, limit: int, timeout_s: float, shared_spent: Callable[[], int] | None = None) -> None:
+        self.limit = limit
+        self.timeout_s = timeout_s
+        self.shared_spent = shared_spent
+        self.reserved = 0
+        self.spent = 0
+        """Tokens settled by this process (the figure itself without workers)."""
+        self.unreported = 0
+        """Of :attr:`spent`, the estimates charged for answers that reported no usage (counted nowhere else)."""
+        self._changed: asyncio.Event | None = None
+
+    async def _spent_now(self) -> int:
+        if self.shared_spent is None:
+            return self.spent
+        return int(await anyio.to_thread.run_sync(self.shared_spent)) + self.unreported
+
+    async def reserve(self, estimate: int) -> int | None:
+        """Reserve ``estimate`` tokens (waiting for calls in flight to settle); ``None`` when the budget is spent."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            spent = await self._spent_now()
+            if spent >= self.limit:
+                return None
+            if not self.reserved or spent + self.reserved + estimate <= self.limit:
+                self.reserved += estimate
+                return estimate
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return None
+
+    def settle(self, reserved: int, used: int, unreported: bool = False) -> None:
+        """Give back a reservation; ``used`` tokens are spent (``unreported``: an estimate, the answer said nothing)."""
+        self.reserved -= reserved
+        self.spent += used
+        if unreported:
+            self.unreported += used
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What one upstream call gave: the record written and served (a usable answer) and how, or the error answer; its tokens."""
+
+    answer: ModelAnswer | None
+    record: Record | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    outcome: str = "recorded"
+
+
+_NOTHING = (0, 0, False)
+"""A call's tokens and whether an upstream was asked: none of either."""
 
 
 class ModelCalls:
@@ -122,90 +242,143 @@ class ModelCalls:
 
     def __init__(
         self, store: Store, frozen: Sequence[CacheTier], upstreams: ModelUpstreams, *, mode: Mode, run: str, private_run: bool = False,
-        secrets: Sequence[str] = (), max_upstream_tokens: int | None = None, timeout_s: float = 600.0,
-        tokens_spent: Callable[[], int] | None = None, count: Callable[[ModelAnswer, int, int, bool], None] | None = None,
+        secrets: Sequence[str] = (), budget: TokenBudget | None = None, timeout_s: float = 600.0, store_timeout_s: float = 2.0,
+        count: Callable[[ModelAnswer, int, int, bool], None] | None = None, limiter: Any = None,
     ) -> None:
+        """``private_run``: nobody else can count :attr:`run` (one worker, a run named by no one): counted in this
+        process's bounded memory.  ``limiter``: the worker threads' limiter (the server's, shared fairly between clients)."""
         self.store = store
         self.frozen = tuple(frozen)
         self.upstreams = upstreams
         self.mode = mode
         self.run = run
-        self._private = MemoryOccurrences(limit=PRIVATE_RUN_LIMIT) if private_run else None
-        """The counters of :attr:`run` when no other process can share it (one worker, a run named by no one):
-        kept here, so a hit writes nothing.  A run a client names (``X-STM-Run``) is always counted in the store."""
+        self.counters = RunCounters(store, PrivateRun(run) if private_run else None, store_timeout_s)
         self.redactor = Redactor(secrets)
-        self.max_upstream_tokens = max_upstream_tokens
+        self.budget = budget
         self.timeout_s = timeout_s
-        self._tokens_spent = tokens_spent or (lambda: 0)
+        self.store_timeout_s = store_timeout_s
+        self.limiter = limiter
         self._count = count or (lambda answer, prompt, completion, asked: None)
-        self.local_store = store.kind == "diskcache"
-        """Whether the store's claims and reads are local and quick (answered on the event loop)."""
+        self._reads_wait = store.kind != "diskcache"
+        """Whether a store read can wait (over the network): then bounded by ``store.timeout_s``."""
+
+    holds_private_run = False
+    """Whether this path holds the store's private model-call run (:meth:`Store.hold_private_run`), let go at :meth:`close`."""
 
     def close(self) -> None:
+        if self.holds_private_run:
+            self.store.release_private_run()
+        self.counters.close()
         close = getattr(self.upstreams, "close", None)
         if close is not None:
             close()
 
+    async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
     # -- the path ---------------------------------------------------------------------------------
 
-    async def answer(self, body: Any, authorization: str | None = None, run: str | None = None,
+    async def answer(self, raw: bytes, authorization: str | None = None, run: str | None = None,
                      endpoint: Endpoint = CHAT) -> ModelAnswer:
-        """The answer to one request body (parsed JSON) of ``endpoint``, counted once; for the server's event loop.
-
-        A hit is answered on the loop when the store is local (diskcache: its occurrence claim and read
-        take tens of microseconds, as a tool hit's read does); a Redis store's claim, and every upstream
-        call, run in a worker thread.
-        """
-        answer, prompt, completion, asked = await self._answer(body, authorization, run or self.run, endpoint)
+        """The answer to one request body of ``endpoint``, counted once; for the server's event loop."""
+        request = prepare(raw, endpoint) if len(raw) <= ON_LOOP_BYTES else await self._thread(prepare, raw, endpoint)
+        if isinstance(request, ModelAnswer):
+            answer, (prompt, completion, asked) = request, _NOTHING
+        else:
+            answer, (prompt, completion, asked) = await self._answer(request, authorization, run or self.run)
+            if request.body.get("stream") is True:
+                options = request.body.get("stream_options")
+                answer = dataclasses.replace(answer, stream=isinstance(options, dict) and options.get("include_usage") is True)
         self._count(answer, prompt, completion, asked)
         return answer
 
-    async def _store_call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return fn(*args) if self.local_store else await anyio.to_thread.run_sync(fn, *args)
+    def refused(self, status: int, message: str, outcome: str) -> ModelAnswer:
+        """The answer (counted) to a request the front turned away before its body was read: too large, too slow,
+        or over a client's limits (``refused`` may be retried; ``rejected`` may not)."""
+        answer = _error(status, message, "server_error" if outcome == "refused" else "invalid_request_error", outcome,
+                        retry=outcome == "refused")
+        self._count(answer, 0, 0, False)
+        return answer
 
-    async def _answer(self, body: Any, authorization: str | None, run: str, endpoint: Endpoint) -> tuple[ModelAnswer, int, int, bool]:
-        problem = endpoint.request_problem(body)
-        if problem is not None:
-            return _error(400, problem, "invalid_request_error", "rejected", param="model" if "model" in problem else None,
-                          retry=False), 0, 0, False
-        model: str = body["model"]
-        digest = mc.request_digest(body)
-        api = endpoint.api(model)
-        counters = self._private if self._private is not None and run == self.run else None
+    async def _answer(self, request: ModelRequest, authorization: str | None, run: str) -> tuple[ModelAnswer, tuple[int, int, bool]]:
         try:
-            number = counters.claim(digest) if counters is not None and counters.holds(digest) else \
-                await self._store_call(self.store.claim_occurrence, run, digest)
+            number = await self.counters.claim(run, request.digest)
         except StoreError as exc:
-            return _error(503, f"the store cannot count this request's occurrence: {exc}", "server_error", "error", model), 0, 0, False
-        key = mc.record_key(digest, number)
-        release = True
+            message = f"the store cannot count this request's occurrence: {exc}"
+            return _error(503, message, "server_error", "error", request.model), _NOTHING
+        answer: ModelAnswer | None = None
         try:
-            if self.mode is not Mode.REFRESH:
-                found = await self._lookup(api, key)
-                if found is not None:
-                    release = False
-                    if self.served is not None:
-                        await anyio.to_thread.run_sync(self._hand_over, found)
-                    return self._served(found, "hit", model, key, run), 0, 0, False
-            if self.mode is Mode.REPLAY:
-                before = number > 1 and await self._lookup(api, mc.record_key(digest, number - 1)) is not None
-                return self._not_recorded(endpoint, model, digest, number, run, before), 0, 0, False
-            answer, prompt, completion, asked = await anyio.to_thread.run_sync(
-                self._ask, body, endpoint, model, key, digest, number, run, authorization)
-            release = answer.outcome not in ANSWERED
-            return answer, prompt, completion, asked
+            answer, usage = await self._claimed(request, number, run, authorization)
+            return answer, usage
         finally:
-            if release:
-                if counters is not None and counters.counts(digest):
-                    counters.release(digest, number)
-                else:
-                    await self._store_call(self._give_back, run, digest, number)
+            if answer is None or answer.outcome not in ANSWERED:
+                await self.counters.release(run, request.digest, number)
 
-    async def _lookup(self, api: str, key: str) -> Record | None:
+    async def _claimed(self, request: ModelRequest, number: int, run: str, authorization: str | None) -> tuple[ModelAnswer, tuple[int, int, bool]]:
+        api, key, model = request.endpoint.api(request.model), mc.record_key(request.digest, number), request.model
+        if self.mode is not Mode.REFRESH:
+            found = await self._lookup(api, key)
+            if isinstance(found, StoreError):  # not "not recorded": the store could not say (a retry may find it)
+                return _error(503, f"the store cannot be read now ({found}); nothing else holds {key}", "server_error", "error",
+                              model), _NOTHING
+            if found is not None:
+                if self.served is not None:
+                    await self._hand_over_async(found)
+                return self._served(found, "hit", model, key, run), _NOTHING
+        if self.mode is Mode.REPLAY:
+            used_up = number > 1 and isinstance(await self._lookup(api, mc.record_key(request.digest, number - 1)), Record)
+            return self._not_recorded(request, number, run, used_up), _NOTHING
+        upstream = self.upstreams.for_model(model)
+        if upstream is None:
+            message = (f"model {model!r}: no upstream answers it (llm.upstreams[].models: add a pattern that matches it), "
+                       f"and request sha256:{request.digest} occurrence {number} is not recorded")
+            return _error(404, message, "invalid_request_error", "unanswered", model, code="model_not_found", param="model",
+                          retry=False), _NOTHING
+        return await self._from_upstream(request, upstream, key, number, run, authorization)
+
+    async def _from_upstream(self, request: ModelRequest, upstream: ModelUpstream, key: str, number: int, run: str,
+                             authorization: str | None) -> tuple[ModelAnswer, tuple[int, int, bool]]:
+        reserved = estimate = None
+        if self.budget is not None:
+            estimate = request.estimate()
+            reserved = await self.budget.reserve(estimate)
+            if reserved is None:
+                return self._budget_spent(request.model), _NOTHING
+        asked = _Asked(None)
         try:
-            found = await self.store.aget(api, key)
-        except StoreError as exc:
-            log.warning("model call: store read failed (%s); looking in the frozen caches", exc)
+            asked = await self._thread(self._ask, request, upstream, key, number, run, authorization)
+        finally:
+            if self.budget is not None and reserved is not None and estimate is not None:
+                used = asked.prompt_tokens + asked.completion_tokens
+                unreported = asked.record is not None and not used
+                self.budget.settle(reserved, estimate if unreported else used, unreported)
+        tokens = (asked.prompt_tokens, asked.completion_tokens, True)
+        if asked.record is None:
+            assert asked.answer is not None
+            return asked.answer, tokens
+        record, outcome = asked.record, asked.outcome
+        await self._hand_over_async(record)
+        return self._served(record, outcome, request.model, key, run), tokens
+
+    def _budget_spent(self, model: str) -> ModelAnswer:
+        assert self.budget is not None
+        message = (f"the upstream token budget is spent ({self.budget.spent} settled and {self.budget.reserved} reserved of "
+                   f"llm.max_upstream_tokens {self.budget.limit}); raise llm.max_upstream_tokens or replay recorded calls "
+                   f"(model {model!r})")
+        return _error(429, message, "insufficient_quota", "refused", model, code="insufficient_quota", retry=False)
+
+    async def _lookup(self, api: str, key: str) -> Record | StoreError | None:
+        """The record of ``key``: from the store, else a frozen cache; ``None`` when none holds it, the store's
+        :class:`StoreError` when it could not be read and no frozen cache holds it."""
+        failed = None
+        try:
+            if self._reads_wait:  # a read over the network: never longer than store.timeout_s
+                found = await asyncio.wait_for(self.store.aget(api, key), self.store_timeout_s)
+            else:
+                found = await self.store.aget(api, key)
+        except (StoreError, TimeoutError) as exc:
+            failed = exc if isinstance(exc, StoreError) else StoreError(f"no answer within {self.store_timeout_s:g} s (store.timeout_s)")
+            log.warning("model call: store read failed (%s); looking in the frozen caches", failed)
             found = None
         if found is not None:
             return found
@@ -217,13 +390,27 @@ class ModelCalls:
                 continue
             if found is not None:
                 return found
-        return None
+        return failed
 
-    def _give_back(self, run: str, digest: str, number: int) -> None:
+    def _write(self, record: Record) -> tuple[Record, str]:
+        """Write ``record`` (in the upstream call's worker thread, as a tool miss's record is written); the record to
+        serve and its outcome.  When another server recorded this occurrence first, its answer is the one replayed:
+        it is served.  When the store fails, the answer is served unrecorded."""
         try:
-            self.store.release_occurrence(run, digest, number)
+            if self.mode is Mode.REFRESH:
+                self.store.replace(record, None)
+                return record, "replaced"
+            if not self.store.add(record, None):
+                kept = self.store.get(record.api, record.key)
+                if kept is not None:
+                    return kept, "hit"
         except StoreError as exc:
-            log.warning("model call: occurrence %d of %s not given back (%s)", number, digest[:16], exc)
+            log.warning("model call: not recorded (%s); served all the same", exc)
+        return record, "replaced" if self.mode is Mode.REFRESH else "recorded"
+
+    async def _hand_over_async(self, record: Record) -> None:
+        if self.served is not None:
+            await self._thread(self._hand_over, record)
 
     def _hand_over(self, record: Record) -> None:
         """:attr:`served`, called with ``record``; its failure is logged, never the request's."""
@@ -234,61 +421,57 @@ class ModelCalls:
         except Exception:
             log.exception("model call: the served() callback failed for %s %s", record.api[:200], record.key[:80])
 
-    def _ask(self, body: Mapping[str, Any], endpoint: Endpoint, model: str, key: str, digest: str, number: int, run: str,
-             authorization: str | None) -> tuple[ModelAnswer, int, int, bool]:
-        api = endpoint.api(model)
-        upstream = self.upstreams.for_model(model)
-        if upstream is None:
-            message = (f"model {model!r}: no upstream answers it (llm.upstreams[].models: add a pattern that matches it), "
-                       f"and request sha256:{digest} occurrence {number} is not recorded")
-            return _error(404, message, "invalid_request_error", "unanswered", model, code="model_not_found", param="model",
-                          retry=False), 0, 0, False
-        if self.max_upstream_tokens is not None:
-            spent = self._tokens_spent()
-            if spent >= self.max_upstream_tokens:
-                message = (f"the upstream token budget is spent ({spent} of llm.max_upstream_tokens {self.max_upstream_tokens}); "
-                           f"raise llm.max_upstream_tokens or replay recorded calls (model {model!r})")
-                return _error(429, message, "insufficient_quota", "refused", model, code="insufficient_quota", retry=False), 0, 0, False
+    def _ask(self, request: ModelRequest, upstream: ModelUpstream, key: str, number: int, run: str,
+             authorization: str | None) -> _Asked:
+        """The upstream's answer, as a record to write, or the error to pass on (in a worker thread)."""
         client_key = upstream.key(authorization)
         redactor = self.redactor.plus(client_key) if client_key else self.redactor
         try:
-            got = upstream.complete(body, client_key, self.timeout_s, endpoint)
+            got = upstream.complete(request.body, client_key, self.timeout_s, request.endpoint, large=request.large)
         except UpstreamFailed as exc:
-            return _error(exc.status, redactor.text(str(exc)), "upstream_error", "error", model), 0, 0, True
+            return _Asked(_error(exc.status, redactor.text(str(exc)), "upstream_error", "error", request.model))
         if got.status != 200:
-            return self._upstream_error(got, model, redactor), 0, 0, True
+            return _Asked(self._upstream_error(got, request.model, redactor))
         try:
             completion = json.loads(got.body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             completion = None
-        problem = endpoint.answer_problem(completion)
+        problem = request.endpoint.answer_problem(completion)
         if problem is not None:
-            return self._no_answer(got, upstream.url, endpoint, problem, model, redactor), 0, 0, True
-        completion = redactor.data(completion)
+            return _Asked(self._no_answer(got, upstream.url, request.endpoint, problem, request.model, redactor))
+        try:
+            completion = redactor.data(completion)
+            body = encode_answer(completion)
+        except (RecursionError, UnicodeEncodeError, ValueError):
+            return _Asked(self._no_answer(got, upstream.url, request.endpoint, "it cannot be kept as JSON text", request.model,
+                                          redactor))
         prompt, completion_tokens = mc.usage_of(completion)
-        record = Record(
-            api=api, key=key, body=encode_answer(completion), source="model", origin=upstream.url,
+        fresh = Record(
+            api=request.endpoint.api(request.model), key=key, body=body, source="model", origin=upstream.url,
             meta={
-                "upstream": upstream.url, "model_asked": model, "model_answered": completion.get("model"),
+                "upstream": upstream.url, "model_asked": request.model, "model_answered": completion.get("model"),
                 "usage": completion.get("usage"), "latency_s": round(got.latency_s, 6), "occurrence": number,
-                "run": run, "request_sha256": digest,
+                "run": run, "request_sha256": request.digest,
             },
         )
-        outcome = "recorded"
+        record, outcome = self._write(fresh)
+        return _Asked(None, record, prompt, completion_tokens, outcome)
+
+    def _upstream_error(self, got: UpstreamAnswer, model: str, redactor: Redactor) -> ModelAnswer:
+        """The upstream's own error, its status kept, its body OpenAI-shaped (and masked)."""
         try:
-            if self.mode is Mode.REFRESH:
-                self.store.replace(record, None)
-                outcome = "replaced"
-            elif not self.store.add(record, None):
-                # another server recorded this occurrence first: its answer is the one replayed, so serve it
-                kept = self.store.get(api, key)
-                if kept is not None:
-                    self._hand_over(kept)
-                    return self._served(kept, "hit", model, key, run), prompt, completion_tokens, True
-        except StoreError as exc:
-            log.warning("model call: not recorded (%s); served all the same", exc)
-        self._hand_over(record)
-        return self._served(record, outcome, model, key, run), prompt, completion_tokens, True
+            parsed = json.loads(got.body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            parsed = None
+        if not (isinstance(parsed, dict) and isinstance(parsed.get("error"), (dict, str))):
+            text = got.body[:500].decode("utf-8", "replace")
+            parsed = mc.error_body(f"the upstream answered HTTP {got.status}: {text}", "upstream_error")
+        status = got.status if 400 <= got.status <= 599 else 502
+        try:
+            body = encode_answer(redactor.data(parsed)).encode("utf-8")
+        except (RecursionError, UnicodeEncodeError, ValueError):
+            body = encode_answer(mc.error_body(f"the upstream answered HTTP {got.status}", "upstream_error")).encode("utf-8")
+        return ModelAnswer(status, body, "error", "upstream", model)
 
     def _no_answer(self, got: UpstreamAnswer, url: str, endpoint: Endpoint, problem: str, model: str, redactor: Redactor) -> ModelAnswer:
         """An upstream's HTTP 200 that is no answer of ``endpoint``: its error passed on (HTTP 502), nothing recorded."""
@@ -304,25 +487,14 @@ class ModelCalls:
             message += ": " + error[:2000]
         return _error(502, redactor.text(message), "upstream_error", "error", model)
 
-    def _upstream_error(self, got: UpstreamAnswer, model: str, redactor: Redactor) -> ModelAnswer:
-        """The upstream's own error, its status kept, its body OpenAI-shaped (and masked)."""
-        try:
-            parsed = json.loads(got.body)
-        except (ValueError, UnicodeDecodeError):
-            parsed = None
-        if not (isinstance(parsed, dict) and isinstance(parsed.get("error"), (dict, str))):
-            text = got.body[:500].decode("utf-8", "replace")
-            parsed = mc.error_body(f"the upstream answered HTTP {got.status}: {text}", "upstream_error")
-        status = got.status if 400 <= got.status <= 599 else 502
-        return ModelAnswer(status, encode_answer(redactor.data(parsed)).encode("utf-8"), "error", "upstream", model)
-
     def _served(self, record: Record, outcome: str, model: str, key: str, run: str) -> ModelAnswer:
         return ModelAnswer(200, record.body.encode("utf-8"), outcome, record.source, model, key, run)
 
-    def _not_recorded(self, endpoint: Endpoint, model: str, digest: str, number: int, run: str, used_up: bool) -> ModelAnswer:
+    def _not_recorded(self, request: ModelRequest, number: int, run: str, used_up: bool) -> ModelAnswer:
         """The replay miss's 404.  ``used_up``: occurrences 1..number-1 are recorded, so this run has used them all:
         most likely a second evaluation sent to a server whose run the first one used (the fixes named first)."""
-        api = endpoint.api(model)
+        model, digest = request.model, request.digest
+        api = request.endpoint.api(model)
         if used_up:
             message = (
                 f"model {model!r}: request sha256:{digest} occurrence {number} is not recorded: it was recorded {number - 1} "

@@ -28,9 +28,17 @@ from stabletoolbench_mirror.engine.metrics import Counters
 MAX_TRACKED_APIS = 10_000
 #: API names are client text: the per-API table is also bounded by their total size
 MAX_TRACKED_API_BYTES = 4 * 1024 * 1024
+#: models counted under their own name in ``model_calls`` (their own table: a flood of made-up model names
+#: never pushes tool APIs into ``(other)``), and their names' total size
+MAX_TRACKED_MODELS = 1_000
+MAX_TRACKED_MODEL_BYTES = 256 * 1024
+#: the model-call outcomes that let a model's name into the table (it answered, or an upstream was asked for it)
+MODEL_NAMED_OUTCOMES = frozenset({"hit", "recorded", "replaced"})
 MAX_TRACKED_FAILURES = 200
 MAX_FAILURE_CHARS = 200
 _OTHER = "(other)"
+#: the model of a call that named none (a request refused before its body was read, or not a request)
+_NONE = "(none)"
 
 #: the ``/stats`` name of each outcome's counter
 COUNTER_NAMES: dict[OutcomeKind, str] = {
@@ -64,6 +72,8 @@ class Stats:
         self.counters = Counters()
         self._apis: set[str] = set()
         self._api_bytes = 0
+        self._models: set[str] = set()
+        self._model_bytes = 0
         self._failures: set[str] = set()
         self._plain: dict[tuple[OutcomeKind, str | None, str | None], tuple[Any, ...]] = {}
 
@@ -76,6 +86,20 @@ class Stats:
                 self._apis.add(api)
                 self._api_bytes += size
                 return api
+        return _OTHER
+
+    def _model_label(self, model: str, name_it: bool) -> str:
+        """``model``'s name in the model table while it has room, when it is there already or ``name_it``; else ``(other)``."""
+        if model in self._models or model == _NONE:
+            return model
+        if not name_it:
+            return _OTHER
+        with self._lock:
+            size = len(model.encode("utf-8", "surrogatepass"))
+            if len(self._models) < MAX_TRACKED_MODELS and self._model_bytes + size <= MAX_TRACKED_MODEL_BYTES:
+                self._models.add(model)
+                self._model_bytes += size
+                return model
         return _OTHER
 
     def _failure_label(self, problem: str) -> str:
@@ -134,8 +158,13 @@ class Stats:
         return found
 
     def count_model(self, model: str, outcome: str, prompt_tokens: int = 0, completion_tokens: int = 0, asked: bool = False) -> None:
-        """Count one model call (``/v1/chat/completions``) by its outcome, and the upstream's tokens when it was asked."""
-        label = self._api_label(model)
+        """Count one model call (``/v1``) by its outcome, and the upstream's tokens when it was asked.
+
+        A model is counted under its name once it answered or an upstream was asked for it (while the model
+        table has room: :data:`MAX_TRACKED_MODELS`); a call of a model never answered (a made-up name, a
+        replay miss) counts under ``(other)`` until it is.
+        """
+        label = self._model_label(model, asked or outcome in MODEL_NAMED_OUTCOMES)
         counters = self.counters
         counters.inc("model_requests", label, outcome)
         if asked:

@@ -13,14 +13,13 @@ client's own ``Authorization``; never kept beyond the request.
 from __future__ import annotations
 
 import fnmatch
-import json
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stabletoolbench_mirror.config import LLMConfig, LLMUpstream
-from stabletoolbench_mirror.core.model_calls import CHAT, Endpoint
+from stabletoolbench_mirror.core.model_calls import CHAT, Endpoint, json_bytes
 from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.engine.model_calls import UpstreamAnswer, UpstreamFailed
 from stabletoolbench_mirror.responders.http_transport import (
@@ -63,16 +62,17 @@ class Upstream:
             return given.strip() if scheme.lower() == "bearer" and given.strip() else None
         return None
 
-    def complete(self, body: Mapping[str, Any], key: str | None, timeout_s: float, endpoint: Endpoint = CHAT) -> UpstreamAnswer:
+    def complete(self, body: Mapping[str, Any], key: str | None, timeout_s: float, endpoint: Endpoint = CHAT, *,
+                 large: bool = False) -> UpstreamAnswer:
         """POST the request (``stream`` off) to ``endpoint``'s route and return the answer, whatever its status;
-        :class:`UpstreamFailed` when none came."""
+        :class:`UpstreamFailed` when none came.  ``large``: written in pieces (:func:`~stabletoolbench_mirror.core.model_calls.json_bytes`)."""
         sent = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         headers = {"content-type": "application/json", "accept": "application/json"}
         if key:
             headers["authorization"] = f"Bearer {key}"
         started = time.monotonic()
         try:
-            answer = self.transport.post(self._prefix + endpoint.path + self._query, json.dumps(sent, ensure_ascii=False).encode("utf-8"), headers,
+            answer = self.transport.post(self._prefix + endpoint.path + self._query, json_bytes(sent, large), headers,
                                          answer_timeout_s=timeout_s)
         except AnswerTimedOut as exc:
             raise UpstreamFailed(504, f"the upstream {self.url} sent no complete answer within {timeout_s:g} s (llm.timeout_s)") from exc

@@ -1,11 +1,13 @@
-"""The pure-ASGI front of ``POST /virtual``, ahead of FastAPI's routing, and the limits it keeps.
+"""The pure-ASGI front of ``POST /virtual`` (and of ``/v1``), ahead of FastAPI's routing, and the limits it keeps.
 
 :class:`Front` checks the bearer token on every route, then for ``/virtual`` reads the body under
 ``limits.max_body_bytes`` and ``limits.body_timeout_s`` (its bytes counted against
 ``limits.max_queued_bytes`` until it has a slot, :class:`_Reservation`), takes a slot
 (:mod:`.admission`), hands the body to :class:`.call_path.CallPath` and sends the answer with its
 ``X-STM-*`` headers.  A refused request is answered here, counted once, and logged at most once a
-minute per limit (:class:`_RefusalLog`).  The app around it is :mod:`.server`'s.
+minute per limit (:class:`_RefusalLog`).  ``/v1`` and ``/run/<name>/v1`` go to the model-call front
+(:class:`~.model_front.ModelFront`), whose posts take the same way in (:meth:`Front.admit`: the same body
+read, reservation and slot, under ``llm.max_body_bytes``).  The app around it is :mod:`.server`'s.
 """
 
 from __future__ import annotations
@@ -120,30 +122,38 @@ class Front:
         if scope["method"] != "POST":
             await self._finish(send, Outcome.error(405, "use POST /virtual"), ((b"allow", b"POST"),))
             return
-        # the body is read before a slot is taken: a client that stalls mid-body holds no slot,
-        # and is cut off after limits.body_timeout_s; its bytes count against limits.max_queued_bytes
-        # from its headers until it has a slot
         client = scope["client"][0] if scope.get("client") else "?"
-        fair.CLIENT.set(client)  # this request's task (and its worker threads) work for this client
-        reservation = _Reservation(self.admission)
-        try:
-            body = await self._read_body(scope, receive, reservation)
-            if isinstance(body, Outcome):
-                await self._finish(send, body, _REFUSAL_HEADERS if body.kind is OutcomeKind.REFUSED and body.status == 503
-                                   else ((b"connection", b"close"),) if body.status == 408 else ())
-                return
-            try:
-                await self.admission.enter(client)
-            except Refused as refusal:
-                await self._finish(send, self._refused(refusal), _REFUSAL_HEADERS)
-                return
-        finally:
-            reservation.release()
+        body = await self.admit(scope, receive, client, self.max_body)
+        if isinstance(body, Outcome):
+            await self._finish(send, body, stop_headers(body))
+            return
         try:
             faults = self.layer.faults is not None and not wants_no_faults(scope.get("headers", ()))
             await _send(send, await self.path.answer_body(body, _session_header(scope), faults))  # counted there
         finally:
             self.admission.leave(client)
+
+    async def admit(self, scope: Scope, receive: Receive, client: str, max_body: int, setting: str | None = None) -> bytes | Outcome:
+        """The body of a request that now holds one of ``client``'s slots (give it back with ``admission.leave(client)``),
+        or the answer that ends it (too large, too slow, gone, or over a limit: logged, not counted, no slot held).
+
+        The body is read before a slot is taken: a client that stalls mid-body holds no slot, and is cut off
+        after ``limits.body_timeout_s``; its bytes count against ``limits.max_queued_bytes`` from its headers
+        until it has a slot.  ``max_body``: the size limit (``setting`` names it in the 413's message).
+        """
+        fair.CLIENT.set(client)  # this request's task (and its worker threads) work for this client
+        reservation = _Reservation(self.admission)
+        try:
+            body = await self._read_body(scope, receive, reservation, max_body, setting)
+            if isinstance(body, Outcome):
+                return body
+            try:
+                await self.admission.enter(client)
+            except Refused as refusal:
+                return self._refused(refusal)
+        finally:
+            reservation.release()
+        return body
 
     def _refused(self, refusal: Refused) -> Outcome:
         """The HTTP 503 answer to a request over a limit (logged at most once a minute per limit)."""
@@ -159,8 +169,9 @@ class Front:
         self.layer.stats.count(outcome)
         await _send(send, outcome, extra_headers)
 
-    def _too_large(self) -> Outcome:
-        return Outcome.error(413, f"request body larger than {self.max_body} bytes")
+    @staticmethod
+    def _too_large(max_body: int, setting: str | None) -> Outcome:
+        return Outcome.error(413, f"request body larger than {max_body} bytes" + (f" ({setting})" if setting else ""))
 
     def _authorized(self, scope: Scope) -> bool:
         assert self.token is not None
@@ -170,7 +181,8 @@ class Front:
                 return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
         return False
 
-    async def _read_body(self, scope: Scope, receive: Receive, reservation: _Reservation) -> bytes | Outcome:
+    async def _read_body(self, scope: Scope, receive: Receive, reservation: _Reservation, max_body: int,
+                         setting: str | None) -> bytes | Outcome:
         """The body, or the answer that ends the request: too large, gone, too slow, or over ``max_queued_bytes``.
 
         The body's bytes (its ``Content-Length`` at once, else each chunk as it comes) are counted in
@@ -179,15 +191,15 @@ class Front:
         length: int | None = None
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
-                if not value.isdigit() or int(value) > self.max_body:
-                    return self._too_large()
+                if not value.isdigit() or int(value) > max_body:
+                    return self._too_large(max_body, setting)
                 length = int(value)
         try:
             reservation.add(REQUEST_OVERHEAD + (length or 0))
         except Refused as refusal:
             return self._refused(refusal)
         if arrived(receive):  # the whole body is in: one receive, which cannot wait (no timer to set)
-            return self._whole_body(await receive(), length, reservation)
+            return self._whole_body(await receive(), length, reservation, max_body, setting)
         chunks: list[bytes] = []
         size = 0
         try:
@@ -199,8 +211,8 @@ class Front:
                     chunk = message.get("body", b"")
                     if chunk:
                         size += len(chunk)
-                        if size > self.max_body:
-                            return self._too_large()
+                        if size > max_body:
+                            return self._too_large(max_body, setting)
                         if length is None or size > length:
                             reservation.add(len(chunk))
                         chunks.append(chunk)
@@ -214,13 +226,14 @@ class Front:
             return Outcome.error(408, late, OutcomeKind.REFUSED, "limits.body_timeout_s")
 
 
-    def _whole_body(self, message: Any, length: int | None, reservation: _Reservation) -> bytes | Outcome:
+    def _whole_body(self, message: Any, length: int | None, reservation: _Reservation, max_body: int,
+                    setting: str | None) -> bytes | Outcome:
         """:meth:`_read_body` for a body that had all arrived: the same checks, in one message."""
         if message["type"] == "http.disconnect":
             return Outcome.error(400, "the client went away")
         whole: bytes = message.get("body", b"")
-        if len(whole) > self.max_body:
-            return self._too_large()
+        if len(whole) > max_body:
+            return self._too_large(max_body, setting)
         if length is None or len(whole) > length:
             try:
                 reservation.add(len(whole))
@@ -242,6 +255,15 @@ def arrived(receive: Receive) -> bool:
 
 
 _REFUSAL_HEADERS = ((b"retry-after", b"5"),)
+_CLOSE_HEADERS = ((b"connection", b"close"),)
+
+
+def stop_headers(outcome: Outcome) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers of an answer :meth:`Front.admit` ended a request with: ``Retry-After`` on a 503, ``Connection:
+    close`` on a 408 (the rest of a slow body is not read)."""
+    if outcome.kind is OutcomeKind.REFUSED and outcome.status == 503:
+        return _REFUSAL_HEADERS
+    return _CLOSE_HEADERS if outcome.status == 408 else ()
 
 
 class _Reservation:

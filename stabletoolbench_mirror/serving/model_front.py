@@ -5,10 +5,11 @@
 ``http://HOST:PORT/run/<name>/v1`` is the same front for the run ``<name>``, exactly as ``/v1`` with the
 header ``X-STM-Run: <name>`` (:func:`run_route`): for clients that cannot send a header.
 :class:`ModelFront` is a pure ASGI handler the server's front hands ``/v1/...`` and ``/run/...`` to, as it handles ``/virtual``
-(ahead of FastAPI's middleware stack): the body is read (at most ``llm.max_body_bytes``, within
-``limits.body_timeout_s``), parsed, and handed to
-:class:`~stabletoolbench_mirror.engine.model_calls.ModelCalls` once (a hit of a local store answered on the event loop, the rest in worker threads); its answer is
-sent as JSON, or as server-sent events when the request asked for ``stream: true``.  Every answer names
+(ahead of FastAPI's middleware stack): the body is taken in by the front's own way in (the body read at most
+``llm.max_body_bytes``, within ``limits.body_timeout_s``, counted against ``limits.max_queued_bytes``, then a slot
+among the client's), and handed to :class:`~stabletoolbench_mirror.engine.model_calls.ModelCalls` once (a hit of a
+local store answered on the event loop, the rest in worker threads); its answer is sent as JSON, or as
+server-sent events when the request asked for ``stream: true`` (a large one built in a worker thread).  Every answer names
 how it ended (``X-STM-Outcome``), where it came from (``X-STM-Source``) and, for a completion, its
 record's key (``X-STM-Key``: ``<sha256>#<occurrence>``) and run (``X-STM-Run``).  A client names its
 run with the ``X-STM-Run`` header (printable, at most 200 characters); with the server's bearer token
@@ -19,11 +20,10 @@ send again unchanged (a bad request, a spent budget, a call not recorded in repl
 
 from __future__ import annotations
 
-import asyncio
+import json
 import os
 import time
 import urllib.parse
-from collections.abc import Mapping
 from typing import Any
 
 import anyio.to_thread
@@ -33,11 +33,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core import model_calls as mc
+from stabletoolbench_mirror.core.model_calls import Endpoint
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.engine.layer import MirrorLayer
-from stabletoolbench_mirror.engine.model_calls import ModelAnswer, ModelCalls, new_run_id
+from stabletoolbench_mirror.engine.metrics import multiprocess_dir
+from stabletoolbench_mirror.engine.model_calls import ANSWERED, ON_LOOP_BYTES, ModelAnswer, ModelCalls, TokenBudget, new_run_id
 from stabletoolbench_mirror.responders.model_upstream import Upstreams
-from stabletoolbench_mirror.serving.asgi_front import arrived
+from stabletoolbench_mirror.serving.asgi_front import Front, stop_headers
 from stabletoolbench_mirror.stores.base import Store, StoreError
 
 MAX_RUN_CHARS = 200
@@ -48,7 +51,7 @@ def records_unnamed_run(settings: Settings) -> bool:
     return settings.llm.run is None and bool(settings.llm.upstreams) and (settings.llm.mode or settings.mode) is not Mode.REPLAY
 
 
-def hold_private_run(settings: Settings, store: Store, run: str) -> None:
+def hold_private_run(settings: Settings, store: Store, run: str) -> bool:
     """Refuse to start a second server recording model calls into one store, each in a run of its own.
 
     Each would count identical requests from 1: the judge's 4 identical requests, spread over both,
@@ -59,7 +62,7 @@ def hold_private_run(settings: Settings, store: Store, run: str) -> None:
     for its workers and holds this in its first process.
     """
     if not records_unnamed_run(settings):
-        return
+        return False
     holder = store.hold_private_run(run)
     if holder is not None:
         raise StoreError(
@@ -67,9 +70,10 @@ def hold_private_run(settings: Settings, store: Store, run: str) -> None:
             f"identical requests from 1 and serve each other's recordings (the judge's identical requests would get one "
             f"answer twice). Name one run for both (llm.run: <name>, or STM_LLM__RUN=<name>), or serve both from one "
             f"process with `serve --workers N`, or stop the other one; a replay server (llm.mode: replay) may run beside it")
+    return True
 
 
-def build_model_calls(settings: Settings, layer: MirrorLayer) -> ModelCalls:
+def build_model_calls(settings: Settings, layer: MirrorLayer, limiter: Any = None) -> ModelCalls:
     """The model-call path of a server: the layer's store and frozen caches, ``llm``'s upstreams, mode, run and budget.
 
     :class:`StoreError` when another server records model calls into the store in a run of its own (:func:`hold_private_run`).
@@ -77,17 +81,21 @@ def build_model_calls(settings: Settings, layer: MirrorLayer) -> ModelCalls:
     llm = settings.llm
     stats = layer.stats
     run = llm.run or new_run_id()
-    if settings.workers == 1:  # serve --workers N holds it in its first process
-        hold_private_run(settings, layer.store, run)
-    return ModelCalls(
+    held = settings.workers == 1 and hold_private_run(settings, layer.store, run)  # serve --workers N: its first process
+    budget = None
+    if llm.max_upstream_tokens is not None:
+        # with --workers N every worker's settled tokens are read from the shared counts (in a thread)
+        budget = TokenBudget(llm.max_upstream_tokens, llm.timeout_s, stats.model_tokens_spent if multiprocess_dir() else None)
+    calls = ModelCalls(
         layer.store, layer.frozen, Upstreams(llm),
         mode=llm.mode or settings.mode, run=run, secrets=settings.secrets(),
         # a run only this process can see: one worker, and no run named in the config (serve names it for workers)
         private_run=llm.run is None and settings.workers == 1,
-        max_upstream_tokens=llm.max_upstream_tokens, timeout_s=llm.timeout_s,
-        tokens_spent=stats.model_tokens_spent,
+        budget=budget, timeout_s=llm.timeout_s, store_timeout_s=settings.store.timeout_s, limiter=limiter,
         count=lambda answer, prompt, completion, asked: stats.count_model(answer.model or "(none)", answer.outcome, prompt, completion, asked),
     )
+    calls.holds_private_run = held
+    return calls
 
 
 _WORKER = (b"x-stm-worker", str(os.getpid()).encode())
@@ -133,14 +141,16 @@ def run_route(scope: Scope) -> Scope | tuple[int, bytes]:
 class ModelFront:
     """``/v1`` as a pure ASGI handler (the server's front hands it the request, as it does ``/virtual``'s, ahead
     of FastAPI's middleware stack: a replayed model call costs what a tool hit does).  A completion route
-    (:data:`~stabletoolbench_mirror.core.model_calls.ENDPOINTS`) is answered here; any other ``/v1`` route
-    (``GET /v1/models``) goes on to ``app``."""
+    (:data:`~stabletoolbench_mirror.core.model_calls.ENDPOINTS`) is answered here, its body taken in by the
+    front's own way in (:meth:`~.asgi_front.Front.admit`: the body read under ``llm.max_body_bytes`` and
+    ``limits.body_timeout_s``, its bytes counted against ``limits.max_queued_bytes``, then a slot among the
+    client's ``limits.max_in_flight_per_client``); any other ``/v1`` route (``GET /v1/models``) goes on to ``app``."""
 
-    def __init__(self, calls: ModelCalls, settings: Settings, app: ASGIApp) -> None:
+    def __init__(self, calls: ModelCalls, settings: Settings, app: ASGIApp, gate: Front) -> None:
         self.calls = calls
         self.app = app
+        self.gate = gate
         self.max_body = settings.llm.max_body_bytes
-        self.body_timeout_s = settings.limits.body_timeout_s
         self.pass_authorization = settings.auth_token is None
         """The client's ``Authorization`` is its upstream key only when it is not the server's bearer token."""
 
@@ -159,69 +169,68 @@ class ModelFront:
             status, body = _error_body(405, f"use POST /v1{endpoint.path}")
             await _send_json(send, status, body, [(b"allow", b"POST"), *_REJECTED])
             return
-        headers = dict(scope.get("headers", ()))
-        raw = await self._body(headers, receive)
-        if isinstance(raw, tuple):
-            await _send_json(send, *raw, _REJECTED)
+        client = scope["client"][0] if scope.get("client") else "?"
+        raw = await self.gate.admit(scope, receive, client, self.max_body, "llm.max_body_bytes")
+        if isinstance(raw, Outcome):
+            await self._stopped(send, raw)
             return
-        problem, body, run = _parsed(raw, headers.get(b"x-stm-run"))
-        if problem is not None:
-            await _send_json(send, *problem, _REJECTED)
+        try:
+            await self._answer(scope, raw, endpoint, send)
+        finally:
+            self.gate.admission.leave(client)
+
+    async def _stopped(self, send: Send, stop: Outcome) -> None:
+        """The answer to a request :meth:`Front.admit` ended (too large, too slow, gone, over a limit), OpenAI-shaped."""
+        refused = stop.kind is OutcomeKind.REFUSED
+        answer = self.calls.refused(stop.status, str(stop.answer.get("error", "")), "refused" if refused else "rejected")
+        await _send_json(send, answer.status, answer.body, [*_headers(answer), *stop_headers(stop)])
+
+    async def _answer(self, scope: Scope, raw: bytes, endpoint: Endpoint, send: Send) -> None:
+        headers = dict(scope.get("headers", ()))
+        run = _run_of(headers.get(_RUN_HEADER))
+        if isinstance(run, tuple):
+            await _send_json(send, *run, _REJECTED)
             return
         authorization = headers.get(b"authorization") if self.pass_authorization else None
-        answer = await self.calls.answer(body, authorization.decode("latin-1") if authorization else None, run, endpoint)
-        completion = answer.completion() if isinstance(body, dict) and body.get("stream") is True else None
-        if completion is not None:
-            options = body.get("stream_options")
-            include_usage = isinstance(options, dict) and options.get("include_usage") is True
-            events = b"".join(endpoint.events(completion, include_usage))
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *_headers(answer)]})
-            await send({"type": "http.response.body", "body": events})
+        answer = await self.calls.answer(raw, authorization.decode("latin-1") if authorization else None, run, endpoint)
+        if answer.stream is None or answer.outcome not in ANSWERED:
+            await _send_json(send, answer.status, answer.body, _headers(answer))
             return
-        await _send_json(send, answer.status, answer.body, _headers(answer))
-
-    async def _body(self, headers: Mapping[bytes, bytes], receive: Receive) -> bytes | tuple[int, bytes]:
-        """The whole body, or the error answer: too large (``llm.max_body_bytes``), too slow, or the client gone."""
-        too_large = _error_body(413, f"request body larger than {self.max_body} bytes (llm.max_body_bytes)")
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            return too_large
-        if arrived(receive):  # the whole body is in: one receive, no timer (as /virtual's)
-            message = await receive()
-            whole: bytes = message.get("body", b"") if message["type"] != "http.disconnect" else b""
-            return whole if len(whole) <= self.max_body else too_large
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            async with asyncio.timeout(self.body_timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return _error_body(400, "the client went away")
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > self.max_body:
-                        return too_large
-                    chunks.append(chunk)
-                    if not message.get("more_body"):
-                        return b"".join(chunks)
-        except TimeoutError:
-            return _error_body(408, f"the request body did not arrive within {self.body_timeout_s:g} s (limits.body_timeout_s)")
+        events = events_of(answer, endpoint) if len(answer.body) <= ON_LOOP_BYTES else \
+            await anyio.to_thread.run_sync(events_of, answer, endpoint, limiter=self.calls.limiter)
+        if events is None:
+            status, body = _error_body(502, f"the answer recorded under {answer.key} is not a {endpoint.name} answer, so it "
+                                            f"cannot be streamed (ask without stream: true to get it as recorded)", "server_error")
+            await _send_json(send, status, body, [(b"x-stm-outcome", b"error"), (b"x-stm-source", answer.source.encode())])
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *_headers(answer)]})
+        await send({"type": "http.response.body", "body": events})
 
 
-def _parsed(raw: bytes, run_header: bytes | None) -> tuple[tuple[int, bytes] | None, Any, str | None]:
-    """``(problem, body, run)``: the parsed body and the run the client named, or the error answer."""
+def events_of(answer: ModelAnswer, endpoint: Endpoint) -> bytes | None:
+    """The server-sent events of a streamed request's answer; ``None`` when the record is no answer of ``endpoint``
+    (recorded by an older version, imported, hand-made): it is then refused whole, never sent half."""
     try:
-        body = mc.parse_request(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _error_body(400, f"the request body is not JSON: {exc}"), None, None
-    if run_header is None:
-        return None, body, None
-    run = run_header.decode("latin-1")
+        completion = json.loads(answer.body)
+    except (ValueError, RecursionError):
+        return None
+    if endpoint.answer_problem(completion) is not None:
+        return None
+    try:
+        return b"".join(endpoint.events(completion, bool(answer.stream)))
+    except (RecursionError, ValueError, TypeError):
+        return None
+
+
+def _run_of(header: bytes | None) -> str | None | tuple[int, bytes]:
+    """The run a client named with ``X-STM-Run`` (``None``: none), or the 400 answer to a bad name."""
+    if header is None:
+        return None
+    run = header.decode("latin-1")
     if not run or len(run) > MAX_RUN_CHARS or not run.isprintable():
-        return _error_body(400, f"the X-STM-Run header must be 1 to {MAX_RUN_CHARS} printable characters"), None, None
-    return None, body, run
+        return _error_body(400, f"the X-STM-Run header (or the /run/<name>/v1 URL) must name 1 to {MAX_RUN_CHARS} printable characters")
+    return run
 
 
 async def _send_json(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
@@ -236,10 +245,12 @@ def add_model_routes(app: FastAPI, settings: Settings, layer: MirrorLayer) -> No
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        # the models counted so far and every model named without a pattern in llm.upstreams
+        # the models answered so far and every model named without a pattern in llm.upstreams
         named = {p for u in settings.llm.upstreams for p in u.models if not any(c in p for c in "*?[")}
         counted = await anyio.to_thread.run_sync(layer.stats.model_snapshot)
-        seen = {m for m in counted if m not in ("(other)", "(none)")}
+        # the models that answered (a made-up name asked for is no model: it never gets here, see Stats.count_model)
+        seen = {m for m, row in counted.items() if m not in ("(other)", "(none)") and
+                (row["hits"] or row["upstream_calls"] or row.get("recorded") or row.get("replaced"))}
         data = [{"id": m, "object": "model", "created": started, "owned_by": "stabletoolbench-mirror"}
                 for m in sorted(named | seen)]
         return JSONResponse({"object": "list", "data": data})

@@ -72,8 +72,11 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 
         mcp_front = McpFront.from_settings(settings)
     layer = layer if layer is not None else build_layer(settings)
+    # 32 more threads only for clients with nothing running: threads held by other clients' misses
+    # (waiting for the simulator) never keep a client's first call waiting for one to finish
+    threads = FairLimiter(max(40, settings.limits.max_pending_misses + 32), reserve=32)
     try:
-        model_calls = build_model_calls(settings, layer)  # /v1: the agent's and the judge's model calls
+        model_calls = build_model_calls(settings, layer, threads)  # /v1: the agent's and the judge's model calls
     except Exception:
         if owned:
             layer.close()
@@ -100,9 +103,6 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     app.state.model_calls = model_calls
     app.state.settings = settings
     token = settings.auth_token.get_secret_value().encode() if settings.auth_token else None
-    # 32 more threads only for clients with nothing running: threads held by other clients' misses
-    # (waiting for the simulator) never keep a client's first call waiting for one to finish
-    threads = FairLimiter(max(40, settings.limits.max_pending_misses + 32), reserve=32)
     for tier in layer.tiers:
         tier.use_threads(threads)  # a frozen file's first parse: one more kind of blocking work, shared fairly
     path = CallPath(layer, threads)
@@ -123,8 +123,9 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
         max_body=settings.limits.max_body_bytes,
         body_timeout_s=settings.limits.body_timeout_s,
         proxies=ForwardedFor(settings.limits.trusted_proxies) if settings.limits.trusted_proxies else None,
-        models=ModelFront(model_calls, settings, app.routed),
     )
+    # /v1 takes the same way in as /virtual (body limits, reservation, a client's slots): the front's own
+    app.front.models = ModelFront(model_calls, settings, app.routed, app.front)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -43,22 +43,12 @@ def _recording_order(records: list[Record]) -> list[Record]:
 
 
 class MemoryOccurrences:
-    """Occurrence counters (:func:`.rules.claim_occurrence`) in this process's memory, by any key.
+    """Occurrence counters (:func:`.rules.claim_occurrence`) in this process's memory, by any key: a store's
+    default counting (a store no other process opens)."""
 
-    ``limit``: how many keys it counts; :meth:`holds` says whether a key is (or, while there is room, can
-    be) counted here, so a caller can count the others elsewhere and each key stays in one place.
-    """
-
-    def __init__(self, limit: int | None = None) -> None:
-        self.limit = limit
+    def __init__(self) -> None:
         self._held: dict[Hashable, rules.Occurrences] = {}
         self._lock = threading.Lock()
-
-    def holds(self, key: Hashable) -> bool:
-        return key in self._held or self.limit is None or len(self._held) < self.limit
-
-    def counts(self, key: Hashable) -> bool:
-        return key in self._held
 
     def claim(self, key: Hashable) -> int:
         with self._lock:
@@ -204,6 +194,18 @@ class Store(CacheTier):
         """Give ``number`` back: its request got no answer, so the next identical one takes it."""
         self._occurrences.release((run, digest), number)
 
+    def claim_occurrence_now(self, run: str, digest: str) -> int | None:
+        """:meth:`claim_occurrence` when it can be done at once, without waiting for anything (for the server's event
+        loop); ``None`` when it cannot, and nothing was done: call :meth:`claim_occurrence` in a worker thread.
+
+        The default never can (a backend whose claims are local and never wait overrides it).
+        """
+        return None
+
+    def release_occurrence_now(self, run: str, digest: str, number: int) -> bool:
+        """:meth:`release_occurrence` when it can be done at once; ``False`` when it cannot (nothing done)."""
+        return False
+
     @functools.cached_property
     def _occurrences(self) -> MemoryOccurrences:
         return MemoryOccurrences()
@@ -216,6 +218,9 @@ class Store(CacheTier):
         The default holds nothing (a store no other process opens).
         """
         return None
+
+    def release_private_run(self) -> None:  # noqa: B027 - the default holds nothing
+        """Stop holding what :meth:`hold_private_run` took (closing the store does it too)."""
 
     def flight_lock(self, api: str, canonical: str) -> AbstractContextManager[None]:
         """A lock held while one miss is filled, shared with other processes (and hosts) using the store.

@@ -126,10 +126,13 @@ class DiskcacheStore(Store):
     #: who holds the store's private model-call run (:meth:`hold_private_run`): a line for the refusal's message
     PRIVATE_RUN_FILE = "cache.db-privaterun"
 
-    def __init__(self, path: str | os.PathLike[str], *, lock_poll_s: float = 0.02, read_only: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, lock_poll_s: float = 0.02, read_only: bool = False,
+                 timeout_s: float = 60.0) -> None:
         """``read_only``: open an existing store for reading only (``cache stats``): nothing in the
-        folder is written, a store that is not there is an error, and ``add`` raises :class:`StoreError`."""
+        folder is written, a store that is not there is an error, and ``add`` raises :class:`StoreError`.
+        ``timeout_s``: the longest a model call's occurrence claim waits for another process's lock (``store.timeout_s``)."""
         self.path = os.fspath(path)
+        self.timeout_s = float(timeout_s)
         self.lock_poll_s = float(lock_poll_s)
         self.read_only = read_only
         self._write_lock = threading.Lock()
@@ -138,6 +141,8 @@ class DiskcacheStore(Store):
         self._deletes_seen: object = None
         self._occurrence_file: OccurrenceFile | None = None
         """The occurrence counters of model calls, opened at the first claim."""
+        self._private_run: int | None = None
+        """The byte of the flight-lock file held by :meth:`hold_private_run`."""
         if read_only:
             try:
                 self._cache: Any = layout.ReadOnlyCache(self.path)
@@ -230,12 +235,41 @@ class DiskcacheStore(Store):
             return
         self._occurrence(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
 
+    def claim_occurrence_now(self, run: str, digest: str) -> int | None:
+        """:meth:`claim_occurrence` in one short transaction when nobody holds the counters' lock (``None`` otherwise,
+        and before the counters' file is opened, which removes expired rows: a worker thread's work)."""
+        counters = self._occurrence_file
+        if self.read_only:
+            return super().claim_occurrence(run, digest)
+        if counters is None:
+            return None
+        try:
+            return counters.apply_now(run, digest, rules.claim_occurrence)
+        except (sqlite3.Error, ValueError, KeyError) as exc:
+            raise StoreError(f"diskcache occurrence counter failed: {exc}") from exc
+
+    def release_occurrence_now(self, run: str, digest: str, number: int) -> bool:
+        counters = self._occurrence_file
+        if self.read_only:
+            super().release_occurrence(run, digest, number)
+            return True
+        if counters is None:
+            return False
+        try:
+            done = counters.apply_now(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
+        except (sqlite3.Error, ValueError, KeyError) as exc:
+            raise StoreError(f"diskcache occurrence counter failed: {exc}") from exc
+        return done is not None
+
     def hold_private_run(self, run: str) -> str | None:
         """One byte of the flight-lock file, locked for as long as the store is open (the kernel drops it when
         this process ends, even on ``kill -9``), and a line saying who holds it beside."""
         if self._locks is None:
             return None
-        if self._locks.try_acquire(_PRIVATE_RUN_LOCK) is None:
+        if self._private_run is not None:
+            return None
+        self._private_run = self._locks.try_acquire(_PRIVATE_RUN_LOCK)
+        if self._private_run is None:
             try:
                 with open(os.path.join(self.path, self.PRIVATE_RUN_FILE), encoding="utf-8") as handle:
                     return handle.read(400).strip() or "another process"
@@ -248,6 +282,11 @@ class DiskcacheStore(Store):
             log.info("diskcache store at %s: %s not written (%s)", self.path, self.PRIVATE_RUN_FILE, exc)
         return None
 
+    def release_private_run(self) -> None:
+        held, self._private_run = self._private_run, None
+        if held is not None and self._locks is not None:
+            self._locks.release(held)
+
     def _occurrence(self, run: str, digest: str, decide: Any) -> int:
         """One counter's read, decision and write, in the store's occurrence file (:mod:`.occurrence_file`)."""
         counters = self._occurrence_file
@@ -255,7 +294,7 @@ class DiskcacheStore(Store):
             with self._write_lock:
                 if self._occurrence_file is None:
                     try:
-                        self._occurrence_file = OccurrenceFile(self.path)
+                        self._occurrence_file = OccurrenceFile(self.path, self.timeout_s)
                     except sqlite3.Error as exc:
                         raise StoreError(f"diskcache occurrence counters at {self.path} cannot be opened: {exc}") from exc
             counters = self._occurrence_file

@@ -220,7 +220,10 @@ class RedisStore(Store):
         def apply(pipe: Any) -> None:
             number, after = decide(rules.Occurrences.from_json(pipe.get(name)))
             pipe.multi()
-            pipe.set(name, after.to_json(), ex=rules.OCCURRENCE_TTL_S)
+            if after.at_start:  # every number given back: nothing to keep
+                pipe.delete(name)
+            else:
+                pipe.set(name, after.to_json(), ex=rules.OCCURRENCE_TTL_S)
             result[:] = [int(number)]
 
         try:

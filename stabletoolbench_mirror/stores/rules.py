@@ -190,6 +190,11 @@ class Occurrences:
     free: tuple[int, ...] = ()
     """Numbers given back, ascending."""
 
+    @property
+    def at_start(self) -> bool:
+        """No number given that was not given back: a counter the store need not keep (removed, not written)."""
+        return self.next == 1 and not self.free
+
     def to_json(self) -> str:
         return f'{{"next":{self.next},"free":[{",".join(map(str, self.free))}]}}'
 

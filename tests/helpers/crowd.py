@@ -18,10 +18,11 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def stalled_bodies(port: int, count: int, body_bytes: int = 1_048_576, *, source: str = "127.0.0.1") -> list[socket.socket]:
-    """``count`` connections, each sending ``POST /virtual`` headers promising ``body_bytes`` and then all of the
+def stalled_bodies(port: int, count: int, body_bytes: int = 1_048_576, *, source: str = "127.0.0.1",
+                   path: str = "/virtual") -> list[socket.socket]:
+    """``count`` connections, each sending ``POST <path>`` headers promising ``body_bytes`` and then all of the
     body but its last byte: requests stalled mid-body.  Refused ones may be answered or reset: never raises."""
-    head = (f"POST /virtual HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {body_bytes}\r\n\r\n").encode()
     data = memoryview(b" " * (body_bytes - 1))
     socks = []

@@ -49,6 +49,9 @@ class Reply:
     """Extra response headers (e.g. ``(("Retry-After", "0.2"),)`` on a 429)."""
     message: str | None = None
     """The error message of a non-200 reply (default ``stub error <status>``)."""
+    prompt_tokens: int = 1
+    completion_tokens: int = 1
+    """The ``usage`` a completion reports."""
 
 
 Responder = Callable[[dict[str, Any]], Reply]
@@ -169,7 +172,8 @@ class OpenAIStub:
                 "choices": [
                     {"index": 0, "message": {"role": "assistant", "content": reply.content}, "finish_reason": reply.finish_reason}
                 ],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                "usage": {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+                          "total_tokens": reply.prompt_tokens + reply.completion_tokens},
             },
         )
 

@@ -58,3 +58,29 @@ def test_the_rules_alone() -> None:
     assert held == rules.Occurrences(3, (1,))
     assert rules.Occurrences.from_json(held.to_json()) == held
     assert rules.claim_occurrence(held) == (1, rules.Occurrences(3, ()))
+
+
+def _counters_kept(spec: dict[str, Any], run: str) -> int:
+    """How many counters of ``run`` the store keeps (read from the backend itself)."""
+    if spec["kind"] == "diskcache":
+        import sqlite3
+        from pathlib import Path
+
+        path = Path(spec["path"]) / "cache.db-occurrences"
+        with sqlite3.connect(path) as con:
+            return int(con.execute("SELECT COUNT(*) FROM occurrences WHERE run = ?", (run,)).fetchone()[0])
+    import redis
+
+    client = redis.Redis.from_url(spec["url"])
+    return len(list(client.scan_iter(f"{spec['prefix']}:o:{run}:*")))
+
+
+def test_a_counter_back_at_its_start_is_not_kept(store: Store, spec: dict[str, Any]) -> None:  # noqa: F811
+    """A run whose requests all got their numbers back (replay misses, errors) leaves nothing in the store."""
+    for n in range(5):
+        digest = f"{n:064x}"
+        number = store.claim_occurrence("missed-run", digest)
+        store.release_occurrence("missed-run", digest, number)
+    kept = store.claim_occurrence("kept-run", DIGEST)
+    assert kept == 1 and _counters_kept(spec, "missed-run") == 0 and _counters_kept(spec, "kept-run") == 1
+    assert store.claim_occurrence("missed-run", f"{0:064x}") == 1  # and counting starts again at 1

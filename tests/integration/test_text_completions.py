@@ -266,3 +266,23 @@ def test_served_is_called_with_every_record_served(tmp_path: Path) -> None:
         assert toolllama(client_of(f"http://127.0.0.1:{port}/v1"), prompt("copy me")).id == recorded.id
     assert [(r.api, r.key[-2:], r.source) for r in seen] == [(f"@model/{MODEL}/completions", "#1", "model")] * 2
     assert json.loads(seen[0].body)["id"] == recorded.id and seen[0].body == seen[1].body
+
+
+def test_a_server_that_stopped_lets_go_of_the_stores_private_run_even_when_its_store_stays_open(tmp_path: Path) -> None:
+    from stabletoolbench_mirror.factory import build_layer
+    from stabletoolbench_mirror.serving.server import create_app
+    from stabletoolbench_mirror.stores import StoreError
+    from tests.helpers.live import UvicornThread
+
+    with ToolLlamaStub() as upstream:
+        config = settings(tmp_path, "record", upstream)
+        layer = build_layer(config)  # the caller's: the server does not close it
+        try:
+            with UvicornThread(create_app(config, layer), free_port()):
+                with pytest.raises(StoreError, match="another server records model calls"):
+                    create_app(config)  # a second one beside it (its own store object, as another process's)
+            second = create_app(config)  # the first has stopped: its hold is gone though its store is open
+            with UvicornThread(second, port := free_port()):
+                assert toolllama(client_of(f"http://127.0.0.1:{port}/v1"), prompt("after")).choices[0].text
+        finally:
+            layer.close()

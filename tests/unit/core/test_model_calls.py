@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stabletoolbench_mirror.core import model_calls as mc
 
@@ -92,3 +94,34 @@ def test_a_text_completion_streams_as_text_chunks() -> None:
     assert chunks[0]["choices"] == [{"index": 0, "text": "Thought: x", "logprobs": None, "finish_reason": None}]
     assert chunks[1]["choices"][0]["finish_reason"] == "stop" and chunks[1]["choices"][0]["text"] == ""
     assert chunks[2]["choices"] == [] and chunks[2]["usage"]["total_tokens"] == 5
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json, st.booleans(), st.integers(1, 8), st.integers(0, 4), st.integers(1, 4))
+def test_json_in_pieces_is_json_dumps_text(value: object, sort_keys: bool, piece: int, small: int, batch: int) -> None:
+    expected = json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False)
+    saved = mc.PIECE_CHARS, mc.SMALL_ITEMS, mc.BATCH_ITEMS
+    mc.PIECE_CHARS, mc.SMALL_ITEMS, mc.BATCH_ITEMS = piece, small, batch  # every branch, on small values
+    try:
+        assert "".join(mc.json_parts(value, sort_keys)) == expected
+    finally:
+        mc.PIECE_CHARS, mc.SMALL_ITEMS, mc.BATCH_ITEMS = saved
+
+
+def test_a_large_body_is_keyed_in_pieces_as_a_small_one_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mc, "PIECE_CHARS", 7)  # every string longer than 7 characters in pieces
+    monkeypatch.setattr(mc, "SMALL_ITEMS", 1)
+    body = mc.parse_request(json.dumps({"model": "m", "messages": [{"role": "user", "content": "x\u00e9\n\"\\\u2028" * 50}],
+                                        "temperature": 0.0, "stream": True, "n": 1e300, "z": [{}, [], None]}).encode())
+    digest, size = mc.canonical_digest(body)
+    assert digest == mc.request_digest(body) and size == len(mc.canonical_request(body).encode("utf-8"))
+    assert mc.json_bytes(body, large=True) == mc.json_bytes(body, large=False)
+    with pytest.raises(UnicodeEncodeError):
+        mc.canonical_digest({"model": "m", "prompt": "\ud800" * 20})

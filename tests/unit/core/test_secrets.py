@@ -18,11 +18,15 @@ def test_every_configured_secret_is_known_and_kept_out_of_the_public_settings(tm
         store={"kind": "redis", "url": "redis://:pw-redis-BBBB@127.0.0.1:6379/0"},
         real={"relay_url": "http://user:pw-relay-CCCC@relay.local/virtual?key=q-DDDD", "toolbench_key": "tbk-EEEE", "rapidapi_key": "rk-FFFF"},
         simulator={"api_base": ["http://a:pw-sim-GGGG@s1/v1", "http://s2/v1"], "api_key": "sk-HHHH"},
+        llm={"upstreams": [{"base_url": "https://azure.local/v1?api-version=2024-02-01&api-key=qk-IIII"},
+                           {"base_url": "http://tok-as-user-JJJJ@vllm.local/v1"}]},
     )
     secrets = set(settings.secrets())
-    assert secrets == {"tok-AAAA1111", "pw-redis-BBBB", "pw-relay-CCCC", "tbk-EEEE", "rk-FFFF", "pw-sim-GGGG", "sk-HHHH"}
+    # a URL's password (or its user alone, a token sent as the user) and the values of its key-like query parameters
+    assert secrets == {"tok-AAAA1111", "pw-redis-BBBB", "pw-relay-CCCC", "q-DDDD", "tbk-EEEE", "rk-FFFF", "pw-sim-GGGG",
+                       "sk-HHHH", "qk-IIII", "tok-as-user-JJJJ"}
     text = json.dumps(public_settings(settings))
-    for needle in [*secrets, "q-DDDD", "user:"]:
+    for needle in [*secrets, "user:"]:
         assert needle not in text
     assert public_settings(settings)["real"]["rapidapi_key"] == MASK
     assert public_settings(settings)["simulator"]["api_base"] == ["http://s1/v1", "http://s2/v1"]
