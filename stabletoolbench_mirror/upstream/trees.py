@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from stabletoolbench_mirror.core.model_calls import MODEL_CATEGORY
+from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
 from stabletoolbench_mirror.upstream.layout import iter_cache_spans
 from stabletoolbench_mirror.upstream.tooldocs import json_files, subfolders
 
@@ -46,12 +48,17 @@ class TreeCount:
     """Files that could not be parsed while counting entries."""
 
 
+def _is_api_folder(category: str, folder: str) -> bool:
+    """Whether ``<category>/<folder>`` holds API files: upstream's ``<tool>_for_<category>``, or a model's
+    folder of recorded model calls (``@model/<model>/chat_completions.json``)."""
+    return category == MODEL_CATEGORY or folder.endswith(f"_for_{category}")
+
+
 def _tool_dirs(root: str | os.PathLike[str], follow: bool = False) -> Iterator[tuple[str, os.DirEntry[str]]]:
-    """``(category, tool folder)`` of every tool folder laid out as upstream's: ``<tool>_for_<category>``."""
+    """``(category, tool folder)`` of every folder of API files (see :func:`_is_api_folder`)."""
     for category in subfolders(root, follow):
-        suffix = f"_for_{category.name}"
         for tool in subfolders(category.path, follow):
-            if tool.name.endswith(suffix):
+            if _is_api_folder(category.name, tool.name):
                 yield category.name, tool
 
 
@@ -99,14 +106,27 @@ def looks_like_tree(path: str | os.PathLike[str], budget: list[int] | None = Non
         budget[0] -= 1
         if budget[0] <= 0:
             return False
-        suffix = f"_for_{category.name}"
         for tool in subfolders(category.path, follow_symlinks):
             budget[0] -= 1
             if budget[0] <= 0:
                 return False
-            if tool.name.endswith(suffix) and json_files(tool.path, follow_symlinks):
+            if _is_api_folder(category.name, tool.name) and json_files(tool.path, follow_symlinks):
                 return True
     return False
+
+
+def is_snapshot(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a snapshot's ``manifest.json`` (a JSON object with a ``content_hash``).
+
+    A snapshot is a frozen cache whatever it holds: tool answers, recorded model calls, both, or
+    nothing at all (a store that was empty).
+    """
+    try:
+        with open(Path(path, MANIFEST_NAME), "rb") as fh:
+            manifest = json.loads(fh.read())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(manifest, dict) and isinstance(manifest.get("content_hash"), str)
 
 
 def nearby_tree(path: str | os.PathLike[str]) -> tuple[str, Path] | None:
@@ -156,7 +176,7 @@ def frozen_cache_problem(path: str | os.PathLike[str], *, follow_symlinks: bool 
         return f"{p} does not exist"
     if not p.is_dir():
         return f"{p} is not a folder"
-    if looks_like_tree(p, follow_symlinks=follow_symlinks):
+    if looks_like_tree(p, follow_symlinks=follow_symlinks) or is_snapshot(p):
         return None
     message = f"{p} has no cache files ({TREE_LAYOUT})"
     near = nearby_tree(p)
