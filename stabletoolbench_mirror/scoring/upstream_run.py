@@ -103,7 +103,7 @@ class UpstreamRunner:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("OPENAI_", "STM_")) and k not in _DROPPED and not k.lower().endswith("_proxy")}
         env.update({"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1",
-                    "PYTHONDONTWRITEBYTECODE": "1", "TQDM_DISABLE": "1", "PYTHONIOENCODING": "utf-8",
+                    "PYTHONDONTWRITEBYTECODE": "1", "TQDM_DISABLE": "1", "PYTHONIOENCODING": "utf-8", "PYTHONBREAKPOINT": "0",
                     "PYTHONHASHSEED": str(self.seed), "STM_SEED": str(self.seed), "STM_UPSTREAM_ROOT": str(self.root),
                     "STM_ON_PDB": self.on_pdb, "STM_SKIP_SLEEPS": "1" if self.skip_sleeps else "0"})
         if self.stand_ins:
