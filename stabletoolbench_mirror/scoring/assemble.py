@@ -102,8 +102,9 @@ def assemble(work: Work, spec: RunSpec, state: State, out: Path, env: Environmen
         for relative in answer_files(work.root, group):
             _copy(work.path(relative), out / relative)
         if spec.reference is not None:
-            for relative in (layout.reference_converted_file(spec.reference, group), layout.reference_pass_rate_file(spec.reference, group)):
-                _copy(work.path(relative), out / relative)
+            ref = spec.reference
+            _copy(work.converted / ref / f"{group}.json", out / layout.reference_converted_file(ref, group))
+            _copy(work.pass_rate / ref / f"{group}_{ref}.csv", out / layout.reference_pass_rate_file(ref, group))
     for relative in (p for group in spec.groups for p in group_files(spec, group)):
         if work.path(relative).is_file():
             _copy(work.path(relative), out / relative)
@@ -186,6 +187,8 @@ def compare(bundle: layout.Bundle, spec: RunSpec, work: Work, *, answers: bool) 
             result.answers = (len(same), len(theirs))
             result.differ += sorted((set(theirs) | set(ours)) - set(same))
         for relative in group_files(spec, group):
+            if not bundle.path(relative).exists() and not work.path(relative).exists():
+                continue  # a file upstream wrote in neither run (eval_preference's .csv, see session._preference)
             identical = _same(bundle.path(relative), work.path(relative))
             result.files[relative] = identical
             if not identical:

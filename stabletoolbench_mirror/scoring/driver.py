@@ -19,7 +19,7 @@ process around them, each change named in the environment by :mod:`.upstream_run
 * ``STM_SEED``: ``random.seed`` before the script runs (upstream's modules may seed again themselves).
 * ``STM_SCRIPT_FILE``: the ``__file__`` the script sees (default: the script).
 
-``driver.py --probe SCRIPT`` instead runs only the script's top-level imports, with every module no finder
+``driver.py --probe SCRIPT...`` (scripts of one folder) instead runs only their top-level imports, with every module no finder
 can find recorded and answered by a placeholder (so the rest of the imports go on), and prints
 ``{"missing": [top-level module names]}`` as JSON: what to install, found by running upstream's own imports.
 """
@@ -159,17 +159,18 @@ def _top_level_imports(script):
     return [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
-def probe(script, root):
-    """Run ``script``'s top-level imports; print the top-level modules no finder could find."""
-    _set_path(script, root)
+def probe(scripts, root):
+    """Run the top-level imports of ``scripts`` (of one folder); print the top-level modules no finder could find."""
+    _set_path(scripts[0], root)
     finder = _Placeholders(under=root)
     sys.meta_path.append(finder)  # last: only what nothing else finds, imported by upstream's code
     errors = []
-    for node in _top_level_imports(script):
-        try:
-            exec(compile(ast.Module(body=[node], type_ignores=[]), script, "exec"), {"__name__": "__probe__"})
-        except Exception as exc:  # noqa: BLE001 - reported, the other imports go on
-            errors.append(f"line {node.lineno}: {type(exc).__name__}: {exc}")
+    for script in scripts:
+        for node in _top_level_imports(script):
+            try:
+                exec(compile(ast.Module(body=[node], type_ignores=[]), script, "exec"), {"__name__": "__probe__"})
+            except Exception as exc:  # noqa: BLE001 - reported, the other imports go on
+                errors.append(f"{script} line {node.lineno}: {type(exc).__name__}: {exc}")
     missing = sorted(finder.answered - set(sys.builtin_module_names))
     print(json.dumps({"missing": missing, "errors": errors, "python": sys.version.split()[0]}))
     return 0
@@ -194,7 +195,7 @@ def run(script, argv, root):
 def main(argv):
     root = os.environ["STM_UPSTREAM_ROOT"]
     if argv[:1] == ["--probe"]:
-        return probe(os.path.abspath(argv[1]), root)
+        return probe([os.path.abspath(a) for a in argv[1:]], root)
     return run(os.path.abspath(argv[0]), argv[1:], root)
 
 

@@ -103,8 +103,7 @@ def record(request: RecordRequest, hooks: Hooks, out: TextIO = sys.stderr) -> Re
     mirror = Mirror.named(request.server_url) if request.server_url else Mirror.start(settings, work.log("server"))
     session = Session(spec, checkout, request.runner, work, mirror, state, out, request.progress, notes)
     try:
-        for note in notes:
-            session.say(f"note: {note}")
+        session.say_notes()
         session.run(phases_of(spec))
     finally:
         mirror.stop()
@@ -319,8 +318,7 @@ def replay(request: ReplayRequest, hooks: Hooks, out: TextIO = sys.stderr) -> Re
     mirror = Mirror.start(settings, work.log("server"))
     session = Session(spec, request.checkout, request.runner, work, mirror, state, out, request.progress, notes)
     try:
-        for note in notes:
-            session.say(f"note: {note}")
+        session.say_notes()
         session.run(phases_of(spec, infer=not request.rescore))
     finally:
         mirror.stop()

@@ -39,7 +39,7 @@ from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.scoring import bundle as layout
 from stabletoolbench_mirror.scoring.checkout import Checkout
 from stabletoolbench_mirror.scoring.mirror import Mirror
-from stabletoolbench_mirror.scoring.upstream_run import UpstreamRunner
+from stabletoolbench_mirror.scoring.upstream_run import UpstreamFailed, UpstreamRunner, tail
 
 STATE_FILE = "state.json"
 STATE_FORMAT = 1
@@ -233,6 +233,12 @@ class Session:
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
+    def say_notes(self) -> None:
+        """The notes known before the phases run (with progress shown; the report lists them all at the end)."""
+        if self.progress:
+            for note in self.notes:
+                self.say(f"note: {note}")
+
     # -- running phases ------------------------------------------------------------------------------
 
     def run(self, phases: list[tuple[str, str]]) -> None:
@@ -266,13 +272,23 @@ class Session:
             bar.close()
 
     def _upstream(self, key: str, script: str, args: list[str], env: dict[str, str], *, total: int, desc: str,
-                  count: Callable[[], int], script_file: Path | None = None) -> None:
-        """Run one upstream script for the phase ``key`` (its progress counted by ``count()``), then mark it done."""
+                  count: Callable[[], int], known_failure: Callable[[Path], str | None] | None = None) -> None:
+        """Run one upstream script for the phase ``key`` (its progress counted by ``count()``), then mark it done.
+
+        ``known_failure(log)``: for a non-zero exit, the note saying which known upstream failure it was and why
+        the phase's files are complete all the same (``None``: it is no such failure, the run stops).
+        """
         log = self.work.log(key.replace(":", "."))
+        what = f"{desc} ({script})"
         with self._bar(desc, total) as update:
-            self.runner.run(f"{desc} ({script})", self.checkout.script(script), args, log, cwd=self.checkout.root, env=env,
-                            script_file=script_file, watch=lambda: update(count()))
+            done = self.runner.run(what, self.checkout.script(script), args, log, cwd=self.checkout.root, env=env,
+                                   watch=lambda: update(count()), check=known_failure is None)
             update(count())
+        if done.returncode != 0:
+            note = known_failure(log) if known_failure is not None else None
+            if note is None:
+                raise UpstreamFailed(what, done.returncode, log)
+            self.notes.append(note)
         if self.mirror.copy_failures:
             raise SessionError(f"record.served_store could not copy {self.mirror.copy_failures} answers served (see "
                                f"{self.work.log('server')}): the bundle would not replay; free the disk and run the same command again")
@@ -357,8 +373,19 @@ class Session:
                 "--pass_rate_result_path", str(self.work.pass_rate), "--max_eval_threads", "1", "--use_pass_rate", "true",
                 "--evaluate_times", str(self.spec.evaluate_times), "--evaluator", self.spec.evaluator, "--test_set", group, "--overwrite"]
         ids = json.loads((self.work.test_ids / f"{group}.json").read_text(encoding="utf-8"))
+
+        def table_failed(log: Path) -> str | None:
+            # upstream's write_results reads tool_dict["name"] of each available tool, but a converted answer of the
+            # tools format holds {"type": "function", "function": {...}}: it fails after the preference file is complete
+            complete = _rounds_done(output, self.spec.evaluate_times) == len(ids)
+            if complete and "in write_results" in tail(log) and "KeyError: 'name'" in tail(log):
+                return (f"{group}: eval_preference wrote its preference file, then failed writing its .csv (its write_results reads "
+                        "tool_dict['name'], which answers in the tools format do not have: an upstream bug); the win rate is "
+                        "computed from the .json")
+            return None
+
         self._upstream(key, "eval_preference", args, self._judge_env(run), total=len(ids), desc=f"{group}: preference",
-                       count=lambda: _rounds_done(output, self.spec.evaluate_times))
+                       count=lambda: _rounds_done(output, self.spec.evaluate_times), known_failure=table_failed)
 
     def _judge_env(self, run: str) -> dict[str, str]:
         pool = self.work.pool(run)

@@ -41,6 +41,8 @@ PIP_NAMES = {"yaml": "pyyaml", "sentence_transformers": "sentence-transformers"}
 _DROPPED = frozenset({"API_POOL_FILE", "EVAL_MODEL", "SERVICE_URL", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONBREAKPOINT"})
 _TAIL_CHARS = 4000
 _POLL_S = 0.5
+_PROBED: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+"""What :meth:`UpstreamRunner.missing` found, by Python and scripts (a probe imports upstream's modules: seconds)."""
 
 
 class UpstreamFailed(RuntimeError):
@@ -165,22 +167,33 @@ class UpstreamRunner:
 
     def missing(self, scripts: Sequence[Path], *, timeout_s: float = 300) -> list[str]:
         """The top-level modules ``scripts`` import (transitively, through upstream's own modules) that ``--python``
-        cannot import, sorted (:class:`MissingRequirements` when the probe itself cannot run)."""
+        cannot import, sorted (:class:`MissingRequirements` when the probe itself cannot run).
+
+        One probe process per folder of scripts (their ``sys.path`` differ); the answer is kept for this
+        Python and these scripts while this process lives.
+        """
+        key = (self.python, tuple(sorted(str(s) for s in scripts)))
+        if key in _PROBED:
+            return _PROBED[key]
         found: set[str] = set()
+        by_folder: dict[Path, list[str]] = {}
         for script in scripts:
-            env = self.environment({})
-            env.pop("STM_STAND_INS", None)
+            by_folder.setdefault(Path(script).parent, []).append(str(script))
+        env = self.environment({})
+        env.pop("STM_STAND_INS", None)
+        for folder_scripts in by_folder.values():
             try:
-                done = subprocess.run([self.python, str(DRIVER), "--probe", str(script)], cwd=self.root, env=env, capture_output=True,
+                done = subprocess.run([self.python, str(DRIVER), "--probe", *folder_scripts], cwd=self.root, env=env, capture_output=True,
                                       text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise MissingRequirements(f"--python {self.python} cannot run ({exc})") from None
             try:
                 found.update(json.loads(done.stdout.strip().splitlines()[-1])["missing"])
             except (ValueError, IndexError, KeyError, TypeError):
-                raise MissingRequirements(f"--python {self.python} could not check {script}'s imports (exit {done.returncode}):\n"
-                                          f"{(done.stderr or done.stdout)[-_TAIL_CHARS:]}") from None
-        return sorted(found)
+                raise MissingRequirements(f"--python {self.python} could not check the imports of {', '.join(folder_scripts)} "
+                                          f"(exit {done.returncode}):\n{(done.stderr or done.stdout)[-_TAIL_CHARS:]}") from None
+        _PROBED[key] = sorted(found)
+        return _PROBED[key]
 
     def check_requirements(self, scripts: Sequence[Path]) -> list[str]:
         """The notes to print about what upstream imports; :class:`MissingRequirements` naming what to install."""
