@@ -151,29 +151,37 @@ def run_server(settings: Settings) -> int:
     from stabletoolbench_mirror.stores import StoreError
 
     _warn_about_prompt(settings)
-    if settings.llm.run is None and settings.workers > 1:
-        from stabletoolbench_mirror.engine.model_calls import new_run_id
-
-        # one run per start of serve: every worker counts identical model calls together (in the store)
-        settings.llm.run = new_run_id()
-
     if settings.workers > 1:
-        from stabletoolbench_mirror.factory import build_layer
+        from stabletoolbench_mirror.engine.model_calls import new_run_id
+        from stabletoolbench_mirror.factory import build_layer, build_store
+        from stabletoolbench_mirror.serving.model_front import hold_private_run
 
         # a store or simulator that cannot be built fails here, once, with a clear message,
-        # rather than in every worker process
+        # rather than in every worker process; a store stays open while the workers serve, holding the
+        # store's private model-call run when nobody named the run (no second server may record beside it)
+        run = new_run_id()
         try:
             build_layer(settings).close()
+            store = build_store(settings)
         except StoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        try:
+            hold_private_run(settings, store, run)
+        except StoreError as exc:
+            store.close()
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if settings.llm.run is None:
+            # one run per start of serve: every worker counts identical model calls together (in the store)
+            settings.llm.run = run
         from stabletoolbench_mirror.engine.metrics import SharedCountsFolder
         from stabletoolbench_mirror.serving.handoff import SettingsHandoff
         from stabletoolbench_mirror.serving.server import uvicorn_options
 
         # the workers read the settings (keys included) from a private file, never from the environment;
         # they add their counts up in a shared folder, so /stats and /metrics show every worker's
-        with SettingsHandoff(settings, workers=settings.workers), SharedCountsFolder():
+        with store, SettingsHandoff(settings, workers=settings.workers), SharedCountsFolder():
             uvicorn.run(
                 "stabletoolbench_mirror.serving.server:app_from_environment",
                 factory=True,

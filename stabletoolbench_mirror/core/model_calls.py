@@ -1,9 +1,14 @@
 """What a recorded model call is: its API name, its key, its answer, written once.
 
-The agent's and the judge's chat completions (``POST /v1/chat/completions``) are recorded in the
-same store as tool answers, as ordinary :class:`~stabletoolbench_mirror.core.records.Record` s:
+The agent's and the judge's model calls are recorded in the same store as tool answers, as ordinary
+:class:`~stabletoolbench_mirror.core.records.Record` s.  Two **endpoints** (:class:`Endpoint`) are
+answered, each decides its API name, its route (under ``/v1`` and under an upstream's base URL), what
+a request must hold and what an answer must be, and the shape of its streamed events: chat completions
+(:data:`CHAT`, ``POST /v1/chat/completions``, the ``messages`` of a chat) and text completions
+(:data:`TEXT`, ``POST /v1/completions``, the ``prompt`` of ToolLLaMA served by vLLM).
 
-* the **API** of a model's records is ``@model/<model>/chat_completions`` (:func:`model_api`).
+* the **API** of a model's records is ``@model/<model>/chat_completions`` or ``@model/<model>/completions``
+  (:func:`model_api`).
   ``@model`` is no StableToolBench category (``/virtual`` refuses it), so tool answers and model
   answers never share a name, and a model's records travel wherever an API's do: ``snapshot``
   (as ``@model/<model>/chat_completions.json`` in the tree), frozen caches, ``cache import``,
@@ -14,8 +19,9 @@ same store as tool answers, as ordinary :class:`~stabletoolbench_mirror.core.rec
   ``occurrence`` counts identical requests within one run (1, 2, ...), so the n-th identical
   request of a run gets the n-th recorded answer;
 * the **body** is the completion as the upstream sent it, in compact JSON with its own key order,
-  every secret the upstream echoed masked (:class:`~.secrets.Redactor`, as for tool answers); a
-  streamed request is served as server-sent events built from it (:func:`sse_events`).
+  every secret the upstream echoed masked (:class:`~.secrets.Redactor`, as for tool answers), and only
+  when it is one (:meth:`Endpoint.answer_problem`); a streamed request is served as server-sent events
+  built from it (:meth:`Endpoint.events`).
 
 Nothing here does I/O.
 """
@@ -26,12 +32,15 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 #: the category of every model API: never a StableToolBench category (``/virtual`` refuses it)
 MODEL_CATEGORY = "@model"
 #: the API name of a chat completion under its model's folder
 CHAT_COMPLETIONS = "chat_completions"
+#: the API name of a text completion under its model's folder
+COMPLETIONS = "completions"
 #: request fields that change how an answer is carried, not what it is: never part of the key.
 #: ``stream`` and ``stream_options``: the upstream is always asked for the whole completion and a
 #: streamed request gets it as events; ``user``: an end-user id for the vendor's abuse checks.
@@ -40,9 +49,9 @@ OUT_OF_KEY = frozenset({"stream", "stream_options", "user"})
 MAX_MODEL_CHARS = 200
 
 
-def model_api(model: str) -> str:
-    """The API name under which ``model``'s chat completions are recorded."""
-    return f"{MODEL_CATEGORY}/{model}/{CHAT_COMPLETIONS}"
+def model_api(model: str, endpoint: str = CHAT_COMPLETIONS) -> str:
+    """The API name under which ``model``'s calls of ``endpoint`` (:attr:`Endpoint.name`) are recorded."""
+    return f"{MODEL_CATEGORY}/{model}/{endpoint}"
 
 
 def is_model_api(api: str) -> bool:
@@ -50,10 +59,13 @@ def is_model_api(api: str) -> bool:
 
 
 def model_of(api: str) -> str | None:
-    """The model of a model API (``None`` for a tool's API)."""
-    if not is_model_api(api) or not api.endswith("/" + CHAT_COMPLETIONS):
+    """The model of a model API, of either endpoint (``None`` for a tool's API)."""
+    if not is_model_api(api):
         return None
-    return api[len(MODEL_CATEGORY) + 1 : -len(CHAT_COMPLETIONS) - 1]
+    for name in (CHAT_COMPLETIONS, COMPLETIONS):  # "/chat_completions" never ends in "/completions"
+        if api.endswith("/" + name) and len(api) > len(MODEL_CATEGORY) + len(name) + 2:
+            return api[len(MODEL_CATEGORY) + 1 : -len(name) - 1]
+    return None
 
 
 def _number(text: str) -> int | float:
@@ -108,10 +120,10 @@ def usage_of(completion: Mapping[str, Any]) -> tuple[int, int]:
     return number("prompt_tokens"), number("completion_tokens")
 
 
-def _chunk(completion: Mapping[str, Any], choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+def _chunk(completion: Mapping[str, Any], kind: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     chunk: dict[str, Any] = {
-        "id": completion.get("id", "chatcmpl-recorded"),
-        "object": "chat.completion.chunk",
+        "id": completion.get("id", "cmpl-recorded"),
+        "object": kind,
         "created": completion.get("created", int(time.time())),
         "model": completion.get("model", ""),
     }
@@ -134,25 +146,101 @@ def _delta(message: Mapping[str, Any]) -> dict[str, Any]:
     return delta
 
 
-def sse_events(completion: Mapping[str, Any], include_usage: bool) -> Iterator[bytes]:
-    """A whole completion as the server-sent events of a streamed one (the ``openai`` SDK's ``stream=True``).
+@dataclass(frozen=True)
+class Endpoint:
+    """One kind of model call: its API name, its route, what a request and an answer hold, its streamed events.
 
-    One chunk carries each choice's whole message as its delta (role, content, tool calls with
-    their ``index``), the next its ``finish_reason`` (and ``logprobs``); with
-    ``stream_options.include_usage`` a last chunk carries ``usage`` with no choices; then ``[DONE]``.
+    :data:`CHAT` (``/chat/completions``: ``messages``, each choice a ``message``) and :data:`TEXT`
+    (``/completions``: ``prompt``, each choice a ``text``); the same rules of keys, occurrences and
+    records apply to both.
     """
-    choices = [c for c in completion.get("choices") or () if isinstance(c, Mapping)]
-    first = [{"index": c.get("index", i), "delta": _delta(c.get("message") or {}), "finish_reason": None}
-             for i, c in enumerate(choices)]
-    last = []
-    for i, c in enumerate(choices):
-        end: dict[str, Any] = {"index": c.get("index", i), "delta": {}, "finish_reason": c.get("finish_reason")}
-        if c.get("logprobs") is not None:
-            end["logprobs"] = c["logprobs"]
-        last.append(end)
-    parts = [_chunk(completion, first), _chunk(completion, last)]
-    if include_usage and completion.get("usage") is not None:
-        parts.append(_chunk(completion, [], usage=completion["usage"]))
-    for part in parts:
-        yield b"data: " + json.dumps(part, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
-    yield b"data: [DONE]\n\n"
+
+    name: str
+    """The last part of its API name (:func:`model_api`): ``chat_completions`` or ``completions``."""
+    path: str
+    """Its route under ``/v1`` and under an upstream's base URL."""
+    prompt: str
+    """The request field that holds what is asked: ``messages`` (a list) or ``prompt`` (a string or a list)."""
+    answer: str
+    """What each choice of an answer holds: ``message`` (an object) or ``text`` (a string)."""
+    chunk: str
+    """The ``object`` of its streamed chunks."""
+
+    def api(self, model: str) -> str:
+        return model_api(model, self.name)
+
+    def request_problem(self, body: Any) -> str | None:
+        """Why a request body is not a request of this endpoint that can be keyed (``None``: it is)."""
+        if not isinstance(body, dict):
+            return f"the request body must be a JSON object (a request of POST /v1{self.path})"
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            return "the request has no model (a string is required)"
+        if len(model) > MAX_MODEL_CHARS or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in model):
+            return f"the model name is over {MAX_MODEL_CHARS} characters or holds control characters"
+        asked = body.get(self.prompt)
+        if self.prompt == "messages" and not isinstance(asked, list):
+            return "the request has no messages (a list is required)"
+        if self.prompt == "prompt" and not (isinstance(asked, str) or isinstance(asked, list) and asked):
+            return "the request has no prompt (a string, or a list of strings or of token ids, is required)"
+        return None
+
+    def answer_problem(self, completion: Any) -> str | None:
+        """Why an upstream's HTTP 200 body is not an answer of this endpoint (``None``: it is one, to record).
+
+        An answer has at least one choice, each an object holding its ``message`` object (chat) or its
+        ``text`` string; a body with a non-null ``error`` is the upstream's failure, whatever else it holds.
+        """
+        if not isinstance(completion, dict):
+            return "not a JSON object"
+        if completion.get("error") is not None:
+            return "it holds an error object"
+        choices = completion.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return "it has no choices"
+        for choice in choices:
+            if not isinstance(choice, dict):
+                return "a choice is not an object"
+            if self.answer == "message" and not isinstance(choice.get("message"), dict):
+                return "a choice has no message object"
+            if self.answer == "text" and not isinstance(choice.get("text"), str):
+                return "a choice has no text"
+        return None
+
+    def events(self, completion: Mapping[str, Any], include_usage: bool) -> Iterator[bytes]:
+        """A whole answer as the server-sent events of a streamed one (the ``openai`` SDK's ``stream=True``).
+
+        One chunk carries each choice's whole message as its delta (role, content, tool calls with
+        their ``index``) or its whole text, the next its ``finish_reason`` (and a chat choice's
+        ``logprobs``); with ``stream_options.include_usage`` a last chunk carries ``usage`` with no
+        choices; then ``[DONE]``.  For an answer :meth:`answer_problem` accepts.
+        """
+        choices = [c for c in completion.get("choices") or () if isinstance(c, Mapping)]
+        first, last = [], []
+        for i, c in enumerate(choices):
+            index = c.get("index", i)
+            end: dict[str, Any] = {"index": index}
+            if self.answer == "message":
+                first.append({"index": index, "delta": _delta(c.get("message") or {}), "finish_reason": None})
+                end.update(delta={}, finish_reason=c.get("finish_reason"))
+                if c.get("logprobs") is not None:
+                    end["logprobs"] = c["logprobs"]
+            else:  # a text completion's chunk: the text, with its logprobs
+                first.append({"index": index, "text": c.get("text", ""), "logprobs": c.get("logprobs"), "finish_reason": None})
+                end.update(text="", logprobs=None, finish_reason=c.get("finish_reason"))
+            last.append(end)
+        parts = [_chunk(completion, self.chunk, first), _chunk(completion, self.chunk, last)]
+        if include_usage and completion.get("usage") is not None:
+            parts.append(_chunk(completion, self.chunk, [], usage=completion["usage"]))
+        for part in parts:
+            yield b"data: " + json.dumps(part, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+
+#: chat completions (``POST /v1/chat/completions``): the agent of ``chatgpt_function`` and the judge
+CHAT = Endpoint(CHAT_COMPLETIONS, "/chat/completions", "messages", "message", "chat.completion.chunk")
+#: text completions (``POST /v1/completions``): ToolLLaMA served by vLLM (``--backbone_model toolllama_vllm``)
+TEXT = Endpoint(COMPLETIONS, "/completions", "prompt", "text", "text_completion")
+#: every endpoint, by its route under ``/v1``
+ENDPOINTS: dict[str, Endpoint] = {"/v1" + e.path: e for e in (CHAT, TEXT)}
+

@@ -1,11 +1,12 @@
-"""The path of one recorded model call: occurrence, lookup, upstream, record (``POST /v1/chat/completions``).
+"""The path of one recorded model call: occurrence, lookup, upstream, record (``POST /v1/chat/completions``, ``/v1/completions``).
 
-A chat completion request of the agent or the judge is answered like a tool call, with one more
+A chat or text completion request of the agent or the judge is answered like a tool call, with one more
 idea, the **occurrence**: the judge sends 3-4 identical requests per answer and must get 3-4
 answers, so the n-th identical request of a run (:mod:`stabletoolbench_mirror.core.model_calls`)
 is its own record, ``<digest>#<n>``.  In order:
 
-1. the request is checked (a ``model`` string, a ``messages`` list) and its digest computed;
+1. the request is checked (a ``model`` string, a ``messages`` list or a ``prompt``: its endpoint's
+   :meth:`~stabletoolbench_mirror.core.model_calls.Endpoint.request_problem`) and its digest computed;
 2. its occurrence number is claimed from the store (:meth:`Store.claim_occurrence`: every worker
    and every host of a Redis store count together);
 3. ``record``/``replay``: the record is looked up in the store, then in each frozen cache; a hit is
@@ -16,7 +17,10 @@ is its own record, ``<digest>#<n>``.  In order:
    takes it;
 5. otherwise the upstream's completion, every known secret in it masked, is recorded
    (``refresh``: written over what was there) and served: the record run serves the same bytes
-   its replay will.
+   its replay will.  An HTTP 200 that is no answer of the endpoint (no choices, a choice without its
+   message or text, an ``error`` object) is the upstream's failure: passed on, never recorded.
+
+Every record served (a hit or a new recording) is also handed to :attr:`ModelCalls.served` when one is set.
 
 :meth:`ModelCalls.answer` runs on the server's event loop: a local store's claim and read there (as a
 tool hit's read), a Redis store's and the upstream call in worker threads.
@@ -35,6 +39,7 @@ import anyio.to_thread
 
 from stabletoolbench_mirror.config import Mode
 from stabletoolbench_mirror.core import model_calls as mc
+from stabletoolbench_mirror.core.model_calls import CHAT, Endpoint
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.core.secrets import Redactor
@@ -67,7 +72,7 @@ class ModelUpstream(Protocol):
 
     def key(self, client_authorization: str | None) -> str | None: ...
 
-    def complete(self, body: Mapping[str, Any], key: str | None, timeout_s: float) -> UpstreamAnswer: ...
+    def complete(self, body: Mapping[str, Any], key: str | None, timeout_s: float, endpoint: Endpoint = CHAT) -> UpstreamAnswer: ...
 
 
 class ModelUpstreams(Protocol):
@@ -90,6 +95,9 @@ class ModelAnswer:
     key: str | None = None
     """``<digest>#<occurrence>``."""
     run: str = ""
+    retry: bool = True
+    """Whether the client may send the same request again and get another answer (``False``: a bad request, a
+    spent budget, a call not recorded in replay; sent as ``X-Should-Retry: false``, which the ``openai`` SDK obeys)."""
 
     def completion(self) -> Mapping[str, Any] | None:
         """The served completion, parsed (a streamed request's events are built from it); ``None`` for an error."""
@@ -107,6 +115,10 @@ ANSWERED = frozenset({"hit", "recorded", "replaced"})
 
 class ModelCalls:
     """Answers model calls from the store, the frozen caches and the upstreams (see the module's docstring)."""
+
+    served: Callable[[Record], None] | None = None
+    """Called with every record served (a hit, or an answer just recorded), off the event loop: e.g. to copy
+    every model answer a run used into a second store.  ``None`` (the default): nothing is called."""
 
     def __init__(
         self, store: Store, frozen: Sequence[CacheTier], upstreams: ModelUpstreams, *, mode: Mode, run: str, private_run: bool = False,
@@ -136,27 +148,29 @@ class ModelCalls:
 
     # -- the path ---------------------------------------------------------------------------------
 
-    async def answer(self, body: Any, authorization: str | None = None, run: str | None = None) -> ModelAnswer:
-        """The answer to one request body (parsed JSON), counted once; for the server's event loop.
+    async def answer(self, body: Any, authorization: str | None = None, run: str | None = None,
+                     endpoint: Endpoint = CHAT) -> ModelAnswer:
+        """The answer to one request body (parsed JSON) of ``endpoint``, counted once; for the server's event loop.
 
         A hit is answered on the loop when the store is local (diskcache: its occurrence claim and read
         take tens of microseconds, as a tool hit's read does); a Redis store's claim, and every upstream
         call, run in a worker thread.
         """
-        answer, prompt, completion, asked = await self._answer(body, authorization, run or self.run)
+        answer, prompt, completion, asked = await self._answer(body, authorization, run or self.run, endpoint)
         self._count(answer, prompt, completion, asked)
         return answer
 
     async def _store_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args) if self.local_store else await anyio.to_thread.run_sync(fn, *args)
 
-    async def _answer(self, body: Any, authorization: str | None, run: str) -> tuple[ModelAnswer, int, int, bool]:
-        problem = _request_problem(body)
+    async def _answer(self, body: Any, authorization: str | None, run: str, endpoint: Endpoint) -> tuple[ModelAnswer, int, int, bool]:
+        problem = endpoint.request_problem(body)
         if problem is not None:
-            return _error(400, problem, "invalid_request_error", "rejected", param="model" if "model" in problem else None), 0, 0, False
+            return _error(400, problem, "invalid_request_error", "rejected", param="model" if "model" in problem else None,
+                          retry=False), 0, 0, False
         model: str = body["model"]
         digest = mc.request_digest(body)
-        api = mc.model_api(model)
+        api = endpoint.api(model)
         counters = self._private if self._private is not None and run == self.run else None
         try:
             number = counters.claim(digest) if counters is not None and counters.holds(digest) else \
@@ -170,11 +184,14 @@ class ModelCalls:
                 found = await self._lookup(api, key)
                 if found is not None:
                     release = False
+                    if self.served is not None:
+                        await anyio.to_thread.run_sync(self._hand_over, found)
                     return self._served(found, "hit", model, key, run), 0, 0, False
             if self.mode is Mode.REPLAY:
-                return self._not_recorded(model, digest, number, run), 0, 0, False
+                before = number > 1 and await self._lookup(api, mc.record_key(digest, number - 1)) is not None
+                return self._not_recorded(endpoint, model, digest, number, run, before), 0, 0, False
             answer, prompt, completion, asked = await anyio.to_thread.run_sync(
-                self._ask, body, model, api, key, digest, number, run, authorization)
+                self._ask, body, endpoint, model, key, digest, number, run, authorization)
             release = answer.outcome not in ANSWERED
             return answer, prompt, completion, asked
         finally:
@@ -208,23 +225,34 @@ class ModelCalls:
         except StoreError as exc:
             log.warning("model call: occurrence %d of %s not given back (%s)", number, digest[:16], exc)
 
-    def _ask(self, body: Mapping[str, Any], model: str, api: str, key: str, digest: str, number: int, run: str,
+    def _hand_over(self, record: Record) -> None:
+        """:attr:`served`, called with ``record``; its failure is logged, never the request's."""
+        if self.served is None:
+            return
+        try:
+            self.served(record)
+        except Exception:
+            log.exception("model call: the served() callback failed for %s %s", record.api[:200], record.key[:80])
+
+    def _ask(self, body: Mapping[str, Any], endpoint: Endpoint, model: str, key: str, digest: str, number: int, run: str,
              authorization: str | None) -> tuple[ModelAnswer, int, int, bool]:
+        api = endpoint.api(model)
         upstream = self.upstreams.for_model(model)
         if upstream is None:
             message = (f"model {model!r}: no upstream answers it (llm.upstreams[].models: add a pattern that matches it), "
                        f"and request sha256:{digest} occurrence {number} is not recorded")
-            return _error(404, message, "invalid_request_error", "unanswered", model, code="model_not_found", param="model"), 0, 0, False
+            return _error(404, message, "invalid_request_error", "unanswered", model, code="model_not_found", param="model",
+                          retry=False), 0, 0, False
         if self.max_upstream_tokens is not None:
             spent = self._tokens_spent()
             if spent >= self.max_upstream_tokens:
                 message = (f"the upstream token budget is spent ({spent} of llm.max_upstream_tokens {self.max_upstream_tokens}); "
                            f"raise llm.max_upstream_tokens or replay recorded calls (model {model!r})")
-                return _error(429, message, "insufficient_quota", "refused", model, code="insufficient_quota"), 0, 0, False
+                return _error(429, message, "insufficient_quota", "refused", model, code="insufficient_quota", retry=False), 0, 0, False
         client_key = upstream.key(authorization)
         redactor = self.redactor.plus(client_key) if client_key else self.redactor
         try:
-            got = upstream.complete(body, client_key, self.timeout_s)
+            got = upstream.complete(body, client_key, self.timeout_s, endpoint)
         except UpstreamFailed as exc:
             return _error(exc.status, redactor.text(str(exc)), "upstream_error", "error", model), 0, 0, True
         if got.status != 200:
@@ -233,9 +261,9 @@ class ModelCalls:
             completion = json.loads(got.body)
         except (ValueError, UnicodeDecodeError):
             completion = None
-        if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-            return _error(502, f"the upstream {upstream.url} answered HTTP 200 without a chat completion", "upstream_error",
-                          "error", model), 0, 0, True
+        problem = endpoint.answer_problem(completion)
+        if problem is not None:
+            return self._no_answer(got, upstream.url, endpoint, problem, model, redactor), 0, 0, True
         completion = redactor.data(completion)
         prompt, completion_tokens = mc.usage_of(completion)
         record = Record(
@@ -255,10 +283,26 @@ class ModelCalls:
                 # another server recorded this occurrence first: its answer is the one replayed, so serve it
                 kept = self.store.get(api, key)
                 if kept is not None:
+                    self._hand_over(kept)
                     return self._served(kept, "hit", model, key, run), prompt, completion_tokens, True
         except StoreError as exc:
             log.warning("model call: not recorded (%s); served all the same", exc)
+        self._hand_over(record)
         return self._served(record, outcome, model, key, run), prompt, completion_tokens, True
+
+    def _no_answer(self, got: UpstreamAnswer, url: str, endpoint: Endpoint, problem: str, model: str, redactor: Redactor) -> ModelAnswer:
+        """An upstream's HTTP 200 that is no answer of ``endpoint``: its error passed on (HTTP 502), nothing recorded."""
+        try:
+            parsed = json.loads(got.body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            parsed = None
+        error = parsed.get("error") if isinstance(parsed, dict) else None
+        message = f"the upstream {url} answered HTTP 200 without a {endpoint.name} answer ({problem})"
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            message += ": " + error["message"][:2000]
+        elif isinstance(error, str):
+            message += ": " + error[:2000]
+        return _error(502, redactor.text(message), "upstream_error", "error", model)
 
     def _upstream_error(self, got: UpstreamAnswer, model: str, redactor: Redactor) -> ModelAnswer:
         """The upstream's own error, its status kept, its body OpenAI-shaped (and masked)."""
@@ -275,33 +319,31 @@ class ModelCalls:
     def _served(self, record: Record, outcome: str, model: str, key: str, run: str) -> ModelAnswer:
         return ModelAnswer(200, record.body.encode("utf-8"), outcome, record.source, model, key, run)
 
-    def _not_recorded(self, model: str, digest: str, number: int, run: str) -> ModelAnswer:
-        message = (
-            f"model {model!r}: request sha256:{digest} occurrence {number} is not recorded, and in replay mode nothing is "
-            f"asked upstream (run {run!r}). `stabletoolbench-mirror cache ls --api '{mc.model_api(model)}'` lists the "
-            f"recorded occurrences of this model (keys <sha256>#<occurrence>); record it with llm.mode: record"
-        )
-        return _error(404, message, "invalid_request_error", "unanswered", model, code="not_recorded")
+    def _not_recorded(self, endpoint: Endpoint, model: str, digest: str, number: int, run: str, used_up: bool) -> ModelAnswer:
+        """The replay miss's 404.  ``used_up``: occurrences 1..number-1 are recorded, so this run has used them all:
+        most likely a second evaluation sent to a server whose run the first one used (the fixes named first)."""
+        api = endpoint.api(model)
+        if used_up:
+            message = (
+                f"model {model!r}: request sha256:{digest} occurrence {number} is not recorded: it was recorded {number - 1} "
+                f"time(s) and run {run!r} has used them all (a second evaluation on the same server?). Each run replays "
+                f"the recorded occurrences once; give each evaluation a run of its own: restart `serve`, or set llm.run to "
+                f"a new name, or send the header `X-STM-Run: <new name>`, or use the base URL "
+                f"http://HOST:PORT/run/<new name>/v1. `stabletoolbench-mirror cache ls --api '{api}'` lists what is recorded"
+            )
+        else:
+            message = (
+                f"model {model!r}: request sha256:{digest} occurrence {number} is not recorded, and in replay mode nothing is "
+                f"asked upstream (run {run!r}). `stabletoolbench-mirror cache ls --api '{api}'` lists the "
+                f"recorded occurrences of this model (keys <sha256>#<occurrence>); record it with llm.mode: record"
+            )
+        return _error(404, message, "invalid_request_error", "unanswered", model, code="not_recorded", retry=False)
 
 
 def _error(status: int, message: str, type_: str, outcome: str, model: str = "", *, code: str | None = None,
-           param: str | None = None) -> ModelAnswer:
+           param: str | None = None, retry: bool = True) -> ModelAnswer:
     body = encode_answer(mc.error_body(message, type_, code, param)).encode("utf-8")
-    return ModelAnswer(status, body, outcome, "mirror", model)
-
-
-def _request_problem(body: Any) -> str | None:
-    """Why a request body is not a chat completion request this server can key (``None``: it is)."""
-    if not isinstance(body, dict):
-        return "the request body must be a JSON object (a chat completion request)"
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return "the request has no model (a string is required)"
-    if len(model) > mc.MAX_MODEL_CHARS or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in model) or "\x00" in model:
-        return f"the model name is over {mc.MAX_MODEL_CHARS} characters or holds control characters"
-    if not isinstance(body.get("messages"), list):
-        return "the request has no messages (a list is required)"
-    return None
+    return ModelAnswer(status, body, outcome, "mirror", model, retry=retry)
 
 
 def new_run_id() -> str:

@@ -3,7 +3,8 @@
 Each upstream is reached through a :class:`~stabletoolbench_mirror.responders.http_transport.Transport`
 (httpcore by default: kept-alive pooling, interim answers skipped, proxies from the environment, an
 overall deadline), so the agent's and the judge's calls get the same client as the simulator's.
-The upstream is always asked for the whole completion (``stream`` off): a streamed request is
+The upstream is always asked for the whole completion (``stream`` off) at the endpoint's route under
+its base URL (``<base_url>/chat/completions`` or ``<base_url>/completions``): a streamed request is
 served as events built from it.  Which upstream answers a model: the first whose ``models``
 patterns (``fnmatch``) match it.  Its key: the upstream's ``api_key_env`` variable, else the
 client's own ``Authorization``; never kept beyond the request.
@@ -19,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stabletoolbench_mirror.config import LLMConfig, LLMUpstream
+from stabletoolbench_mirror.core.model_calls import CHAT, Endpoint
 from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.engine.model_calls import UpstreamAnswer, UpstreamFailed
 from stabletoolbench_mirror.responders.http_transport import (
@@ -43,7 +45,8 @@ class Upstream:
         self.url = public_url(config.base_url)
         """The base URL without credentials (what a record's provenance names)."""
         parsed = urllib.parse.urlsplit(config.base_url)
-        self._path = parsed.path.rstrip("/") + "/chat/completions" + (f"?{parsed.query}" if parsed.query else "")
+        self._prefix = parsed.path.rstrip("/")
+        self._query = f"?{parsed.query}" if parsed.query else ""
         base = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "", "", ""))
         self.transport: Transport = (factory or HttpcoreTransport)(base, options)
 
@@ -60,15 +63,16 @@ class Upstream:
             return given.strip() if scheme.lower() == "bearer" and given.strip() else None
         return None
 
-    def complete(self, body: Mapping[str, Any], key: str | None, timeout_s: float) -> UpstreamAnswer:
-        """POST the request (``stream`` off) and return the answer, whatever its status; :class:`UpstreamFailed` when none came."""
+    def complete(self, body: Mapping[str, Any], key: str | None, timeout_s: float, endpoint: Endpoint = CHAT) -> UpstreamAnswer:
+        """POST the request (``stream`` off) to ``endpoint``'s route and return the answer, whatever its status;
+        :class:`UpstreamFailed` when none came."""
         sent = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         headers = {"content-type": "application/json", "accept": "application/json"}
         if key:
             headers["authorization"] = f"Bearer {key}"
         started = time.monotonic()
         try:
-            answer = self.transport.post(self._path, json.dumps(sent, ensure_ascii=False).encode("utf-8"), headers,
+            answer = self.transport.post(self._prefix + endpoint.path + self._query, json.dumps(sent, ensure_ascii=False).encode("utf-8"), headers,
                                          answer_timeout_s=timeout_s)
         except AnswerTimedOut as exc:
             raise UpstreamFailed(504, f"the upstream {self.url} sent no complete answer within {timeout_s:g} s (llm.timeout_s)") from exc

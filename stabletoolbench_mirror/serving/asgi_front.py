@@ -80,7 +80,7 @@ class _RefusalLog:
 
 class Front:
     """Pure ASGI front: bearer token on every route, then ``/virtual``: body read, admission, answer (and
-    ``/v1/chat/completions``, handed to the model-call front)."""
+    ``/v1/...`` and ``/run/<name>/v1/...``, handed to the model-call front)."""
 
     def __init__(
         self, app: ASGIApp, layer: MirrorLayer, token: bytes | None, admission: Admission, max_body: int, body_timeout_s: float,
@@ -89,7 +89,7 @@ class Front:
     ) -> None:
         self.app = app
         self.models = models
-        """``POST /v1/chat/completions``' handler (:class:`~.model_front.ModelFront`), ahead of the app as ``/virtual`` is."""
+        """``/v1``'s handler (:class:`~.model_front.ModelFront`), ahead of the app as ``/virtual`` is."""
         self.proxies = proxies
         """``limits.trusted_proxies``: who the client behind them is (``None``: the connecting address)."""
         self.layer = layer
@@ -112,7 +112,7 @@ class Front:
             await _send(send, Outcome.error(401, "missing or wrong bearer token"))
             return
         if scope["path"] != "/virtual":
-            if scope["path"] == "/v1/chat/completions" and self.models is not None:
+            if self.models is not None and scope["path"].startswith(("/v1/", "/run/")):
                 await self.models(scope, receive, send)
                 return
             await self.app(scope, receive, send)

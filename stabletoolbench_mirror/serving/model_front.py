@@ -1,8 +1,10 @@
-"""The OpenAI-compatible front of recorded model calls: ``POST /v1/chat/completions``, ``GET /v1/models``.
+"""The OpenAI-compatible front of recorded model calls: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``.
 
 ``OpenAI(base_url="http://HOST:PORT/v1")`` works unchanged, for the agent (``qa_pipeline
---base_url``) and for the judge (``API_POOL_FILE`` entries' ``api_base``).  :class:`ModelFront` is a
-pure ASGI handler the server's front hands ``/v1/chat/completions`` to, as it handles ``/virtual``
+--base_url``, ToolLLaMA's ``toolllama_vllm`` too) and for the judge (``API_POOL_FILE`` entries' ``api_base``).
+``http://HOST:PORT/run/<name>/v1`` is the same front for the run ``<name>``, exactly as ``/v1`` with the
+header ``X-STM-Run: <name>`` (:func:`run_route`): for clients that cannot send a header.
+:class:`ModelFront` is a pure ASGI handler the server's front hands ``/v1/...`` and ``/run/...`` to, as it handles ``/virtual``
 (ahead of FastAPI's middleware stack): the body is read (at most ``llm.max_body_bytes``, within
 ``limits.body_timeout_s``), parsed, and handed to
 :class:`~stabletoolbench_mirror.engine.model_calls.ModelCalls` once (a hit of a local store answered on the event loop, the rest in worker threads); its answer is
@@ -10,7 +12,9 @@ sent as JSON, or as server-sent events when the request asked for ``stream: true
 how it ended (``X-STM-Outcome``), where it came from (``X-STM-Source``) and, for a completion, its
 record's key (``X-STM-Key``: ``<sha256>#<occurrence>``) and run (``X-STM-Run``).  A client names its
 run with the ``X-STM-Run`` header (printable, at most 200 characters); with the server's bearer token
-set, the client's ``Authorization`` is that token and never passed upstream.
+set, the client's ``Authorization`` is that token and never passed upstream.  An error the client should not
+send again unchanged (a bad request, a spent budget, a call not recorded in replay) carries
+``X-Should-Retry: false``, which the ``openai`` SDK obeys (it retries 408, 409, 429 and 5xx otherwise).
 """
 
 from __future__ import annotations
@@ -18,32 +22,66 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from stabletoolbench_mirror.config import Settings
+from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core import model_calls as mc
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.model_calls import ModelAnswer, ModelCalls, new_run_id
 from stabletoolbench_mirror.responders.model_upstream import Upstreams
 from stabletoolbench_mirror.serving.asgi_front import arrived
+from stabletoolbench_mirror.stores.base import Store, StoreError
 
 MAX_RUN_CHARS = 200
 
 
+def records_unnamed_run(settings: Settings) -> bool:
+    """Whether a server of ``settings`` records model calls (an upstream, ``llm.mode`` not replay) in a run nobody named."""
+    return settings.llm.run is None and bool(settings.llm.upstreams) and (settings.llm.mode or settings.mode) is not Mode.REPLAY
+
+
+def hold_private_run(settings: Settings, store: Store, run: str) -> None:
+    """Refuse to start a second server recording model calls into one store, each in a run of its own.
+
+    Each would count identical requests from 1: the judge's 4 identical requests, spread over both,
+    would get answers 1, 1, 2, 2 instead of 1, 2, 3, 4 (each server finding the other's recordings), and
+    nothing would say so.  Counting them together needs a run both name (``llm.run``), as only the user
+    knows whether a server started later is the same evaluation or the next one; so the second is refused
+    (:class:`StoreError`, naming the fixes) while the first runs.  ``serve --workers N`` names one run
+    for its workers and holds this in its first process.
+    """
+    if not records_unnamed_run(settings):
+        return
+    holder = store.hold_private_run(run)
+    if holder is not None:
+        raise StoreError(
+            f"another server records model calls into this store in a run of its own ({holder}); two would each count "
+            f"identical requests from 1 and serve each other's recordings (the judge's identical requests would get one "
+            f"answer twice). Name one run for both (llm.run: <name>, or STM_LLM__RUN=<name>), or serve both from one "
+            f"process with `serve --workers N`, or stop the other one; a replay server (llm.mode: replay) may run beside it")
+
+
 def build_model_calls(settings: Settings, layer: MirrorLayer) -> ModelCalls:
-    """The model-call path of a server: the layer's store and frozen caches, ``llm``'s upstreams, mode, run and budget."""
+    """The model-call path of a server: the layer's store and frozen caches, ``llm``'s upstreams, mode, run and budget.
+
+    :class:`StoreError` when another server records model calls into the store in a run of its own (:func:`hold_private_run`).
+    """
     llm = settings.llm
     stats = layer.stats
+    run = llm.run or new_run_id()
+    if settings.workers == 1:  # serve --workers N holds it in its first process
+        hold_private_run(settings, layer.store, run)
     return ModelCalls(
         layer.store, layer.frozen, Upstreams(llm),
-        mode=llm.mode or settings.mode, run=llm.run or new_run_id(), secrets=settings.secrets(),
+        mode=llm.mode or settings.mode, run=run, secrets=settings.secrets(),
         # a run only this process can see: one worker, and no run named in the config (serve names it for workers)
         private_run=llm.run is None and settings.workers == 1,
         max_upstream_tokens=llm.max_upstream_tokens, timeout_s=llm.timeout_s,
@@ -53,14 +91,18 @@ def build_model_calls(settings: Settings, layer: MirrorLayer) -> ModelCalls:
 
 
 _WORKER = (b"x-stm-worker", str(os.getpid()).encode())
+_NO_RETRY = (b"x-should-retry", b"false")
 #: the headers of a request refused before it reached :class:`ModelCalls`
-_REJECTED = [(b"x-stm-outcome", b"rejected"), (b"x-stm-source", b"mirror")]
+_REJECTED = [(b"x-stm-outcome", b"rejected"), (b"x-stm-source", b"mirror"), _NO_RETRY]
+_RUN_HEADER = b"x-stm-run"
 
 
 def _headers(answer: ModelAnswer) -> list[tuple[bytes, bytes]]:
     headers = [(b"x-stm-outcome", answer.outcome.encode()), (b"x-stm-source", answer.source.encode()), _WORKER]
+    if not answer.retry:
+        headers.append(_NO_RETRY)
     if answer.key is not None:
-        headers += [(b"x-stm-key", answer.key.encode()), (b"x-stm-run", answer.run.encode("utf-8", "replace"))]
+        headers += [(b"x-stm-key", answer.key.encode()), (_RUN_HEADER, answer.run.encode("utf-8", "replace"))]
     return headers
 
 
@@ -68,20 +110,53 @@ def _error_body(status: int, message: str, type_: str = "invalid_request_error")
     return status, encode_answer(mc.error_body(message, type_)).encode("utf-8")
 
 
-class ModelFront:
-    """``POST /v1/chat/completions`` as a pure ASGI handler (the server's front hands it the request, as it
-    does ``/virtual``'s, ahead of FastAPI's middleware stack: a replayed model call costs what a tool hit does)."""
+def run_route(scope: Scope) -> Scope | tuple[int, bytes]:
+    """``/run/<name>/v1/...`` as ``/v1/...`` with the header ``X-STM-Run: <name>`` (the name's bytes as they are
+    percent-decoded from the path), or the error answer: no ``/v1/`` after the name, or another run in the header."""
+    raw = scope.get("raw_path") or scope["path"].encode("utf-8")
+    raw = raw.split(b"?", 1)[0]
+    name, slash, rest = raw[len(b"/run/"):].partition(b"/")
+    if not slash or not (rest == b"v1" or rest.startswith(b"v1/")):
+        return _error_body(404, "a run in the URL is http://HOST:PORT/run/<name>/v1/... (e.g. the base URL "
+                                "http://HOST:PORT/run/eval-2/v1); the name holds no '/'")
+    value = urllib.parse.unquote_to_bytes(name)
+    headers = list(scope.get("headers", ()))
+    named = [v for k, v in headers if k == _RUN_HEADER]
+    if named and named != [value]:
+        return _error_body(400, "the URL (/run/<name>/v1) and the X-STM-Run header name different runs: name one")
+    path = "/" + rest.decode("latin-1")
+    if not named:
+        headers.append((_RUN_HEADER, value))
+    return {**scope, "path": urllib.parse.unquote(path), "raw_path": b"/" + rest, "headers": headers}
 
-    def __init__(self, calls: ModelCalls, settings: Settings) -> None:
+
+class ModelFront:
+    """``/v1`` as a pure ASGI handler (the server's front hands it the request, as it does ``/virtual``'s, ahead
+    of FastAPI's middleware stack: a replayed model call costs what a tool hit does).  A completion route
+    (:data:`~stabletoolbench_mirror.core.model_calls.ENDPOINTS`) is answered here; any other ``/v1`` route
+    (``GET /v1/models``) goes on to ``app``."""
+
+    def __init__(self, calls: ModelCalls, settings: Settings, app: ASGIApp) -> None:
         self.calls = calls
+        self.app = app
         self.max_body = settings.llm.max_body_bytes
         self.body_timeout_s = settings.limits.body_timeout_s
         self.pass_authorization = settings.auth_token is None
         """The client's ``Authorization`` is its upstream key only when it is not the server's bearer token."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"].startswith("/run/"):
+            routed = run_route(scope)
+            if isinstance(routed, tuple):
+                await _send_json(send, *routed, _REJECTED)
+                return
+            scope = routed
+        endpoint = mc.ENDPOINTS.get(scope["path"])
+        if endpoint is None:
+            await self.app(scope, receive, send)
+            return
         if scope["method"] != "POST":
-            status, body = _error_body(405, "use POST /v1/chat/completions")
+            status, body = _error_body(405, f"use POST /v1{endpoint.path}")
             await _send_json(send, status, body, [(b"allow", b"POST"), *_REJECTED])
             return
         headers = dict(scope.get("headers", ()))
@@ -94,14 +169,15 @@ class ModelFront:
             await _send_json(send, *problem, _REJECTED)
             return
         authorization = headers.get(b"authorization") if self.pass_authorization else None
-        answer = await self.calls.answer(body, authorization.decode("latin-1") if authorization else None, run)
+        answer = await self.calls.answer(body, authorization.decode("latin-1") if authorization else None, run, endpoint)
         completion = answer.completion() if isinstance(body, dict) and body.get("stream") is True else None
         if completion is not None:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            events = b"".join(endpoint.events(completion, include_usage))
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *_headers(answer)]})
-            await send({"type": "http.response.body", "body": b"".join(mc.sse_events(completion, include_usage))})
+            await send({"type": "http.response.body", "body": events})
             return
         await _send_json(send, answer.status, answer.body, _headers(answer))
 
@@ -155,7 +231,7 @@ async def _send_json(send: Send, status: int, body: bytes, headers: list[tuple[b
 
 
 def add_model_routes(app: FastAPI, settings: Settings, layer: MirrorLayer) -> None:
-    """``GET /v1/models`` on ``app`` (``POST /v1/chat/completions`` is :class:`ModelFront`'s, ahead of the app)."""
+    """``GET /v1/models`` on ``app`` (the completion routes are :class:`ModelFront`'s, ahead of the app)."""
     started = int(time.time())
 
     @app.get("/v1/models")

@@ -72,7 +72,12 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 
         mcp_front = McpFront.from_settings(settings)
     layer = layer if layer is not None else build_layer(settings)
-    model_calls = build_model_calls(settings, layer)  # /v1: the agent's and the judge's model calls
+    try:
+        model_calls = build_model_calls(settings, layer)  # /v1: the agent's and the judge's model calls
+    except Exception:
+        if owned:
+            layer.close()
+        raise
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -92,6 +97,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
 
     app = _App(title="stabletoolbench-mirror", version=__version__, lifespan=lifespan)
     app.state.layer = layer
+    app.state.model_calls = model_calls
     app.state.settings = settings
     token = settings.auth_token.get_secret_value().encode() if settings.auth_token else None
     # 32 more threads only for clients with nothing running: threads held by other clients' misses
@@ -117,7 +123,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
         max_body=settings.limits.max_body_bytes,
         body_timeout_s=settings.limits.body_timeout_s,
         proxies=ForwardedFor(settings.limits.trusted_proxies) if settings.limits.trusted_proxies else None,
-        models=ModelFront(model_calls, settings),
+        models=ModelFront(model_calls, settings, app.routed),
     )
 
     @app.get("/health")

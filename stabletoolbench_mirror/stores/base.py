@@ -208,6 +208,15 @@ class Store(CacheTier):
     def _occurrences(self) -> MemoryOccurrences:
         return MemoryOccurrences()
 
+    def hold_private_run(self, run: str) -> str | None:
+        """Mark this process as the one that records model calls into this store in a run nobody named
+        (``run``), for as long as the store is open; ``None`` when it now is, else who already is (a
+        process of the same host: two such servers would each count identical requests from 1).
+
+        The default holds nothing (a store no other process opens).
+        """
+        return None
+
     def flight_lock(self, api: str, canonical: str) -> AbstractContextManager[None]:
         """A lock held while one miss is filled, shared with other processes (and hosts) using the store.
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import diskcache
 
+from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import diskcache_layout as layout
@@ -42,6 +43,8 @@ _FORMAT = "m\x00format"
 #: written by format 1 (0.2.0) and trusted by its readers; rewritten after each commit while it exists
 _LEGACY_GENERATION = "cache.db-generation"
 _SCAN_PAGE = 1000
+#: the flight-lock file's lock name of the one private model-call run a store may have (:meth:`DiskcacheStore.hold_private_run`)
+_PRIVATE_RUN_LOCK = "\x00private model-call run"
 _MAX_KNOWN_APIS = 100_000
 
 
@@ -116,6 +119,8 @@ class DiskcacheStore(Store):
 
     #: the lock file beside SQLite's (diskcache's consistency check skips names containing ``cache.db``)
     LOCK_FILE = "cache.db-flightlock"
+    #: who holds the store's private model-call run (:meth:`hold_private_run`): a line for the refusal's message
+    PRIVATE_RUN_FILE = "cache.db-privaterun"
 
     def __init__(self, path: str | os.PathLike[str], *, lock_poll_s: float = 0.02, read_only: bool = False) -> None:
         """``read_only``: open an existing store for reading only (``cache stats``): nothing in the
@@ -220,6 +225,24 @@ class DiskcacheStore(Store):
             super().release_occurrence(run, digest, number)
             return
         self._occurrence(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
+
+    def hold_private_run(self, run: str) -> str | None:
+        """One byte of the flight-lock file, locked for as long as the store is open (the kernel drops it when
+        this process ends, even on ``kill -9``), and a line saying who holds it beside."""
+        if self._locks is None:
+            return None
+        if self._locks.try_acquire(_PRIVATE_RUN_LOCK) is None:
+            try:
+                with open(os.path.join(self.path, self.PRIVATE_RUN_FILE), encoding="utf-8") as handle:
+                    return handle.read(400).strip() or "another process"
+            except OSError:
+                return "another process"
+        try:
+            with atomic_write(os.path.join(self.path, self.PRIVATE_RUN_FILE)) as handle:
+                handle.write(f"process {os.getpid()} (run {run!r}, since {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+        except OSError as exc:  # the line is for a message only: the lock is what counts
+            log.info("diskcache store at %s: %s not written (%s)", self.path, self.PRIVATE_RUN_FILE, exc)
+        return None
 
     def _occurrence(self, run: str, digest: str, decide: Any) -> int:
         """One counter's read, decision and write, in the store's occurrence file (:mod:`.occurrence_file`)."""

@@ -13,6 +13,11 @@ a ``usage`` chunk when ``stream_options.include_usage`` asks for it, then ``data
   conversation it calls ``Finish`` with ``{"return_type": "give_answer", "final_answer": ...}`` as
   upstream's prompts ask.  The answer is a function of the request only (tool-call ids included), so
   the same conversation always gets the same answer, byte for byte.
+* :class:`ToolLlamaStub` plays ToolLLaMA v2 served by vLLM (``qa_pipeline.py --backbone_model toolllama_vllm``),
+  which calls ``POST /v1/completions`` with the whole ReAct prompt (:func:`toolllama_text`): it answers
+  ``Thought: ...\nAction: <function>\nAction Input: {...}`` as upstream's ``react_parser`` reads it, a call of the
+  first function the system prompt offers until a ``Function:`` (tool) turn is in the prompt, then ``Finish``.
+  A function of the request only.
 * :class:`JudgeStub` plays the model of ``eval_pass_rate.py`` (:func:`judge_arguments`): upstream's
   evaluators call it with one function in ``tools`` and ``tool_choice`` naming it
   (``check_answer_status``, ``parse_answer_status``, ``check_task_solvable``, ``select_better_answer``,
@@ -37,6 +42,7 @@ Use as context managers; ``.api_base`` is the ``/v1`` URL::
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import random
@@ -129,6 +135,10 @@ class ChatStub:
     def answer(self, body: dict[str, Any], headers: dict[str, str]) -> Answer:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def text(self, body: dict[str, Any], headers: dict[str, str]) -> str | None:
+        """The text completion of ``body`` (``POST /v1/completions``); ``None``: no such route (HTTP 404)."""
+        return None
+
     def _echo(self, headers: dict[str, str]) -> str:
         return f" [authorization: {headers.get('authorization', '')}]" if self.echo_key else ""
 
@@ -143,13 +153,14 @@ class ChatStub:
             models = [{"id": self.model, "object": "model", "created": 0, "owned_by": "stub"}]
             await send_json(send, 200, {"object": "list", "data": models})
             return
-        if method != "POST" or path != "/v1/chat/completions":
+        text_route = method == "POST" and path == "/v1/completions"
+        if not text_route and (method != "POST" or path != "/v1/chat/completions"):
             await send_json(send, 404, _error_body(f"no route {method} {path}", "not_found_error", 404))
             return
         try:
             body = json.loads(raw)
-            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                raise ValueError("messages missing")
+            if not isinstance(body, dict) or not isinstance(body.get("prompt" if text_route else "messages"), (str, list)):
+                raise ValueError("prompt missing" if text_route else "messages missing")
         except ValueError as exc:
             await send_json(send, 400, _error_body(f"bad request: {exc}", "invalid_request_error", 400))
             return
@@ -170,6 +181,9 @@ class ChatStub:
             kind = "rate_limit_error" if failure.status == 429 else "server_error"
             error = _error_body(failure.message or f"stub error {failure.status}", kind, failure.status)
             await send_json(send, failure.status, error, extra)
+            return
+        if text_route:
+            await self._send_text(send, body, headers, number)
             return
         answer = self.answer(body, headers)
         completion_id = f"chatcmpl-stub-{number}"
@@ -199,6 +213,21 @@ class ChatStub:
                 "usage": usage,
             },
         )
+
+    async def _send_text(self, send: Any, body: dict[str, Any], headers: dict[str, str], number: int) -> None:
+        text = self.text(body, headers)
+        if text is None:
+            await send_json(send, 404, _error_body("no route POST /v1/completions", "not_found_error", 404))
+            return
+        prompt_tokens = _count_tokens(json.dumps(body.get("prompt"), ensure_ascii=False))
+        completion_tokens = _count_tokens(text)
+        await send_json(send, 200, {
+            "id": f"cmpl-stub-{number}", "object": "text_completion", "created": int(time.time()),
+            "model": str(body.get("model") or self.model),
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "stop", "stop_reason": None}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        })
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -333,6 +362,59 @@ class AgentStub(ChatStub):
         if self.echo_key:
             answer.content = (answer.content or "") + self._echo(headers)
         return answer
+
+
+# -- ToolLLaMA (text completions) --------------------------------------------------------------------
+
+#: what upstream's ``process_system_message`` puts before the functions' list in ToolLLaMA's system prompt
+_APIS_MARK = "Specifically, you have access to the following APIs: "
+
+
+def _offered(prompt: str) -> list[dict[str, Any]]:
+    """The functions ToolLLaMA's prompt offers: the list after :data:`_APIS_MARK` (Python's ``str`` of a list of dicts)."""
+    start = prompt.find(_APIS_MARK)
+    if start < 0:
+        return []
+    rest = prompt[start + len(_APIS_MARK):]
+    end = rest.find("\nUser:")
+    try:
+        offered = ast.literal_eval(rest[:end] if end >= 0 else rest.split("\n", 1)[0])
+    except (ValueError, SyntaxError):
+        return []
+    return [f for f in offered if isinstance(f, dict)] if isinstance(offered, list) else []
+
+
+def toolllama_text(prompt: str) -> str:
+    """ToolLLaMA's answer to ``prompt`` (``System: ...\nUser: ...\n...Assistant:\n``), in the ReAct format upstream's
+    ``react_parser`` reads: a call of the first offered function that is not ``Finish`` with arguments derived
+    from the query, until a ``Function:`` turn (a tool's result) is in the prompt; then ``Finish`` ``give_answer``."""
+    query = ""
+    for line in prompt.split("\n"):
+        if line.startswith("User: "):
+            query = line[len("User: "):].strip() or query
+    workers = [f for f in _offered(prompt) if f.get("name") != FINISH]
+    if workers and "\nFunction: " not in prompt:
+        name = str(workers[0].get("name"))
+        arguments = derive_arguments(workers[0], query)
+        return f"Thought: I should call {name} to learn what the query asks.\nAction: {name}\nAction Input: {json.dumps(arguments)}"
+    results = [line[len("Function: "):] for line in prompt.split("\n") if line.startswith("Function: ")]
+    final = {"return_type": "give_answer", "final_answer": f"Answer to: {query[:200]} -- from the tools: {(results or ['none'])[-1][:200]}"}
+    return f"Thought: I can answer now.\nAction: {FINISH}\nAction Input: {json.dumps(final)}"
+
+
+class ToolLlamaStub(ChatStub):
+    """ToolLLaMA v2 served by vLLM: ``POST /v1/completions`` answered by :func:`toolllama_text` (a string prompt, or
+    each string of a list); ``POST /v1/chat/completions`` is not its route here."""
+
+    default_model = "ToolBench/ToolLLaMA-2-7b-v2"
+
+    def text(self, body: dict[str, Any], headers: dict[str, str]) -> str | None:
+        prompt = body.get("prompt")
+        prompt = prompt if isinstance(prompt, str) else "\n".join(p for p in prompt or [] if isinstance(p, str))
+        return toolllama_text(prompt) + self._echo(headers)
+
+    def answer(self, body: dict[str, Any], headers: dict[str, str]) -> Answer:
+        return Answer(content="ToolLLaMA answers POST /v1/completions", finish_reason="stop")
 
 
 # -- the judge ---------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ def test_a_completion_streams_as_two_chunks_usage_and_done() -> None:
                       "role": "assistant", "content": None,
                       "tool_calls": [{"id": "t", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}],
                   "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
-    events = list(mc.sse_events(completion, include_usage=True))
+    events = list(mc.CHAT.events(completion, include_usage=True))
     assert events[-1] == b"data: [DONE]\n\n"
     chunks = [json.loads(e[len(b"data: "):]) for e in events[:-1]]
     assert [c["object"] for c in chunks] == ["chat.completion.chunk"] * 3
@@ -42,7 +42,7 @@ def test_a_completion_streams_as_two_chunks_usage_and_done() -> None:
     assert first["choices"][0]["delta"]["tool_calls"][0]["index"] == 0 and first["choices"][0]["finish_reason"] is None
     assert last["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 4 and first["system_fingerprint"] == "fp"
-    assert len(list(mc.sse_events(completion, include_usage=False))) == 3
+    assert len(list(mc.CHAT.events(completion, include_usage=False))) == 3
 
 
 def test_usage_is_read_defensively() -> None:
@@ -57,3 +57,38 @@ def test_an_echoed_key_is_masked_in_a_completion(text: str) -> None:
 
     masked = Redactor([text]).data({"choices": [{"message": {"content": f"key={text} and {json.dumps(text)}"}}]})
     assert text not in json.dumps(masked)
+
+
+def test_both_endpoints_name_their_apis_and_model_of_reads_either() -> None:
+    for model in ("gpt-4o", "Qwen/Qwen2.5-7B", "foo/chat", "a/completions"):
+        for endpoint in (mc.CHAT, mc.TEXT):
+            assert mc.model_of(endpoint.api(model)) == model
+    assert mc.TEXT.api("m") == "@model/m/completions" and mc.CHAT.api("m") == "@model/m/chat_completions"
+    assert mc.model_of("@model/completions") is None and mc.model_of("@model//chat_completions") is None
+    assert mc.ENDPOINTS["/v1/completions"] is mc.TEXT and mc.ENDPOINTS["/v1/chat/completions"] is mc.CHAT
+
+
+def test_requests_and_answers_of_each_endpoint() -> None:
+    assert mc.TEXT.request_problem({"model": "m", "prompt": "hi"}) is None
+    assert mc.TEXT.request_problem({"model": "m", "prompt": ["a", "b"]}) is None
+    assert "prompt" in (mc.TEXT.request_problem({"model": "m", "messages": []}) or "")
+    assert "prompt" in (mc.TEXT.request_problem({"model": "m", "prompt": []}) or "")
+    assert "messages" in (mc.CHAT.request_problem({"model": "m", "prompt": "x"}) or "")
+    assert mc.TEXT.answer_problem({"choices": [{"text": "t"}]}) is None
+    assert mc.CHAT.answer_problem({"choices": [{"message": {"content": "x"}}]}) is None
+    for bad in ({"choices": []}, {"error": {"message": "x"}, "choices": [{"message": {}}]}, {"choices": [{"message": "hi"}]},
+                {"choices": ["x"]}, [], {"choices": [{"text": "t"}]}):
+        assert mc.CHAT.answer_problem(bad) is not None, bad
+    assert mc.TEXT.answer_problem({"choices": [{"message": {"content": "x"}}]}) is not None
+
+
+def test_a_text_completion_streams_as_text_chunks() -> None:
+    completion = {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "t",
+                  "choices": [{"index": 0, "text": "Thought: x", "logprobs": None, "finish_reason": "stop"}],
+                  "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+    events = list(mc.TEXT.events(completion, include_usage=True))
+    chunks = [json.loads(e[len(b"data: "):]) for e in events[:-1]]
+    assert events[-1] == b"data: [DONE]\n\n" and {c["object"] for c in chunks} == {"text_completion"}
+    assert chunks[0]["choices"] == [{"index": 0, "text": "Thought: x", "logprobs": None, "finish_reason": None}]
+    assert chunks[1]["choices"][0]["finish_reason"] == "stop" and chunks[1]["choices"][0]["text"] == ""
+    assert chunks[2]["choices"] == [] and chunks[2]["usage"]["total_tokens"] == 5
