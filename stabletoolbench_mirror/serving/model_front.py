@@ -79,7 +79,7 @@ def build_model_calls(settings: Settings, layer: MirrorLayer) -> ModelCalls:
     run = llm.run or new_run_id()
     if settings.workers == 1:  # serve --workers N holds it in its first process
         hold_private_run(settings, layer.store, run)
-    return ModelCalls(
+    calls = ModelCalls(
         layer.store, layer.frozen, Upstreams(llm),
         mode=llm.mode or settings.mode, run=run, secrets=settings.secrets(),
         # a run only this process can see: one worker, and no run named in the config (serve names it for workers)
@@ -88,6 +88,9 @@ def build_model_calls(settings: Settings, layer: MirrorLayer) -> ModelCalls:
         tokens_spent=stats.model_tokens_spent,
         count=lambda answer, prompt, completion, asked: stats.count_model(answer.model or "(none)", answer.outcome, prompt, completion, asked),
     )
+    if layer.served is not None:  # record.served_store: the model answers served are copied with the tool answers
+        calls.served = layer.served.add
+    return calls
 
 
 _WORKER = (b"x-stm-worker", str(os.getpid()).encode())
