@@ -25,6 +25,7 @@ from stabletoolbench_mirror.scoring.bundle import read_bundle, seal, verify
 from tests.helpers.model_stubs import AgentStub, JudgeStub, ToolLlamaStub
 from tests.helpers.openai_stub import OpenAIStub
 from tests.helpers.upstream_pipeline import FROZEN_CACHE, TOOLS_DIR, UPSTREAM, upstream_available
+from tests.integration.test_what_a_user_sees import documented_keys
 
 pytestmark = pytest.mark.skipif(not upstream_available(), reason="StableToolBench reference copy not found at ../shared/reference")
 
@@ -120,6 +121,7 @@ def test_a_bundle_replays_identically_with_every_model_server_stopped(recorded: 
     code, out, err = score("--replay", str(recorded["dfs"]), "--json", capsys=capsys)
     assert code == 0, err
     report = json.loads(out)
+    assert sorted(report) == sorted(documented_keys()["score --json"])
     assert report["identical"] is True and report["kind"] == "replay"
     assert [c["group"] for c in report["comparisons"]] == ["G1_instruction", "G1_tool"]
     for comparison in report["comparisons"]:
@@ -145,6 +147,13 @@ def test_a_changed_answer_file_makes_the_replay_fail_naming_it(recorded: dict[st
     assert "G1_instruction: answers 2/2 identical, 3/3 evaluation files identical: identical" in out
     assert "G1_tool: answers 1/2 identical, 3/3 evaluation files identical: DIFFERENT" in out
     assert "files differ from the bundle" in out
+    # records without the agent's calls: upstream's agent stops at its first model call (exit 3, its log named)
+    shutil.rmtree(bundle / "records" / "@model" / AGENT)
+    seal(bundle)
+    code, _, err = score("--replay", str(bundle), "--work", str(work / "changed-replay-2"), capsys=capsys)
+    assert code == 3, err
+    assert "inference (qa_pipeline_multithread) exited 86 (it reached pdb.set_trace(): a model call failed; in a replay, a call that was not recorded)" in err
+    assert "is not recorded, and in replay mode nothing is asked upstream" in err and "the same command resumes" in err
 
 
 def test_sowr_rescored_twice_from_the_bundle_gives_identical_preference_files(recorded: dict[str, Any], work: Path,
