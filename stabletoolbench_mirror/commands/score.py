@@ -218,7 +218,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     how.add_argument("--python", help="the Python with StableToolBench's requirements (default: this one)")
     how.add_argument("--stand-ins", action="store_true",
                      help="answer the GPU modules upstream imports but an API-model agent never calls (torch, transformers, ...) with placeholders")
-    how.add_argument("--seed", type=int, default=42, help="random.seed and PYTHONHASHSEED of upstream's processes (default: %(default)s)")
+    how.add_argument("--seed", type=int, default=42, help="random.seed and PYTHONHASHSEED of upstream's processes (default: %(default)s; a replay uses the bundle's)")
     how.add_argument("--keep-sleeps", action="store_true", help="keep upstream's own sleeps (skipped unless the real API is enabled)")
     how.add_argument("--timeout", type=float, help="the longest one upstream script may run, in seconds (default: no limit)")
     how.add_argument("--work", help="the work folder (default: BUNDLE.work beside --out; a temporary one for --replay/--rescore)")

@@ -15,6 +15,7 @@ checks it prints and the snapshot writer.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import urllib.parse
 from collections.abc import Callable
@@ -56,6 +57,8 @@ class Report:
     content_hash: str | None = None
     comparisons: list[GroupComparison] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    """``[{"phase", "group", "seconds"}]``: each phase's wall time."""
 
     @property
     def identical(self) -> bool:
@@ -64,7 +67,8 @@ class Report:
     def as_json(self) -> dict[str, Any]:
         score = {k: v for k, v in self.score.items() if k != "labels"}
         data: dict[str, Any] = {"kind": self.kind, "label": self.spec.label, "groups": list(self.spec.groups), "work": None if self.work is None else str(self.work),
-                                "bundle": self.bundle, "content_hash": self.content_hash, "score": score, "notes": self.notes}
+                                "bundle": self.bundle, "content_hash": self.content_hash, "score": score, "notes": self.notes,
+                                "phases": self.phases}
         if self.kind != "record":
             data["identical"] = self.identical
             data["comparisons"] = [c.as_json() for c in self.comparisons]
@@ -109,12 +113,14 @@ def record(request: RecordRequest, hooks: Hooks, out: TextIO = sys.stderr) -> Re
         mirror.stop()
     served = Path(settings.resolve(settings.record.served_store or str(work.served)))
     content_hash = _write_bundle(request, work, state, served, hooks)
-    return Report("record", spec, work.root, score_of(work.root, spec), str(request.out), content_hash, notes=session.notes)
+    return Report("record", spec, work.root, score_of(work.root, spec), str(request.out), content_hash, notes=session.notes,
+                  phases=state.timings())
 
 
 def _record_checks(request: RecordRequest) -> list[str]:
     spec = request.spec
     spec.check()
+    _check_out(request.out.resolve())
     request.checkout.check_groups(list(spec.groups))
     if spec.query_ids is not None:
         _check_query_ids(request.checkout, spec)
@@ -225,15 +231,12 @@ def _prepare(work: Work, spec: RunSpec, checkout: Checkout, reference: layout.Bu
 
 
 def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path, hooks: Hooks) -> str:
-    from stabletoolbench_mirror.upstream.archives import ARCHIVE_SUFFIXES, pack
+    """The bundle assembled in the work folder, then moved to ``--out`` (a folder) or packed there (``.tar.gz``)."""
+    from stabletoolbench_mirror.upstream.archives import pack
 
     out = request.out.resolve()
-    archive = out.name.endswith(ARCHIVE_SUFFIXES)
-    folder = work.root / "bundle" if archive else out
-    if archive:
-        import shutil
-
-        shutil.rmtree(folder, ignore_errors=True)
+    folder = work.root / "bundle"
+    shutil.rmtree(folder, ignore_errors=True)  # a bundle not finished before (assembling is done again, from the files)
     env = Environment(
         checkout={"commit": request.checkout.commit, "dirty": request.checkout.dirty},
         settings=answer_settings(request.settings),
@@ -242,9 +245,26 @@ def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path
                "python": request.runner.python_version()},
     )
     seal = assemble(work, request.spec, state, folder, env, lambda target: hooks.write_snapshot(served, target))
-    if archive:
+    if _is_archive(out):
         pack(folder, out)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.is_dir():
+            out.rmdir()  # an empty folder named by --out (_check_out)
+        shutil.move(str(folder), str(out))
     return str(seal["content_hash"])
+
+
+def _is_archive(out: Path) -> bool:
+    from stabletoolbench_mirror.upstream.archives import ARCHIVE_SUFFIXES
+
+    return out.name.endswith(ARCHIVE_SUFFIXES)
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` must be new (a folder may exist empty): checked before anything runs, not after."""
+    if out.exists() and (_is_archive(out) or not out.is_dir() or any(out.iterdir())):
+        raise SessionError(f"--out {out} exists: a bundle is written to a new path (or an empty folder); choose another")
 
 
 def answer_settings(settings: Settings) -> dict[str, Any]:
@@ -302,7 +322,7 @@ def replay(request: ReplayRequest, hooks: Hooks, out: TextIO = sys.stderr) -> Re
         spec = RunSpec.from_json(bundle.run)
     except TypeError as exc:
         raise SessionError(f"{bundle.root / layout.RUN_FILE}: not a run this version can replay ({exc})") from None
-    request.checkout.check_groups(list(spec.groups))
+    request.runner.seed = spec.seed  # the bundle's: upstream's random streams drawn as they were
     notes = _commit_notes(bundle, request.checkout)
     notes += request.runner.check_requirements([request.checkout.script(s) for s in _scripts(spec) if not (request.rescore and s == spec.pipeline)])
     notes += sleeps_notes(request.runner, None)
@@ -323,7 +343,8 @@ def replay(request: ReplayRequest, hooks: Hooks, out: TextIO = sys.stderr) -> Re
     finally:
         mirror.stop()
     comparisons = compare(bundle, spec, work, answers=not request.rescore)
-    return Report(kind, spec, work.root, score_of(work.root, spec), str(bundle.root), bundle.content_hash, comparisons, session.notes)
+    return Report(kind, spec, work.root, score_of(work.root, spec), str(bundle.root), bundle.content_hash, comparisons, session.notes,
+                  state.timings())
 
 
 def _commit_notes(bundle: layout.Bundle, checkout: Checkout) -> list[str]:

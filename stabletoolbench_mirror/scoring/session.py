@@ -177,6 +177,8 @@ class State:
     done: list[str] = field(default_factory=list)
     attempts: dict[str, int] = field(default_factory=dict)
     commands: list[dict[str, Any]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Each phase's wall time, its last attempt's (not in ``run.json``: it differs from one machine to the next)."""
 
     @classmethod
     def open(cls, work: Work, spec: RunSpec, kind: str) -> State:
@@ -193,11 +195,12 @@ class State:
         if data.get("spec") != spec.as_json() or data.get("kind") != kind:
             raise SessionError(f"the work folder {work.root} holds another run ({data.get('kind')} of {data.get('spec', {}).get('label')!r} "
                                "with other settings): choose another --work, or remove it to start again")
-        return cls(path, data["spec"], kind, list(data.get("done", [])), dict(data.get("attempts", {})), list(data.get("commands", [])))
+        return cls(path, data["spec"], kind, list(data.get("done", [])), dict(data.get("attempts", {})), list(data.get("commands", [])),
+                   dict(data.get("seconds", {})))
 
     def save(self) -> None:
         data = {"format": STATE_FORMAT, "kind": self.kind, "spec": self.spec, "done": self.done, "attempts": self.attempts,
-                "commands": self.commands}
+                "commands": self.commands, "seconds": self.seconds}
         write_text(self.path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
     def next_attempt(self, phase: str) -> int:
@@ -205,12 +208,23 @@ class State:
         self.save()
         return self.attempts[phase]
 
-    def finish(self, phase: str, command: dict[str, Any] | None) -> None:
+    def finish(self, phase: str, command: dict[str, Any] | None, seconds: float | None = None) -> None:
         self.commands = [c for c in self.commands if c.get("phase_key") != phase]
         if command is not None:
             self.commands.append(command)
+        if seconds is not None:
+            self.seconds[phase] = round(seconds, 3)
         self.done.append(phase)
         self.save()
+
+    def timings(self) -> list[dict[str, Any]]:
+        """``[{"phase", "group", "seconds"}]`` of the phases done, in order."""
+        out = []
+        for key in self.done:
+            if key in self.seconds:
+                phase, _, group = key.partition(":")
+                out.append({"phase": phase, "group": group, "seconds": self.seconds[key]})
+        return out
 
 
 # -- the session ---------------------------------------------------------------------------------------
@@ -292,7 +306,7 @@ class Session:
         if self.mirror.copy_failures:
             raise SessionError(f"record.served_store could not copy {self.mirror.copy_failures} answers served (see "
                                f"{self.work.log('server')}): the bundle would not replay; free the disk and run the same command again")
-        self.state.finish(key, self._command(key, script, args, env))
+        self.state.finish(key, self._command(key, script, args, env), done.seconds)
 
     def _command(self, key: str, script: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
         """What was run, its paths and the server's URL written as ``$WORK``, ``$STABLETOOLBENCH``, ``$SERVER`` (run.json's ``commands``)."""

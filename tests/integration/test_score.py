@@ -268,3 +268,27 @@ def test_toolllama_vllm_through_v1_completions_records_and_replays_identically(t
     code, out, err = score("--replay", str(tmp_path / "llama"), capsys=capsys)
     assert code == 0, err
     assert "G1_instruction: answers 2/2 identical, 3/3 evaluation files identical: identical" in out
+
+
+def test_a_server_named_by_url_records_the_run_into_the_served_store_of_its_config(tmp_path: Path,
+                                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from stabletoolbench_mirror.config import load_settings
+    from stabletoolbench_mirror.serving.server import create_app, uvicorn_options
+    from tests.helpers.live import UvicornThread
+
+    with AgentStub() as agent, JudgeStub(seed=1) as judge:
+        data = {"mode": "record", "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(FROZEN_CACHE)], "log_level": "warning",
+                "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]}, {"base_url": judge.api_base, "models": [JUDGE]}]}}
+        unset, config = tmp_path / "unset.yml", tmp_path / "c.yml"
+        unset.write_text(yaml.safe_dump(data))
+        config.write_text(yaml.safe_dump({**data, "record": {"served_store": str(tmp_path / "served")}}))
+        settings = load_settings(config, environ={})
+        run = ["--groups", "G1_instruction", "--query-ids", "1073", "--method", COT, "--agent-model", AGENT, "--evaluate-times", "1"]
+        with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+            code, _, err = score("--server", server.url, "--config", str(unset), *run, "--out", str(tmp_path / "b0"), capsys=capsys)
+            assert code == 2 and "--server: the server must run with record.served_store set" in err
+            code, out, err = score("--server", server.url, "--config", str(config), *run, "--out", str(tmp_path / "b"), capsys=capsys)
+            assert code == 0, err
+    manifest = json.loads((tmp_path / "b" / "records" / "manifest.json").read_text())
+    assert manifest["by_source"]["frozen"] == 1 and manifest["by_source"]["model"] == agent.count + 1  # 1073's call; agent and judge
+    assert verify(tmp_path / "b") == []
