@@ -80,6 +80,17 @@ class Mirror:
             time.sleep(0.02)
         return cls(f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread, app, restore)
 
+    def health(self) -> dict[str, Any]:
+        """The server's ``/health`` (``{}`` when it cannot be read): e.g. the simulator's prompt source and SHA-256."""
+        import requests
+
+        try:
+            answer = requests.get(self.url + "/health", timeout=10)
+            data = answer.json() if answer.status_code == 200 else {}
+        except (requests.RequestException, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
     @property
     def copy_failures(self) -> int:
         """Answers served that ``record.served_store`` could not copy (0 for a server named by URL: not known here)."""

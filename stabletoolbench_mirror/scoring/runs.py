@@ -109,10 +109,12 @@ def record(request: RecordRequest, hooks: Hooks, out: TextIO = sys.stderr) -> Re
     try:
         session.say_notes()
         session.run(phases_of(spec))
+        prompt = mirror.health().get("simulator_prompt")
     finally:
         mirror.stop()
-    served = Path(settings.resolve(settings.record.served_store or str(work.served)))
-    content_hash = _write_bundle(request, work, state, served, hooks)
+    named = request.settings.record.served_store  # --server: the served store of the config that server runs with
+    served = Path(request.settings.resolve(named)) if request.server_url and named else work.served
+    content_hash = _write_bundle(request, work, state, served, hooks, prompt)
     return Report("record", spec, work.root, score_of(work.root, spec), str(request.out), content_hash, notes=session.notes,
                   phases=state.timings())
 
@@ -129,6 +131,9 @@ def _record_checks(request: RecordRequest) -> list[str]:
     if request.server_url is not None and not request.settings.record.served_store:
         raise SessionError("--server: the server must run with record.served_store set (a fresh diskcache folder) in the --config it "
                            "runs with, so that the run's records can be bundled; or leave --server out and score starts one")
+    if request.server_url is not None and request.settings.auth_token is not None:
+        raise SessionError("--server: its config sets auth_token, which upstream's clients cannot send (SERVICE_URL, --base_url, "
+                           "API_POOL_FILE carry no token); leave --server out and score starts a server of its own on 127.0.0.1")
     notes = check_models(request.settings, spec)
     notes += request.runner.check_requirements([request.checkout.script(s) for s in _scripts(spec)])
     notes += sleeps_notes(request.runner, request.settings)
@@ -148,13 +153,14 @@ def _scripts(spec: RunSpec) -> list[str]:
 
 
 def record_settings(settings: Settings, work: Work) -> Settings:
-    """The user's settings for the run's server: one worker, the run's own served store, no log file of its own."""
+    """The user's settings for the server score starts: one worker, the run's own served store (a folder of the
+    work folder, whatever the config names: the records hold this run's answers only), no log file of its own."""
     ours = settings.model_copy(deep=True)
-    if not settings.record.served_store:
-        ours.record.served_store = str(work.served)
+    ours.record.served_store = str(work.served)
     ours.workers = 1
     ours.log_file = None
     ours.llm.run = None
+    ours.auth_token = None  # on 127.0.0.1, for this run only: upstream's clients send no token
     return ours
 
 
@@ -230,7 +236,7 @@ def _prepare(work: Work, spec: RunSpec, checkout: Checkout, reference: layout.Bu
                 target.write_bytes(reference.path(source).read_bytes())
 
 
-def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path, hooks: Hooks) -> str:
+def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path, hooks: Hooks, prompt: Any) -> str:
     """The bundle assembled in the work folder, then moved to ``--out`` (a folder) or packed there (``.tar.gz``)."""
     from stabletoolbench_mirror.upstream.archives import pack
 
@@ -239,7 +245,7 @@ def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path
     shutil.rmtree(folder, ignore_errors=True)  # a bundle not finished before (assembling is done again, from the files)
     env = Environment(
         checkout={"commit": request.checkout.commit, "dirty": request.checkout.dirty},
-        settings=answer_settings(request.settings),
+        settings={**answer_settings(request.settings), "simulator_prompt": prompt},
         reference=None if request.reference is None else {"label": request.reference.label, "content_hash": request.reference.content_hash},
         extra={"stand_ins": request.runner.stand_ins, "skipped_sleeps": request.runner.skip_sleeps,
                "python": request.runner.python_version()},
