@@ -137,6 +137,13 @@ def _dump(data: Any) -> str:
 # -- a work folder from a bundle -----------------------------------------------------------------------
 
 
+def place_reference(work: Work, reference: str, group: str, converted: Path, table: Path) -> None:
+    """The reference run's converted answers and label table where ``eval_preference`` reads them (and the bundle
+    takes them from): ``converted/<ref>/<group>.json`` and ``pass_rate/<ref>/<group>_<ref>.csv``."""
+    _copy(converted, work.converted / reference / f"{group}.json")
+    _copy(table, work.pass_rate / reference / f"{group}_{reference}.csv")
+
+
 def seed_work(bundle: layout.Bundle, spec: RunSpec, work: Work, *, answers: bool) -> None:
     """Copy what the replay reads from ``bundle`` into ``work``: queries, test ids, the reference's files,
     and (``answers``: a re-score) the answer files."""
@@ -144,10 +151,8 @@ def seed_work(bundle: layout.Bundle, spec: RunSpec, work: Work, *, answers: bool
         _copy(bundle.path(f"{layout.QUERIES_DIR}/{group}.json"), work.queries(group))
         _copy(bundle.path(f"{layout.TEST_IDS_DIR}/{group}.json"), work.test_ids / f"{group}.json")
         if spec.reference is not None:
-            _copy(bundle.path(layout.reference_converted_file(spec.reference, group)),
-                  work.converted / spec.reference / f"{group}.json")
-            _copy(bundle.path(layout.reference_pass_rate_file(spec.reference, group)),
-                  work.pass_rate / spec.reference / f"{group}_{spec.reference}.csv")
+            place_reference(work, spec.reference, group, bundle.path(layout.reference_converted_file(spec.reference, group)),
+                            bundle.path(layout.reference_pass_rate_file(spec.reference, group)))
         if answers:
             shutil.rmtree(work.answers(group), ignore_errors=True)
             for relative in answer_files(bundle.root, group):

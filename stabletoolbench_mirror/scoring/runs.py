@@ -27,7 +27,7 @@ from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.scoring import bundle as layout
-from stabletoolbench_mirror.scoring.assemble import Environment, GroupComparison, assemble, compare, score_of, seed_work
+from stabletoolbench_mirror.scoring.assemble import Environment, GroupComparison, assemble, compare, place_reference, score_of, seed_work
 from stabletoolbench_mirror.scoring.checkout import Checkout
 from stabletoolbench_mirror.scoring.mirror import Mirror
 from stabletoolbench_mirror.scoring.session import RunSpec, Session, SessionError, State, Work, phases_of
@@ -230,10 +230,8 @@ def _prepare(work: Work, spec: RunSpec, checkout: Checkout, reference: layout.Bu
         write_text(work.test_ids / f"{group}.json", json.dumps(ids, ensure_ascii=False))
         if reference is not None:
             ref = reference.label
-            for source, target in ((layout.converted_file(ref, group), work.converted / ref / f"{group}.json"),
-                                   (layout.pass_rate_files(ref, group)[1], work.pass_rate / ref / f"{group}_{ref}.csv")):
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(reference.path(source).read_bytes())
+            place_reference(work, ref, group, reference.path(layout.converted_file(ref, group)),
+                            reference.path(layout.pass_rate_files(ref, group)[1]))
 
 
 def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path, hooks: Hooks, prompt: Any) -> str:

@@ -37,7 +37,7 @@ from typing import Any, TextIO
 from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.scoring import bundle as layout
-from stabletoolbench_mirror.scoring.checkout import Checkout
+from stabletoolbench_mirror.scoring.checkout import SCRIPTS, Checkout
 from stabletoolbench_mirror.scoring.mirror import Mirror
 from stabletoolbench_mirror.scoring.upstream_run import UpstreamFailed, UpstreamRunner, tail
 
@@ -318,7 +318,7 @@ class Session:
             return text
 
         phase, _, group = key.partition(":")
-        argv = ["python", layout_script(script), *(clean(a) for a in args)]
+        argv = ["python", SCRIPTS[script], *(clean(a) for a in args)]
         return {"phase_key": key, "phase": phase, "group": group, "argv": argv, "env": {k: clean(v) for k, v in sorted(env.items())}}
 
     # -- the phases ----------------------------------------------------------------------------------
@@ -391,8 +391,8 @@ class Session:
         def table_failed(log: Path) -> str | None:
             # upstream's write_results reads tool_dict["name"] of each available tool, but a converted answer of the
             # tools format holds {"type": "function", "function": {...}}: it fails after the preference file is complete
-            complete = _rounds_done(output, self.spec.evaluate_times) == len(ids)
-            if complete and "in write_results" in tail(log) and "KeyError: 'name'" in tail(log):
+            complete, last = _rounds_done(output, self.spec.evaluate_times) == len(ids), tail(log)
+            if complete and "in write_results" in last and "KeyError: 'name'" in last:
                 return (f"{group}: eval_preference wrote its preference file, then failed writing its .csv (its write_results reads "
                         "tool_dict['name'], which answers in the tools format do not have: an upstream bug); the win rate is "
                         "computed from the .json")
@@ -405,12 +405,6 @@ class Session:
         pool = self.work.pool(run)
         write_text(pool, json.dumps([{"api_key": CLIENT_KEY, "api_base": self._model_url(run)}]))
         return {"API_POOL_FILE": str(pool), "EVAL_MODEL": self.spec.judge_model}
-
-
-def layout_script(name: str) -> str:
-    from stabletoolbench_mirror.scoring.checkout import SCRIPTS
-
-    return SCRIPTS[name]
 
 
 def drop_null_function_calls(data: Any) -> Any:
