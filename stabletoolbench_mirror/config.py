@@ -32,9 +32,11 @@ from stabletoolbench_mirror import config_loading
 from stabletoolbench_mirror.config_loading import BOUND_HINTS as BOUND_HINTS
 from stabletoolbench_mirror.config_loading import DEFAULT_CONFIG_FILE as DEFAULT_CONFIG_FILE
 from stabletoolbench_mirror.config_loading import ENV_PREFIX as ENV_PREFIX
+from stabletoolbench_mirror.config_loading import NO_CONFIG_FILE as NO_CONFIG_FILE
 from stabletoolbench_mirror.config_loading import NOT_SETTINGS_ENV as NOT_SETTINGS_ENV
 from stabletoolbench_mirror.config_loading import NOT_SETTINGS_ENV_PREFIXES as NOT_SETTINGS_ENV_PREFIXES
 from stabletoolbench_mirror.config_loading import ConfigError as ConfigError
+from stabletoolbench_mirror.config_loading import demo_config_file as demo_config_file
 from stabletoolbench_mirror.config_loading import nearest_key as nearest_key
 from stabletoolbench_mirror.config_upstream import UPSTREAM_CONFIG_FILE as UPSTREAM_CONFIG_FILE
 from stabletoolbench_mirror.config_upstream import UPSTREAM_DEFAULT_API_BASE as UPSTREAM_DEFAULT_API_BASE
@@ -84,7 +86,8 @@ class StoreConfig(_Section):
     holder that dies blocks the others for at most this long.  (diskcache's lock is a kernel
     file lock, dropped when its holder exits.)"""
     timeout_s: float = Field(default=2.0, gt=0, le=HOUR_S)
-    """Redis connect and command timeout: how fast a Redis outage becomes an error answer."""
+    """Redis connect and command timeout: how fast a Redis outage becomes an error answer, and the longest a request
+    waits for Redis in all (after a timeout, Redis is not asked again for this long: ``stores.redis_store.Outage``)."""
 
 
 class RealConfig(_Section):
@@ -316,8 +319,10 @@ class McpConfig(_Section):
     one query's; empty: ``/mcp`` offers every tool of ``tools_folder``."""
     sessions: bool = True
     """An MCP session (``Mcp-Session-Id``; the ``mcp`` command's whole run) is a server session: history-conditioned
-    keys and simulation, local-tool state.  Off: its calls are sessionless, keyed as StableToolBench's client's
-    (what answering from a frozen StableToolBench cache needs)."""
+    keys and simulation, local-tool state (API-Bank's per-session environments need it).  A frozen StableToolBench
+    cache, which has no history keys, still answers a session's calls (read with the keys StableToolBench's client
+    gives them, see ``engine.lookup_order``).  Off: MCP calls are sessionless, keyed as StableToolBench's client's,
+    and recorded so (``X-STM-Session`` still applies)."""
     max_sessions: int = Field(default=2048, ge=1)
     """MCP sessions open at once over HTTP, all clients together.  A new one beyond it closes the least recently
     used idle session of the client that holds the most; with none idle it is refused (HTTP 503 naming this key)."""

@@ -73,6 +73,17 @@ def _upstream_file_problem(path: Path, model: type[BaseModel]) -> str | None:
     return None
 
 
+#: the start-up summary's words for a start that found no config file (``config: defaults (no ... in DIR: ...)``)
+NO_CONFIG_FILE = f"no {DEFAULT_CONFIG_FILE} or {UPSTREAM_CONFIG_FILE}"
+
+
+def demo_config_file() -> Path | None:
+    """The repository's own ``server_config.yml`` (the demo caches of its ``cache/`` folder) when the package runs
+    from a checkout (``pip install -e .``); ``None`` for an installed wheel, which ships no demo."""
+    path = Path(__file__).resolve().parent.parent / DEFAULT_CONFIG_FILE
+    return path if path.is_file() else None
+
+
 def discover_config_file(environ: Mapping[str, str], model: type[BaseModel]) -> tuple[str | None, str]:
     """The config file to use when none is given, and a note on how it was chosen (or why none was)."""
     if environ.get("STM_CONFIG"):
@@ -81,7 +92,7 @@ def discover_config_file(environ: Mapping[str, str], model: type[BaseModel]) -> 
         return DEFAULT_CONFIG_FILE, ""
     upstream = Path(UPSTREAM_CONFIG_FILE)
     if not upstream.is_file():
-        return None, ""
+        return None, f"{NO_CONFIG_FILE} in {Path.cwd()}: the built-in defaults, relative paths resolved against that folder"
     problem = _upstream_file_problem(upstream, model)
     if problem is None:
         return UPSTREAM_CONFIG_FILE, f"StableToolBench's {UPSTREAM_CONFIG_FILE}: no {DEFAULT_CONFIG_FILE} in this folder"

@@ -55,6 +55,11 @@ class ImportSummary:
     bad_files: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
+    def to_json(self) -> dict[str, Any]:
+        """``cache import --json`` (docs/json-output.md), without the tree it read."""
+        return {"files": self.files, "entries": self.entries, "added": self.added, "already_present": self.already_present,
+                "unreadable": list(self.bad_files), "elapsed_s": round(self.seconds, 3)}
+
     def lines(self) -> list[str]:
         out = [
             f"files read:       {self.files}",
@@ -380,6 +385,11 @@ class ExportSummary:
     @property
     def left_out_entries(self) -> int:
         return sum(self.left_out.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """``cache export --json`` (docs/json-output.md), without where it wrote."""
+        return {"files": self.files, "entries": self.entries, "encoded_names": self.encoded_names, "left_out": dict(self.left_out),
+                "elapsed_s": round(self.seconds, 3)}
 
     def lines(self, *, limit: int = 20) -> list[str]:
         out = [f"files written:    {self.files}", f"entries written:  {self.entries}"]

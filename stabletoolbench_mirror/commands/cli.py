@@ -7,14 +7,16 @@ Each command group lives in its own module and registers itself through a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
-import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.config import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -255,7 +257,10 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
             print("interrupted: the entries written so far are kept; run the same command again to go on "
                   "(entries already present are skipped)", file=sys.stderr)
             return 130
-    print("\n".join(summary.lines()))
+    if args.json:
+        print_json({"source": args.directory, **summary.to_json()})
+    else:
+        print("\n".join(summary.lines()))
     return 1 if summary.bad_files else 0
 
 
@@ -269,8 +274,12 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
 
     with _open_store(args) as store:
         summary = export_tree(store, args.directory, progress=not args.quiet)
-    print("\n".join(summary.lines()))
-    if summary.left_out and not args.skip_unsafe:
+    incomplete = bool(summary.left_out) and not args.skip_unsafe
+    if args.json:
+        print_json({"out": args.directory, "format": "tree", "ok": not incomplete, **summary.to_json()})
+    else:
+        print("\n".join(summary.lines()))
+    if incomplete:
         print("error: the export is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
         return 1
     return 0
@@ -287,11 +296,16 @@ def _export_chat(args: argparse.Namespace) -> int:
         print(f"error: {args.directory} is a folder; chat-jsonl is written to a file (e.g. train.jsonl)", file=sys.stderr)
         return 2
     settings = settings_from_args(args)
+    started = time.perf_counter()
     with build_store(settings, read_only=True) as store:
         summary = export_chat_jsonl(
             store, args.directory, settings, style=args.style, source=args.source, categories=args.category, progress=not args.quiet
         )
-    print("\n".join(summary.lines()))
+    if args.json:
+        print_json({"out": args.directory, "format": "chat-jsonl", "style": args.style, **asdict(summary),
+                    "elapsed_s": round(time.perf_counter() - started, 3)})
+    else:
+        print("\n".join(summary.lines()))
     return 0
 
 
@@ -309,7 +323,7 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(stats, indent=2, ensure_ascii=False))
+        print_json(stats)
         return 0
     print(f"entries: {stats['entries']}  apis: {stats['apis']}  (from {stats['counted_by']})")
     if stats["bytes_per_entry"] is not None:
@@ -352,7 +366,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     vllm.add_argument("--vllm-arg", action="append", metavar="ARG", help="extra argument for vLLM's server (repeatable), e.g. --vllm-arg=--dtype=float32")
     vllm.add_argument("--vllm-startup-timeout", type=float, default=900.0, help="seconds to wait for the first completion")
     vllm.add_argument("--vllm-log", help="vLLM's log file (default: a temporary file)")
-    serve.set_defaults(func=cmd_serve)
+    serve.set_defaults(func=cmd_serve, raw_output=True)
 
     cache = sub.add_parser("cache", help="import, export and inspect the response store")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
@@ -371,9 +385,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     exp.add_argument("--category", action="append", help="chat-jsonl: only this category (standardised name; repeatable)")
     exp.add_argument("--skip-unsafe", action="store_true", help="exit 0 even when entries had to be left out (API names too long for a file name)")
     stats = cache_sub.add_parser("stats", help="count the store's entries")
-    stats.add_argument("--json", action="store_true", help="print JSON")
     for p, fn in ((imp, cmd_cache_import), (exp, cmd_cache_export), (stats, cmd_cache_stats)):
         add_config_arguments(p)
+        add_json_argument(p)
         p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
         p.set_defaults(func=fn)
     from stabletoolbench_mirror.commands.curation import register_cache
@@ -403,6 +417,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     from stabletoolbench_mirror.serving.memory import tune_malloc
 
     tune_malloc()  # bulk commands and servers alike: freed file texts go back to the system
+    # a name read from a store, a tree or a file may hold ESC sequences: every command's output shows them escaped
+    # (the servers' logs are escaped by their filter; the stdio MCP server's stdout is its protocol)
+    with contextlib.nullcontext() if getattr(args, "raw_output", False) else printable_output():
+        return _run(args)
+
+
+@contextlib.contextmanager
+def printable_output() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` through :class:`~stabletoolbench_mirror.core.logs.PrintableStream` meanwhile."""
+    from stabletoolbench_mirror.core.logs import PrintableStream
+
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = PrintableStream(out), PrintableStream(err, keep_cr=True)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader gone by now is a closed pipe too (below), not an error at exit

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from itertools import groupby
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.core.keys import record_key
 from stabletoolbench_mirror.core.model_calls import model_of
 from stabletoolbench_mirror.core.naming import resolve_names
@@ -192,22 +192,27 @@ def cmd_delete(args: argparse.Namespace) -> int:
         print(NO_FILTER, file=sys.stderr)
         return 2
     found = removed = apis = 0
+    by_api: dict[str, int] = {}
+    listing = not args.quiet and not args.json
     try:
         with _open(args, read_only=not args.yes) as store:
             for api, group in groupby(chosen.select(store), key=lambda r: r.api):
                 keys = []
                 for record in group:
-                    if not args.quiet:
+                    if listing:
                         print(("delete\t" if args.yes else "would delete\t") + record_line(record))
                     keys.append(record.key)
                 found += len(keys)
                 apis += 1
+                by_api[api] = by_api.get(api, 0) + len(keys)
                 if args.yes:
                     removed += store.delete(api, keys)
     except StoreError as exc:
         print(f"error: {exc} ({removed} records were deleted before it)", file=sys.stderr)
         return 2
-    if args.yes:
+    if args.json:
+        print_json({"yes": bool(args.yes), "matched": found, "deleted": removed, "apis": apis, "by_api": by_api})
+    elif args.yes:
         print(f"deleted {removed} records of {apis} APIs")
     else:
         print(f"{found} records of {apis} APIs would be deleted: run again with --yes to delete them")
@@ -234,6 +239,8 @@ def register_cache(cache_sub: argparse._SubParsersAction) -> None:
     show = cache_sub.add_parser("show", help="one record and its provenance as JSON")
     show.add_argument("api", metavar="API", help="Category/tool_for_Category/api, or raw category/tool/api")
     show.add_argument("key", metavar="KEY", help="the record's key as cache ls prints it, or the call's JSON tool_input")
+    # the record is printed as JSON either way: --json is taken, as every reporting command takes it
+    show.add_argument("--json", action="store_true", help="print the record as JSON (what cache show always prints)")
     show.set_defaults(func=cmd_show)
     delete = cache_sub.add_parser("delete", help="remove records (prints what it would remove; removes only with --yes)")
     _add_filters(delete)
@@ -242,6 +249,7 @@ def register_cache(cache_sub: argparse._SubParsersAction) -> None:
     delete.add_argument("--before", type=parse_date, metavar="DATE", help="records created before DATE (UTC), e.g. 2026-10-01")
     delete.add_argument("--yes", action="store_true", help="delete them (without it: only print what would go)")
     delete.add_argument("--quiet", "-q", action="store_true", help="print only the totals")
+    add_json_argument(delete)
     delete.set_defaults(func=cmd_delete)
     for parser in (ls, show, delete):
         add_config_arguments(parser)

@@ -59,4 +59,4 @@ def register(sub: Any) -> None:
     mcp = sub.add_parser("mcp", help="serve the layer as MCP tools over stdio (the mcp extra)")
     add_config_arguments(mcp)
     mcp.add_argument("--query", metavar="GROUP/ID", help="offer one query's tools (a query of mcp.queries, e.g. G1_instruction/3)")
-    mcp.set_defaults(func=cmd_mcp)
+    mcp.set_defaults(func=cmd_mcp, raw_output=True)  # stdout is the protocol's: written as it is

@@ -1,7 +1,10 @@
 """Network probes of the endpoints a configuration points at: the real API relay and the simulator.
 
 Each endpoint gets one ``GET`` (the simulator's ``/models``), all at once, with a short
-timeout; one that does not answer is a warning, never fatal (it may come up later).  The
+timeout; one that does not answer is a warning, never fatal (it may come up later).  A
+simulator endpoint that answers ``/models`` without a models list (some OpenAI-compatible
+servers have no ``/models``) is asked one chat completion of one token, as ``warm`` and the
+server would ask it: when that answers, the endpoint is usable (a note, no error).  The
 results are written to a start-up report (anything with ``add``, ``error`` and ``warning``).
 No key is ever printed: URLs are shown without user info or query string.
 """
@@ -38,6 +41,8 @@ class Probe:
     detail: str = ""
     models: tuple[str, ...] | None = None
     """For a simulator endpoint: the models its ``/models`` lists, when it does."""
+    chat: bool = False
+    """For a simulator endpoint without a models list: whether a chat completion of the model was answered."""
 
     def describe(self) -> str:
         if not self.answered:
@@ -95,8 +100,12 @@ def probe(url: str, *, timeout_s: float = 3.0, headers: dict[str, str] | None = 
     return Probe(shown, True, response.status_code), body
 
 
-def probe_simulator(api_base: str, model: str, api_key: str | None, timeout_s: float) -> Probe:
-    """``GET <api_base>/models`` of an OpenAI-compatible endpoint; notes whether ``model`` is listed."""
+def probe_simulator(api_base: str, model: str, api_key: str | None, timeout_s: float, chat_timeout_s: float | None = None) -> Probe:
+    """``GET <api_base>/models`` of an OpenAI-compatible endpoint; notes whether ``model`` is listed.
+
+    Without a models list, one chat completion of ``model`` (:func:`probe_chat`, within ``chat_timeout_s``)
+    says whether the endpoint answers what the simulator asks it all the same.
+    """
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     result, body = probe(api_base.rstrip("/") + "/models", timeout_s=timeout_s, headers=headers)
     if not result.answered:
@@ -104,14 +113,50 @@ def probe_simulator(api_base: str, model: str, api_key: str | None, timeout_s: f
     models: tuple[str, ...] | None = None
     if isinstance(body, dict) and isinstance(body.get("data"), list):
         models = tuple(str(m.get("id")) for m in body["data"] if isinstance(m, dict) and m.get("id") is not None)
-    detail = ""
     if result.status in (401, 403):
-        detail = "refused: check simulator.api_key"
-    elif models is not None:
-        detail = f"serves '{model}'" if model in models else f"does not list '{model}'"
-    else:
-        detail = "no models list"
-    return Probe(public_url(api_base), True, result.status, detail, models)
+        return Probe(public_url(api_base), True, result.status, "refused: check simulator.api_key", models)
+    if models is not None:
+        return Probe(public_url(api_base), True, result.status, f"serves '{model}'" if model in models else f"does not list '{model}'", models)
+    chat_status = probe_chat(api_base, model, headers, chat_timeout_s or timeout_s)
+    if chat_status == 200:
+        return Probe(public_url(api_base), True, result.status,
+                     f"no models list at /models, but a chat completion of '{model}' was answered", chat=True)
+    said = f"chat completion: HTTP {chat_status}" if isinstance(chat_status, int) else f"chat completion: {chat_status}"
+    return Probe(public_url(api_base), True, result.status, f"no models list; {said}")
+
+
+#: the one chat completion a probe asks: one token, nothing the model has to think about
+PROBE_MESSAGES = [{"role": "user", "content": "ping"}]
+
+
+def probe_chat(api_base: str, model: str, headers: dict[str, str], timeout_s: float) -> int | str:
+    """``POST <api_base>/chat/completions`` of one token: ``200`` when it answered a completion (a JSON object
+    with ``choices``), else the HTTP status, or why nothing came (``connection refused``, ``not a completion``)."""
+    import requests
+
+    url = api_base.rstrip("/") + "/chat/completions"
+    body: dict[str, Any] = {"model": model, "messages": PROBE_MESSAGES, "max_tokens": 1, "temperature": 0}
+    try:
+        response = requests.post(url, json=body, headers=headers, timeout=(timeout_s, timeout_s), allow_redirects=False, stream=True)
+    except requests.RequestException as exc:
+        return _cause(exc)
+    try:
+        raw = response.raw.read(1024 * 1024, decode_content=True) if response.status_code == 200 else b""
+    except Exception:  # noqa: BLE001 - a broken body is no completion
+        raw = b""
+    finally:
+        response.close()
+    if response.status_code != 200:
+        return response.status_code
+    try:
+        answer = json.loads(raw)
+    except (ValueError, RecursionError):
+        answer = None
+    return 200 if isinstance(answer, dict) and isinstance(answer.get("choices"), list) else "HTTP 200, not a chat completion"
+
+
+#: the longest a probe's chat completion may take
+CHAT_PROBE_MAX_S = 30.0
 
 
 def _probe_timeout(configured: float) -> float:
@@ -122,7 +167,12 @@ def check_endpoints(settings: Settings, report: Report, *, probe_endpoints: bool
     """Probe the relay and the simulator endpoints (all at once); warnings for those that do not answer.
 
     ``doctor``: a simulator endpoint that answers without a models list (HTTP 404: a wrong path) is an error.
+    In ``replay`` mode neither is ever asked: they are said to be unused, not probed, and nothing is warned.
     """
+    if settings.mode == "replay":
+        for label, section in (("real API", settings.real), ("simulator", settings.simulator)):
+            report.add(label, "not used: replay mode answers from the caches only" if section.enabled else "off")
+        return {}
     jobs = _probe_jobs(settings, report, probe_endpoints)
     results = _run_probes(jobs)
     _report_real(settings, report, results)
@@ -147,8 +197,10 @@ def _probe_jobs(settings: Settings, report: Report, probe_endpoints: bool) -> di
             jobs["real"] = lambda: probe(real.rapidapi_base_url or "", timeout_s=_probe_timeout(real.connect_timeout_s))[0]
     if sim.enabled and probe_endpoints:
         key = sim.api_key.get_secret_value() if sim.api_key is not None else None
+        # a completion may wait its turn behind a busy server's batch: up to the simulator's own read timeout, at most 30 s
+        chat_timeout = max(_probe_timeout(sim.connect_timeout_s), min(sim.read_timeout_s, CHAT_PROBE_MAX_S))
         for i, endpoint in enumerate(sim.endpoints):
-            jobs[f"simulator{i}"] = (lambda e=endpoint: probe_simulator(e, sim.model, key, _probe_timeout(sim.connect_timeout_s)))
+            jobs[f"simulator{i}"] = (lambda e=endpoint: probe_simulator(e, sim.model, key, _probe_timeout(sim.connect_timeout_s), chat_timeout))
     return jobs
 
 
@@ -196,11 +248,15 @@ def _report_simulator(settings: Settings, report: Report, results: dict[str, Pro
 
 def _warn_endpoint(model: str, found: Probe, report: Report, *, doctor: bool = False) -> None:
     """A warning when a simulator endpoint does not answer, refuses the key, or does not serve ``model``;
-    one that answers something else than a models list is an error in ``doctor`` (a warning at start)."""
+    one that answers neither a models list nor a chat completion is an error in ``doctor`` (a warning at start).
+    One that answers a chat completion without a models list is usable: its summary line says so."""
+    if found.chat:
+        return
     if found.answered and found.status not in (401, 403) and found.models is None:
         (report.error if doctor else report.warning)(
             "simulator.api_base",
-            f"{found.url} answered HTTP {found.status} without a models list at {found.url.rstrip('/')}/models: it is not "
+            f"{found.url} answered HTTP {found.status} without a models list at {found.url.rstrip('/')}/models, and no chat "
+            f"completion at {found.url.rstrip('/')}/chat/completions ({found.detail.removeprefix('no models list; ')}): it is not "
             "an OpenAI-compatible endpoint at that path; api_base is the URL before /chat/completions "
             "(vLLM: http://HOST:PORT/v1)",
         )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.engine.sessions import public_view
@@ -29,6 +30,7 @@ def export_sessions(store: SessionStore, out_path: str, *, progress: bool = True
 
 def cmd_sessions_export(args: Any) -> int:
     settings = settings_from_args(args)
+    started = time.perf_counter()
     store = build_session_store(settings)
     try:
         written = export_sessions(store, args.out, progress=not args.quiet)
@@ -37,7 +39,10 @@ def cmd_sessions_export(args: Any) -> int:
         return 2
     finally:
         store.close()
-    print(f"exported {written} sessions to {args.out}")
+    if args.json:
+        print_json({"out": args.out, "sessions": written, "elapsed_s": round(time.perf_counter() - started, 3)})
+    else:
+        print(f"exported {written} sessions to {args.out}")
     return 0
 
 
@@ -48,4 +53,5 @@ def register(sub: Any) -> None:
     export.add_argument("out", help="the .jsonl file to write")
     add_config_arguments(export)
     export.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_json_argument(export)
     export.set_defaults(func=cmd_sessions_export)

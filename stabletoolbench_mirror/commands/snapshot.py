@@ -327,6 +327,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveLimits, is_archive, local_tree
 
         out = args.out
+        problem = _unreadable_snapshot(out)
+        if problem is not None:  # nothing to verify: "cannot be read" (exit 2), never a mismatch (1)
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
         if is_archive(out):  # an archive or URL: unpacked into download_dir (its content hash checked there too)
             try:
                 settings = settings_from_args(args)
@@ -371,6 +375,22 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             print("the snapshot is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
             return 1
     return 0
+
+
+def _unreadable_snapshot(out: str) -> str | None:
+    """Why ``snapshot --verify OUT`` has nothing to check (a path that does not exist, a folder that is no
+    snapshot), or ``None``.  A URL is fetched first: its problems are the archive's."""
+    from stabletoolbench_mirror.upstream.archives import is_url, split_spec
+
+    location = split_spec(out)[0]
+    if is_url(location):
+        return None
+    path = Path(location)
+    if not path.exists():
+        return f"{location} does not exist: give a snapshot folder, a snapshot archive (.tar.gz) or a URL to one"
+    if path.is_dir() and not (path / MANIFEST_NAME).exists():
+        return f"{location} is no snapshot: it has no {MANIFEST_NAME} (snapshot OUT writes one)"
+    return None
 
 
 #: the manifest's keys ``snapshot --json`` prints (docs/json-output.md)

@@ -98,8 +98,12 @@ def _n(count: int, word: str, plural: str | None = None) -> str:
 
 
 def _describe_tree(count: TreeCount) -> str:
+    """``3 files, 1 tool, 1 category, 2 models, 14 entries (12 model calls)``: a snapshot's model calls counted too."""
     entries = _n(count.entries, "entry", "entries") if count.entries is not None else f"entries not counted ({count.bytes / 1e6:,.0f} MB)"
-    return f"{_n(count.files, 'file')}, {_n(count.tools, 'tool')}, {_n(count.categories, 'category', 'categories')}, {entries}"
+    if count.model_entries:
+        entries += f" ({_n(count.model_entries, 'model call')})"
+    models = f", {_n(count.models, 'model')}" if count.models else ""
+    return f"{_n(count.files, 'file')}, {_n(count.tools, 'tool')}, {_n(count.categories, 'category', 'categories')}{models}, {entries}"
 
 
 def check_frozen_caches(settings: Settings, report: StartupReport, *, count_entries: bool | None = None) -> None:
@@ -133,6 +137,7 @@ def check_frozen_caches(settings: Settings, report: StartupReport, *, count_entr
 def check_tools_folder(settings: Settings, report: StartupReport, *, count_apis: bool | None = None) -> None:
     problem = tools_folder_problem(settings)
     sim = settings.simulator
+    simulating = sim.enabled and settings.mode != "replay"  # a replay never asks the simulator
     if problem is None:
         assert settings.tools_folder
         path = settings.resolve(settings.tools_folder)
@@ -147,7 +152,7 @@ def check_tools_folder(settings: Settings, report: StartupReport, *, count_apis:
         report.add("tools folder", "none: the simulator has API-Bank's tool docs only")
         return
     report.add("tools folder", problem if settings.tools_folder else "none")
-    if sim.enabled and not sim.allow_without_docs:
+    if simulating and not sim.allow_without_docs:
         what = "is not set" if not settings.tools_folder else f"gives no tool docs: {problem}"
         report.error(
             "tools_folder",
@@ -155,14 +160,14 @@ def check_tools_folder(settings: Settings, report: StartupReport, *, count_apis:
             "answers would be recorded for good. Set tools_folder to a ToolBench tools folder (<Category>/<tool>.json), "
             f"or set simulator.allow_without_docs: true to simulate anyway (their records are marked '{NO_DOCS_MARK.strip()}')",
         )
-    elif sim.enabled:
+    elif simulating:
         report.warning(
             "simulator.allow_without_docs",
             f"simulating without tool docs (tools_folder {problem}): answers are made from the names alone; "
             f"their records' origin ends with '{NO_DOCS_MARK}'",
         )
     elif settings.tools_folder:
-        needed = settings.real.enabled and settings.real.backend == "rapidapi"
+        needed = settings.real.enabled and settings.real.backend == "rapidapi" and settings.mode != "replay"
         report.warning("tools_folder", problem + ("; real.backend 'rapidapi' builds every call from its tool doc" if needed else ""))
 
 
@@ -206,7 +211,11 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
     (replay mode, or record mode with neither the real API nor the simulator), and no local tools:
     every call a miss.
 
-    ``doctor`` reports it as an error, ``serve`` and ``warm`` as a warning (they start anyway).
+    An error for ``doctor``; ``serve`` and ``warm`` warn and start (another process may fill the store
+    while a server runs: ``cache import``, ``warm``, a server recording into the same Redis).
+    A server of model calls (``llm.upstreams`` in a mode that asks them) is no mistake: a warning.
+    When no config file was found (``serve`` run outside the folder of its config, the store then a new,
+    empty one in the current folder), the message says so and names the config to pass.
     Record mode with no responder but something cached says so in the ``mode`` line.
     """
     fills = settings.real.enabled or settings.simulator.enabled or simulator_launched
@@ -223,6 +232,14 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
         entries = _store_entries(settings)
     if entries != 0:
         return
+    # a server of model calls only (llm.upstreams: the judge re-scoring answers) is no mistake: said, not refused
+    model_calls = bool(settings.llm.upstreams) and (settings.llm.mode or settings.mode) != "replay"
+    refuse = doctor and not model_calls
+    (report.error if refuse else report.warning)("mode", _nothing_answers(settings))
+
+
+def _nothing_answers(settings: Settings) -> str:
+    """What :func:`check_anything_answers` says: why every call will be a miss, and the fixes."""
     frozen = "no frozen cache is usable" if settings.frozen_caches else "no frozen cache is configured (frozen_caches)"
     if settings.mode == "replay":
         what = "replay mode with nothing to replay"
@@ -230,13 +247,23 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
     else:
         what = "record mode with nothing to answer a miss (neither real.enabled nor simulator.enabled) and nothing recorded"
         fix = "or enable the real API (real.enabled, upstream's toolbench_url) or the simulator (simulator.enabled)"
-    # a server of model calls only (llm.upstreams: the judge re-scoring answers) is no mistake: said, not refused
-    refuse = doctor and not settings.llm.upstreams
-    (report.error if refuse else report.warning)(
-        "mode",
-        f"{what}: the store is empty and {frozen}, so every call will be a miss, answered '{MISS_ERROR}'. "
-        f"Point frozen_caches at a tool_response_cache tree (upstream cache_folder) or store.path at a recorded store, {fix}",
-    )
+    return (f"{_no_config_found(settings)}{what}: the store is empty and {frozen}, so every call will be a miss, answered "
+            f"'{MISS_ERROR}'. Point frozen_caches at a tool_response_cache tree (upstream cache_folder) or store.path at a "
+            f"recorded store, {fix}")
+
+
+def _no_config_found(settings: Settings) -> str:
+    """When no config file was found: what was used instead, and the config to pass (the demo's, run from a
+    checkout); else ``""``."""
+    from stabletoolbench_mirror.config import NO_CONFIG_FILE, demo_config_file
+
+    if not (settings.config_source.startswith("defaults") and f"({NO_CONFIG_FILE} in " in settings.config_source):
+        return ""
+    demo = demo_config_file()
+    where = f"pass --config FILE (the demo caches: --config {demo})" if demo is not None else "pass --config FILE"
+    return (f"no config file was found in {settings.base_dir} ({NO_CONFIG_FILE}): the built-in defaults were used, so the "
+            f"store is {settings.resolve(settings.store.path)}, in this folder, and no frozen cache is served; run from the "
+            f"folder of your config or {where}. ")
 
 
 def _store_entries(settings: Settings) -> int | None:
@@ -326,8 +353,11 @@ def check_model_calls(settings: Settings, report: StartupReport) -> None:
     upstreams = "; ".join(
         f"{public_url(u.base_url)} for {', '.join(u.models)} (key: ${u.api_key_env})" if u.api_key_env
         else f"{public_url(u.base_url)} for {', '.join(u.models)} (key: the client's)" for u in llm.upstreams)
+    if mode == "replay":  # no upstream is asked: nothing about their keys to warn of
+        report.add("model calls", "/v1, replay: only recorded calls are answered" + (f" (upstreams not used: {upstreams})" if upstreams else ""))
+        return
     report.add("model calls", f"/v1, {mode}; " + (upstreams or "no upstream: only recorded calls are answered"))
-    if not llm.upstreams and mode != "replay":
+    if not llm.upstreams:
         report.warning("llm.upstreams", f"llm mode is {mode} but no upstream is configured: every model call not "
                        "recorded gets HTTP 404; add llm.upstreams: [{base_url: ..., models: [...]}]")
     for i, upstream in enumerate(llm.upstreams):
@@ -380,7 +410,10 @@ def check_apibank(settings: Settings, report: StartupReport) -> None:
 
 
 def print_report(report: StartupReport, stream: Any = None) -> None:
-    print(report.render(), file=stream or sys.stderr, flush=True)
+    from stabletoolbench_mirror.core.logs import printable
+
+    # serve's output is not escaped as a command's is (cli.main): the names of a tree's files it lists are here
+    print(printable(report.render()), file=stream or sys.stderr, flush=True)
 
 
 def start_checks(settings: Settings, *, probe_endpoints: bool = True, simulator_launched: bool = False) -> bool:

@@ -57,11 +57,14 @@ class ToolCall:
     """A secret: never logged, recorded or echoed."""
     session: SessionContext | None = field(default=None, repr=False, compare=False)
     """Inside a session: its task and recent history (for prompts); ``key`` and ``canonical`` then carry the history hash."""
+    sessionless: ToolCall | None = field(default=None, repr=False, compare=False)
+    """Inside a session: the same call outside any session (upstream's keys), which frozen caches are also read with."""
 
     def in_session(self, history: str, context: SessionContext) -> ToolCall:
         """This call as made inside a session whose history hash is ``history`` (see :mod:`.keys`)."""
         key = session_key(self.key, history)
-        return replace(self, key=key, canonical=session_key(self.canonical, history), upstream=key, session=context)
+        return replace(self, key=key, canonical=session_key(self.canonical, history), upstream=key, session=context,
+                       sessionless=self.sessionless or self)
 
     @property
     def api(self) -> str:

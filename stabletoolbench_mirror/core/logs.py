@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from stabletoolbench_mirror.core.secrets import Redactor
 
@@ -31,6 +33,49 @@ def clip(text: object, limit: int = MAX_QUOTED_CHARS) -> str:
     return f"{text[:limit]}...[{len(text) - limit} more chars]"
 
 
+#: characters a terminal acts on rather than shows (C0 but tab and newline, DEL, C1) and those that reorder what
+#: it shows (Unicode's bidirectional controls: a name could hide or reverse the text after it)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: the same without the carriage return (a progress bar on stderr redraws itself with it)
+_CONTROL_BUT_CR = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def printable(text: str, *, keep_cr: bool = False) -> str:
+    """``text`` safe to show on a terminal: each control character a name read from a store, a tree or a
+    request may hold (an ESC sequence that clears the screen or retitles the window, a bidirectional override)
+    written as its JSON escape (``\\u001b``), tab and newline (and with ``keep_cr`` the carriage return) kept.
+
+    JSON stays exact: ``json.dumps`` escapes C0 itself, and what it leaves raw (DEL, C1, the bidirectional
+    controls) becomes the escape JSON reads back as the same character.
+    """
+    pattern = _CONTROL_BUT_CR if keep_cr else _CONTROL
+    return pattern.sub(_escaped, text) if pattern.search(text) else text
+
+
+class PrintableStream:
+    """A text stream that writes what it is given through :func:`printable` (a command's stdout and stderr:
+    see ``commands.cli.main``); everything else (``isatty``, ``fileno``, ``buffer``, ``flush``) is the stream's."""
+
+    def __init__(self, stream: Any, *, keep_cr: bool = False) -> None:
+        self._stream = stream
+        self._keep_cr = keep_cr
+
+    def write(self, text: str) -> int:
+        self._stream.write(printable(text, keep_cr=self._keep_cr))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class RedactSecrets(logging.Filter):
     """Replaces every known secret value in a record's message with ``***`` (see :mod:`.secrets`); cuts overlong messages."""
 
@@ -48,8 +93,9 @@ class RedactSecrets(logging.Filter):
             message = record.getMessage()
         except Exception:  # a malformed call; the handler reports it as logging does
             return True
-        # redact before cutting, so no key is cut in half and left partly readable
-        redacted = clip(self._redactor.text(message) if self._redactor else message, MAX_MESSAGE_CHARS)
+        # redact before cutting, so no key is cut in half and left partly readable; a name's control characters
+        # are shown escaped (a client's ESC sequence never reaches the terminal the server logs to)
+        redacted = printable(clip(self._redactor.text(message) if self._redactor else message, MAX_MESSAGE_CHARS))
         if redacted != message:
             record.msg, record.args = redacted, None
         if self._redactor and record.exc_info and not record.exc_text:

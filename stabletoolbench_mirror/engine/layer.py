@@ -230,8 +230,8 @@ class MirrorLayer:
                 return kept
         try:
             record = await self.lookup_async(call)
-        except StoreError:
-            return None
+        except StoreError as exc:
+            return Looked(None, exc)  # answer() goes on from here: the store is not waited for twice
         if record is None or self.retries(record):
             return Looked(record)
         if self.served is not None:  # the hit path's one look at record.served_store (see _serve)
@@ -287,8 +287,9 @@ class MirrorLayer:
         if tool is not None:
             return self._local(tool, call, state)
         try:
+            if looked is not None and looked.error is not None:
+                raise looked.error
             record = self.lookup(call) if looked is None else looked.record
-            self.health.succeeded("read")
         except StoreError as exc:
             if not self.fills:
                 return self._store_error(call, exc)
@@ -325,33 +326,58 @@ class MirrorLayer:
         """The cached record of ``call``, in the order of :func:`.lookup_order.lookup_order`.
 
         The first usable answer wins; a failure record (the first found) is returned only when
-        no tier has a usable answer for the call, so a failure never hides an answer.
+        no tier has a usable answer for the call, so a failure never hides an answer.  When the
+        store cannot be read, it is not asked again in this lookup and the frozen caches still
+        are: a usable answer of theirs is served (``/health`` says ``degraded``); without one,
+        the store's :class:`StoreError` is raised (whether the store holds an answer is unknown).
         """
         failure: Record | None = None
+        unread: StoreError | None = None
         for get, _aget, key_of in self._probes:
             key = key_of(call)
-            if key is None:
+            if key is None or (unread is not None and getattr(get, "__self__", None) is self.store):
                 continue
-            record = get(call.api, key)
+            try:
+                record = get(call.api, key)
+            except StoreError as exc:
+                unread = exc
+                continue
             if record is not None:
                 if not record.is_failure:
-                    return record
+                    return self._read(record, unread)
                 failure = failure or record
-        return failure
+        return self._read(failure, unread)
 
     async def lookup_async(self, call: ToolCall) -> Record | None:
         """:meth:`lookup` through the tiers' async reads (same order, same rule)."""
         failure: Record | None = None
+        unread: StoreError | None = None
         for get, aget, key_of in self._probes:
             key = key_of(call)
-            if key is None:
+            if key is None or (unread is not None and getattr(get, "__self__", None) is self.store):
                 continue
-            record = get(call.api, key) if aget is None else await aget(call.api, key)
+            try:
+                record = get(call.api, key) if aget is None else await aget(call.api, key)
+            except StoreError as exc:
+                unread = exc
+                continue
             if record is not None:
                 if not record.is_failure:
-                    return record
+                    return self._read(record, unread)
                 failure = failure or record
-        return failure
+        return self._read(failure, unread)
+
+    def _read(self, record: Record | None, unread: StoreError | None) -> Record | None:
+        """What a lookup found: a usable answer whatever the store did (its failure told to the store's health);
+        else the store's error when it could not be read (a failure record or no record settle nothing then:
+        the caller handles the error as it always has)."""
+        if unread is None:
+            self.health.succeeded("read")
+            return record
+        if record is not None and not record.is_failure:
+            self.health.failed("read", unread, unrecorded=False)
+            return record
+        raise unread
 
     def examples(self, call: ToolCall, limit: int = 20) -> list[Record]:
         """Cached answers of the same API, for few-shot simulators: the store's, then the frozen caches'."""
@@ -539,9 +565,11 @@ class MirrorLayer:
 
 @dataclass(frozen=True, slots=True)
 class Looked:
-    """What :meth:`MirrorLayer.probe_async` found for a call that is no hit: no record, or a failure record tried again."""
+    """What :meth:`MirrorLayer.probe_async` found for a call that is no hit: no record, or a failure record tried again,
+    or the store's error when it could not be read (:meth:`MirrorLayer.answer` goes on without reading it again)."""
 
     record: Record | None
+    error: StoreError | None = None
 
 
 @dataclass

@@ -16,8 +16,10 @@ content holding the ``/virtual`` body, ``isError`` when the body's ``error`` is 
 over HTTP, the session an ``X-STM-Session`` header names, else one server session per
 ``Mcp-Session-Id`` (created at its first tool call); over stdio, one server session for the
 process.  MCP's 2026 protocol era has no sessions: there a call is in a session only with
-``X-STM-Session``.  A session's keys carry its history hash, so they never match a frozen
-StableToolBench cache: ``mcp.sessions: false`` keeps MCP calls sessionless (``X-STM-Session`` still applies).
+``X-STM-Session``.  A session's keys carry its history hash, which a frozen StableToolBench cache has
+not: such a cache answers a session's call with the keys StableToolBench's client gives it
+(``engine.lookup_order``), so the default answers from it; ``mcp.sessions: false`` keeps MCP calls
+sessionless (``X-STM-Session`` still applies).
 """
 
 from __future__ import annotations

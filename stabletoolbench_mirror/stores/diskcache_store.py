@@ -96,7 +96,11 @@ def _format_marker(cache: Any) -> formats.Marker | None:
 
 
 def _record(value: object) -> Record:
-    return Record.from_json(_text(value))
+    """A stored record; :class:`StoreError` for one that cannot be read (a value file truncated beside a live store)."""
+    try:
+        return Record.from_json(_text(value))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"diskcache store holds an unreadable record: {type(exc).__name__}: {exc}") from exc
 
 
 def _int(value: object) -> int:

@@ -64,6 +64,8 @@ class Invalidations:
         self._started = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._first = threading.Event()
+        """Set once the first subscription was confirmed or failed."""
         # a forked child has no listening thread: its copy of the memory must not serve until it listens itself
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _after_fork(ref))
@@ -74,18 +76,22 @@ class Invalidations:
         self._started = False
         self._thread = None
         self._lock = threading.Lock()
+        self._first = threading.Event()
 
-    def start(self) -> None:
-        """Subscribe now (the caller waits one round trip, once) and listen in a thread from then on."""
+    def start(self, wait_s: float = 0.0) -> bool:
+        """Subscribe and listen in a thread of its own; wait at most ``wait_s`` for the first subscription to be
+        confirmed or to fail (the memory serves once it is confirmed).  ``False`` when it was still waiting for
+        Redis after ``wait_s``: Redis did not answer in time.  The server's event loop passes 0 and never waits
+        (a Redis that hangs would hold up every request for the subscription's timeouts); a read in a thread
+        waits, so the memory serves from the first read on."""
         with self._lock:
-            if self._started or self._stop.is_set():
-                return
-            self._started = True
-            pubsub = self._subscribe()
-            # the thread holds the listener only while it listens: a store dropped without close() stops it
-            self._thread = threading.Thread(target=_listen, args=(weakref.ref(self), self._stop, pubsub), daemon=True,
-                                            name="stm-redis-invalidate")
-            self._thread.start()
+            if not (self._started or self._stop.is_set()):
+                self._started = True
+                # the thread holds the listener only while it subscribes or applies: a store dropped without close() stops it
+                self._thread = threading.Thread(target=_subscribe_and_listen, args=(weakref.ref(self), self._stop), daemon=True,
+                                                name="stm-redis-invalidate")
+                self._thread.start()
+        return wait_s <= 0 or self._first.wait(wait_s)
 
     def _subscribe(self) -> Any:
         """A confirmed subscription (the memory is emptied and serves again), or ``None``."""
@@ -123,6 +129,17 @@ class Invalidations:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2.0)
+
+
+def _subscribe_and_listen(ref: weakref.ReferenceType[Invalidations], stop: threading.Event) -> None:
+    """The listening thread: the first subscription, then :func:`_listen`."""
+    listener = ref()
+    if listener is None:
+        return
+    pubsub = listener._subscribe()  # noqa: SLF001 - its own thread
+    listener._first.set()  # noqa: SLF001 - its own thread
+    del listener
+    _listen(ref, stop, pubsub)
 
 
 def _listen(ref: weakref.ReferenceType[Invalidations], stop: threading.Event, pubsub: Any) -> None:

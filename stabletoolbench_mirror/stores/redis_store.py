@@ -16,9 +16,14 @@ read is unchanged (else the write reads and asks again): the first writer of a k
 host, and nobody ever sees a pointer without its entry.
 
 Every Redis problem (refused or lost connection, timeout, ``OOM``/``READONLY``/``MISCONF``
-answers) becomes a :class:`StoreError` quickly: sockets have short timeouts and a failed
-command is retried once on a fresh connection, so a Redis restart costs at most the
-requests made while it is down, and service resumes without restarting the server.
+answers) becomes a :class:`StoreError` quickly: sockets time out after ``store.timeout_s``, and
+a command whose connection was lost is retried once on a fresh connection (one that timed out is
+not: a Redis that hangs, paused or swapping, would cost twice the timeout), so a Redis restart
+costs at most the requests made while it is down, and service resumes without restarting the
+server.  After Redis failed to answer in time, the store does not ask it again for
+``store.timeout_s`` (:class:`Outage`): a request meanwhile gets the store's error at once (reads
+serve what the memory holds), so no request waits for Redis longer than ``store.timeout_s`` in
+all, however many reads, locks and writes its path makes.
 """
 
 from __future__ import annotations
@@ -54,6 +59,40 @@ log = logging.getLogger(__name__)
 
 #: how many times a write reads, plans and applies while other writers change the same record meanwhile
 WRITE_TRIES = 16
+
+
+class Unreachable(redis.exceptions.ConnectionError):
+    """Redis was not asked: it failed to answer less than ``store.timeout_s`` ago (see :class:`Outage`)."""
+
+
+class Outage:
+    """When Redis last failed to answer in time, so that it is not waited for again within ``window_s``.
+
+    A timeout (Redis paused, swapping or unreachable: the socket timed out) opens the window; every
+    command meanwhile fails at once with :class:`Unreachable`; the first one after it asks Redis again
+    (and a successful read closes it).  One request in a window may wait ``window_s`` (the socket
+    timeout); the others do not wait.  A refused or lost connection opens nothing: it costs no wait,
+    and a Redis that restarts is used again by the very next command.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._until = 0.0
+        self._why = ""
+
+    def check(self) -> None:
+        """Raise :class:`Unreachable` while the window is open."""
+        until = self._until
+        if until and time.monotonic() < until:
+            raise Unreachable(f"not asked: it failed less than {self.window_s:g} s ago (store.timeout_s): {self._why}")
+
+    def failed(self, exc: BaseException) -> None:
+        if isinstance(exc, (redis.exceptions.TimeoutError, TimeoutError)):
+            self._why = f"{type(exc).__name__}: {exc}"[:300]
+            self._until = time.monotonic() + self.window_s
+
+    def succeeded(self) -> None:
+        self._until = 0.0
 
 
 def _optional_text(value: str | bytes | None) -> str | None:
@@ -93,6 +132,7 @@ class RedisStore(Store):
         self.lock_poll_s = float(lock_poll_s)
         self._raw_url = url
         self.timeout_s = float(timeout_s)
+        self._outage = Outage(self.timeout_s)
         self._aclient: redis.asyncio.Redis | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
         try:
@@ -128,7 +168,12 @@ class RedisStore(Store):
         return self._format
 
     def _writable(self) -> None:
-        """Before a write: the format is known to be this version's, marked once (a new or older store)."""
+        """Before a write: Redis is not known to be away (:class:`Outage`), and the format is known to be this
+        version's, marked once (a new or older store)."""
+        try:
+            self._outage.check()
+        except Unreachable as exc:
+            raise self._failed("write", exc) from exc
         if self._format == "use":
             return
         try:
@@ -143,8 +188,9 @@ class RedisStore(Store):
             "decode_responses": True,
             "socket_timeout": self.timeout_s,
             "socket_connect_timeout": self.timeout_s,
-            # one retry on a fresh connection: a restarted Redis is picked up by the next command
-            "retry": retry_class(NoBackoff(), 1),
+            # one retry on a fresh connection, for a lost connection only: a restarted Redis is picked up by the next
+            # command, and a Redis that does not answer costs one timeout, not two
+            "retry": retry_class(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
             "health_check_interval": 0,
         }
 
@@ -178,12 +224,14 @@ class RedisStore(Store):
             result[:] = [int(number)]
 
         try:
+            self._outage.check()
             self._client.transaction(apply, name)
         except (RedisError, ValueError, KeyError) as exc:
             raise self._failed("occurrence counter", exc) from exc
         return result[0]
 
     def _failed(self, what: str, exc: Exception) -> StoreError:
+        self._outage.failed(exc)
         return StoreError(f"redis store at {self.url}: {what} failed: {type(exc).__name__}: {exc}")
 
     @staticmethod
@@ -209,10 +257,16 @@ class RedisStore(Store):
     # Each read has a sync and an async form (the server reads on its event loop); both go
     # through recall / _remember / _point, so the memory-then-Redis order is written once.
 
-    def _epoch(self) -> int:
-        """The memory's epoch before a read (the first read also starts hearing invalidations)."""
+    def _epoch(self, *, wait: bool = True) -> int:
+        """The memory's epoch before a read (the first read also starts hearing invalidations).
+
+        A read in a thread (``wait``) waits at most ``store.timeout_s`` for the subscription, so the memory serves
+        from its first read on; when Redis did not confirm it by then, Redis is not asked again within the
+        :class:`Outage` window (the read does not wait a second time).  The event loop's reads never wait.
+        """
         if not self._memory.live and self._memory.max_bytes:
-            self._invalidations.start()
+            if not self._invalidations.start(self.timeout_s if wait else 0.0):
+                self._outage.failed(TimeoutError(f"the invalidation channel was not subscribed within {self.timeout_s:g} s"))
         return self._memory.epoch
 
     def _remember(self, api: str, key: str, raw: str | bytes | None, epoch: int) -> Record | None:
@@ -235,20 +289,24 @@ class RedisStore(Store):
             return record
         epoch = self._epoch()
         try:
+            self._outage.check()
             raw = self._client.hget(self._entries(api), key)
         except RedisError as exc:
             return self._stale((api, key), self._failed("read", exc))
+        self._outage.succeeded()
         return self._remember(api, key, raw, epoch)
 
     async def aget(self, api: str, key: str) -> Record | None:
         record = self.recall(api, key)
         if record is not None:
             return record
-        epoch = self._epoch()
+        epoch = self._epoch(wait=False)
         try:
+            self._outage.check()
             raw = await self._async_client().hget(self._entries(api), key)
         except (TimeoutError, RedisError, OSError) as exc:
             return self._stale((api, key), self._failed("read", exc))
+        self._outage.succeeded()
         return self._remember(api, key, raw, epoch)
 
     def _stale(self, where: tuple[str, str], error: StoreError) -> Record:
@@ -263,6 +321,7 @@ class RedisStore(Store):
         if key is None:
             epoch = self._epoch()
             try:
+                self._outage.check()
                 key = self._point(api, canonical, self._client.hget(self._canonicals(api), canonical), epoch)
             except RedisError as exc:
                 key = self._stale_pointer((api, canonical), self._failed("read", exc))
@@ -282,8 +341,9 @@ class RedisStore(Store):
     async def aget_canonical(self, api: str, canonical: str) -> Record | None:
         key = self._memory.pointer((api, canonical))
         if key is None:
-            epoch = self._epoch()
+            epoch = self._epoch(wait=False)
             try:
+                self._outage.check()
                 key = self._point(api, canonical, await self._async_client().hget(self._canonicals(api), canonical), epoch)
             except (TimeoutError, RedisError, OSError) as exc:
                 key = self._stale_pointer((api, canonical), self._failed("read", exc))
@@ -453,6 +513,7 @@ class RedisStore(Store):
         if limit <= 0:
             return
         try:
+            self._outage.check()
             values = []
             for _key, raw in self._client.hscan_iter(self._entries(api), count=max(int(limit), 10)):
                 values.append(raw)
@@ -514,6 +575,7 @@ class RedisStore(Store):
         ttl_ms = max(1, int(self.lock_ttl_s * 1000))
         deadline = time.monotonic() + MAX_LOCK_WAIT_S
         try:
+            self._outage.check()
             while not (acquired := bool(self._client.set(name, token, nx=True, px=ttl_ms))):
                 if time.monotonic() >= deadline:
                     log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(api), MAX_LOCK_WAIT_S)

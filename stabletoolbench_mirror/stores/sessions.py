@@ -320,7 +320,8 @@ class RedisSessionStore(SessionStore):
                 decode_responses=True,
                 socket_timeout=timeout_s,
                 socket_connect_timeout=timeout_s,
-                retry=Retry(NoBackoff(), 1),
+                # a lost connection is tried again once, a timeout is not (a hung Redis would cost twice store.timeout_s)
+                retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
             )
         except (ValueError, redis.RedisError) as exc:
             raise StoreError(f"invalid redis URL {self.url}: {exc}") from exc

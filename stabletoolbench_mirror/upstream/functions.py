@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.core.naming import change_name, standardize
-from stabletoolbench_mirror.upstream.queries import CLIENT_TYPE_MAP, FUNCTION_NAME_MAX, iter_json_files, load_queries
+from stabletoolbench_mirror.upstream.queries import CLIENT_TYPE_MAP, FUNCTION_NAME_MAX, iter_query_files
 
 DESCRIPTION_MAX = 256
 CLASH_HEX = 6
@@ -339,8 +339,8 @@ class QueryFunctions:
 
 def iter_query_functions(paths: Sequence[str | os.PathLike[str]], tools: UpstreamTools) -> Iterator[QueryFunctions | tuple[str, str]]:
     """Each query of the files in ``paths`` with its functions, or ``(group, query_id)`` for one upstream skips."""
-    for path in iter_json_files(paths):
-        for index, query in enumerate(load_queries(path)):
+    for path, queries in iter_query_files(paths):
+        for index, query in enumerate(queries):
             qid = str(query.get("query_id", index))
             functions = tools.query_functions(query)
             yield (path.stem, qid) if functions is None else QueryFunctions(path.stem, qid, functions)

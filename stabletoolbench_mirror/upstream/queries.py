@@ -31,6 +31,7 @@ from typing import Any
 
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.naming import change_name, parameter_name, standardize
+from stabletoolbench_mirror.upstream.nearby import json_files, nearby
 
 #: StableToolBench's ``map_type`` (exact keys); anything else is shown as ``string``
 CLIENT_TYPE_MAP = {"NUMBER": "integer", "STRING": "string", "BOOLEAN": "boolean"}
@@ -177,6 +178,67 @@ def iter_json_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
             raise QueryFileError(f"{path}: no such file or folder")
 
 
+#: the start of a StableToolBench query file: a JSON list whose first query opens with one of its keys
+_QUERY_FILE_START = re.compile(r'\s*\[\s*\{\s*"(?:api_list|query|query_id|relevant APIs)"')
+#: bytes of a file read to tell a query file (its first query's first key is at its start)
+_SNIFF_BYTES = 4096
+#: query files looked at per folder when telling a folder of query files
+_SNIFF_FILES = 8
+
+
+def looks_like_query_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` starts as a StableToolBench query file does (its first few KB only are read)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return _QUERY_FILE_START.match(fh.read(_SNIFF_BYTES)) is not None
+    except OSError:
+        return False
+
+
+def holds_query_files(folder: str | os.PathLike[str], budget: list[int] | None = None) -> bool:
+    """Whether ``folder`` itself holds StableToolBench query files (``solvable_queries/test_instruction``)."""
+    files = sorted(json_files(os.fspath(folder)), key=lambda e: e.name)[:_SNIFF_FILES]
+    if budget is not None:
+        budget[0] -= len(files)
+    return any(looks_like_query_file(e.path) for e in files)
+
+
+def query_folder_hint(given: str | os.PathLike[str]) -> str:
+    """For a ``--queries`` path one level off (``solvable_queries/`` for ``solvable_queries/test_instruction``, the
+    checkout above it, ``test_query_ids/`` beside it): ``"; the folder below, X, holds StableToolBench query files:
+    give that path"`` (the rule of :func:`~.nearby.nearby`), else ``""``."""
+    path = Path(given)
+    if not path.is_dir():  # a file, or a path that does not exist: look from the nearest folder that does
+        path = next((p for p in path.parents if p.is_dir()), Path("."))
+        if holds_query_files(path):
+            return f"; {path} holds StableToolBench query files: give that path"
+    elif holds_query_files(path):
+        return ""
+    near = nearby(path, holds_query_files, prefer="test_instruction")
+    if near is None:
+        return ""
+    where, folder = near
+    return f"; the folder {where}, {folder}, holds StableToolBench query files (<group>.json): give that path"
+
+
+def iter_query_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
+    """Each query file named or found under the folders named, with its queries, in order.
+
+    :class:`QueryFileError` for a path that does not exist, a file that is no query file, or a folder that holds
+    none, with :func:`query_folder_hint`'s hint when the folder meant is near.
+    """
+    for given in paths:
+        found = False
+        try:
+            for path in iter_json_files([given]):
+                found = True
+                yield path, load_queries(path)
+        except QueryFileError as exc:
+            raise QueryFileError(f"{exc}{query_folder_hint(given)}") from None
+        if not found:
+            raise QueryFileError(f"{given}: no query files (*.json) in it{query_folder_hint(given)}")
+
+
 def read_json_file(path: str | os.PathLike[str]) -> Any:
     """The value of a JSON file; :class:`QueryFileError` (a ``ValueError``) naming the file when it cannot be read."""
     try:
@@ -240,8 +302,8 @@ def default_calls(
     """
     calls: list[DefaultCall] = []
     problems: list[Problem] = []
-    for path in iter_json_files(paths):
-        for index, query in enumerate(load_queries(path)):
+    for path, queries in iter_query_files(paths):
+        for index, query in enumerate(queries):
             qid = query.get("query_id", index)
             api_list = query.get("api_list")
             if not isinstance(api_list, list):
@@ -313,8 +375,8 @@ class FunctionIndex:
                         self.add_api(ApiRef(category.name, doc["tool_name"], api["name"]))
 
     def add_query_files(self, paths: Sequence[str | os.PathLike[str]]) -> None:
-        for path in iter_json_files(paths):
-            for index, query in enumerate(load_queries(path)):
+        for _path, queries in iter_query_files(paths):
+            for index, query in enumerate(queries):
                 qid = str(query.get("query_id", index))
                 for api in query.get("api_list") or []:
                     if isinstance(api, dict):

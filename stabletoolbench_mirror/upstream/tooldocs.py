@@ -33,6 +33,7 @@ from rapidfuzz import fuzz, process
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.naming import CallNames, change_name, standardize, standardize_category
 from stabletoolbench_mirror.upstream.layout import OutsideTree, check_inside
+from stabletoolbench_mirror.upstream.nearby import json_files, nearby, subfolders
 
 if TYPE_CHECKING:
     from stabletoolbench_mirror.config import Settings
@@ -436,46 +437,16 @@ def has_tool_docs(path: str | os.PathLike[str]) -> bool:
 
 
 def nearby_tools_folder(path: Path) -> tuple[str, Path] | None:
-    """A tools folder one or two levels below ``path`` (``tools`` preferred), or just above it
-    (a category folder given): ``("below", folder)`` or ``("above", folder)``."""
-    def first(folders: Iterator[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
-        return sorted(folders, key=lambda e: (e.name != "tools", e.name))
-
-    def tools_folder(folder: str | os.PathLike[str]) -> bool:
+    """A tools folder near ``path`` (:func:`~.nearby.nearby`, one named ``tools`` first): one or two levels below
+    (``toolenv/`` given), above (a category folder given), or beside it (the cache tree given):
+    ``("below", folder)``, ``("above", folder)`` or ``("beside it", folder)``."""
+    def tools_folder(folder: str, budget: list[int]) -> bool:
         # a cache tree's category folder holds <tool_for_Category>/<api>.json: not a tools folder
-        tools = [e.name for e in subfolders(folder) if json_files(e.path)]
+        listed = list(subfolders(folder))
+        budget[0] -= len(listed)
+        tools = [e.name for e in listed if json_files(e.path)]
         return bool(tools) and not all(name.endswith(f"_for_{Path(folder).name}") for name in tools)
 
-    children = first(subfolders(path))[:NEAR_TOOLS_FOLDERS]
-    for child in children:
-        if tools_folder(child.path):
-            return "below", Path(child.path)
-    for child in children:
-        for grandchild in first(subfolders(child.path))[:NEAR_TOOLS_FOLDERS]:
-            if tools_folder(grandchild.path):
-                return "below", Path(grandchild.path)
-    if json_files(str(path)) and tools_folder(path.parent):
-        return "above", path.parent
-    return None
+    return nearby(path, tools_folder, prefer="tools")
 
 
-#: a near tools folder is looked for among at most this many folders of each level below
-NEAR_TOOLS_FOLDERS = 50
-
-
-def subfolders(path: str | os.PathLike[str], follow: bool = False) -> Iterator[os.DirEntry[str]]:
-    """Sub-folders of ``path`` (symlinks followed only when ``follow``), sorted; nothing when it cannot be read."""
-    try:
-        with os.scandir(path) as it:
-            entries = [e for e in it if e.is_dir(follow_symlinks=follow)]
-    except OSError:
-        return iter(())
-    return iter(sorted(entries, key=lambda e: e.name))
-
-
-def json_files(tool_dir: str, follow: bool = False) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(tool_dir) as it:
-            return [e for e in it if e.name.endswith(".json") and e.is_file(follow_symlinks=follow)]
-    except OSError:
-        return []

@@ -19,7 +19,7 @@ from pathlib import Path
 from stabletoolbench_mirror.core.model_calls import MODEL_CATEGORY
 from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
 from stabletoolbench_mirror.upstream.layout import iter_cache_spans
-from stabletoolbench_mirror.upstream.tooldocs import json_files, subfolders
+from stabletoolbench_mirror.upstream.nearby import NEAR_SEARCH_BUDGET, json_files, nearby, subfolders
 
 #: the layout of an upstream cache tree, for messages
 TREE_LAYOUT = "<Category>/<tool>_for_<Category>/<api>.json"
@@ -27,8 +27,6 @@ TREE_LAYOUT = "<Category>/<tool>_for_<Category>/<api>.json"
 COUNT_ENTRIES_MAX_BYTES = 16 * 1024 * 1024
 #: APIs of a tools folder are counted (by parsing the tool docs) only up to this many tool files
 COUNT_APIS_MAX_TOOLS = 5000
-#: folder entries a search for a nearby tree may look at (a hint must stay cheap)
-NEAR_SEARCH_BUDGET = 20_000
 
 
 # -- cache trees -----------------------------------------------------------------------------------
@@ -43,74 +41,92 @@ class TreeCount:
     files: int = 0
     bytes: int = 0
     entries: int | None = None
-    """Entries over all files, or ``None`` when not counted (a large tree)."""
+    """Entries over all files (model calls included), or ``None`` when not counted (a large tree)."""
     unreadable: tuple[str, ...] = ()
     """Files that could not be parsed while counting entries."""
-
-
-def _is_api_folder(category: str, folder: str) -> bool:
-    """Whether ``<category>/<folder>`` holds API files: upstream's ``<tool>_for_<category>``, or a model's
-    folder of recorded model calls (``@model/<model>/chat_completions.json``)."""
-    return category == MODEL_CATEGORY or folder.endswith(f"_for_{category}")
+    models: int = 0
+    """Models whose recorded calls the tree holds (``@model/<model>/chat_completions.json``: a snapshot's)."""
+    model_entries: int | None = None
+    """Of :attr:`entries`, the recorded model calls (``None`` when not counted)."""
 
 
 def _tool_dirs(root: str | os.PathLike[str], follow: bool = False) -> Iterator[tuple[str, os.DirEntry[str]]]:
-    """``(category, tool folder)`` of every folder of API files (see :func:`_is_api_folder`)."""
+    """``(category, tool folder)`` of every tool folder laid out as upstream's: ``<tool>_for_<category>``."""
     for category in subfolders(root, follow):
+        suffix = f"_for_{category.name}"
         for tool in subfolders(category.path, follow):
-            if _is_api_folder(category.name, tool.name):
+            if tool.name.endswith(suffix):
                 yield category.name, tool
+
+
+def _model_dirs(root: str | os.PathLike[str], follow: bool = False) -> Iterator[os.DirEntry[str]]:
+    """The folder of every model whose calls a snapshot recorded: ``<root>/@model/<model>/`` (see :mod:`..core.model_calls`)."""
+    for category in subfolders(root, follow):
+        if category.name == MODEL_CATEGORY:
+            yield from subfolders(category.path, follow)
 
 
 def count_tree(root: str | os.PathLike[str], *, count_entries: bool | None = None, follow_symlinks: bool = False) -> TreeCount:
     """Count a tree's API files from its listing; its entries too when it is small (or when asked).
 
-    Entries are counted with the frozen cache's own reader, so a file it would refuse (not a JSON
-    object, nested too deeply, a lone surrogate) is listed as unreadable here too.
+    A snapshot's recorded model calls (``@model/<model>/chat_completions.json``) are files and entries
+    too, counted apart as well (they are no tool's).  Entries are counted with the frozen cache's own
+    reader, so a file it would refuse (not a JSON object, nested too deeply, a lone surrogate) is
+    listed as unreadable here too.
     """
     categories: set[str] = set()
-    tools = files = size = 0
-    paths: list[str] = []
-    for category, tool in _tool_dirs(root, follow_symlinks):
-        api_files = json_files(tool.path, follow_symlinks)
+    tools = models = size = 0
+    paths: list[tuple[str, bool]] = []
+    folders = [(category, tool, False) for category, tool in _tool_dirs(root, follow_symlinks)]
+    folders += [(MODEL_CATEGORY, model, True) for model in _model_dirs(root, follow_symlinks)]
+    for category, folder, is_model in folders:
+        api_files = json_files(folder.path, follow_symlinks)
         if not api_files:
             continue
-        categories.add(category)
-        tools += 1
-        files += len(api_files)
+        if is_model:
+            models += 1
+        else:
+            categories.add(category)
+            tools += 1
         for entry in api_files:
             try:
                 size += entry.stat(follow_symlinks=follow_symlinks).st_size
             except OSError:
                 pass
-            paths.append(entry.path)
+            paths.append((entry.path, is_model))
     if count_entries is None:
         count_entries = size <= COUNT_ENTRIES_MAX_BYTES
     entries: int | None = None
+    model_entries: int | None = None
     unreadable: list[str] = []
     if count_entries:
-        entries = 0
-        for path in paths:
+        entries = model_entries = 0
+        for path, is_model in paths:
             try:
                 with open(path, encoding="utf-8") as fh:
-                    entries += sum(1 for _ in iter_cache_spans(fh.read(), path, bodies=False))
+                    n = sum(1 for _ in iter_cache_spans(fh.read(), path, bodies=False))
             except (OSError, ValueError, RecursionError, MemoryError):
                 unreadable.append(path)
-    return TreeCount(len(categories), tools, files, size, entries, tuple(unreadable))
+                continue
+            entries += n
+            model_entries += n if is_model else 0
+    return TreeCount(len(categories), tools, len(paths), size, entries, tuple(unreadable), models, model_entries)
 
 
 def looks_like_tree(path: str | os.PathLike[str], budget: list[int] | None = None, *, follow_symlinks: bool = False) -> bool:
-    """Whether ``path`` holds at least one upstream cache file (stops at the first one found)."""
+    """Whether ``path`` holds at least one upstream cache file, or a snapshot's recorded model calls
+    (``@model/<model>/chat_completions.json``); stops at the first one found."""
     budget = budget if budget is not None else [NEAR_SEARCH_BUDGET]
     for category in subfolders(path, follow_symlinks):
         budget[0] -= 1
         if budget[0] <= 0:
             return False
+        suffix = f"_for_{category.name}"
         for tool in subfolders(category.path, follow_symlinks):
             budget[0] -= 1
             if budget[0] <= 0:
                 return False
-            if _is_api_folder(category.name, tool.name) and json_files(tool.path, follow_symlinks):
+            if (category.name == MODEL_CATEGORY or tool.name.endswith(suffix)) and json_files(tool.path, follow_symlinks):
                 return True
     return False
 
@@ -130,33 +146,10 @@ def is_snapshot(path: str | os.PathLike[str]) -> bool:
 
 
 def nearby_tree(path: str | os.PathLike[str]) -> tuple[str, Path] | None:
-    """A folder just below (one or two levels) or above (one or two levels) ``path`` that is a cache tree.
-
-    ``("below", folder)``, ``("above", folder)`` or ``("beside it", folder)``; a folder named
-    ``tool_response_cache`` is preferred.
-    """
-    base = Path(path)
-    budget = [NEAR_SEARCH_BUDGET]
-    children = sorted(subfolders(base), key=lambda e: (e.name != "tool_response_cache", e.name))
-    for child in children:
-        if looks_like_tree(child.path, budget):
-            return "below", Path(child.path)
-    for child in children:
-        for grandchild in sorted(subfolders(child.path), key=lambda e: (e.name != "tool_response_cache", e.name)):
-            if looks_like_tree(grandchild.path, budget):
-                return "below", Path(grandchild.path)
-            if budget[0] <= 0:
-                return None
-    for parent in (base.parent, base.parent.parent):
-        if parent != base and looks_like_tree(parent, budget):
-            return "above", parent
-    # e.g. the tools folder given instead of the cache tree beside it
-    for sibling in sorted(subfolders(base.parent), key=lambda e: (e.name != "tool_response_cache", e.name)):
-        if Path(sibling.path) != base and looks_like_tree(sibling.path, budget):
-            return "beside it", Path(sibling.path)
-        if budget[0] <= 0:
-            break
-    return None
+    """A folder just below (one or two levels), above (one or two levels) or beside ``path`` that is a cache tree
+    (:func:`~.nearby.nearby`, a folder named ``tool_response_cache`` first): ``("below", folder)``, ``("above", folder)``
+    or ``("beside it", folder)``, e.g. the tools folder given instead of the cache tree beside it."""
+    return nearby(path, lambda folder, budget: looks_like_tree(folder, budget), prefer="tool_response_cache")
 
 
 def frozen_cache_problem(path: str | os.PathLike[str], *, follow_symlinks: bool = False) -> str | None:

@@ -89,8 +89,11 @@ class OpenAIStub:
         model: str = "MirrorAPI",
         with_headers: bool = False,
         embedder: Embedder = letter_embedder,
+        models: bool = True,
     ) -> None:
+        """``models=False``: ``GET /v1/models`` is answered 404, as by OpenAI-compatible servers that have no models list."""
         self.responder = responder
+        self.models = models
         self.with_headers = with_headers
         self.embedder = embedder
         self.embedding_requests: list[dict[str, Any]] = []
@@ -109,7 +112,7 @@ class OpenAIStub:
             return
         body = await read_body(receive)
         path, method = scope["path"], scope["method"]
-        if method == "GET" and path == "/v1/models":
+        if method == "GET" and path == "/v1/models" and self.models:
             await send_json(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "stub"}]})
             return
         if method == "POST" and path == "/v1/embeddings":

@@ -353,8 +353,9 @@ def test_a_redis_store_dropped_without_close_stops_listening(redis_server: Redis
 
     store = RedisStore(redis_server.url, prefix=redis_prefix)
     store.add(Record.from_answer(LOOKUP, "{'n': 1}", {"error": "", "response": "one"}, "simulated", "A"), "c1")
+    before = set(threading.enumerate())  # other tests' stores may still be listening: only this store's thread counts
     assert store.get(LOOKUP, "{'n': 1}") is not None  # the first read starts the listening thread
-    listening = [t for t in threading.enumerate() if t.name == "stm-redis-invalidate"]
+    listening = [t for t in threading.enumerate() if t.name == "stm-redis-invalidate" and t not in before]
     assert listening
     del store
     deadline = time.monotonic() + 30  # generous: a loaded machine schedules the thread's turns late

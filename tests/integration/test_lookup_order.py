@@ -129,3 +129,27 @@ def test_a_frozen_file_is_read_again_after_it_changes(mirror, tmp_path: Path) ->
     os.utime(path, ns=(before + 1_000_000_000, before + 1_000_000_000))
     assert served(server, {"a": 1}) == ("after", "hit", "frozen")
     assert served(server, {"a": 2}) == ("added", "hit", "frozen")
+
+
+def test_a_sessions_call_is_read_in_the_frozen_caches_with_upstreams_keys_last_and_never_so_in_the_store(mirror) -> None:
+    """Inside a session a call's keys carry the history hash, which no frozen tree has: after its own keys, the call
+    is read in the frozen caches with the keys StableToolBench's client gives it (exact, then canonical); a record
+    the store holds for the call outside any session is no answer inside one (it was made without the history)."""
+    import requests
+
+    server = mirror({"{'s': 1}": "store, outside any session"},
+                    {"{'a': 1}": answer("frozen, exact"), "{'c':2, 'd':1}": answer("frozen, canonical"), "{'s': 1}": answer("frozen s")})
+    session = requests.post(server.url + "/sessions", json={"task": "t"}, timeout=10).json()["id"]
+
+    def in_session(tool_input: dict[str, Any]) -> tuple[str, str, str]:
+        r = server.post(payload(tool_input), headers={"X-STM-Session": session})
+        assert r.status_code == 200, r.text
+        return r.json()["response"], r.headers["x-stm-outcome"], r.headers.get("x-stm-source", "")
+
+    assert in_session({"a": 1}) == ("frozen, exact", "hit", "frozen")
+    assert in_session({"d": 1, "c": 2}) == ("frozen, canonical", "hit", "frozen")
+    assert in_session({"s": 1}) == ("frozen s", "hit", "frozen")  # not the store's sessionless record
+    assert in_session({"z": 9})[1] == "unanswered"
+    assert served(server, {"s": 1}) == ("store, outside any session", "hit", "simulated")  # outside: the store first
+    calls = requests.get(f"{server.url}/sessions/{session}", timeout=10).json()["calls"]
+    assert [(c["source"], c["in_history"]) for c in calls] == [("frozen", True)] * 3 + [(None, False)]

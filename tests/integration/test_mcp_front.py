@@ -130,11 +130,12 @@ def test_a_query_endpoint_lists_exactly_its_functions_and_the_token_applies(refe
         assert missing.status_code == 404 and "no MCP endpoint" in missing.json()["error"]
 
 
-def _config_file(tmp_path: Path, reference_dir: Path, sessions: bool = False, **extra: Any) -> Path:
-    """A config answering from the frozen reference cache (sessionless by default: a session's keys carry its history)."""
+def _config_file(tmp_path: Path, reference_dir: Path, **extra: Any) -> Path:
+    """A config answering from the frozen reference cache (``mcp.sessions`` at its default: a stdio run is one session,
+    whose calls the frozen cache answers with the keys StableToolBench's client gives them)."""
     config = {
         "mode": "replay", "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(reference_dir / "cache")],
-        "tools_folder": str(reference_dir / "toolenv/tools"), "mcp": {"queries": str(reference_dir / "solvable_queries"), "sessions": sessions}, **extra,
+        "tools_folder": str(reference_dir / "toolenv/tools"), "mcp": {"queries": str(reference_dir / "solvable_queries")}, **extra,
     }
     path = tmp_path / "server_config.yml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
@@ -157,6 +158,47 @@ def test_the_same_calls_over_stdio(reference_dir: Path, reference_calls, tmp_pat
     item = _reference_functions(reference_dir)[5]
     one, _ = asyncio.run(_calls(_stdio(config, "--query", f"{item.group}/{item.query_id}"), []))
     assert one == [fn.name for fn in item.functions]
+
+
+def test_an_mcp_session_answers_from_a_frozen_cache_by_default(reference_dir: Path, reference_calls, tmp_path: Path) -> None:
+    """``mcp.sessions`` at its default (true) and a handshake-era client (``Mcp-Session-Id``): every call runs in one
+    server session, keyed with its history, and the frozen StableToolBench cache, which has no such keys, still answers
+    each reference call as it answers StableToolBench's client.  The calls are the session's trajectory (the frozen
+    answers in its history); the store's record of a call made outside any session is no answer inside one."""
+    from stabletoolbench_mirror.core.records import Record
+    from stabletoolbench_mirror.factory import build_session_store
+    from stabletoolbench_mirror.stores import DiskcacheStore
+
+    settings = _reference_settings(reference_dir, tmp_path, mcp={"enabled": True})
+    assert settings.mcp.sessions is True
+    names = _name_counts(reference_dir)
+    calls = [_call_name(c["payload"], names) for c in reference_calls]
+    # a call the frozen cache has no answer for, recorded in the store outside any session (e.g. by warm)
+    first = reference_calls[0]["payload"]
+    stored_only = (calls[0][0], {"stored": "outside a session"})
+    with DiskcacheStore(settings.resolve(settings.store.path)) as store:
+        from stabletoolbench_mirror.core.call import ToolCall
+
+        call = ToolCall.of(first["category"], first["tool_name"], first["api_name"], stored_only[1])
+        store.add(Record.from_answer(call.api, call.key, {"error": "", "response": "made without history"}, "simulated", "m"),
+                  call.canonical)
+    with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+        _, results = asyncio.run(_calls(server.url + "/mcp", [*calls, stored_only], mode="legacy"))
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+        # the same stored call outside a session (the 2026 era keeps none) is that record's hit
+        _, outside = asyncio.run(_calls(server.url + "/mcp", [stored_only]))
+    for result, reference in zip(results, reference_calls):
+        assert json.loads(result.content[0].text) == reference["observed"]
+    assert "API not working error" in json.loads(results[-1].content[0].text)["error"]  # a miss in a session
+    assert json.loads(outside[0].content[0].text) == {"error": "", "response": "made without history"}
+    assert (stats["requests"], stats["hits"]) == (17, 16)
+    sessions = build_session_store(settings)
+    try:
+        [session] = list(sessions)
+    finally:
+        sessions.close()
+    assert [c["source"] for c in session["calls"]] == ["frozen"] * 16 + [None]
+    assert [c["in_history"] for c in session["calls"]] == [True] * 16 + [False]
 
 
 class CountingModel:

@@ -222,3 +222,24 @@ def test_a_recorded_call_is_unaffected_by_the_limits(keyed_server) -> None:
     names = resolve_names(body["category"], body["tool_name"], body["api_name"])
     assert r.status_code == 200 and r.json() == expected_answer(names.api, "{'q': 1}")
 
+
+
+def test_a_file_name_with_terminal_control_characters_reaches_the_servers_output_escaped(tmp_path: Path) -> None:
+    """A frozen tree whose file names hold ESC sequences (clear the screen, retitle the window, a C1 CSI, a bidi
+    override): the server's start-up summary names the unreadable file with each control character escaped, so
+    the terminal the server writes to is driven by nobody's file names.  (A request's names with control
+    characters are refused, HTTP 422, before anything logs them.)"""
+    hostile = "evil\x1b[2J\x1b]0;pwned\x07\x9b31m\u202e"
+    tool = tmp_path / "tree" / "Data" / f"{hostile}_for_Data"
+    tool.mkdir(parents=True)
+    (tool / "api.json").write_text("{ not json")
+    (tmp_path / "tree" / "Data" / "good_for_Data").mkdir()
+    (tmp_path / "tree" / "Data" / "good_for_Data" / "api.json").write_text(json.dumps({"{}": {"error": "", "response": "ok"}}))
+    config = {"log_level": "info", "mode": "replay", "store": {"kind": "diskcache", "path": str(tmp_path / "store")},
+              "frozen_caches": [str(tmp_path / "tree")]}
+    with ServeProcess(tmp_path, config) as server:
+        r = requests.post(server.url + "/virtual", json={**GOOD, "category": "Data\x1b[2J"}, timeout=30)
+        assert r.status_code == 422
+        written = server.log.read_bytes().decode("utf-8")
+    assert "cache files cannot be read" in written and "evil\\u001b[2J\\u001b]0;pwned\\u0007\\u009b31m\\u202e_for_Data" in written, written
+    assert not any(c in written for c in "\x1b\x07\x9b\u202e"), written

@@ -316,3 +316,54 @@ def test_async_reads_match_sync_reads_and_fail_as_store_errors(own_redis: RedisS
     with pytest.raises(StoreError, match="read failed"):
         asyncio.run(read_while_down())
     writer.close()
+
+
+def test_a_paused_redis_is_waited_for_at_most_store_timeout_s_per_request(own_redis: RedisServer, serve, settings_factory,
+                                                                          tmp_path: Path) -> None:
+    """Redis stopped with SIGSTOP (it accepts connections and says nothing, as a Redis swapping or paused by
+    ``DEBUG SLEEP`` does): a frozen cache's answer is served after at most one wait of ``store.timeout_s`` for the
+    store, not after every read, its retry and a second lookup (8 s at 2 s); a record-mode miss is answered,
+    unrecorded, without waiting again for the lock, the re-read and the write; once Redis runs again, the next
+    calls are recorded again."""
+    import json as json_module
+    import os
+    import signal
+
+    from stabletoolbench_mirror.stores.frozen import FrozenCache
+
+    timeout_s = 2.0
+    tree = tmp_path / "tree"
+    frozen_api = api(0)
+    category, tool, name = frozen_api.split("/")
+    (tree / category / tool).mkdir(parents=True)
+    (tree / category / tool / f"{name}.json").write_text(json_module.dumps({"{'n': 0}": {"error": "", "response": "from the frozen tree"}}))
+    settings = settings_factory(store={"kind": "redis", "url": own_redis.url, "prefix": "paused", "timeout_s": timeout_s})
+    layer = MirrorLayer(RedisStore(own_redis.url, prefix="paused", timeout_s=timeout_s), frozen=[FrozenCache(tree)],
+                        responders=[KeyedResponder()])
+    server = serve(settings, layer)
+    session = requests.Session()
+    assert session.post(server.url + "/virtual", json=payload(5), timeout=30).headers["x-stm-outcome"] == "recorded"
+    assert own_redis.process is not None
+    os.kill(own_redis.process.pid, signal.SIGSTOP)
+    try:
+        timed: list[tuple[float, requests.Response]] = []
+        for i in (0, 0, 10, 15):  # the frozen answer twice, then two new calls
+            start = time.monotonic()
+            r = session.post(server.url + "/virtual", json=payload(i), timeout=60)
+            timed.append((time.monotonic() - start, r))
+        # the waits are those of store.timeout_s: at most one each, however many reads, locks and writes a call makes
+        assert all(elapsed < 2.5 * timeout_s for elapsed, _ in timed), [round(e, 2) for e, _ in timed]
+        for _elapsed, r in timed[:2]:
+            assert r.status_code == 200 and r.headers["x-stm-outcome"] == "hit" and r.headers["x-stm-source"] == "frozen"
+            assert r.json() == {"error": "", "response": "from the frozen tree"}
+        for (_elapsed, r), i in zip(timed[2:], (10, 15)):
+            assert_served_unrecorded(r, i)
+        assert health(server)["status"] == "degraded"
+    finally:
+        os.kill(own_redis.process.pid, signal.SIGCONT)
+
+    def recorded_again() -> bool:
+        r = session.post(server.url + "/virtual", json=payload(20 + int(time.monotonic() * 1000) % 1000), timeout=60)
+        return r.headers["x-stm-outcome"] == "recorded"
+
+    wait_for(recorded_again, "a new call recorded once Redis runs again")

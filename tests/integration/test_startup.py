@@ -418,6 +418,7 @@ def test_nothing_to_answer_from_is_a_doctor_error_and_a_serve_warning(tmp_path: 
                 "so every call will be a miss, answered 'API not working error...'")
     result = cli("doctor", "--config", str(cfg), "--no-probe", cwd=tmp_path)
     assert result.returncode == 1 and f"error: {expected}" in result.stdout, result.stdout
+    # serve starts: another process may fill the store while it runs (cache import, warm)
     s = served("--config", str(cfg), cwd=tmp_path, port=port)
     assert f"warning: {expected}" in s.output
     assert requests.post(s.url + "/virtual", json=CALL, timeout=10).headers["x-stm-outcome"] == "unanswered"
@@ -658,3 +659,74 @@ def test_doctor_says_that_local_tools_and_api_bank_run_their_code(tmp_path: Path
     assert "their code runs in this process: name only files you trust" in text
     assert "its API modules were imported, which ran their code in this process (doctor too)" in text
     assert (tmp_path / "ran-at-doctor").exists()  # what the summary says is what happened
+
+
+# -- a snapshot's model calls are counted; replay warns of nothing it never uses ---------------------------
+
+
+def test_a_snapshots_model_calls_are_counted_and_replay_warns_of_nothing_it_does_not_use(tmp_path: Path, served: Any) -> None:
+    """A snapshot of 2 tool answers and 12 recorded model calls of 2 models (``@model/<model>/chat_completions.json``)
+    is 14 entries in the summary, not 2; in replay mode, a simulator and a real API that are enabled in the file,
+    a simulator with no tool docs and an upstream whose key is not set get no warning (replay asks none of them)."""
+    from stabletoolbench_mirror.core.model_calls import model_api
+
+    with DiskcacheStore(str(tmp_path / "recorded")) as store:
+        for city in ("x", "y"):
+            store.add(Record.from_answer("Data/demo_tool_for_Data/search", str({"q": city}), ANSWER, "real", "relay"), None)
+        for model in ("gpt-4o-mini", "judge"):
+            for i in range(6):
+                store.add(Record(api=model_api(model), key=f"{i:064x}#1", body='{"id": "c", "choices": []}', source="model", origin=model), None)
+    assert cli("snapshot", str(tmp_path / "snap"), "--store-path", str(tmp_path / "recorded"), "-q", cwd=tmp_path).returncode == 0
+    dead = f"http://127.0.0.1:{closed_port()}"
+    port = free_port()
+    cfg = write_config(tmp_path / "replay.yml", {
+        "mode": "replay", "port": port, "store": {"path": str(tmp_path / "replay-store")}, "frozen_caches": [str(tmp_path / "snap")],
+        "simulator": {"enabled": True, "api_base": dead + "/v1"}, "real": {"enabled": True, "relay_url": dead + "/relay"},
+        "llm": {"upstreams": [{"base_url": dead + "/v1", "models": ["gpt-4o-mini"], "api_key_env": "STM_TEST_UNSET_KEY"}]},
+    })
+    counted = f"{tmp_path / 'snap'}: 3 files, 1 tool, 1 category, 2 models, 14 entries (12 model calls)"
+    doctor = cli("doctor", "--config", str(cfg), cwd=tmp_path)
+    assert doctor.returncode == 0 and "no errors, 0 warning(s)" in doctor.stdout, doctor.stdout
+    assert f"frozen cache 0: {counted}" in flat(doctor.stdout)
+    assert "simulator: not used: replay mode answers from the caches only" in flat(doctor.stdout)
+    assert "real API: not used: replay mode answers from the caches only" in flat(doctor.stdout)
+    s = served("--config", str(cfg), cwd=tmp_path, port=port)
+    assert counted in flat(s.output) and "warning" not in s.output.lower(), s.output
+    s.stop()
+    # the same file recording asks them all: the warnings (and the missing tool docs' error) are back
+    record = cli("doctor", "--config", str(cfg), "--mode", "record", cwd=tmp_path)
+    assert record.returncode == 1 and "error: tools_folder: is not set, but simulator.enabled is true" in record.stdout
+    for key in ("simulator.api_base", "real.relay_url", "llm.upstreams[0].api_key_env"):
+        assert f"warning: {key}:" in record.stdout, (key, record.stdout)
+
+
+# -- serve outside the folder of its config -------------------------------------------------------------
+
+
+def test_serve_outside_the_folder_of_its_config_says_so_and_names_the_config_to_pass(tmp_path: Path, served: Any) -> None:
+    """No ``server_config.yml`` (nor ``config.yml``) in the current folder: the defaults, whose relative store path is a
+    store there, and no frozen cache.  The summary says where it looked and names the config to pass (this checkout's
+    demo config), in replay and record mode alike; ``doctor`` calls it an error; with ``--config`` that config works
+    from any folder."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    explained = (f"mode: no config file was found in {elsewhere} (no server_config.yml or config.yml): the built-in defaults "
+                 f"were used, so the store is {elsewhere / 'cache' / 'store'}, in this folder, and no frozen cache is served; run "
+                 f"from the folder of your config or pass --config FILE (the demo caches: --config {REPO / 'server_config.yml'}). ")
+    doctor = cli("doctor", "--mode", "replay", cwd=elsewhere)
+    assert doctor.returncode == 1 and f"error: {explained}replay mode with nothing to replay" in flat(doctor.stdout), doctor.stdout
+    for mode, what in (("replay", "replay mode with nothing to replay"), ("record", "record mode with nothing to answer a miss")):
+        port = free_port()
+        s = served("--mode", mode, "--port", str(port), cwd=elsewhere, port=port)
+        said = flat(s.output)
+        assert f"config: defaults + command line (no server_config.yml or config.yml in {elsewhere}: the built-in defaults" in said
+        assert f"warning: {explained}{what}" in said, said
+        s.stop()
+    # the demo's config from another folder: its relative paths are its own folder's, so the demo cache answers
+    port = free_port()
+    s = served("--config", str(REPO / "server_config.yml"), "--mode", "replay", "--store-path", str(tmp_path / "replay-store"),
+               "--port", str(port), cwd=elsewhere, port=port)
+    paris = {"category": "Weather", "tool_name": "Demo Weather", "api_name": "Current Weather", "tool_input": '{"city": "Paris"}'}
+    r = requests.post(s.url + "/virtual", json=paris, timeout=10)
+    assert r.headers["x-stm-outcome"] == "hit" and "Paris" in r.json()["response"], r.text
+    assert "warning" not in s.output.lower(), s.output

@@ -5,13 +5,15 @@ freshness signal of 0.2.0 existed (it tells nobody of its writes), the plain ``s
 an import killed with SIGKILL in the middle.  The server (1 and 2 workers) held a kept miss or a
 kept hit for each call before the write; it must serve the new content within 1 s.  Files beside
 SQLite's (the flight lock, a 0.2.0 generation file) deleted or truncated crash nothing and stale
-nothing.
+nothing; every file of a live store is in docs/large-caches.md's table of what is safe to touch, and
+what it says of a truncated WAL index (SIGBUS) and value file (one call's store error) holds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,6 +205,65 @@ def test_files_beside_the_store_deleted_or_truncated_crash_nothing_and_stale_not
     write_then_check(lambda: os.truncate(store / "cache.db-flightlock", 0))
     write_then_check((store / "cache.db-flightlock").unlink)
     assert server.proc is not None and server.proc.poll() is None
+
+
+DOCS = REPO / "docs" / "large-caches.md"
+
+
+def documented_files() -> dict[str, str]:
+    """docs/large-caches.md's table of what is safe to touch beside a live store: each file named in its first
+    column, with its row."""
+    section = DOCS.read_text(encoding="utf-8").split("## What is safe to touch beside a live store", 1)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    named: dict[str, str] = {}
+    for row in rows:
+        names = re.findall(r"`([^`]+)`", row.split("|")[1])
+        base = names[0]
+        for name in names:  # "`cache.db-occurrences`, `-wal`, `-shm`": the suffixes of the first name
+            named[base + name if name.startswith("-") else name] = row
+    return named
+
+
+def store_file(path: Path, store: Path) -> str:
+    """A file of the store folder as the docs name it (a value file as ``<2 hex>/<2 hex>/*.val``)."""
+    relative = path.relative_to(store).as_posix()
+    return "<2 hex>/<2 hex>/*.val" if relative.endswith(".val") else relative
+
+
+def test_the_docs_name_every_file_of_a_live_store_and_a_truncated_wal_index_kills_as_they_say(tmp_path: Path) -> None:
+    """Every file in the folder of a live store (records, sessions, an answer over 32 KB kept as a file) has its row in
+    docs/large-caches.md.  As that table says: a value file cut short is one call's store error (HTTP 503), the server
+    unharmed; ``cache.db-shm`` truncated under the server kills it with SIGBUS at its next read of SQLite; a restart
+    serves every answer again."""
+    store = tmp_path / "store"
+    big = "x" * 100_000
+    with DiskcacheStore(str(store)) as opened:
+        for n, text in ((1, "small"), (2, big)):
+            opened.add(Record.from_answer(API, str({"a": n}), {"error": "", "response": text}, "simulated", "t"), None)
+    config = {"mode": "replay", "store": {"kind": "diskcache", "path": str(store)}, "sessions": {"allow_client_ids": True}}
+    with ServeProcess(tmp_path, config) as server:
+        assert ask(server, 1) == "small" and ask(server, 2) == big
+        r = requests.post(server.url + "/virtual", json=payload(1), headers={"X-STM-Session": "s"}, timeout=30)
+        assert r.status_code == 200
+        present = {store_file(p, store) for p in store.rglob("*") if p.is_file()}
+        assert {"cache.db", "cache.db-wal", "cache.db-shm", "sessions/cache.db-shm", "<2 hex>/<2 hex>/*.val"} <= present
+        assert present - set(documented_files()) == set(), "a file beside a live store the docs do not name"
+        [value_file] = store.rglob("*.val")
+        os.truncate(value_file, 10)
+        cut = requests.post(server.url + "/virtual", json=payload(2), timeout=30)
+        assert cut.status_code == 503 and cut.headers["x-stm-outcome"] == "store_error" and "unreadable record" in cut.text
+        assert ask(server, 1) == "small"  # the server is unharmed
+        os.truncate(store / "cache.db-shm", 0)
+        n = 100
+        with pytest.raises(requests.ConnectionError):  # the server dies at its first read of SQLite (a new call)
+            while n < 120:
+                ask(server, n)
+                n += 1
+        assert server.proc is not None and server.proc.wait(timeout=30) == -signal.SIGBUS
+    documented = documented_files()
+    assert "SIGBUS" in documented["cache.db-shm"] and "safe" in documented["cache.db-flightlock"]
+    with ServeProcess(tmp_path, config) as again:  # a restart: SQLite rebuilds the index
+        assert ask(again, 1) == "small"
 
 
 # -- Redis: what no invalidation message covers is bounded by age ----------------------------------

@@ -301,6 +301,40 @@ def test_warm_refuses_what_cannot_work(tmp_path: Path) -> None:
     assert answers_alone.returncode == 2 and "tools folder" in answers_alone.stderr
 
 
+def test_queries_one_level_off_name_the_folder_to_give(tmp_path: Path) -> None:
+    """StableToolBench's layout: ``solvable_queries/test_instruction/<group>.json`` (query lists) beside
+    ``solvable_queries/test_query_ids/<group>.json`` (not query lists).  ``--queries`` given the folder above, the
+    checkout above that, the ids folder beside or a path that does not exist: exit status 2, naming the folder to give
+    (the rule frozen caches and tools folders are hinted by)."""
+    checkout = tmp_path / "StableToolBench"
+    instruction = checkout / "solvable_queries" / "test_instruction"
+    ids = checkout / "solvable_queries" / "test_query_ids"
+    for folder in (instruction, ids, checkout / "toolenv" / "tools" / "Data"):
+        folder.mkdir(parents=True)
+    for group in ("G1_instruction", "G2_category"):
+        (instruction / f"{group}.json").write_text(json.dumps([query(1, [api("Data", "T", "A")])], indent=4))
+        (ids / f"{group}.json").write_text(json.dumps({"1": 0}, indent=4))
+    (checkout / "toolenv" / "tools" / "Data" / "t.json").write_text(json.dumps({"tool_name": "T", "api_list": []}))
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    said = {"below": f"the folder below, {instruction}, holds StableToolBench query files (<group>.json): give that path",
+            "beside it": f"the folder beside it, {instruction}, holds StableToolBench query files (<group>.json): give that path"}
+    for given, where in ((checkout / "solvable_queries", "below"), (checkout, "below"), (ids, "beside it"),
+                         (ids / "G1_instruction.json", "beside it")):
+        done = cli("warm", "--queries", str(given), "--store-path", str(tmp_path / "s"), "--dry-run", cwd=tmp_path)
+        assert done.returncode == 2 and said[where] in done.stderr, (given, done.stdout, done.stderr)
+    # a typo: the nearest folder that exists holds none, the one below it does
+    typo = cli("warm", "--queries", str(checkout / "solvable_queries" / "test_instructions"), "--store-path", str(tmp_path / "s"),
+               "--dry-run", cwd=tmp_path)
+    assert typo.returncode == 2, typo.stderr
+    assert f"test_instructions: no such file or folder; the folder below, {instruction}, holds StableToolBench query files" in typo.stderr
+    # nothing near: said plainly
+    alone = cli("warm", "--queries", str(lonely), "--store-path", str(tmp_path / "s"), "--dry-run", cwd=tmp_path)
+    assert alone.returncode == 2 and f"{lonely}: no query files (*.json) in it" in alone.stderr and "holds" not in alone.stderr
+    right = cli("warm", "--queries", str(instruction), "--store-path", str(tmp_path / "s"), "--dry-run", cwd=tmp_path)
+    assert right.returncode == 0 and "1 of 1 distinct calls would be made" in right.stdout, right.stderr
+
+
 def test_warm_server_and_cli_share_the_stub_endpoint(tmp_path: Path, serve, settings_factory) -> None:
     """A warmed entry is served exactly as recorded (byte-identical replay)."""
     queries = tmp_path / "q.json"

@@ -172,6 +172,68 @@ def test_doctor_calls_a_simulator_endpoint_answering_404_an_error(not_found: str
     assert not report["ok"] and [e["key"] for e in report["errors"]] == ["simulator.api_base"]
 
 
+def test_doctor_passes_a_simulator_endpoint_without_a_models_list_that_answers_chat_completions(tmp_path: Path) -> None:
+    """An OpenAI-compatible server with no ``/v1/models`` (HTTP 404) that answers chat completions: ``warm`` uses it,
+    so ``doctor`` passes it, saying so; one whose chat completions fail too is still an error."""
+    from tests.helpers.openai_stub import OpenAIStub, Reply, echo_responder
+
+    def config(stub: OpenAIStub) -> Path:
+        return write_config(tmp_path / "c.yml", store={"path": str(tmp_path / "store")}, tools_folder=str(DEMO / "tools"),
+                            frozen_caches=[str(DEMO / "frozen")], simulator={"enabled": True, "api_base": stub.api_base})
+
+    with OpenAIStub(echo_responder, models=False) as stub:
+        doctor = cli("doctor", "--config", str(config(stub)), cwd=tmp_path)
+        asked = list(stub.requests)
+    assert doctor.returncode == 0, doctor.stdout
+    assert f"{stub.api_base}: answered (HTTP 404, no models list at /models, but a chat completion of 'MirrorAPI' was answered)" in doctor.stdout
+    assert "simulator.api_base" not in doctor.stdout and "no errors, 0 warning(s)" in doctor.stdout, doctor.stdout
+    assert [(r["model"], r["max_tokens"]) for r in asked] == [("MirrorAPI", 1)]
+    with OpenAIStub(lambda body: Reply(status=500), models=False) as stub:
+        failed = cli("doctor", "--config", str(config(stub)), "--json", cwd=tmp_path)
+    report = json.loads(failed.stdout)
+    assert failed.returncode == 1 and [e["key"] for e in report["errors"]] == ["simulator.api_base"]
+    assert f"no chat completion at {stub.api_base}/chat/completions (chat completion: HTTP 500)" in report["errors"][0]["message"]
+
+
+# -- names holding terminal control characters ------------------------------------------------------
+
+#: what a hostile tree may put in its names and keys: clear the screen, retitle the window, a C1 CSI, a bidi override
+HOSTILE = ("\x1b[2J", "\x1b]0;pwned\x07", "\x9b31m", "\u202e")
+
+
+def raw_controls(text: str) -> list[str]:
+    return [c for c in text if c in "\x1b\x07\x9b\u202e"]
+
+
+def test_names_with_terminal_control_characters_are_shown_escaped_and_json_stays_exact(tmp_path: Path) -> None:
+    """A tree whose folder, file and key names hold ESC sequences, imported: every command that prints them shows
+    them escaped (``\\u001b``), and ``--json`` decodes to the exact names."""
+    tool = tmp_path / "tree" / "Data" / f"evil{HOSTILE[0]}_for_Data"
+    tool.mkdir(parents=True)
+    key = "{'q': '" + HOSTILE[1] + HOSTILE[3] + "'}"  # raw in the file's JSON (str() of a dict would escape them)
+    (tool / f"api{HOSTILE[2]}.json").write_text(json.dumps({key: {"error": "", "response": "ok"}}))
+    store = ("--store-path", str(tmp_path / "store"))
+    assert cli("cache", "import", str(tmp_path / "tree"), *store, "-q", cwd=tmp_path).returncode == 0
+    api = f"Data/evil{HOSTILE[0]}_for_Data/api{HOSTILE[2]}"
+    shown = {
+        "ls": cli("cache", "ls", *store, cwd=tmp_path),
+        "delete": cli("cache", "delete", "--category", "Data", *store, cwd=tmp_path),
+        "show": cli("cache", "show", api, key, *store, cwd=tmp_path),
+        "diff": cli("cache", "diff", "store", str(DEMO / "frozen"), *store, "--show", "5", "-q", cwd=tmp_path),
+        "export": cli("cache", "export", str(tmp_path / "out"), *store, "-q", cwd=tmp_path),
+        "snapshot": cli("snapshot", str(tmp_path / "snap"), *store, "-q", cwd=tmp_path),
+    }
+    for name, done in shown.items():
+        assert raw_controls(done.stdout + done.stderr) == [], (name, done.stdout, done.stderr)
+    assert "evil\\u001b[2J_for_Data/api\\u009b31m" in shown["ls"].stdout and "\\u001b]0;pwned\\u0007\\u202e" in shown["ls"].stdout
+    assert "evil\\u001b[2J" in shown["delete"].stdout and "\\u009b31m" in shown["diff"].stdout
+    assert json.loads(shown["show"].stdout)["key"] == key
+    listed = [json.loads(line) for line in cli("cache", "ls", *store, "--json", cwd=tmp_path).stdout.splitlines()]
+    assert [(r["api"], r["key"]) for r in listed] == [(api, key)] and HOSTILE[0] in listed[0]["origin"]
+    deleted = json.loads(cli("cache", "delete", "--category", "Data", *store, "--json", cwd=tmp_path).stdout)
+    assert deleted["by_api"] == {api: 1}
+
+
 # -- one exit-code table ----------------------------------------------------------------------------
 
 
@@ -212,6 +274,18 @@ def test_every_command_exits_2_when_it_cannot_run(tmp_path: Path, capsys: pytest
             main([*words, "--no-such-flag"])
         assert stopped.value.code == 2, words
         capsys.readouterr()
+
+
+def test_snapshot_verify_of_nothing_to_verify_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Row 2: a path that does not exist cannot be read (2), never a mismatch (1); nor can a folder that is no snapshot."""
+    not_a_snapshot = tmp_path / "plain"
+    not_a_snapshot.mkdir()
+    for path, said in ((tmp_path / "missing", "does not exist"), (tmp_path / "missing.tar.gz", "does not exist"),
+                       (not_a_snapshot, "has no manifest.json")):
+        for json_flag in ([], ["--json"]):
+            assert main(["snapshot", "--verify", str(path), "-q", *json_flag]) == 2, (path, json_flag)
+            out = capsys.readouterr()
+            assert said in out.err and out.out == "", (path, out)
 
 
 #: long-running servers: their 2 is walked above, their 0 is a clean stop (tests/integration/test_serve_launch.py, test_mcp_front.py)
@@ -387,6 +461,12 @@ def test_every_reporting_command_prints_its_documented_json(tmp_path: Path) -> N
         "tools export --json": ["tools", "export", str(tmp_path / "f.jsonl"), "--queries", str(weather_queries(tmp_path)), "--config", str(config), "-q"],
         "cache stats --json": ["cache", "stats", *store],
         "cache diff --json": ["cache", "diff", "store", str(tmp_path / "snap"), "--config", str(config), "-q"],
+        "cache import --json": ["cache", "import", str(DEMO / "frozen"), "--store-path", str(tmp_path / "store2"), "-q"],
+        "cache export --json": ["cache", "export", str(tmp_path / "tree"), *store, "-q"],
+        "cache export --format chat-jsonl --json": ["cache", "export", str(tmp_path / "chat.jsonl"), "--format", "chat-jsonl",
+                                                    "--style", "mirrorapi-sft", "--config", str(config), "-q"],
+        "cache delete --json": ["cache", "delete", "--api", WEATHER, *store],
+        "sessions export --json": ["sessions", "export", str(tmp_path / "sessions.jsonl"), *store],
     }
     # score --json's keys: checked by tests/integration/test_score.py (it runs StableToolBench's own scripts)
     assert set(runs) | {"cache ls --json", "score --json"} == set(docs)
@@ -397,3 +477,20 @@ def test_every_reporting_command_prints_its_documented_json(tmp_path: Path) -> N
         assert sorted(data) == sorted(docs[title]), title
     lines = cli("cache", "ls", *store, "--json", cwd=tmp_path).stdout.splitlines()
     assert len(lines) == 5 and all(sorted(json.loads(line)) == sorted(docs["cache ls --json"]) for line in lines)
+    # the figures are the text's: what the import read and added, what delete matched, what export wrote
+    imported = json.loads(cli("cache", "import", str(DEMO / "frozen"), "--store-path", str(tmp_path / "store3"), "-q", "--json",
+                              cwd=tmp_path).stdout)
+    assert (imported["files"], imported["entries"], imported["added"], imported["already_present"], imported["unreadable"]) == (3, 5, 5, 0, [])
+    deleted = json.loads(cli("cache", "delete", "--api", WEATHER, "--yes", "--store-path", str(tmp_path / "store3"), "--json",
+                             cwd=tmp_path).stdout)
+    assert deleted["yes"] and deleted["matched"] == deleted["deleted"] == deleted["by_api"][WEATHER] > 0 and deleted["apis"] == 1
+    exported = json.loads(cli("cache", "export", str(tmp_path / "tree3"), "--store-path", str(tmp_path / "store3"), "-q", "--json",
+                              cwd=tmp_path).stdout)
+    assert exported["ok"] and exported["entries"] == 5 - deleted["deleted"] and exported["left_out"] == {}
+
+
+def test_every_command_but_the_servers_takes_json() -> None:
+    """The README: every command that reports takes ``--json``."""
+    for words, parser in leaf_commands(build_parser()):
+        if words not in SERVERS:
+            assert "--json" in parser._option_string_actions, words  # noqa: SLF001 - argparse offers no public walk

@@ -115,7 +115,7 @@ def prompt_warning(settings: Settings) -> str | None:
     cfg = settings.simulator
     if cfg.style not in MIRRORAPI_STYLES or cfg.system_prompt_file:
         return None
-    if not (cfg.enabled or settings.real.shadow_simulate):
+    if not (cfg.enabled or settings.real.shadow_simulate) or settings.mode == "replay":  # a replay never asks it
         return None
     return (
         f"simulator.style {cfg.style!r} runs on this project's built-in system prompt, but the MirrorAPI models "

@@ -73,3 +73,15 @@ def test_a_secret_is_found_json_escaped_percent_encoded_and_in_base64() -> None:
             encoded = encode(f"{prefix}{key}!tail".encode()).decode()
             assert MASK in redactor.text(encoded) and encoded not in redactor.text(encoded)
     assert redactor.text("plain base64 aGVsbG8gd29ybGQ= and \\u0041 and %41") == "plain base64 aGVsbG8gd29ybGQ= and \\u0041 and %41"
+
+
+def test_log_lines_show_control_characters_escaped() -> None:
+    """A name from a file or a store holding ESC sequences never reaches the terminal a log is written to as such."""
+    from stabletoolbench_mirror.core.logs import printable
+
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "skipping %s", ("tree/evil\x1b[2J\x9b31m\u202e.json\tok",), None)
+    RedactSecrets().filter(record)
+    assert record.getMessage() == "skipping tree/evil\\u001b[2J\\u009b31m\\u202e.json\tok"
+    # JSON stays exact: what json.dumps leaves raw becomes an escape JSON reads back as the same character
+    text = json.dumps({"k": "a\x7f\x9b\u2066\r\n"}, ensure_ascii=False)
+    assert json.loads(printable(text)) == {"k": "a\x7f\x9b\u2066\r\n"} and printable("a\rb", keep_cr=True) == "a\rb"
