@@ -72,7 +72,7 @@ def test_a_snapshot_holding_only_model_calls_passes_the_start_checks_and_serves_
     # the checks serve and doctor run: no "has no cache files" error, and the model's file is counted
     report = inspect(load_settings(config, environ={}), open_store=True, full_counts=True, probe_endpoints=False)
     assert not report.errors, [f.line() for f in report.errors]
-    assert dict(report.lines)["frozen cache 0"].endswith(": 1 file, 1 tool, 1 category, 2 entries")
+    assert dict(report.lines)["frozen cache 0"].endswith(": 1 file, 0 tools, 0 categories, 1 model, 2 entries (2 model calls)")
     assert cli(["doctor", "--config", str(config), "--no-probe"]) == 0
     # and it serves: both occurrences, from the snapshot, with the agent stopped
     with served(config) as server:
