@@ -179,6 +179,10 @@ class RecordConfig(_Section):
     retry_failures: bool = True
     """In ``record`` mode, try a call whose record is a failure record again; a usable answer replaces it.
     ``false``: serve failure records as recorded.  ``replay`` mode never retries."""
+    served_store: str | None = None
+    """A diskcache folder that receives a copy of every answer served, in any mode and from any tier (new
+    recordings, the store's hits, frozen caches' hits, recorded model calls), add-if-absent; snapshot it to
+    replay a run from its own records alone (``score`` sets it to a fresh folder per run).  Unset: no copy."""
 
 
 class RefreshConfig(_Section):

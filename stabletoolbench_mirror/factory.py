@@ -16,6 +16,7 @@ from stabletoolbench_mirror.engine.faults import FaultPlan
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.refresh import RefreshScope
 from stabletoolbench_mirror.engine.responders import Responder
+from stabletoolbench_mirror.engine.served_copies import ServedCopies
 from stabletoolbench_mirror.responders.shadow import ShadowedResponder, shadow_settings
 from stabletoolbench_mirror.responders.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache, Store
@@ -174,11 +175,20 @@ def build_layer(
             local_tools=build_local_tools(settings),
             faults=FaultPlan.from_config(settings.faults),
             refresh=RefreshScope.from_config(settings.refresh),
+            served=build_served_copies(settings),
         )
     except BaseException:
         if owned:
             store.close()
         raise
+
+
+def build_served_copies(settings: Settings) -> ServedCopies | None:
+    """``record.served_store``: the store every served answer is copied into (``None`` when unset)."""
+    path = settings.record.served_store
+    if path is None:
+        return None
+    return ServedCopies(DiskcacheStore(settings.resolve(path)))
 
 
 # -- sessions and local tools ---------------------------------------------------------------------

@@ -34,6 +34,7 @@ COMMAND_MODULES: list[str] = [
     "stabletoolbench_mirror.commands.faults_profile",
     "stabletoolbench_mirror.commands.tools_export",
     "stabletoolbench_mirror.commands.mcp_stdio",
+    "stabletoolbench_mirror.commands.score",
 ]
 
 

@@ -7,6 +7,9 @@ is recorded.  A call inside a session (``X-STM-Session``) takes the same path th
 :meth:`MirrorLayer.handle_call`, with the session's history hash in its keys and the session's
 state for local tools (see :mod:`.sessions`).
 
+With ``record.served_store`` set, every record served (whichever tier answered) is also copied
+into a store of its own (:mod:`.served_copies`), so one run's answers can be replayed from it alone.
+
 A failure record (a miss that ended without a usable answer, recorded as served) is served like
 any record, except in ``record`` mode with ``record.retry_failures``, where the call is tried
 again; a usable answer for the same call always wins over a failure.  When the store cannot be
@@ -43,6 +46,7 @@ from stabletoolbench_mirror.engine.lookup_order import lookup_order
 from stabletoolbench_mirror.engine.recent_hits import RecentHits
 from stabletoolbench_mirror.engine.refresh import RefreshScope
 from stabletoolbench_mirror.engine.responders import Attempt, CountsEvents, Responder, wants_examples
+from stabletoolbench_mirror.engine.served_copies import ServedCopies
 from stabletoolbench_mirror.engine.sessions import SessionError, Sessions
 from stabletoolbench_mirror.engine.singleflight import SingleFlight
 from stabletoolbench_mirror.engine.stats import Stats
@@ -80,6 +84,7 @@ class MirrorLayer:
         local_tools: LocalTools | None = None,
         faults: FaultPlan | None = None,
         refresh: RefreshScope | None = None,
+        served: ServedCopies | None = None,
     ) -> None:
         try:
             self.mode = Mode(mode)
@@ -116,6 +121,8 @@ class MirrorLayer:
         """Recent hits, served again while the store's change token and the frozen files are unchanged (:mod:`.recent_hits`)."""
         self.faults = faults
         """Injected faults (``faults:``), applied by :meth:`answer_async` to what the server serves; ``None`` when off."""
+        self.served = served
+        """``record.served_store``: a copy of every record served (:mod:`.served_copies`); ``None`` when off."""
 
     # -- entry points -------------------------------------------------------------------------
 
@@ -197,7 +204,7 @@ class MirrorLayer:
             record = self.lookup(call)
         except StoreError:
             return None
-        return None if record is None or self.retries(record) else _served(call, record, OutcomeKind.HIT)
+        return None if record is None or self.retries(record) else self._serve(call, record, OutcomeKind.HIT)
 
     async def cached_async(self, call: ToolCall) -> Outcome | None:
         """:meth:`cached` for the server's event loop, through the tiers' async reads: a local store
@@ -227,6 +234,8 @@ class MirrorLayer:
             return Looked(None, exc)  # answer() goes on from here: the store is not waited for twice
         if record is None or self.retries(record):
             return Looked(record)
+        if self.served is not None:  # the hit path's one look at record.served_store (see _serve)
+            self.served.add(record, call.canonical)
         outcome = _served(call, record, OutcomeKind.HIT)
         if token is not None:
             hits.put(call, token, outcome)  # type: ignore[union-attr]
@@ -288,7 +297,7 @@ class MirrorLayer:
             self.health.failed("read", exc, unrecorded=False)
             record = None
         if record is not None and not self.retries(record):
-            return _served(call, record, OutcomeKind.HIT)
+            return self._serve(call, record, OutcomeKind.HIT)
         if self.mode is Mode.REPLAY or not self.responders:
             reason = "replay mode" if self.mode is Mode.REPLAY else "no real API or simulator configured"
             log.info("miss %s key=%s (%s)", clip(call.api), clip(call.key), reason)
@@ -408,7 +417,7 @@ class MirrorLayer:
             self.health.failed("read", exc, unrecorded=False)
             failure = None
         if failure is not None and not self.retries(failure):
-            return _served(call, failure, OutcomeKind.SHARED)
+            return self._serve(call, failure, OutcomeKind.SHARED)
         examples: list[Record] | None = None
         misses = _Misses()
         for responder, wants in zip(self.responders, self._wants_examples):
@@ -469,7 +478,7 @@ class MirrorLayer:
                 kind = OutcomeKind.UNRECORDED
         if kind is OutcomeKind.REPLACED:
             log.info("%s %s key=%s", replaced_note, clip(call.api), clip(call.key))
-        return replace(_served(call, record, kind), problems=tuple(problems))
+        return replace(self._serve(call, record, kind), problems=tuple(problems))
 
     def _failed(self, call: ToolCall, failure: Record | None, misses: _Misses) -> Outcome:
         """No usable answer: serve, and record, a failure.
@@ -481,9 +490,9 @@ class MirrorLayer:
         problems = misses.problems
         if failure is not None and not failure.is_failure:
             # mode: refresh asked a usable record's call again and got nothing usable: the record is served
-            return replace(_served(call, failure, OutcomeKind.HIT), problems=tuple(problems))
+            return replace(self._serve(call, failure, OutcomeKind.HIT), problems=tuple(problems))
         if failure is not None:
-            return replace(_served(call, failure, OutcomeKind.FAILED), source=None, problems=tuple(problems))
+            return replace(self._serve(call, failure, OutcomeKind.FAILED), source=None, problems=tuple(problems))
         fallback = misses.fallback
         if fallback is None:
             fallback = protocol.miss_answer(call.api, "the real API and the simulator gave no usable answer")
@@ -500,13 +509,13 @@ class MirrorLayer:
                     stored = self.store.get(call.api, call.key)
                     if stored is not None and not stored.is_failure:
                         # another process recorded a usable answer meanwhile: serve it
-                        return replace(_served(call, stored, OutcomeKind.SHARED), problems=tuple(problems))
+                        return replace(self._serve(call, stored, OutcomeKind.SHARED), problems=tuple(problems))
                     record = stored or record
                 self.health.succeeded("write")
             except StoreError as exc:
                 self.health.failed("write", exc, unrecorded=True)
         # a new failure is no answer from a source (``by_source`` counts answers)
-        outcome = replace(_served(call, record, OutcomeKind.FAILED), source=None)
+        outcome = replace(self._serve(call, record, OutcomeKind.FAILED), source=None)
         return replace(outcome, problems=tuple(problems), new_failure_record=written)
 
     def _local(self, tool: LocalTool, call: ToolCall, state: dict) -> Outcome:
@@ -532,6 +541,12 @@ class MirrorLayer:
                 log.warning("local tool answer for %s not recorded: %s", clip(call.api), clip(exc, 500))
         return _served(call, record, OutcomeKind.LOCAL)
 
+    def _serve(self, call: ToolCall, record: Record, kind: OutcomeKind) -> Outcome:
+        """What serving ``record`` answers; with ``record.served_store`` set, the record is copied there first."""
+        if self.served is not None:
+            self.served.add(record, call.canonical)
+        return _served(call, record, kind)
+
     def _store_error(self, call: ToolCall, exc: StoreError) -> Outcome:
         log.error("store error for %s: %s", clip(call.api), clip(exc, 500))
         outcome = Outcome.error(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}", OutcomeKind.STORE_ERROR)
@@ -544,6 +559,8 @@ class MirrorLayer:
             self.sessions.close()
         for tier in self.tiers:
             tier.close()
+        if self.served is not None:
+            self.served.close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ to the bundle's root, ``/``-separated; ``<label>`` is the run's name in StableTo
 ``pass_rate/<label>/<group>_<label>.json``  ``eval_pass_rate``'s label files (and ``.csv``)
 ``preference/<group>_<ref>_<label>.json``   ``eval_preference``'s files (and ``.csv``), with a reference
 ``reference/<ref>/...``                     what ``eval_preference`` read of the reference run: its
-                                            ``converted/`` and ``pass_rate/`` files
+                                            ``converted/<group>.json`` and ``pass_rate/<group>_<ref>.csv``
 ``logs/``                                   each step's output: kept, never hashed (paths and timings
                                             differ from one machine to the next)
 =========================================== ==========================================================
@@ -44,7 +44,8 @@ without a reference), ``win_rate_average`` (``null`` without one) and ``labels``
 by the majority of the evaluations).
 
 The **content hash** is SHA-256 over one line per hashed file, ``<path>\\t<sha256 hex of its bytes>\\n``,
-sorted by path: every file but ``bundle.json`` and ``logs/`` (:func:`content_hash`).  It covers the
+sorted by path: every file but ``bundle.json``, ``logs/`` and an unpacked archive's ``.stm-unpacked.json``
+(:func:`content_hash`).  It covers the
 records, so the environment, and the answers, labels and score; two bundles with one hash hold the same
 bytes.  :func:`verify` recomputes it and names every file added, removed or changed since the seal.
 
@@ -65,6 +66,7 @@ from typing import Any
 
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.core.files import atomic_write
+from stabletoolbench_mirror.upstream.archives import MARKER as UNPACKED_MARKER
 
 FORMAT = "stabletoolbench-mirror-score-bundle"
 FORMAT_VERSION = 1
@@ -81,8 +83,9 @@ PASS_RATE_DIR = "pass_rate"
 PREFERENCE_DIR = "preference"
 REFERENCE_DIR = "reference"
 LOGS_DIR = "logs"
-#: what the content hash leaves out: the seal itself and the steps' output
-UNHASHED = frozenset({BUNDLE_FILE, LOGS_DIR})
+#: what the content hash leaves out: the seal itself, the steps' output, and the marker an unpacked archive's
+#: folder gets (:data:`..upstream.archives.MARKER`: which archive it came from)
+UNHASHED = frozenset({BUNDLE_FILE, LOGS_DIR, UNPACKED_MARKER})
 
 _CHUNK = 1 << 20
 
@@ -300,3 +303,50 @@ def read_bundle(root: str | os.PathLike[str]) -> Bundle:
         raise BundleError(f"{base / RUN_FILE}: no label or groups")
     score = _read_json(base, SCORE_FILE) if (base / SCORE_FILE).exists() else {}
     return Bundle(base, manifest, run, score)
+
+
+# -- opening a bundle: a folder, a .tar.gz or a URL -------------------------------------------------------
+
+
+def reference_converted_file(reference: str, group: str) -> str:
+    """``reference/<ref>/converted/<group>.json``: the reference run's converted answers ``eval_preference`` read."""
+    return f"{REFERENCE_DIR}/{reference}/{CONVERTED_DIR}/{group}.json"
+
+
+def reference_pass_rate_file(reference: str, group: str) -> str:
+    """``reference/<ref>/pass_rate/<group>_<ref>.csv``: the reference run's label table ``eval_preference`` read."""
+    return f"{REFERENCE_DIR}/{reference}/{PASS_RATE_DIR}/{group}_{reference}.csv"
+
+
+def _check_archive(root: Path, progress: bool) -> str:
+    from stabletoolbench_mirror.upstream.archives import ArchiveError
+
+    try:
+        differences = verify(root)
+    except BundleError as exc:
+        raise ArchiveError(str(exc)) from exc
+    if differences:
+        raise ArchiveError("the files do not match the seal: " + "; ".join(str(d) for d in differences[:20]))
+    return str(read_manifest(root)["content_hash"])
+
+
+def open_bundle(spec: str, download_dir: str | os.PathLike[str], *, progress: bool = False) -> Bundle:
+    """The bundle ``spec`` names (a folder, a ``.tar.gz``, or an ``http(s)://`` URL, optionally with
+    ``#sha256=<hex>``), its seal checked: :class:`BundleError` naming every file changed since it was sealed.
+
+    An archive is fetched, limited and unpacked safely into ``download_dir`` by :mod:`..upstream.archives`
+    (the code that reads snapshot archives).
+    """
+    from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveKind, local_tree
+
+    kind = ArchiveKind(BUNDLE_FILE, "a score bundle", "stabletoolbench-mirror score ... --out BUNDLE.tar.gz", _check_archive)
+    try:
+        root = local_tree(spec, download_dir, progress=progress, kind=kind)
+    except ArchiveError as exc:
+        raise BundleError(str(exc)) from exc
+    differences = verify(root)
+    if differences:
+        shown = "\n  ".join(str(d) for d in differences[:50])
+        more = f"\n  ... and {len(differences) - 50} more" if len(differences) > 50 else ""
+        raise BundleError(f"{root}: {len(differences)} file(s) differ from the bundle's seal:\n  {shown}{more}")
+    return read_bundle(root)

@@ -95,6 +95,8 @@ def build_model_calls(settings: Settings, layer: MirrorLayer, limiter: Any = Non
         count=lambda answer, prompt, completion, asked: stats.count_model(answer.model or "(none)", answer.outcome, prompt, completion, asked),
     )
     calls.holds_private_run = held
+    if layer.served is not None:  # record.served_store: the model answers served are copied with the tool answers
+        calls.served = layer.served.add
     return calls
 
 

@@ -254,14 +254,50 @@ def _member_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
         raise ArchiveError(f"{member.name}: {exc}; not unpacked") from exc
 
 
-def _tree_root(folder: Path) -> Path:
-    """The folder holding ``manifest.json``: the archive's top, or its one top folder."""
-    if (folder / MANIFEST_NAME).is_file():
+@dataclass(frozen=True)
+class ArchiveKind:
+    """What an archive holds and how its unpacked copy is checked (a snapshot; ``score``'s bundles too)."""
+
+    root_file: str
+    """The file at the root of an unpacked copy (the archive's top, or its one top folder)."""
+    what: str
+    """Its name in messages: ``a snapshot``."""
+    made_by: str
+    """The command that makes one, for messages."""
+    check: Callable[[Path, bool], str]
+    """``check(root, progress)``: the unpacked copy's content hash, checked against its own record of it
+    (:class:`ArchiveError` naming the mismatch)."""
+
+
+def _check_snapshot(root: Path, progress: bool) -> str:
+    try:
+        manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ArchiveError(f"{MANIFEST_NAME} cannot be read: {exc}") from exc
+    expected = manifest.get("content_hash") if isinstance(manifest, dict) else None
+    if not isinstance(expected, str):
+        raise ArchiveError(f"{MANIFEST_NAME} has no content_hash: not a snapshot manifest")
+    if (problem := failure_entries_problem(manifest)) is not None:
+        raise ArchiveError(f"{MANIFEST_NAME}: {problem}")
+    actual = tree_hash(root, progress=progress)
+    if actual != expected:
+        raise ArchiveError(f"the files' content hash {actual} does not match the manifest's content_hash {expected}: "
+                           "the archive was changed or damaged; not used")
+    return actual
+
+
+SNAPSHOT = ArchiveKind(MANIFEST_NAME, "a snapshot", "stabletoolbench-mirror snapshot OUT.tar.gz", _check_snapshot)
+"""A snapshot (``snapshot OUT.tar.gz``): its tree's content hash checked against ``manifest.json``'s."""
+
+
+def _tree_root(folder: Path, kind: ArchiveKind = SNAPSHOT) -> Path:
+    """The folder holding the kind's root file: the archive's top, or its one top folder."""
+    if (folder / kind.root_file).is_file():
         return folder
     subfolders = [p for p in folder.iterdir() if p.is_dir()]
-    if len(subfolders) == 1 and (subfolders[0] / MANIFEST_NAME).is_file():
+    if len(subfolders) == 1 and (subfolders[0] / kind.root_file).is_file():
         return subfolders[0]
-    raise ArchiveError(f"the archive has no {MANIFEST_NAME}: it is not a snapshot (make one with: stabletoolbench-mirror snapshot OUT.tar.gz)")
+    raise ArchiveError(f"the archive has no {kind.root_file}: it is not {kind.what} (make one with: {kind.made_by})")
 
 
 def tree_hash(root: Path, *, progress: bool = True) -> str:
@@ -281,7 +317,7 @@ def _marker(archive: Path, sha256: str, content_hash: str) -> dict[str, Any]:
     return {"archive": str(archive), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256, "content_hash": content_hash}
 
 
-def _unpacked_copy(archive: Path, dest: Path) -> Path | None:
+def _unpacked_copy(archive: Path, dest: Path, kind: ArchiveKind) -> Path | None:
     """The folder unpacked from this very archive before (same size and time), if any."""
     try:
         marker = json.loads((dest / MARKER).read_text(encoding="utf-8"))
@@ -289,12 +325,12 @@ def _unpacked_copy(archive: Path, dest: Path) -> Path | None:
     except (OSError, ValueError):
         return None
     if marker.get("size") == stat.st_size and marker.get("mtime_ns") == stat.st_mtime_ns and marker.get("archive") == str(archive):
-        return _tree_root(dest)
+        return _tree_root(dest, kind)
     return None
 
 
 def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, progress: bool = True,
-           limits: ArchiveLimits | None = None) -> Path:
+           limits: ArchiveLimits | None = None, kind: ArchiveKind = SNAPSHOT) -> Path:
     """The checked tree of ``archive`` (unpacked into ``download_dir`` now, unless done before)."""
     limits = limits or ArchiveLimits()
     archive = archive.resolve()
@@ -307,7 +343,7 @@ def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, prog
     actual_sha = file_sha256(archive)
     if sha256 is not None and actual_sha != sha256:
         raise _mismatch(str(archive), sha256, actual_sha)
-    reused = _unpacked_copy(archive, dest)
+    reused = _unpacked_copy(archive, dest, kind)
     if reused is not None:
         return reused
     download_dir.mkdir(parents=True, exist_ok=True)
@@ -319,37 +355,27 @@ def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, prog
                 tar.extractall(work, filter=_member_filter)
         except (OSError, tarfile.TarError, EOFError) as exc:
             raise ArchiveError(f"{archive}: not a readable .tar.gz archive: {exc}") from exc
-        root = _tree_root(work)
         try:
-            manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ArchiveError(f"{archive}: {MANIFEST_NAME} cannot be read: {exc}") from exc
-        expected = manifest.get("content_hash") if isinstance(manifest, dict) else None
-        if not isinstance(expected, str):
-            raise ArchiveError(f"{archive}: {MANIFEST_NAME} has no content_hash: not a snapshot manifest")
-        if (problem := failure_entries_problem(manifest)) is not None:
-            raise ArchiveError(f"{archive}: {MANIFEST_NAME}: {problem}")
-        actual = tree_hash(root, progress=progress)
-        if actual != expected:
-            raise ArchiveError(
-                f"{archive}: the files' content hash {actual} does not match the manifest's content_hash {expected}: "
-                "the archive was changed or damaged; not used"
-            )
+            root = _tree_root(work, kind)
+            actual = kind.check(root, progress)
+        except ArchiveError as exc:
+            raise ArchiveError(f"{archive}: {exc}") from exc
         (work / MARKER).write_text(json.dumps(_marker(archive, actual_sha, actual)), encoding="utf-8")
         shutil.rmtree(dest, ignore_errors=True)
         try:
             os.replace(work, dest)
         except OSError:
-            if _unpacked_copy(archive, dest) is None:  # another process unpacked it meanwhile: use theirs
+            if _unpacked_copy(archive, dest, kind) is None:  # another process unpacked it meanwhile: use theirs
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return _tree_root(dest)
+    return _tree_root(dest, kind)
 
 
 def local_tree(spec: str, download_dir: str | os.PathLike[str], *, resolve: Callable[[str], str] = os.path.abspath,
-               progress: bool = True, limits: ArchiveLimits | None = None) -> str:
-    """The folder to read for a ``frozen_caches`` entry or ``cache import`` argument.
+               progress: bool = True, limits: ArchiveLimits | None = None, kind: ArchiveKind = SNAPSHOT) -> str:
+    """The folder to read for a ``frozen_caches`` entry or ``cache import`` argument (``kind``: a snapshot;
+    ``score --replay`` reads its bundles the same way).
 
     A folder is itself (``resolve``d); an archive or a URL is fetched, unpacked and checked
     (see the module docstring).  Raises :class:`ArchiveError`; a downloaded archive that is
@@ -362,15 +388,15 @@ def local_tree(spec: str, download_dir: str | os.PathLike[str], *, resolve: Call
     if is_url(location):
         archive = download(location, where, sha256, progress=progress, limits=limits)
         try:  # its SHA-256 checked as it arrived (or, for a kept copy, just now)
-            return str(unpack(archive, where, None, progress=progress, limits=limits))
+            return str(unpack(archive, where, None, progress=progress, limits=limits, kind=kind))
         except ArchiveError:
             archive.unlink(missing_ok=True)
             raise
-    return str(unpack(Path(resolve(location)), where, sha256, progress=progress, limits=limits))
+    return str(unpack(Path(resolve(location)), where, sha256, progress=progress, limits=limits, kind=kind))
 
 
 def pack(folder: Path, out: Path) -> None:
-    """Write ``folder``'s files (a snapshot) as the archive ``out`` (members at its top; atomic)."""
+    """Write ``folder``'s files (a snapshot, a score bundle) as the archive ``out`` (members at its top; atomic)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, part = tempfile.mkstemp(prefix=".part-", suffix=".tar.gz", dir=out.parent)
     os.close(fd)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stabletoolbench_mirror.core.model_calls import MODEL_CATEGORY
+from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
 from stabletoolbench_mirror.upstream.layout import iter_cache_spans
 from stabletoolbench_mirror.upstream.nearby import NEAR_SEARCH_BUDGET, json_files, nearby, subfolders
 
@@ -113,7 +114,8 @@ def count_tree(root: str | os.PathLike[str], *, count_entries: bool | None = Non
 
 
 def looks_like_tree(path: str | os.PathLike[str], budget: list[int] | None = None, *, follow_symlinks: bool = False) -> bool:
-    """Whether ``path`` holds at least one upstream cache file (stops at the first one found)."""
+    """Whether ``path`` holds at least one upstream cache file, or a snapshot's recorded model calls
+    (``@model/<model>/chat_completions.json``); stops at the first one found."""
     budget = budget if budget is not None else [NEAR_SEARCH_BUDGET]
     for category in subfolders(path, follow_symlinks):
         budget[0] -= 1
@@ -124,9 +126,23 @@ def looks_like_tree(path: str | os.PathLike[str], budget: list[int] | None = Non
             budget[0] -= 1
             if budget[0] <= 0:
                 return False
-            if tool.name.endswith(suffix) and json_files(tool.path, follow_symlinks):
+            if (category.name == MODEL_CATEGORY or tool.name.endswith(suffix)) and json_files(tool.path, follow_symlinks):
                 return True
     return False
+
+
+def is_snapshot(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a snapshot's ``manifest.json`` (a JSON object with a ``content_hash``).
+
+    A snapshot is a frozen cache whatever it holds: tool answers, recorded model calls, both, or
+    nothing at all (a store that was empty).
+    """
+    try:
+        with open(Path(path, MANIFEST_NAME), "rb") as fh:
+            manifest = json.loads(fh.read())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(manifest, dict) and isinstance(manifest.get("content_hash"), str)
 
 
 def nearby_tree(path: str | os.PathLike[str]) -> tuple[str, Path] | None:
@@ -153,7 +169,7 @@ def frozen_cache_problem(path: str | os.PathLike[str], *, follow_symlinks: bool 
         return f"{p} does not exist"
     if not p.is_dir():
         return f"{p} is not a folder"
-    if looks_like_tree(p, follow_symlinks=follow_symlinks):
+    if looks_like_tree(p, follow_symlinks=follow_symlinks) or is_snapshot(p):
         return None
     message = f"{p} has no cache files ({TREE_LAYOUT})"
     near = nearby_tree(p)

@@ -15,34 +15,23 @@ tool calls go (``SERVICE_URL``, e.g. the mirror's ``http://127.0.0.1:PORT/virtua
 :class:`UpstreamFailed` on a non-zero exit (``check=False`` returns it instead) and
 :class:`UpstreamTimeout` past ``timeout_s`` (its process group is killed), with the log's tail.
 
-How upstream is run, and its quirks worked around (upstream's files are never edited or copied):
+How upstream is run is the package's (:mod:`stabletoolbench_mirror.scoring.upstream_run`, the same code
+``score`` runs it with): the cleaned environment, the driver, the stand-ins for the GPU modules
+(``--stand-ins``; the light requirements are installed for real by the ``test`` extra), the pdb hook
+(``on_pdb="exit"``, the default: exit status :data:`PDB_EXIT`; ``"continue"``: as if ``c`` was typed,
+upstream then retries ``parse`` 6 times), upstream's own sleeps skipped (``skip_sleeps``), timeouts and
+logs.  What this helper adds is the tests' own choice of queries and folders:
 
-* Its modules import torch, transformers, peft, sentence_transformers, pandas, psutil at the top, and
-  tenacity, termcolor, backoff; the chatgpt_function path and the evaluation never use the heavy ones.
-  A folder of stand-ins (written under the run's ``out_dir/standins``) goes first on ``sys.path``: an
-  import hook answers the heavy modules with inert placeholders; ``termcolor.colored`` returns the text;
-  ``tenacity.retry`` and ``backoff.on_exception`` retry on ``Exception`` up to their
-  ``stop_after_attempt(n)`` (``backoff``: ``STM_BACKOFF_TRIES``, 3) without waiting.
-* A small driver runs the script as ``python script.py`` would (its folder first on ``sys.path``, as
-  ``from Tree.Tree import ...`` and ``from evaluators import ...`` need; ``toolbench`` importable).
-* ``chat_completion_request`` drops into ``pdb.set_trace()`` on any model error: a stand-in ``pdb``
-  ends the process at once with exit status :data:`PDB_EXIT` (``on_pdb="exit"``, the default), or
-  returns as if ``c`` had been typed (``on_pdb="continue"``: upstream then retries ``parse`` 6 times);
-  stdin is closed, ``PYTHONBREAKPOINT=0``, and every run has a timeout.  It also only accepts a
-  ``--chatgpt_model`` starting with ``gpt`` (:func:`run_qa_pipeline` refuses others up front).
-* ``rapidapi_wrapper._step`` sleeps 2 s before each tool call (a rate limit) and ``parse`` 15 s between
-  retries: ``skip_sleeps=True`` (the default) makes ``time.sleep`` return at once in the subprocess.
-* ``OpenaiPoolRequest`` adds a pool entry without ``api_base`` when ``OPENAI_KEY`` is set: every
-  ``OPENAI_*`` variable (and ``API_POOL_FILE``, ``EVAL_MODEL``, ``SERVICE_URL``, proxies, ``STM_*``) is
-  removed from the subprocess's environment; ``NO_PROXY`` covers 127.0.0.1.
-* The reference folder is writable by root: ``PYTHONDONTWRITEBYTECODE=1`` keeps ``__pycache__`` out of it.
+* ``chat_completion_request`` only accepts a ``--chatgpt_model`` starting with ``gpt``
+  (:func:`run_qa_pipeline` refuses others up front).
 * ``qa_pipeline`` skips a query whose answer file exists and ``eval_pass_rate`` resumes from an existing
   label file without ``--overwrite``: use a fresh ``out_dir`` per run (``run_eval_pass_rate`` passes
   ``--overwrite``).
 * ``eval_pass_rate`` takes its judge's sampling from the evaluator folder's ``config.yaml``
   (``tooleval_gpt-3.5-turbo_default``: ``temperature: 0.2``).  ``temperature=None`` runs upstream's
   folder as shipped; a number runs a copy of that evaluator's ``config.yaml`` (under ``out_dir``) with
-  ``completions_kwargs.temperature`` replaced, the script's own code unchanged.
+  ``completions_kwargs.temperature`` replaced, the script's own code unchanged (the script sees a
+  ``__file__`` beside the copy).
 * With ``max_eval_threads`` above 1 the label file's key order follows completion order: compare
   :attr:`EvalRun.labels` (parsed) rather than bytes then.
 """
@@ -50,16 +39,14 @@ How upstream is run, and its quirks worked around (upstream's files are never ed
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stabletoolbench_mirror.scoring.driver import PDB_EXIT
+from stabletoolbench_mirror.scoring.session import drop_null_function_calls
+from stabletoolbench_mirror.scoring.upstream_run import UpstreamFailed, UpstreamRunner, UpstreamTimeout
 from tests.helpers.paths import REPO
 
 REFERENCE = REPO.parent / "shared" / "reference"
@@ -82,22 +69,7 @@ DEFAULT_QUERY_IDS = (1073, 608, 588)
 DEFAULT_AGENT_MODEL = "gpt-3.5-turbo-16k-0613"
 DEFAULT_REFERENCE_MODEL = "stm_agent"
 DEFAULT_EVALUATOR = "tooleval_gpt-3.5-turbo_default"
-PDB_EXIT = 86
-"""The exit status of a run that reached upstream's ``pdb.set_trace()`` (with ``on_pdb="exit"``)."""
-
-
-class UpstreamFailed(RuntimeError):
-    """An upstream script exited non-zero (``returncode``; ``log`` holds its output)."""
-
-    def __init__(self, what: str, returncode: int, log: Path) -> None:
-        why = " (it reached pdb.set_trace(): a model call failed)" if returncode == PDB_EXIT else ""
-        super().__init__(f"{what} exited {returncode}{why}; last output:\n{_tail(log)}")
-        self.returncode = returncode
-        self.log = log
-
-
-class UpstreamTimeout(RuntimeError):
-    """An upstream script ran past its timeout and was killed."""
+__all__ = ["PDB_EXIT", "UpstreamFailed", "UpstreamTimeout"]
 
 
 def upstream_available() -> bool:
@@ -252,7 +224,7 @@ def convert_answers(
         source.mkdir(parents=True, exist_ok=True)
         for path in sorted(answer_dir.glob("*.json")):
             data = json.loads(path.read_text(encoding="utf-8"))
-            (source / path.name).write_text(json.dumps(_drop_null_function_calls(data), ensure_ascii=False, indent=2), encoding="utf-8")
+            (source / path.name).write_text(json.dumps(drop_null_function_calls(data), ensure_ascii=False, indent=2), encoding="utf-8")
     args = ["--answer_dir", str(source), "--method", method, "--output", str(output)]
     _run_upstream(f"convert_to_answer_format-{test_set}", CONVERT, args, converted_dir, timeout_s=timeout_s)
     return output
@@ -320,14 +292,6 @@ def run_eval_pass_rate(
     return run
 
 
-def _drop_null_function_calls(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {k: _drop_null_function_calls(v) for k, v in data.items() if not (k == "function_call" and v is None)}
-    if isinstance(data, list):
-        return [_drop_null_function_calls(v) for v in data]
-    return data
-
-
 def file_bytes(paths: list[Path]) -> dict[str, bytes]:
     """``{file name: bytes}``, to compare two runs' answer or label files byte for byte."""
     return {p.name: p.read_bytes() for p in paths}
@@ -352,19 +316,6 @@ def _evaluator_copy(out_dir: Path, evaluator: str, temperature: float) -> Path:
     return out_dir / "eval_pass_rate.py"  # abs_dir = its folder: only the evaluators' configs are read from there
 
 
-def _clean_env(extra: dict[str, str]) -> dict[str, str]:
-    drop = {"API_POOL_FILE", "EVAL_MODEL", "SERVICE_URL", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME"}
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OPENAI_", "STM_")) and k not in drop and not k.lower().endswith("_proxy")
-    }
-    env.update({"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost", "PYTHONBREAKPOINT": "0"})
-    env.update({"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "TQDM_DISABLE": "1", "PYTHONIOENCODING": "utf-8"})
-    env.update(extra)
-    return env
-
-
 def _run_upstream(
     what: str,
     script: Path,
@@ -378,247 +329,9 @@ def _run_upstream(
     check: bool = True,
     as_file: Path | None = None,
 ) -> tuple[int, float, Path]:
+    """One upstream script through the package's runner (stand-ins for the GPU modules, in ``out_dir``)."""
     if on_pdb not in ("exit", "continue"):
         raise ValueError("on_pdb is 'exit' or 'continue'")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    standins = write_standins(out_dir / "standins")
-    extra = {
-        "STM_UPSTREAM_ON_PDB": on_pdb,
-        "STM_UPSTREAM_SKIP_SLEEPS": "1" if skip_sleeps else "0",
-        "STM_UPSTREAM_ROOT": str(UPSTREAM),
-        **({"STM_UPSTREAM_FILE": str(as_file)} if as_file else {}),
-        **(env or {}),
-    }
-    log = out_dir / f"{what}.log"
-    started = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(standins / "stm_upstream_driver.py"), str(script), *args],
-            cwd=out_dir, env=_clean_env(extra), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise UpstreamTimeout(f"{what} ran past {timeout_s:g} s and was killed; last output:\n{_tail(log)}") from None
-    seconds = time.monotonic() - started
-    if check and returncode != 0:
-        raise UpstreamFailed(what, returncode, log)
-    return returncode, seconds, log
-
-
-def _tail(log: Path, n: int = 4000) -> str:
-    try:
-        return log.read_text(encoding="utf-8", errors="replace")[-n:]
-    except OSError:
-        return ""
-
-
-# -- the stand-ins -----------------------------------------------------------------------------------
-
-_HEAVY = ("torch", "transformers", "peft", "sentence_transformers", "pandas", "psutil", "accelerate", "vllm")
-
-STANDINS: dict[str, str] = {
-    "stm_heavy_standins.py": f'''"""Inert placeholders for the heavy modules upstream imports at the top (unused on its API paths)."""
-import importlib.abc
-import importlib.machinery
-import sys
-import types
-
-HEAVY = {_HEAVY!r}
-
-
-class _Meta(type):
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Meta(name, (Placeholder,), {{}})
-
-
-class Placeholder(metaclass=_Meta):
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):
-        if len(args) == 1 and not kwargs and callable(args[0]):
-            return args[0]  # used as a decorator: @torch.inference_mode()
-        return self
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return Placeholder()
-
-
-class _Module(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        value = _Meta(name, (Placeholder,), {{"__module__": self.__name__}})
-        setattr(self, name, value)
-        return value
-
-
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in HEAVY:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = _Module(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
-def install():
-    sys.meta_path.insert(0, _Finder())
-''',
-    "termcolor.py": '''"""Stand-in for termcolor: no colours."""
-
-
-def colored(text, color=None, on_color=None, attrs=None, **kwargs):
-    return str(text)
-
-
-def cprint(text, color=None, on_color=None, attrs=None, **kwargs):
-    print(colored(text), **{k: v for k, v in kwargs.items() if k in ("end", "sep", "file", "flush")})
-''',
-    "tenacity.py": '''"""Stand-in for tenacity: retry on Exception up to stop_after_attempt(n) attempts (3 without one), no waiting."""
-import functools
-
-
-class RetryError(Exception):
-    pass
-
-
-class stop_after_attempt:
-    def __init__(self, attempts):
-        self.attempts = attempts
-
-
-def _wait(*args, **kwargs):
-    return None
-
-
-wait_random_exponential = wait_exponential = wait_fixed = wait_random = _wait
-
-
-def retry(*dargs, stop=None, reraise=False, **kwargs):
-    if len(dargs) == 1 and callable(dargs[0]) and stop is None and not kwargs:
-        return retry()(dargs[0])
-    attempts = stop.attempts if isinstance(stop, stop_after_attempt) else 3
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapped(*args, **kw):
-            last = None
-            for _ in range(attempts):
-                try:
-                    return fn(*args, **kw)
-                except Exception as exc:  # noqa: BLE001 - as tenacity retries
-                    last = exc
-            if reraise:
-                raise last
-            raise RetryError(f"{fn.__name__} failed {attempts} times") from last
-        return wrapped
-    return decorate
-''',
-    "backoff.py": '''"""Stand-in for backoff: on_exception retries up to max_tries (STM_BACKOFF_TRIES, 3) times, no waiting."""
-import functools
-import os
-
-
-def expo(*args, **kwargs):
-    return None
-
-
-constant = fibo = expo
-
-
-def on_exception(wait_gen, exception, max_tries=None, max_time=None, **kwargs):
-    tries = max_tries or int(os.environ.get("STM_BACKOFF_TRIES", "3"))
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapped(*args, **kw):
-            for attempt in range(tries):
-                try:
-                    return fn(*args, **kw)
-                except exception:
-                    if attempt == tries - 1:
-                        raise
-        return wrapped
-    return decorate
-''',
-    "pdb.py": f'''"""Stand-in for pdb: upstream calls pdb.set_trace() on a model error; a test must never wait on a debugger.
-
-STM_UPSTREAM_ON_PDB=exit (default): end the process with status {PDB_EXIT}; continue: return (as if "c" was typed).
-"""
-import os
-import sys
-import traceback
-
-
-def set_trace(*args, **kwargs):
-    mode = os.environ.get("STM_UPSTREAM_ON_PDB", "exit")
-    where = "".join(traceback.format_stack(limit=4)[:-1])
-    print(f"[stand-in pdb] set_trace() reached ({{mode}}) at:\\n{{where}}", file=sys.stderr, flush=True)
-    if mode != "continue":
-        sys.stdout.flush()
-        os._exit({PDB_EXIT})
-
-
-def post_mortem(*args, **kwargs):
-    set_trace()
-
-
-def pm():
-    set_trace()
-
-
-class Pdb:
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def set_trace(self, *args, **kwargs):
-        set_trace()
-''',
-    "stm_upstream_driver.py": '''"""Runs an upstream script as `python SCRIPT ARGS...` would, with the stand-ins of this folder.
-
-STM_UPSTREAM_ROOT: the StableToolBench folder (so that `toolbench` imports); STM_UPSTREAM_FILE: the
-__file__ the script sees (default: itself); STM_UPSTREAM_SKIP_SLEEPS=1: time.sleep returns at once.
-"""
-import os
-import sys
-import time
-
-here = os.path.dirname(os.path.abspath(__file__))
-script = os.path.abspath(sys.argv[1])
-sys.path[:] = [os.path.dirname(script), here, os.environ["STM_UPSTREAM_ROOT"]] + [p for p in sys.path if p != here]
-
-import stm_heavy_standins  # noqa: E402
-
-stm_heavy_standins.install()
-if os.environ.get("STM_UPSTREAM_SKIP_SLEEPS") == "1":
-    time.sleep = lambda seconds: None
-sys.argv = [script] + sys.argv[2:]
-with open(script, encoding="utf-8") as source:
-    code = compile(source.read(), script, "exec")
-exec(code, {"__name__": "__main__", "__file__": os.environ.get("STM_UPSTREAM_FILE") or script, "__builtins__": __builtins__})
-''',
-}
-
-
-def write_standins(folder: Path) -> Path:
-    """Writes the stand-in modules and the driver into ``folder`` (idempotent); returns it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in STANDINS.items():
-        path = folder / name
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
-    return folder
+    runner = UpstreamRunner(UPSTREAM, stand_ins=True, skip_sleeps=skip_sleeps, on_pdb=on_pdb, timeout_s=timeout_s)
+    done = runner.run(what, script, args, out_dir / f"{what}.log", cwd=out_dir, env=env, script_file=as_file, check=check)
+    return done.returncode, done.seconds, done.log

@@ -118,10 +118,10 @@ def test_a_random_judge_above_temperature_zero_gives_different_label_files(conve
 def test_a_failing_agent_ends_the_run_instead_of_waiting_in_pdb(mirror: UvicornThread, work: Path) -> None:
     one = prepare_queries(work / "one", [1073])
     with AgentStub() as failing:
-        failing.fail(500)
+        failing.fail(500, retry_after=0.01)  # the openai SDK's own retries wait this long, not its backoff
         run = run_qa_pipeline(failing.api_base, mirror.url + "/virtual", one, work / "fail-exit", timeout_s=60, check=False)
         assert run.returncode == PDB_EXIT and run.answer_files == []
-        assert "[stand-in pdb] set_trace() reached" in run.log.read_text()
+        assert "[stabletoolbench-mirror] upstream reached pdb.set_trace()" in run.log.read_text()
         assert failing.count == 3  # the openai SDK's own two retries
         failing.reset_counts()
         # as if "c" was typed at the prompt: upstream retries parse 6 times, then gives the query up

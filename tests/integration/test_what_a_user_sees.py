@@ -290,6 +290,8 @@ def test_snapshot_verify_of_nothing_to_verify_is_exit_2(tmp_path: Path, capsys: 
 
 #: long-running servers: their 2 is walked above, their 0 is a clean stop (tests/integration/test_serve_launch.py, test_mcp_front.py)
 SERVERS = {("serve",), ("mcp",)}
+#: runs StableToolBench's own scripts from ../shared/reference: its 0, 1, 3 and 130 are asserted by tests/integration/test_score.py
+UPSTREAM_RUNS = {("score",)}
 TOO_LONG = "L" * 300
 
 
@@ -389,10 +391,10 @@ def test_every_command_exits_0_when_all_is_well_and_1_on_what_the_table_says(tmp
             assert got == expected, (lines, got, out.out[-2000:], out.err[-2000:])
             seen.setdefault(("warm",), set()).add(expected)
     commands = {words for words, _ in leaf_commands(build_parser())}
-    assert commands - SERVERS - set(seen) == set(), "commands never run with a 0 or 1 expected"
+    assert commands - SERVERS - UPSTREAM_RUNS - set(seen) == set(), "commands never run with a 0 or 1 expected"
     ones = {" ".join(words) for words, codes in seen.items() if 1 in codes}
-    # check --apibank's 1 (a call scored wrong) is asserted by tests/integration/test_apibank.py's check()
-    assert documented_ones() - ones - {"check --apibank"} == set(), "row 1 names a command not run to its 1"
+    # check --apibank's 1 (a call scored wrong) is asserted by tests/integration/test_apibank.py's check(), score's by test_score.py
+    assert documented_ones() - ones - {"check --apibank", "score --replay"} == set(), "row 1 names a command not run to its 1"
 
 
 def test_a_mistyped_store_path_is_exit_2_for_every_command_that_reads_a_store_and_no_store_is_made(
@@ -421,7 +423,7 @@ def test_the_readme_points_at_the_one_table() -> None:
     readme = (paths.REPO / "README.md").read_text()
     assert "docs/json-output.md#exit-codes" in readme
     table = DOCS.read_text().split("## Exit codes", 1)[1].split("##", 1)[0]
-    assert [line.split("|")[1].strip() for line in table.splitlines() if re.match(r"\| \d", line)] == ["0", "1", "2", "130"]
+    assert [line.split("|")[1].strip() for line in table.splitlines() if re.match(r"\| \d", line)] == ["0", "1", "2", "3", "130"]
 
 
 # -- --json ------------------------------------------------------------------------------------------
@@ -466,7 +468,8 @@ def test_every_reporting_command_prints_its_documented_json(tmp_path: Path) -> N
         "cache delete --json": ["cache", "delete", "--api", WEATHER, *store],
         "sessions export --json": ["sessions", "export", str(tmp_path / "sessions.jsonl"), *store],
     }
-    assert set(runs) | {"cache ls --json"} == set(docs)
+    # score --json's keys: checked by tests/integration/test_score.py (it runs StableToolBench's own scripts)
+    assert set(runs) | {"cache ls --json", "score --json"} == set(docs)
     for title, args in runs.items():  # in this order: the snapshot is made before it is verified and compared
         done = cli(*args, "--json", cwd=tmp_path)
         assert done.returncode == 0, (title, done.stdout, done.stderr)

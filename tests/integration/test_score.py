@@ -1,0 +1,294 @@
+"""``score``: a StableToolBench run recorded into a sealed bundle, replayed and re-scored from it with no model running.
+
+StableToolBench's own scripts (``../shared/reference/stabletoolbench``: ``qa_pipeline_multithread``,
+``convert_to_answer_format``, ``eval_pass_rate``, ``eval_preference``), unmodified, in subprocesses; an agent
+and a judge (the judge labelling at random at temperature 0.2, upstream's evaluator) and a simulator, all
+OpenAI-compatible servers on 127.0.0.1; the reference's small frozen cache.  One recorded pair of runs (CoT,
+then DFS with the CoT run as the reference) is shared by the tests; the model servers are stopped before
+any replay.  Skips without ``../shared/reference``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from stabletoolbench_mirror.commands.cli import main as cli
+from stabletoolbench_mirror.scoring.bundle import read_bundle, seal, verify
+from tests.helpers.model_stubs import AgentStub, JudgeStub, ToolLlamaStub
+from tests.helpers.openai_stub import OpenAIStub
+from tests.helpers.upstream_pipeline import FROZEN_CACHE, TOOLS_DIR, UPSTREAM, upstream_available
+from tests.integration.test_what_a_user_sees import documented_keys
+
+pytestmark = pytest.mark.skipif(not upstream_available(), reason="StableToolBench reference copy not found at ../shared/reference")
+
+AGENT, JUDGE = "gpt-3.5-turbo-16k-0613", "gpt-3.5-turbo-16k"
+GROUPS = "G1_instruction,G1_tool"
+QUERIES = {"G1_instruction": ["1073", "608"], "G1_tool": ["394", "692"]}  # 1073's tool call is in the frozen cache; the others' simulated
+QUERY_IDS = ",".join(q for ids in QUERIES.values() for q in ids)
+COT, DFS = "CoT@1", "DFS_woFilter_w2"
+
+
+def score(*args: str, capsys: pytest.CaptureFixture[str] | None = None) -> tuple[int, str, str]:
+    """``stabletoolbench-mirror score ...`` (in this process): exit status, stdout, stderr."""
+    if capsys is not None:
+        capsys.readouterr()
+    code = cli(["score", "--stabletoolbench", str(UPSTREAM), "--tools", str(TOOLS_DIR), "--stand-ins", "--quiet", *args])
+    out, err = capsys.readouterr() if capsys is not None else ("", "")
+    return code, out, err
+
+
+def record_config(folder: Path, agent: AgentStub, judge: JudgeStub, simulator: OpenAIStub) -> Path:
+    config = {
+        "mode": "record", "store": {"path": str(folder / "store")}, "frozen_caches": [str(FROZEN_CACHE)],
+        "tools_folder": str(TOOLS_DIR), "log_level": "warning",
+        "simulator": {"enabled": True, "style": "gpt-fewshot", "api_base": simulator.api_base, "model": "sim", "temperature": 0},
+        "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]}, {"base_url": judge.api_base, "models": [JUDGE]}]},
+    }
+    path = folder / "record.yml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("score")
+
+
+@pytest.fixture(scope="module")
+def recorded(work: Path) -> Iterator[dict[str, Any]]:
+    """CoT, then DFS against it (SoWR), both recorded through score; every model server stopped afterwards."""
+    with AgentStub() as agent, JudgeStub(seed=7) as judge, OpenAIStub() as simulator:
+        config = record_config(work, agent, judge, simulator)
+        common = ["--config", str(config), "--groups", GROUPS, "--query-ids", QUERY_IDS, "--agent-model", AGENT, "--evaluate-times", "3"]
+        cot = score(*common, "--method", COT, "--label", "cot", "--out", str(work / "cot.tar.gz"))
+        dfs = score(*common, "--method", DFS, "--label", "dfs", "--reference", str(work / "cot.tar.gz"), "--out", str(work / "dfs"))
+        asked = {"agent": agent.count, "judge": judge.count, "simulator": len(simulator.requests),
+                 "temperatures": {b.get("temperature") for b in judge.requests}, "labels": set(judge.labels)}
+    assert cot[0] == 0 and dfs[0] == 0
+    yield {"cot": work / "cot.tar.gz", "dfs": work / "dfs", "asked": asked}
+
+
+def unpacked(archive: Path, into: Path) -> Path:
+    """A copy of a bundle archive's files in a folder of its own."""
+    from stabletoolbench_mirror.scoring.bundle import open_bundle
+
+    root = open_bundle(str(archive), into / "downloads").root
+    shutil.copytree(root, into / "bundle")
+    (into / "bundle" / ".stm-unpacked.json").unlink(missing_ok=True)
+    return into / "bundle"
+
+
+def test_the_record_runs_wrote_sealed_bundles_of_every_file_and_their_score(recorded: dict[str, Any], work: Path) -> None:
+    asked = recorded["asked"]
+    assert asked["agent"] > 0 and asked["simulator"] > 0
+    assert asked["temperatures"] == {0.2} and asked["labels"] == {"Solved", "Unsolved"}  # the judge answers at random
+    dfs = read_bundle(recorded["dfs"])
+    assert verify(dfs.root) == []
+    assert dfs.groups == ["G1_instruction", "G1_tool"] and dfs.run["method"] == DFS and dfs.run["seed"] == 42
+    assert dfs.run["reference"]["label"] == "cot" and dfs.run["reference"]["content_hash"].startswith("sha256:")
+    assert dfs.run["stabletoolbench"] == {"commit": None, "dirty": None}  # the reference copy is no git checkout
+    assert {c["phase"] for c in dfs.run["commands"]} == {"infer", "convert", "pass_rate", "preference"}
+    assert all("$WORK" in " ".join(c["argv"]) for c in dfs.run["commands"])
+    for group in dfs.groups:
+        assert [p.name for p in dfs.answer_files(group)] == sorted(f"{q}_{DFS}.json" for q in QUERIES[group])
+        assert (dfs.root / f"preference/{group}_cot_dfs.json").is_file()
+        assert (dfs.root / f"reference/cot/converted/{group}.json").is_file()
+    # the records hold every tier that answered: the agent's and the judge's calls, the frozen cache's hit, the simulator's answers
+    manifest = json.loads((dfs.records / "manifest.json").read_text())
+    assert {"model", "frozen", "simulated"} <= set(manifest["by_source"])
+    assert dfs.run["environment"]["records_hash"] == manifest["content_hash"]
+    # score.json is what upstream printed: SoPR per group, from the label files
+    for group, rate in dfs.score["pass_rate"].items():
+        printed = (dfs.root / f"logs/pass_rate.{group}.log").read_text()
+        assert f"Solve rate: {rate['solve_rate']:.1f}% Std: {rate['std']:.1f}%" in printed
+        # SoWR: upstream's eval_preference fails after writing its .json (see session._preference), before printing it
+        votes = json.loads((dfs.root / f"preference/{group}_cot_dfs.json").read_text())
+        wins = sum(1 for v in votes.values() if v["dfs"] > v["cot"]) / len(votes)
+        assert dfs.score["win_rate"][group]["win"] == wins and dfs.score["win_rate"][group]["queries"] == len(QUERIES[group])
+    assert dfs.score["pass_rate_average"] is not None and dfs.score["win_rate_average"] is not None
+
+
+def test_a_bundle_replays_identically_with_every_model_server_stopped(recorded: dict[str, Any], work: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = score("--replay", str(recorded["dfs"]), "--json", capsys=capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert sorted(report) == sorted(documented_keys()["score --json"])
+    assert report["identical"] is True and report["kind"] == "replay"
+    assert [c["group"] for c in report["comparisons"]] == ["G1_instruction", "G1_tool"]
+    for comparison in report["comparisons"]:
+        assert comparison["answers_identical"] == comparison["answers"] == 2
+        assert set(comparison["files"]) >= {f"pass_rate/dfs/{comparison['group']}_dfs.json", f"preference/{comparison['group']}_cot_dfs.json"}
+        assert all(comparison["files"].values())
+    assert report["score"]["pass_rate"] == read_bundle(recorded["dfs"]).score["pass_rate"]
+
+
+def test_a_changed_answer_file_makes_the_replay_fail_naming_it(recorded: dict[str, Any], work: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = unpacked(recorded["cot"], work / "changed")
+    changed = bundle / f"answers/G1_tool/394_{COT}.json"
+    changed.write_text(changed.read_text().replace("Answer to:", "Answer to :", 1))
+    # the seal names it at once
+    code, _, err = score("--replay", str(bundle), capsys=capsys)
+    assert code == 1 and f"answers/G1_tool/394_{COT}.json: changed since the bundle was sealed" in err
+    # sealed again over the change: the replay itself finds the answer file that differs
+    seal(bundle)
+    code, out, err = score("--replay", str(bundle), "--work", str(work / "changed-replay"), capsys=capsys)
+    assert code == 1, err
+    assert f"differs: answers/G1_tool/394_{COT}.json" in out
+    assert "G1_instruction: answers 2/2 identical, 3/3 evaluation files identical: identical" in out
+    assert "G1_tool: answers 1/2 identical, 3/3 evaluation files identical: DIFFERENT" in out
+    assert "files differ from the bundle" in out
+    # records without the agent's calls: upstream's agent stops at its first model call (exit 3, its log named)
+    shutil.rmtree(bundle / "records" / "@model" / AGENT)
+    seal(bundle)
+    code, _, err = score("--replay", str(bundle), "--work", str(work / "changed-replay-2"), capsys=capsys)
+    assert code == 3, err
+    assert "inference (qa_pipeline_multithread) exited 86 (it reached pdb.set_trace(): a model call failed; in a replay, a call that was not recorded)" in err
+    assert "is not recorded, and in replay mode nothing is asked upstream" in err and "the same command resumes" in err
+
+
+def test_sowr_rescored_twice_from_the_bundle_gives_identical_preference_files(recorded: dict[str, Any], work: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("rescore1", "rescore2"):
+        code, _, err = score("--rescore", str(recorded["dfs"]), "--work", str(work / name), capsys=capsys)
+        assert code == 0, err
+    for group in ("G1_instruction", "G1_tool"):
+        for suffix in ("json", "csv"):
+            relative = f"preference/{group}_cot_dfs.{suffix}"
+            first, second = (work / "rescore1" / relative).read_bytes(), (work / "rescore2" / relative).read_bytes()
+            assert first == second == (recorded["dfs"] / relative).read_bytes()
+
+
+def test_clear_errors_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yml"
+    config.write_text(yaml.safe_dump({"store": {"path": str(tmp_path / "store")}, "llm": {"upstreams": [
+        {"base_url": "https://api.example.com/v1", "models": ["gpt-*"], "api_key_env": "STM_TEST_UNSET_JUDGE_KEY"}]}}))
+    run = ["--config", str(config), "--groups", "G1_instruction", "--method", COT, "--agent-model", AGENT, "--out", str(tmp_path / "b")]
+    # a StableToolBench path one level off
+    code = cli(["score", "--stabletoolbench", str(UPSTREAM.parent), "--tools", str(TOOLS_DIR), *run])
+    assert code == 2
+    assert (f"not a StableToolBench checkout (no toolbench/inference/qa_pipeline.py); {UPSTREAM.resolve()} is one: "
+            f"use --stabletoolbench {UPSTREAM.resolve()}") in capsys.readouterr().err
+    # a group that does not exist
+    code, _, err = score(*run[:3], "G1_instructions", *run[4:], capsys=capsys)
+    assert code == 2 and "no group G1_instructions in" in err and "the groups are G1_category, G1_instruction" in err
+    # a judge with no key
+    code, _, err = score(*run, capsys=capsys)
+    assert code == 2 and "with the key in $STM_TEST_UNSET_JUDGE_KEY, which is not set: export STM_TEST_UNSET_JUDGE_KEY=..." in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_without_stand_ins_the_gpu_modules_to_install_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yml"
+    config.write_text(yaml.safe_dump({"store": {"path": str(tmp_path / "store")},
+                                      "llm": {"upstreams": [{"base_url": "http://127.0.0.1:9/v1", "models": ["*"]}]}}))
+    code = cli(["score", "--stabletoolbench", str(UPSTREAM), "--tools", str(TOOLS_DIR), "--config", str(config), "--groups", "G1_instruction",
+                "--method", COT, "--agent-model", AGENT, "--out", str(tmp_path / "b"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert re.search(r"upstream's modules import peft, sentence_transformers, torch, transformers at the top: install them \(.* -m pip "
+                     r"install peft sentence-transformers torch transformers\), or pass --stand-ins", err), err
+
+
+def test_ctrl_c_leaves_a_run_the_same_command_resumes_and_a_records_of_model_calls_only_replay(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Interrupted in its evaluation (the judge failing, upstream backing off), the run resumes there: the agent is
+    not asked again.  Its one query's tool call is answered by no tier, so its records hold model calls only."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    with AgentStub() as agent, JudgeStub(seed=3) as judge:
+        config = tmp_path / "c.yml"
+        config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "log_level": "warning",
+                                          "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]},
+                                                                {"base_url": judge.api_base, "models": [JUDGE]}]}}))
+        command = [sys.executable, "-m", "stabletoolbench_mirror", "score", "--stabletoolbench", str(UPSTREAM), "--tools", str(TOOLS_DIR),
+                   "--stand-ins", "--config", str(config), "--groups", "G1_instruction", "--query-ids", "608", "--method", COT,
+                   "--agent-model", AGENT, "--evaluate-times", "2", "--out", str(tmp_path / "run.tar.gz")]
+        judge.fail(500)  # upstream's judge retries (backoff, 15 s): time to interrupt it there
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        state = tmp_path / "run.work" / "state.json"
+        deadline = time.monotonic() + 120
+        while not (state.is_file() and "convert:G1_instruction" in state.read_text() and judge.failed):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "run the same command again to resume" in err
+        asked = agent.count
+        assert json.loads(state.read_text())["done"] == ["prepare", "infer:G1_instruction", "convert:G1_instruction"]
+        judge.recover()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "resuming: 2 of 3 phases done" in done.stderr
+        assert agent.count == asked  # the inference was not run again
+        assert json.loads(state.read_text())["attempts"]["pass_rate:G1_instruction"] == 2
+    bundle = unpacked(tmp_path / "run.tar.gz", tmp_path / "copy")
+    assert json.loads((bundle / "records" / "manifest.json").read_text())["by_source"] == {"model": agent.count + 2}
+    code, out, err = score("--replay", str(bundle), capsys=capsys)
+    assert code == 0, err
+    assert "every file identical" in out
+
+
+def test_toolllama_vllm_through_v1_completions_records_and_replays_identically(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--backbone toolllama_vllm``: upstream's ToolLLaMA client calls ``POST /v1/completions`` (ReAct text); its ids
+    for the tool calls come from ``random``, seeded by upstream's pipeline, one query after another."""
+    model = "ToolBench/ToolLLaMA-2-7b-v2"
+    with ToolLlamaStub() as agent, JudgeStub(seed=5) as judge:
+        config = tmp_path / "c.yml"
+        config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(FROZEN_CACHE)],
+                                          "log_level": "warning",
+                                          "llm": {"upstreams": [{"base_url": agent.api_base, "models": ["ToolBench/*"]},
+                                                                {"base_url": judge.api_base, "models": [JUDGE]}]}}))
+        code, out, err = score("--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073,608", "--method", COT,
+                               "--backbone", "toolllama_vllm", "--agent-model", model, "--evaluate-times", "2",
+                               "--out", str(tmp_path / "llama"), capsys=capsys)
+        assert code == 0, err
+        prompts = [b["prompt"] for b in agent.requests]
+    assert prompts and all(isinstance(p, str) and p.startswith("System: ") for p in prompts)  # /v1/completions, not chat
+    bundle = read_bundle(tmp_path / "llama")
+    assert bundle.run["backbone"] == "toolllama_vllm" and bundle.run["pipeline"] == "qa_pipeline_multithread"
+    manifest = json.loads((bundle.records / "manifest.json").read_text())
+    assert "@model" in manifest["by_category"]
+    answer = json.loads(bundle.answer_files("G1_instruction")[0].read_text())
+    assert "Action Input:" in json.dumps(answer)
+    code, out, err = score("--replay", str(tmp_path / "llama"), capsys=capsys)
+    assert code == 0, err
+    assert "G1_instruction: answers 2/2 identical, 3/3 evaluation files identical: identical" in out
+
+
+def test_a_server_named_by_url_records_the_run_into_the_served_store_of_its_config(tmp_path: Path,
+                                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from stabletoolbench_mirror.config import load_settings
+    from stabletoolbench_mirror.serving.server import create_app, uvicorn_options
+    from tests.helpers.live import UvicornThread
+
+    with AgentStub() as agent, JudgeStub(seed=1) as judge:
+        data = {"mode": "record", "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(FROZEN_CACHE)], "log_level": "warning",
+                "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]}, {"base_url": judge.api_base, "models": [JUDGE]}]}}
+        unset, config = tmp_path / "unset.yml", tmp_path / "c.yml"
+        unset.write_text(yaml.safe_dump(data))
+        config.write_text(yaml.safe_dump({**data, "record": {"served_store": str(tmp_path / "served")}}))
+        settings = load_settings(config, environ={})
+        run = ["--groups", "G1_instruction", "--query-ids", "1073", "--method", COT, "--agent-model", AGENT, "--evaluate-times", "1"]
+        with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+            code, _, err = score("--server", server.url, "--config", str(unset), *run, "--out", str(tmp_path / "b0"), capsys=capsys)
+            assert code == 2 and "--server: the server must run with record.served_store set" in err
+            code, out, err = score("--server", server.url, "--config", str(config), *run, "--out", str(tmp_path / "b"), capsys=capsys)
+            assert code == 0, err
+    manifest = json.loads((tmp_path / "b" / "records" / "manifest.json").read_text())
+    assert manifest["by_source"]["frozen"] == 1 and manifest["by_source"]["model"] == agent.count + 1  # 1073's call; agent and judge
+    assert verify(tmp_path / "b") == []
