@@ -12,7 +12,9 @@ one, optionally ending in ``#sha256=<hex>`` (the archive file's SHA-256).  :func
 3. unpacks the archive into ``download_dir`` safely: only folders and regular files, none outside
    the target (no absolute paths, no ``..``, no links or devices);
 4. recomputes the tree's content hash and compares it with the manifest's; a mismatch is an
-   :class:`ArchiveError` naming both hashes, and the unpacked copy is removed.
+   :class:`ArchiveError` naming both hashes, and the unpacked copy is removed.  (What a tree must hold
+   and how it is checked is a :class:`TreeKind`: :data:`SNAPSHOT` by default; ``report`` passes one that
+   takes a score bundle too, whose seal it checks itself.)
 
 Whatever was unpacked (or, for a URL, downloaded) for a refused archive is removed from ``download_dir``.
 
@@ -254,14 +256,28 @@ def _member_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
         raise ArchiveError(f"{member.name}: {exc}; not unpacked") from exc
 
 
-def _tree_root(folder: Path) -> Path:
-    """The folder holding ``manifest.json``: the archive's top, or its one top folder."""
-    if (folder / MANIFEST_NAME).is_file():
-        return folder
+@dataclass(frozen=True)
+class TreeKind:
+    """What an archive unpacks to: the file at its tree's root, and the check of the unpacked tree.
+
+    ``check(archive, root, progress)`` raises :class:`ArchiveError` for a tree that cannot be used and
+    returns the hash kept in the unpacked folder's marker.  ``missing`` is the error when no root file is found.
+    """
+
+    root_files: tuple[str, ...]
+    check: Callable[[Path, Path, bool], str]
+    missing: str
+
+
+def _tree_root(folder: Path, kind: TreeKind) -> Path:
+    """The folder holding one of ``kind.root_files`` (tried in order): the archive's top, or its one top folder."""
     subfolders = [p for p in folder.iterdir() if p.is_dir()]
-    if len(subfolders) == 1 and (subfolders[0] / MANIFEST_NAME).is_file():
-        return subfolders[0]
-    raise ArchiveError(f"the archive has no {MANIFEST_NAME}: it is not a snapshot (make one with: stabletoolbench-mirror snapshot OUT.tar.gz)")
+    for name in kind.root_files:
+        if (folder / name).is_file():
+            return folder
+        if len(subfolders) == 1 and (subfolders[0] / name).is_file():
+            return subfolders[0]
+    raise ArchiveError(kind.missing)
 
 
 def tree_hash(root: Path, *, progress: bool = True) -> str:
@@ -281,7 +297,7 @@ def _marker(archive: Path, sha256: str, content_hash: str) -> dict[str, Any]:
     return {"archive": str(archive), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256, "content_hash": content_hash}
 
 
-def _unpacked_copy(archive: Path, dest: Path) -> Path | None:
+def _unpacked_copy(archive: Path, dest: Path, kind: TreeKind) -> Path | None:
     """The folder unpacked from this very archive before (same size and time), if any."""
     try:
         marker = json.loads((dest / MARKER).read_text(encoding="utf-8"))
@@ -289,12 +305,37 @@ def _unpacked_copy(archive: Path, dest: Path) -> Path | None:
     except (OSError, ValueError):
         return None
     if marker.get("size") == stat.st_size and marker.get("mtime_ns") == stat.st_mtime_ns and marker.get("archive") == str(archive):
-        return _tree_root(dest)
+        return _tree_root(dest, kind)
     return None
 
 
+def _check_snapshot(archive: Path, root: Path, progress: bool) -> str:
+    """A snapshot's tree: its files' content hash is its manifest's (returned), its failure entries unchanged."""
+    try:
+        manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ArchiveError(f"{archive}: {MANIFEST_NAME} cannot be read: {exc}") from exc
+    expected = manifest.get("content_hash") if isinstance(manifest, dict) else None
+    if not isinstance(expected, str):
+        raise ArchiveError(f"{archive}: {MANIFEST_NAME} has no content_hash: not a snapshot manifest")
+    if (problem := failure_entries_problem(manifest)) is not None:
+        raise ArchiveError(f"{archive}: {MANIFEST_NAME}: {problem}")
+    actual = tree_hash(root, progress=progress)
+    if actual != expected:
+        raise ArchiveError(
+            f"{archive}: the files' content hash {actual} does not match the manifest's content_hash {expected}: "
+            "the archive was changed or damaged; not used"
+        )
+    return actual
+
+
+#: a snapshot's archive (``snapshot OUT.tar.gz``): ``manifest.json`` at its root, its content hash checked
+SNAPSHOT = TreeKind((MANIFEST_NAME,), _check_snapshot,
+                    f"the archive has no {MANIFEST_NAME}: it is not a snapshot (make one with: stabletoolbench-mirror snapshot OUT.tar.gz)")
+
+
 def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, progress: bool = True,
-           limits: ArchiveLimits | None = None) -> Path:
+           limits: ArchiveLimits | None = None, kind: TreeKind = SNAPSHOT) -> Path:
     """The checked tree of ``archive`` (unpacked into ``download_dir`` now, unless done before)."""
     limits = limits or ArchiveLimits()
     archive = archive.resolve()
@@ -307,7 +348,7 @@ def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, prog
     actual_sha = file_sha256(archive)
     if sha256 is not None and actual_sha != sha256:
         raise _mismatch(str(archive), sha256, actual_sha)
-    reused = _unpacked_copy(archive, dest)
+    reused = _unpacked_copy(archive, dest, kind)
     if reused is not None:
         return reused
     download_dir.mkdir(parents=True, exist_ok=True)
@@ -319,36 +360,21 @@ def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, prog
                 tar.extractall(work, filter=_member_filter)
         except (OSError, tarfile.TarError, EOFError) as exc:
             raise ArchiveError(f"{archive}: not a readable .tar.gz archive: {exc}") from exc
-        root = _tree_root(work)
-        try:
-            manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ArchiveError(f"{archive}: {MANIFEST_NAME} cannot be read: {exc}") from exc
-        expected = manifest.get("content_hash") if isinstance(manifest, dict) else None
-        if not isinstance(expected, str):
-            raise ArchiveError(f"{archive}: {MANIFEST_NAME} has no content_hash: not a snapshot manifest")
-        if (problem := failure_entries_problem(manifest)) is not None:
-            raise ArchiveError(f"{archive}: {MANIFEST_NAME}: {problem}")
-        actual = tree_hash(root, progress=progress)
-        if actual != expected:
-            raise ArchiveError(
-                f"{archive}: the files' content hash {actual} does not match the manifest's content_hash {expected}: "
-                "the archive was changed or damaged; not used"
-            )
+        actual = kind.check(archive, _tree_root(work, kind), progress)
         (work / MARKER).write_text(json.dumps(_marker(archive, actual_sha, actual)), encoding="utf-8")
         shutil.rmtree(dest, ignore_errors=True)
         try:
             os.replace(work, dest)
         except OSError:
-            if _unpacked_copy(archive, dest) is None:  # another process unpacked it meanwhile: use theirs
+            if _unpacked_copy(archive, dest, kind) is None:  # another process unpacked it meanwhile: use theirs
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return _tree_root(dest)
+    return _tree_root(dest, kind)
 
 
 def local_tree(spec: str, download_dir: str | os.PathLike[str], *, resolve: Callable[[str], str] = os.path.abspath,
-               progress: bool = True, limits: ArchiveLimits | None = None) -> str:
+               progress: bool = True, limits: ArchiveLimits | None = None, kind: TreeKind = SNAPSHOT) -> str:
     """The folder to read for a ``frozen_caches`` entry or ``cache import`` argument.
 
     A folder is itself (``resolve``d); an archive or a URL is fetched, unpacked and checked
@@ -362,11 +388,11 @@ def local_tree(spec: str, download_dir: str | os.PathLike[str], *, resolve: Call
     if is_url(location):
         archive = download(location, where, sha256, progress=progress, limits=limits)
         try:  # its SHA-256 checked as it arrived (or, for a kept copy, just now)
-            return str(unpack(archive, where, None, progress=progress, limits=limits))
+            return str(unpack(archive, where, None, progress=progress, limits=limits, kind=kind))
         except ArchiveError:
             archive.unlink(missing_ok=True)
             raise
-    return str(unpack(Path(resolve(location)), where, sha256, progress=progress, limits=limits))
+    return str(unpack(Path(resolve(location)), where, sha256, progress=progress, limits=limits, kind=kind))
 
 
 def pack(folder: Path, out: Path) -> None:

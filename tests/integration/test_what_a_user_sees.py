@@ -284,7 +284,7 @@ def test_every_command_exits_0_when_all_is_well_and_1_on_what_the_table_says(tmp
         changed_snapshot,
         (("snapshot", "--verify"), [str(tmp_path / "snap"), "-q"], 1),
         (("cache", "diff"), ["store", str(tmp_path / "snap"), "--config", str(config), "-q"], 1),
-        (("report",), [str(tmp_path / "snap"), "--json", str(tmp_path / "report.json"), "-q"], 0),
+        (("report",), [str(tmp_path / "snap"), "--json-out", str(tmp_path / "report.json"), "-q"], 0),
         (("faults", "profile"), [str(DEMO / "frozen"), "-q"], 0),
         (("sessions", "export"), [str(tmp_path / "sessions.jsonl"), *store], 0),
         (("tools", "export"), [str(tmp_path / "f.jsonl"), "--queries", str(weather_queries(tmp_path)), "--config", str(config), "-q"], 0),
@@ -333,7 +333,7 @@ def test_a_mistyped_store_path_is_exit_2_for_every_command_that_reads_a_store_an
         ["cache", "delete", "--api", WEATHER, *store], ["cache", "export", str(tmp_path / "out"), *store, "-q"],
         ["cache", "export", str(tmp_path / "out.jsonl"), "--format", "chat-jsonl", "--style", "mirrorapi-sft", *store, "-q"],
         ["snapshot", str(tmp_path / "snap"), *store, "-q"], ["cache", "diff", "store", str(DEMO / "frozen"), *store, "-q"],
-        ["report", "store", "--json", str(tmp_path / "r.json"), *store, "-q"],
+        ["report", "store", "--json-out", str(tmp_path / "r.json"), *store, "-q"],
     ]
     for args in readers:
         assert main(args) == 2, args
