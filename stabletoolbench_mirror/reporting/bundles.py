@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from stabletoolbench_mirror.reporting.tally import ReportError, model_endpoint, snapshot_tallies
 from stabletoolbench_mirror.scoring.bundle import BUNDLE_FILE, Bundle, BundleError, read_bundle, verify
 from stabletoolbench_mirror.scoring.score import pass_rate
-from stabletoolbench_mirror.upstream.archives import ArchiveError, tree_hash
+from stabletoolbench_mirror.upstream.archives import MARKER, ArchiveError, tree_hash
 from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
 
 #: how far a recomputed solve rate may be from ``score.json``'s (percent): one rounding to 0.1, as upstream prints it
@@ -227,12 +227,16 @@ def _records_settings(bundle: Bundle) -> dict[str, Any]:
 # -- the report -------------------------------------------------------------------------------------------
 
 
-def bundle_report(root: Path, progress: bool = False) -> dict[str, Any]:
+def bundle_report(root: Path, progress: bool = False, *, unpacked: bool = False) -> dict[str, Any]:
     """The parts of a report of the bundle at ``root`` (``bundle``, ``environment``, ``score``, ``labels``,
-    ``answers``, ``records``, ``models``, ``problems``); :class:`ReportError` when it is no readable bundle."""
+    ``answers``, ``records``, ``models``, ``problems``); :class:`ReportError` when it is no readable bundle.
+
+    ``unpacked``: ``root`` was unpacked from an archive here, beside the marker the unpacking wrote
+    (:data:`~stabletoolbench_mirror.upstream.archives.MARKER`), which is no file of the bundle.
+    """
     try:
         bundle = read_bundle(root)
-        changed = verify(root)
+        changed = [d for d in verify(root) if not (unpacked and d.path == MARKER and d.change == "added")]
     except BundleError as exc:
         raise ReportError(str(exc)) from None
     problems = [str(d) for d in changed]

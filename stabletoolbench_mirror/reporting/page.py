@@ -47,6 +47,7 @@ text-align:left;vertical-align:top}td.n,th.n{text-align:right;font-variant-numer
 .big{font-size:1.4rem;font-weight:600}
 .alert{background:#fdecea;border-left:4px solid #e45756;padding:.6rem 1rem;margin:1rem 0}
 .ok{background:#edf7ed;border-left:4px solid #54a24b;padding:.6rem 1rem;margin:1rem 0}
+#sides td{word-break:break-all}
 """
 
 
@@ -75,7 +76,7 @@ def percent(part: int, whole: int) -> str:
 # -- charts ---------------------------------------------------------------------------------------
 
 
-def bar_chart(chart_id: str, title: str, rows: Sequence[tuple[str, float, str]], *, unit: str = "") -> str:
+def bar_chart(chart_id: str, title: str, rows: Sequence[tuple[str, float, str]], *, unit: str = "", decimals: int = 3) -> str:
     """Horizontal bars, one per ``(label, value, colour)`` with a value above 0, largest scale first."""
     drawn = [row for row in rows if row[1] > 0][:CHART_ROWS]
     if not drawn:
@@ -88,7 +89,7 @@ def bar_chart(chart_id: str, title: str, rows: Sequence[tuple[str, float, str]],
     for i, (name, value, fill) in enumerate(drawn):
         y = 4 + i * ROW_H
         width = max(span * value / top, 1.0)
-        shown = f"{value:,.3f}{unit}" if isinstance(value, float) and not float(value).is_integer() else f"{int(value):,}{unit}"
+        shown = f"{value:,.{decimals}f}{unit}" if isinstance(value, float) and not float(value).is_integer() else f"{int(value):,}{unit}"
         parts.append(f'<text x="{LABEL_W - 6}" y="{y + 15}" text-anchor="end" font-size="12">{esc(_clip(name))}</text>')
         parts.append(f'<rect class="bar" x="{LABEL_W}" y="{y + 2}" width="{width:.2f}" height="{ROW_H - 6}" fill="{fill}">'
                      f'<title>{esc(name)}: {esc(shown)}</title></rect>')
@@ -268,7 +269,10 @@ def _records_section(rec: dict[str, Any], kind: str) -> str:
         ]
         out.append(table("by-model", ("origin", "model", "prompt sha256", "entries", "of them failure records"), model_rows,
                          (False, False, False, True, True)))
-    if kind != "store":
+    if kind == "bundle":
+        out.append('<p class="note">The simulator\'s model, style and prompt hash are under <i>Settings that shaped the '
+                   "answers</i>; the records keep the model (origin) of each answer.</p>")
+    elif kind != "store":
         out.append('<p class="note">A snapshot keeps the models (origins) of its answers, not each generation\'s prompt hash, '
                    "tokens or latency: report on the store it was made from for those.</p>")
     return "".join(out)

@@ -79,7 +79,7 @@ def _score_section(report: dict[str, Any]) -> str:
                f"{_percent(score['pass_rate_average'])}</span>"
                f"{f', each answer judged {times} times' if times else ''}.</p>")
     out.append(bar_chart("chart-sopr", "SoPR per group, percent", [(g, float(r["solve_rate"]), colour("recorded")) for g, r in rates.items()],
-                         unit="%"))
+                         unit="%", decimals=1))
     rows = [(g, _percent(r["solve_rate"]), _percent(r["std"]), ", ".join(f"{v:.1f}" for v in r["per_evaluation"]) or "-",
              r["queries"]) for g, r in rates.items()]
     out.append(table("score", ("group", "SoPR", "std", "per evaluation (%)", "queries"), rows, (False, True, True, False, True)))
@@ -216,7 +216,7 @@ def _compare_records(pair: dict[str, Any]) -> str:
     named = [(key, api) for key in ("changed", "only_a", "only_b") for part in ("tools", "models") for api in records[key][part]]
     return ("<h2>Recorded answers</h2><p>The records differ (APIs by the answers they hold):</p>"
             + table("records-differ", ("APIs", "tools", "models"), rows, (False, True, True))
-            + table("records-apis", ("", "API"), named[:LISTED], (False, False)))
+            + table("records-apis", ("how", "API"), named[:LISTED], (False, False)))
 
 
 def render_pair(pair: dict[str, Any]) -> str:

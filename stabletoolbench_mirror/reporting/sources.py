@@ -120,7 +120,7 @@ def collect_pair(spec_a: str, spec_b: str, settings: Settings, *, progress: bool
 def _folder_report(root: Path, report_source: dict[str, Any], progress: bool) -> dict[str, Any]:
     report = base(report_source)
     if report_source["kind"] == "bundle":
-        report.update(bundle_report(root, progress))
+        report.update(bundle_report(root, progress, unpacked="unpacked" in report_source))
         return report
     manifest = read_manifest(root)
     report["environment"] = environment(manifest)
