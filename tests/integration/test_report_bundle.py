@@ -176,6 +176,23 @@ def test_a_score_json_the_label_files_do_not_give_is_a_problem(built: Built, tmp
                                   "(StableToolBench's rule, scoring/score.py)"]
 
 
+def test_records_whose_files_are_not_their_manifest_are_a_problem_even_when_sealed_so(built: Built, tmp_path: Path) -> None:
+    changed = tmp_path / "changed-records"
+    shutil.copytree(built.root, changed)
+    weather = changed / "records" / "Weather" / "demo_weather_for_Weather" / "current_weather.json"
+    answers = json.loads(weather.read_text())
+    answers[next(iter(answers))] = {"error": "", "response": "another answer"}
+    weather.write_text(json.dumps(answers))
+    bundle.seal(changed)
+    report = report_json(str(changed), cwd=tmp_path, expected=1)
+    manifest = json.loads((changed / "records" / "manifest.json").read_text())
+    assert report["bundle"]["sealed"] and report["environment"]["records_hash"] != manifest["content_hash"]
+    assert report["problems"] == [f"records/: the files' content hash {report['environment']['records_hash']} is not their "
+                                  f"manifest's {manifest['content_hash']}",
+                                  f"run.json: environment.records_hash {manifest['content_hash']} is not the records' content "
+                                  f"hash {report['environment']['records_hash']}"]
+
+
 def test_a_bundle_without_score_json_is_not_evaluated_and_no_score_is_made_up(tmp_path: Path) -> None:
     built = build_bundle(tmp_path / "unscored", evaluated=False)
     report = report_json(str(built.root), cwd=tmp_path)
