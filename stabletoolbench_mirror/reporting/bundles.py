@@ -73,6 +73,11 @@ class _Score(BaseModel):
     labels: dict[str, dict[str, _Labels]] = Field(default_factory=dict)
 
 
+def _plain_name(value: str) -> bool:
+    """A name that is one path part of the bundle (a group, a label): never a path out of it."""
+    return bool(value) and value not in (".", "..") and not any(c in value for c in "/\\\0")
+
+
 def is_bundle(folder: str | Path) -> bool:
     return Path(folder, BUNDLE_FILE).is_file()
 
@@ -239,6 +244,9 @@ def bundle_report(root: Path, progress: bool = False, *, unpacked: bool = False)
         changed = [d for d in verify(root) if not (unpacked and d.path == MARKER and d.change == "added")]
     except BundleError as exc:
         raise ReportError(str(exc)) from None
+    for name in (bundle.label, *bundle.groups):
+        if not _plain_name(name):
+            raise ReportError(f"{root / 'run.json'}: {name!r} is not a plain name (a label or group names files inside the bundle)")
     problems = [str(d) for d in changed]
     evaluate_times = bundle.run.get("evaluate_times")
     evaluate_times = evaluate_times if isinstance(evaluate_times, int) and not isinstance(evaluate_times, bool) else None

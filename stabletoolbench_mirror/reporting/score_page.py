@@ -132,7 +132,8 @@ def _run_section(report: dict[str, Any]) -> str:
     shaping = [("simulator model", sim.get("model") or "-"), ("simulator style", sim.get("style") or "-"),
                ("simulator prompt sha256", sim.get("prompt_sha256") or "-")]
     for i, frozen in enumerate(env["frozen_caches"]):
-        shaping.append((f"frozen cache {i + 1}", frozen if isinstance(frozen, str) else ", ".join(f"{k} {v}" for k, v in frozen.items())))
+        shown = ", ".join(f"{k} {v}" for k, v in frozen.items()) if isinstance(frozen, dict) else str(frozen)
+        shaping.append((f"frozen cache {i + 1}", shown))
     return ("<h2>What was run</h2>" + table("run", ("", ""), [(k, "-" if v is None else v) for k, v in facts], (False, False))
             + "<h2>Settings that shaped the answers</h2>" + table("settings", ("", ""), shaping, (False, False))
             + '<p class="note">From <code>run.json</code>\'s <code>environment</code> and the records\' manifest.</p>')

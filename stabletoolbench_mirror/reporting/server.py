@@ -73,7 +73,7 @@ class Health(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     responders: list[str] = Field(default_factory=list)
-    simulator_prompt: dict[str, str | None] | None = None
+    simulator_prompt: dict[str, Any] | None = None
     mode: str | None = None
     version: str | None = None
 

@@ -13,7 +13,7 @@ snapshot's files hold the served answers only, so its sources are the manifest's
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,8 +288,3 @@ def tool_sources(by_source: dict[str, int], model_entries: int) -> dict[str, int
     if left > 0 and "imported" in out:
         out["imported"] = max(out["imported"] - left, 0)
     return dict(sorted((k, v) for k, v in out.items() if v))
-
-
-def iter_tool_apis(apis: Iterable[str]) -> list[str]:
-    """The tool APIs of ``apis`` (model APIs left out), sorted."""
-    return sorted(api for api in apis if model_endpoint(api) is None)

@@ -317,3 +317,51 @@ def test_the_store_and_the_snapshot_count_model_calls_apart_from_tool_answers(bu
         for model in (JUDGE_MODEL, AGENT_MODEL):
             assert rows[model]["prompt_tokens"] == built.usage[model]["prompt_tokens"], source
             assert rows[model]["roles"] == [], source  # a store does not say who called: a bundle's run.json does
+
+
+# -- what run.json and score.json may say --------------------------------------------------------------------
+
+
+def test_a_win_rate_against_a_reference_is_shown_with_its_average(built: Built, tmp_path: Path) -> None:
+    against = tmp_path / "against"
+    shutil.copytree(built.root, against)
+    score = json.loads((against / "score.json").read_text())
+    score["win_rate"] = {"G1_instruction": {"win": 0.5, "tie": 0.25, "lose": 0.25, "queries": 3},
+                         "G1_category": {"win": 1.0, "tie": 0.0, "lose": 0.0, "queries": 2}}
+    score["win_rate_average"] = 0.75
+    (against / "score.json").write_text(json.dumps(score))
+    run = json.loads((against / "run.json").read_text())
+    run["reference"] = {"label": "chatgpt_cot", "content_hash": "sha256:" + "1" * 64}
+    (against / "run.json").write_text(json.dumps(run))
+    bundle.seal(against)
+    report = report_json(str(against), cwd=tmp_path)
+    assert report["score"]["win_rate"]["G1_instruction"] == {"win": 0.5, "tie": 0.25, "lose": 0.25, "queries": 3}
+    assert report["score"]["win_rate_average"] == 0.75 and report["bundle"]["reference"]["label"] == "chatgpt_cot"
+    require_chromium()
+    page_file = tmp_path / "against.html"
+    assert cli("report", str(against), "--html", str(page_file), "-q", cwd=tmp_path).returncode == 0
+    opened = open_page(page_file, lambda page: {"rows": table_rows(page, "win-rate"), "average": page.inner_text("#sowr-average"),
+                                                 "text": page.inner_text("body")})
+    assert opened.result["rows"] == [["G1_instruction", "50.0%", "25.0%", "25.0%", "3"], ["G1_category", "100.0%", "0.0%", "0.0%", "2"]]
+    assert opened.result["average"] == "75.0%" and "against chatgpt_cot" in opened.result["text"]
+
+
+@pytest.mark.parametrize("group", ["../../outside", "a/b", "..", ""])
+def test_a_group_that_names_a_path_out_of_the_bundle_is_refused(built: Built, tmp_path: Path, group: str) -> None:
+    odd = tmp_path / "odd"
+    shutil.copytree(built.root, odd)
+    run = json.loads((odd / "run.json").read_text())
+    run["groups"] = ["G1_instruction", group]
+    (odd / "run.json").write_text(json.dumps(run))
+    bundle.seal(odd)
+    done = cli("report", str(odd), "--json", "-q", cwd=tmp_path)
+    assert done.returncode == 2 and "is not a plain name" in done.stderr and done.stdout == ""
+
+
+def test_a_score_json_of_another_shape_is_a_clear_error(built: Built, tmp_path: Path) -> None:
+    odd = tmp_path / "odd-score"
+    shutil.copytree(built.root, odd)
+    (odd / "score.json").write_text(json.dumps({"pass_rate": {"G1_instruction": {"solve_rate": "high"}}}))
+    bundle.seal(odd)
+    done = cli("report", str(odd), "--json", "-q", cwd=tmp_path)
+    assert done.returncode == 2 and "score.json: pass_rate.G1_instruction.solve_rate:" in done.stderr and "Traceback" not in done.stderr
