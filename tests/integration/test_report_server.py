@@ -26,10 +26,12 @@ import requests
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.serving.server import create_app
 from tests.helpers.live import UvicornThread
+from tests.helpers.model_stubs import ToolLlamaStub
 from tests.helpers.openai_stub import OpenAIStub
 from tests.helpers.paths import REPO
 
 STATS = {"requests": 0, "by_api": {}, "by_source": {}}
+TOOLLLAMA = "ToolBench/ToolLLaMA-2-7b-v2"
 HEALTH = {"status": "ok", "responders": [], "simulator_prompt": None, "mode": "replay", "version": "test"}
 
 
@@ -236,11 +238,12 @@ def test_a_status_other_than_200_is_named(scripted: Any, tmp_path: Path) -> None
 
 
 def test_a_servers_model_calls_are_a_section_of_their_own_never_in_the_tool_figures(tmp_path: Path) -> None:
-    with OpenAIStub() as simulator, OpenAIStub(model="gpt-judge") as judge:
+    with OpenAIStub() as simulator, OpenAIStub(model="gpt-judge") as judge, ToolLlamaStub() as toolllama:
+        upstreams = [{"base_url": toolllama.api_base, "models": ["ToolBench/*"]}, {"base_url": judge.api_base}]
         settings = Settings(mode="record", store={"path": str(tmp_path / "store")}, log_level="warning",
                             tools_folder=str(REPO / "cache" / "tools"),
                             simulator={"enabled": True, "api_base": simulator.api_base, "model": "MirrorAPI", "max_retries": 0},
-                            llm={"upstreams": [{"base_url": judge.api_base}]})
+                            llm={"upstreams": upstreams})
         with UvicornThread(create_app(settings)) as server, requests.Session() as http:
             for city in ("Lyon", "Oslo"):
                 payload = {"category": "Weather", "tool_name": "Demo Weather", "api_name": "Current Weather",
@@ -249,13 +252,25 @@ def test_a_servers_model_calls_are_a_section_of_their_own_never_in_the_tool_figu
             body = {"model": "gpt-judge", "messages": [{"role": "user", "content": "judge"}], "temperature": 0.2}
             for _ in range(3):
                 assert http.post(server.url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
+            text = {"model": TOOLLLAMA, "prompt": "System: you are ToolLLaMA\nUser: hello\nAssistant:\n", "temperature": 0}
+            assert http.post(server.url + "/v1/completions", json=text, timeout=30).status_code == 200
             done, _ = cli("report", server.url, "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     requests_ = report["requests"]
     assert requests_["requests"] == 2 and requests_["answered"]["simulated"] == 2 and requests_["simulated_share"] == 1.0
     assert not any(name.startswith("@model") or name == "gpt-judge" for name in [*requests_["by_category"], *requests_["by_tool"]])
-    [row] = report["models"]["models"]
+    rows = {row["model"]: row for row in report["models"]["models"]}
+    assert set(rows) == {"gpt-judge", TOOLLLAMA}
     # three calls, each one asked upstream (the stub counts one prompt and one completion token per answer)
-    assert row["model"] == "gpt-judge" and row["calls"] == 3 and row["prompt_tokens"] == 3 and row["completion_tokens"] == 3
+    row = rows["gpt-judge"]
+    assert row["calls"] == 3 and row["prompt_tokens"] == 3 and row["completion_tokens"] == 3
     assert row["outcomes"]["recorded"] == 3 and row["outcomes"]["upstream_calls"] == 3 and row["distinct_requests"] is None
+    assert rows[TOOLLLAMA]["calls"] == 1
+    # the store they were recorded in: each endpoint a row of its own, its calls and distinct requests
+    done, _ = cli("report", str(tmp_path / "store"), "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    stored = json.loads(done.stdout)
+    assert stored["records"]["entries"] == 2 and stored["records"]["simulated"]["share"] == 1.0
+    assert sorted((r["model"], r["endpoint"], r["calls"], r["distinct_requests"]) for r in stored["models"]["models"]) == [
+        (TOOLLLAMA, "completions", 1, 1), ("gpt-judge", "chat_completions", 3, 1)]
