@@ -90,6 +90,8 @@ class Built:
     root: Path
     groups: dict[str, dict[str, Query]]
     evaluate_times: int
+    store: Path
+    """The run's diskcache store (beside ``root``, in ``.<name>-work/``): what ``records/`` is a snapshot of."""
     usage: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     """Per model: ``calls``, ``prompt_tokens``, ``completion_tokens`` of the completions served."""
     tool_outcomes: Counter[str] = field(default_factory=Counter)
@@ -222,10 +224,10 @@ def build_bundle(root: Path, *, groups: dict[str, dict[str, Query]] | None = Non
     for queries in groups.values():
         for qid, query in queries.items():
             query.text = f"Query {qid}: what is the weather in '{query.city}' right now?"
-    built = Built(root, groups, evaluate_times)
     work = root.parent / f".{root.name}-work"
     work.mkdir(parents=True)
     store = work / "store"
+    built = Built(root, groups, evaluate_times, store)
     assert cli(["cache", "import", str(DEMO / "frozen"), "--store-path", str(store), "-q"]) == 0
     with AgentStub(model=AGENT_MODEL) as agent, _planned_judge(groups) as judge, OpenAIStub() as simulator:
         with _server(work, agent, judge, simulator) as server:

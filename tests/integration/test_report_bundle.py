@@ -303,7 +303,7 @@ def test_report_a_b_wants_two_bundles(built: Built, tmp_path: Path) -> None:
 
 
 def test_the_store_and_the_snapshot_count_model_calls_apart_from_tool_answers(built: Built, tmp_path: Path) -> None:
-    store = built.root.parent / f".{built.root.name}-work" / "store"
+    store = built.store
     imported = imported_entries(built.root)
     for source in (str(store), str(built.root / "records")):
         report = report_json(source, cwd=tmp_path)
