@@ -86,15 +86,15 @@ def main() -> int:
             run_s = time.perf_counter() - started
             stats = requests.get(server.url + "/stats", timeout=30).json()
             started = time.perf_counter()
-            cli("report", server.url, "--html", str(out / "server.html"), "--json", str(out / "server.json"))
+            cli("report", server.url, "--html", str(out / "server.html"), "--json-out", str(out / "server.json"))
             server_s = time.perf_counter() - started
     started = time.perf_counter()
     cli("snapshot", str(out / "snapshot"), "--store-path", str(out / "store"), "-q")
     snapshot_s = time.perf_counter() - started
     started = time.perf_counter()
-    cli("report", str(out / "snapshot"), "--html", str(out / "snapshot.html"), "--json", str(out / "snapshot.json"))
+    cli("report", str(out / "snapshot"), "--html", str(out / "snapshot.html"), "--json-out", str(out / "snapshot.json"))
     report_s = time.perf_counter() - started
-    cli("report", "--store-path", str(out / "store"), "--html", str(out / "store.html"), "--json", str(out / "store.json"))
+    cli("report", "--store-path", str(out / "store"), "--html", str(out / "store.html"), "--json-out", str(out / "store.json"))
     report = json.loads((out / "snapshot.json").read_text())
     records = report["records"]
     expected = stats["recorded"] + stats["failure_records"]

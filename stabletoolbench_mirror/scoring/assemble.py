@@ -20,7 +20,7 @@ from typing import Any
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.scoring import bundle as layout
-from stabletoolbench_mirror.scoring.score import mean_or_none, pass_rate, win_rate
+from stabletoolbench_mirror.scoring.score import mean_or_none, pass_rate_file, win_rate
 from stabletoolbench_mirror.scoring.session import RunSpec, State, Work
 
 SEED_NOTE = ("random.seed(seed) and PYTHONHASHSEED=seed in every upstream process, one evaluation thread; upstream's "
@@ -57,7 +57,7 @@ def score_of(root: Path, spec: RunSpec) -> dict[str, Any]:
     for group in spec.groups:
         labels_file = root / layout.pass_rate_files(spec.label, group)[0]
         if labels_file.is_file():
-            rates[group], labels[group] = pass_rate(labels_file, spec.evaluate_times)
+            rates[group], labels[group] = pass_rate_file(labels_file, spec.evaluate_times)
         if spec.reference is not None:
             preference = root / layout.preference_files(spec.reference, spec.label, group)[0]
             if preference.is_file():

@@ -339,7 +339,7 @@ def open_bundle(spec: str, download_dir: str | os.PathLike[str], *, progress: bo
     """
     from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveKind, local_tree
 
-    kind = ArchiveKind(BUNDLE_FILE, "a score bundle", "stabletoolbench-mirror score ... --out BUNDLE.tar.gz", _check_archive)
+    kind = ArchiveKind((BUNDLE_FILE,), "a score bundle", "stabletoolbench-mirror score ... --out BUNDLE.tar.gz", _check_archive)
     try:
         root = local_tree(spec, download_dir, progress=progress, kind=kind)
     except ArchiveError as exc:

@@ -17,12 +17,14 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 SOLVED = "AnswerStatus.Solved"
 UNSURE = "AnswerStatus.Unsure"
-_VALUE = {SOLVED: 1.0, UNSURE: 0.5}
+#: what one label adds to an evaluation's score (every other label adds 0)
+WEIGHTS = {SOLVED: 1.0, UNSURE: 0.5}
 
 
 class ScoreError(ValueError):
@@ -50,20 +52,45 @@ def is_solved(labels: Mapping[str, str]) -> bool:
     return sum(1 for v in labels.values() if v == SOLVED) * 2 > len(labels) > 0
 
 
-def pass_rate(labels_file: Path, evaluate_times: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``({"solve_rate", "std", "per_evaluation", "queries"}, {query_id: {"evaluations", "solved"}})`` of one label file."""
-    data = _read(labels_file)
-    per_query = {qid: evaluations(entry) for qid, entry in data.items()}
-    scores = []
-    for k in range(evaluate_times):
-        total = sum(_VALUE.get(labels.get(str(k), ""), 0.0) for labels in per_query.values())
-        scores.append(total / len(per_query) if per_query else 0.0)
-    figures = {
-        "solve_rate": 100 * statistics.fmean(scores) if scores else 0.0,
-        "std": 100 * statistics.pstdev(scores) if scores else 0.0,
-        "per_evaluation": [100 * s for s in scores],
-        "queries": len(per_query),
-    }
+@dataclass(frozen=True)
+class PassRate:
+    """One test set's pass rate: percent, as ``eval_pass_rate`` prints it (``Solve rate: X% Std: Y%``)."""
+
+    solve_rate: float
+    std: float
+    per_evaluation: list[float]
+    """Each evaluation's score, percent."""
+    queries: int
+
+    def figures(self) -> dict[str, Any]:
+        """As ``score.json`` holds them."""
+        return {"solve_rate": self.solve_rate, "std": self.std, "per_evaluation": self.per_evaluation, "queries": self.queries}
+
+
+def pass_rate(labels: Mapping[str, Mapping[Any, str]], evaluate_times: int) -> PassRate:
+    """The pass rate of ``{query_id: {evaluate_time: label}}`` over ``evaluate_times`` evaluations: the rule.
+
+    ``evaluate_time`` keys are read as integers (``"0"`` and ``0`` are one); a query without a label for
+    an evaluation scores 0 in it, as upstream's does.  :class:`ScoreError` for no query or no evaluation
+    (upstream divides by zero there).
+    """
+    if not labels:
+        raise ScoreError("no query has a label: a pass rate needs at least one")
+    if evaluate_times < 1:
+        raise ScoreError(f"evaluate_times must be at least 1, not {evaluate_times}")
+    by_time = [{int(time): label for time, label in evaluations.items()} for evaluations in labels.values()]
+    scores = [sum(WEIGHTS.get(evaluations.get(time, ""), 0.0) for evaluations in by_time) / len(by_time)
+              for time in range(evaluate_times)]
+    return PassRate(solve_rate=statistics.fmean(scores) * 100, std=statistics.pstdev(scores) * 100,
+                    per_evaluation=[score * 100 for score in scores], queries=len(by_time))
+
+
+def pass_rate_file(labels_file: Path, evaluate_times: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``({"solve_rate", "std", "per_evaluation", "queries"}, {query_id: {"evaluations", "solved"}})`` of one label file
+    (``eval_pass_rate``'s ``.json``); an empty file scores 0."""
+    per_query = {qid: evaluations(entry) for qid, entry in _read(labels_file).items()}
+    figures = pass_rate(per_query, evaluate_times).figures() if per_query else \
+        {"solve_rate": 0.0, "std": 0.0, "per_evaluation": [0.0] * evaluate_times, "queries": 0}
     labels = {qid: {"evaluations": dict(sorted(ev.items())), "solved": is_solved(ev)} for qid, ev in sorted(per_query.items())}
     return figures, labels
 

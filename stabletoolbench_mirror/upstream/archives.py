@@ -258,8 +258,8 @@ def _member_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
 class ArchiveKind:
     """What an archive holds and how its unpacked copy is checked (a snapshot; ``score``'s bundles too)."""
 
-    root_file: str
-    """The file at the root of an unpacked copy (the archive's top, or its one top folder)."""
+    root_files: tuple[str, ...]
+    """The files one of which is at the root of an unpacked copy (the archive's top, or its one top folder), tried in order."""
     what: str
     """Its name in messages: ``a snapshot``."""
     made_by: str
@@ -286,18 +286,19 @@ def _check_snapshot(root: Path, progress: bool) -> str:
     return actual
 
 
-SNAPSHOT = ArchiveKind(MANIFEST_NAME, "a snapshot", "stabletoolbench-mirror snapshot OUT.tar.gz", _check_snapshot)
+SNAPSHOT = ArchiveKind((MANIFEST_NAME,), "a snapshot", "stabletoolbench-mirror snapshot OUT.tar.gz", _check_snapshot)
 """A snapshot (``snapshot OUT.tar.gz``): its tree's content hash checked against ``manifest.json``'s."""
 
 
 def _tree_root(folder: Path, kind: ArchiveKind = SNAPSHOT) -> Path:
-    """The folder holding the kind's root file: the archive's top, or its one top folder."""
-    if (folder / kind.root_file).is_file():
-        return folder
+    """The folder holding one of the kind's root files: the archive's top, or its one top folder."""
     subfolders = [p for p in folder.iterdir() if p.is_dir()]
-    if len(subfolders) == 1 and (subfolders[0] / kind.root_file).is_file():
-        return subfolders[0]
-    raise ArchiveError(f"the archive has no {kind.root_file}: it is not {kind.what} (make one with: {kind.made_by})")
+    for name in kind.root_files:
+        if (folder / name).is_file():
+            return folder
+        if len(subfolders) == 1 and (subfolders[0] / name).is_file():
+            return subfolders[0]
+    raise ArchiveError(f"the archive has no {' or '.join(kind.root_files)}: it is not {kind.what} (make one with: {kind.made_by})")
 
 
 def tree_hash(root: Path, *, progress: bool = True) -> str:

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from stabletoolbench_mirror.commands.report import ReportError, collect
 from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.factory import build_frozen
+from stabletoolbench_mirror.reporting.sources import collect
+from stabletoolbench_mirror.reporting.tally import ReportError
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream.archives import ArchiveLimits
 from tests.helpers import paths

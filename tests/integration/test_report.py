@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import requests
 
-from stabletoolbench_mirror.commands.report import NEW_ANSWERS, OUTCOMES, category_of, tool_of
+from stabletoolbench_mirror.reporting.server import NEW_ANSWERS, OUTCOMES
+from stabletoolbench_mirror.reporting.tally import category_of, tool_of
 from tests.helpers.browser import drawn_charts, open_page, require_chromium, table_rows
 from tests.helpers.openai_stub import OpenAIStub, Reply, echo_responder
 from tests.helpers.payloads import distinct_default_payloads
@@ -50,7 +51,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def report_of(source: str, where: Path, name: str, *extra: str) -> tuple[dict[str, Any], Path]:
     html_path, json_path = where / f"{name}.html", where / f"{name}.json"
-    result = cli("report", source, "--html", str(html_path), "--json", str(json_path), "-q", *extra, cwd=where)
+    result = cli("report", source, "--html", str(html_path), "--json-out", str(json_path), "-q", *extra, cwd=where)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(json_path.read_text(encoding="utf-8")), html_path
 
@@ -269,20 +270,20 @@ def test_a_source_that_is_nothing_known_is_one_line_naming_what_is(tmp_path: Pat
     (tmp_path / "empty").mkdir()
     result = cli("report", str(tmp_path / "empty"), "--html", str(tmp_path / "out.html"), cwd=tmp_path)
     assert result.returncode == 2
-    assert "not a store, a snapshot or a server" in result.stderr and "manifest.json" in result.stderr
+    assert "not a store, a snapshot, a score bundle or a server" in result.stderr and "manifest.json" in result.stderr
     assert not (tmp_path / "out.html").exists()
 
 
 def test_a_report_needs_somewhere_to_go(tmp_path: Path) -> None:
     result = cli("report", str(tmp_path), cwd=tmp_path)
-    assert result.returncode == 2 and "--html OUT.html and/or --json OUT.json" in result.stderr
+    assert result.returncode == 2 and "--html OUT.html, --json (printed) and/or --json-out OUT.json" in result.stderr
 
 
 def test_a_server_that_is_not_there_is_named(tmp_path: Path) -> None:
     from tests.helpers.live import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
-    result = cli("report", url, "--json", str(tmp_path / "out.json"), "--timeout", "5", cwd=tmp_path)
+    result = cli("report", url, "--json-out", str(tmp_path / "out.json"), "--timeout", "5", cwd=tmp_path)
     assert result.returncode == 2
     assert f"{url}/stats: cannot be read" in result.stderr and "stabletoolbench-mirror serve" in result.stderr
 

@@ -334,6 +334,15 @@ def test_every_command_exits_0_when_all_is_well_and_1_on_what_the_table_says(tmp
         data[next(iter(data))] = {"error": "", "response": "changed"}
         path.write_text(json.dumps(data))
 
+    def changed_bundle() -> None:  # a score bundle of the snapshot, one file changed after its seal
+        from stabletoolbench_mirror.scoring import bundle
+
+        root = tmp_path / "bundle"
+        shutil.copytree(tmp_path / "snap", root / "records")
+        (root / "run.json").write_text(json.dumps({"label": "run", "groups": []}))
+        bundle.seal(root)
+        (root / "run.json").write_text(json.dumps({"label": "run", "groups": [], "changed": True}))
+
     def failing(body: dict[str, Any]) -> Reply:  # the simulator fails the call of "Nowhere"
         return Reply(status=500) if "Nowhere" in json.dumps(body) else echo_responder(body)
 
@@ -357,10 +366,12 @@ def test_every_command_exits_0_when_all_is_well_and_1_on_what_the_table_says(tmp
         (("snapshot",), [str(tmp_path / "snap_long"), "--store-path", str(long_store), "-q"], 1),
         (("snapshot", "--verify"), [str(tmp_path / "snap"), "-q"], 0),
         (("cache", "diff"), ["store", str(tmp_path / "snap"), "--config", str(config), "-q"], 0),
+        changed_bundle,
+        (("report",), [str(tmp_path / "bundle"), "--json-out", str(tmp_path / "bundle.json"), "-q"], 1),
         changed_snapshot,
         (("snapshot", "--verify"), [str(tmp_path / "snap"), "-q"], 1),
         (("cache", "diff"), ["store", str(tmp_path / "snap"), "--config", str(config), "-q"], 1),
-        (("report",), [str(tmp_path / "snap"), "--json", str(tmp_path / "report.json"), "-q"], 0),
+        (("report",), [str(tmp_path / "snap"), "--json-out", str(tmp_path / "report.json"), "-q"], 0),
         (("faults", "profile"), [str(DEMO / "frozen"), "-q"], 0),
         (("sessions", "export"), [str(tmp_path / "sessions.jsonl"), *store], 0),
         (("tools", "export"), [str(tmp_path / "f.jsonl"), "--queries", str(weather_queries(tmp_path)), "--config", str(config), "-q"], 0),
@@ -409,7 +420,7 @@ def test_a_mistyped_store_path_is_exit_2_for_every_command_that_reads_a_store_an
         ["cache", "delete", "--api", WEATHER, *store], ["cache", "export", str(tmp_path / "out"), *store, "-q"],
         ["cache", "export", str(tmp_path / "out.jsonl"), "--format", "chat-jsonl", "--style", "mirrorapi-sft", *store, "-q"],
         ["snapshot", str(tmp_path / "snap"), *store, "-q"], ["cache", "diff", "store", str(DEMO / "frozen"), *store, "-q"],
-        ["report", "store", "--json", str(tmp_path / "r.json"), *store, "-q"],
+        ["report", "store", "--json-out", str(tmp_path / "r.json"), *store, "-q"],
     ]
     for args in readers:
         assert main(args) == 2, args
@@ -461,6 +472,7 @@ def test_every_reporting_command_prints_its_documented_json(tmp_path: Path) -> N
         "tools export --json": ["tools", "export", str(tmp_path / "f.jsonl"), "--queries", str(weather_queries(tmp_path)), "--config", str(config), "-q"],
         "cache stats --json": ["cache", "stats", *store],
         "cache diff --json": ["cache", "diff", "store", str(tmp_path / "snap"), "--config", str(config), "-q"],
+        "report --json": ["report", str(tmp_path / "snap"), "-q"],
         "cache import --json": ["cache", "import", str(DEMO / "frozen"), "--store-path", str(tmp_path / "store2"), "-q"],
         "cache export --json": ["cache", "export", str(tmp_path / "tree"), *store, "-q"],
         "cache export --format chat-jsonl --json": ["cache", "export", str(tmp_path / "chat.jsonl"), "--format", "chat-jsonl",

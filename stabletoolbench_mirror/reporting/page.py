@@ -1,4 +1,4 @@
-"""The ``report`` page: one self-contained HTML file of a report's figures (see :mod:`.report`).
+"""The ``report`` page: one self-contained HTML file of a report's figures (see :mod:`.sources`).
 
 Charts are plain inline SVG written here: horizontal bars, and stacked bars per category.  The
 page loads nothing: no script, no external style sheet, font or image, so it reads the same
@@ -45,6 +45,9 @@ table{border-collapse:collapse;margin:.6rem 0 1rem;font-size:.9rem}th,td{padding
 text-align:left;vertical-align:top}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 .note{color:#666;font-size:.85rem}svg{display:block;margin:.4rem 0;max-width:100%;height:auto}
 .big{font-size:1.4rem;font-weight:600}
+.alert{background:#fdecea;border-left:4px solid #e45756;padding:.6rem 1rem;margin:1rem 0}
+.ok{background:#edf7ed;border-left:4px solid #54a24b;padding:.6rem 1rem;margin:1rem 0}
+#sides td{word-break:break-all}
 """
 
 
@@ -73,7 +76,7 @@ def percent(part: int, whole: int) -> str:
 # -- charts ---------------------------------------------------------------------------------------
 
 
-def bar_chart(chart_id: str, title: str, rows: Sequence[tuple[str, float, str]], *, unit: str = "") -> str:
+def bar_chart(chart_id: str, title: str, rows: Sequence[tuple[str, float, str]], *, unit: str = "", decimals: int = 3) -> str:
     """Horizontal bars, one per ``(label, value, colour)`` with a value above 0, largest scale first."""
     drawn = [row for row in rows if row[1] > 0][:CHART_ROWS]
     if not drawn:
@@ -86,7 +89,7 @@ def bar_chart(chart_id: str, title: str, rows: Sequence[tuple[str, float, str]],
     for i, (name, value, fill) in enumerate(drawn):
         y = 4 + i * ROW_H
         width = max(span * value / top, 1.0)
-        shown = f"{value:,.3f}{unit}" if isinstance(value, float) and not float(value).is_integer() else f"{int(value):,}{unit}"
+        shown = f"{value:,.{decimals}f}{unit}" if isinstance(value, float) and not float(value).is_integer() else f"{int(value):,}{unit}"
         parts.append(f'<text x="{LABEL_W - 6}" y="{y + 15}" text-anchor="end" font-size="12">{esc(_clip(name))}</text>')
         parts.append(f'<rect class="bar" x="{LABEL_W}" y="{y + 2}" width="{width:.2f}" height="{ROW_H - 6}" fill="{fill}">'
                      f'<title>{esc(name)}: {esc(shown)}</title></rect>')
@@ -177,8 +180,10 @@ def _header(report: dict[str, Any]) -> str:
             f'<span class="hash" id="content-hash">{esc(env["content_hash"])}</span><br>'
             f"{number(env.get('entries'))} entries in {number(env.get('files'))} files, made {esc(env.get('created_at'))} by "
             f"{esc(env.get('created_by'))} from a {esc(env.get('store'))} store ({esc(env.get('hash_method'))}).<br>"
-            "Cite this hash with the numbers: the same hash is the same environment, answer for answer "
-            "(<code>stabletoolbench-mirror snapshot --verify</code> recomputes it).</div>"
+            "The same hash is the same recorded answers, answer for answer (<code>stabletoolbench-mirror snapshot --verify</code> "
+            "recomputes it). It covers what the store recorded (tool answers and model calls), not the frozen caches that "
+            "answered beside it: to cite a run's whole environment, cite its score bundle's records hash "
+            "(<code>stabletoolbench-mirror report BUNDLE</code>).</div>"
         )
     else:
         out.append('<p class="note" id="no-content-hash">No content hash: only a snapshot (or its archive) has one. '
@@ -215,7 +220,8 @@ def _requests_section(req: dict[str, Any]) -> str:
 def _simulator_prompt(req: dict[str, Any]) -> str:
     prompt = req.get("simulator_prompt")
     share = req["simulated_share"]
-    text = f'<p>Simulated share of the requests: <span class="big" id="simulated-share">{100 * share:.1f}%</span>.</p>'
+    text = (f'<p>Simulated share of the tool calls: <span class="big" id="simulated-share">{100 * share:.1f}%</span> '
+            "(of the <code>/virtual</code> requests; model calls are not counted in it).</p>")
     if prompt:
         text += table("simulator-prompt", ("style", "prompt source", "prompt sha256"),
                       [(prompt.get("style"), prompt.get("source"), prompt.get("sha256"))], (False, False, False))
@@ -242,10 +248,11 @@ def _records_section(rec: dict[str, Any], kind: str) -> str:
     total = rec["entries"]
     by_source = rec["by_source"]
     rows = [(label(k), v, colour(k, i)) for i, (k, v) in enumerate(by_source.items())]
-    what = "Entries of the snapshot" if kind != "store" else "Records of the store"
+    what = "Tool answers in the store" if kind == "store" else "Tool answers of the snapshot"
     out = [f"<h2>{what}</h2>",
-           f'<p><span class="big" id="entries-total">{total:,}</span> entries, '
-           f'<span id="failures-total">{rec["failures"]:,}</span> of them failure records.</p>',
+           f'<p><span class="big" id="entries-total">{total:,}</span> tool answers, '
+           f'<span id="failures-total">{rec["failures"]:,}</span> of them failure records. Model calls are not tool '
+           "answers: they are counted under <i>Model calls</i>.</p>",
            bar_chart("chart-by-source", "Entries by source", rows),
            count_table("by-source", "source", by_source, total, {k: label(k) for k in by_source}),
            '<p class="note">A record\'s source as <code>cache stats</code> names it: <code>imported</code> (copied in by '
@@ -253,8 +260,8 @@ def _records_section(rec: dict[str, Any], kind: str) -> str:
            "Failure records are counted under the source that failed too.</p>"]
     sim = rec["simulated"]
     out.append("<h2>Simulated answers</h2>")
-    out.append(f'<p>Simulated share: <span class="big" id="simulated-share">{100 * sim["share"]:.1f}%</span> '
-               f"({sim['entries']:,} entries).</p>")
+    out.append(f'<p>Simulated share of the tool answers: <span class="big" id="simulated-share">{100 * sim["share"]:.1f}%</span> '
+               f"({sim['entries']:,} of {total:,}).</p>")
     if sim["by_model"]:
         model_rows: list[tuple[Any, ...]] = [
             (r["origin"], r["model"] or "-", r["prompt_sha256"] or "-", r["entries"], "-" if r["failures"] is None else r["failures"])
@@ -262,13 +269,16 @@ def _records_section(rec: dict[str, Any], kind: str) -> str:
         ]
         out.append(table("by-model", ("origin", "model", "prompt sha256", "entries", "of them failure records"), model_rows,
                          (False, False, False, True, True)))
-    if kind != "store":
+    if kind == "bundle":
+        out.append('<p class="note">The simulator\'s model, style and prompt hash are under <i>Settings that shaped the '
+                   "answers</i>; the records keep the model (origin) of each answer.</p>")
+    elif kind != "store":
         out.append('<p class="note">A snapshot keeps the models (origins) of its answers, not each generation\'s prompt hash, '
                    "tokens or latency: report on the store it was made from for those.</p>")
     return "".join(out)
 
 
-def _failures_and_faults(report: dict[str, Any]) -> str:
+def failures_and_faults(report: dict[str, Any]) -> str:
     req, rec = report.get("requests"), report.get("records")
     out = ["<h2>Failures by cause</h2>"]
     causes = (req or {}).get("failures") or (rec or {}).get("failure_reasons") or {}
@@ -290,16 +300,47 @@ def _failures_and_faults(report: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def models_section(models: dict[str, Any] | None, kind: str) -> str:
+    """The agent's and the judge's model calls (``@model/<model>/<endpoint>`` records, or ``/stats`` ``model_calls``)."""
+    out = ["<h2>Model calls</h2>"]
+    rows = (models or {}).get("models") or []
+    if not rows:
+        out.append('<p class="note" id="models-none">No model calls in this source (the agent\'s and the judge\'s calls '
+                   "through <code>/v1</code> are recorded under <code>@model/</code>).</p>")
+        return "".join(out)
+    served = kind == "server"
+    out.append(f'<p><span class="big" id="model-calls-total">{models["calls"]:,}</span> model calls; '  # type: ignore[index]
+               f'{models["prompt_tokens"]:,} prompt and {models["completion_tokens"]:,} completion tokens'  # type: ignore[index]
+               f'{" spent upstream in this run" if served else " in their recorded usage"}.</p>')
+    out.append(bar_chart("chart-model-tokens", "Tokens per model (prompt + completion)",
+                         [(r["model"], r["prompt_tokens"] + r["completion_tokens"], colour("", i)) for i, r in enumerate(rows)]))
+    head = ("model", "role", "endpoint", "calls", "distinct requests", "prompt tokens", "completion tokens")
+    body = [(r["model"], ", ".join(r["roles"]) or "-", r["endpoint"] or "-", r["calls"],
+             "-" if r["distinct_requests"] is None else r["distinct_requests"], r["prompt_tokens"], r["completion_tokens"])
+            for r in rows]
+    out.append(table("models", head, body, (False, False, False, True, True, True, True)))
+    if served:
+        outcome_rows = [(r["model"], ", ".join(f"{k} {v:,}" for k, v in (r["outcomes"] or {}).items() if v)) for r in rows]
+        out.append(table("model-outcomes", ("model", "outcomes"), outcome_rows, (False, False)))
+        out.append('<p class="note">From <code>/stats</code> <code>model_calls</code>: calls are the requests served; tokens '
+                   "are those the upstreams were asked for (a recorded answer served again costs none).</p>")
+    else:
+        out.append('<p class="note">Calls are the recorded occurrences (the n-th identical request of a run gets the n-th); '
+                   "distinct requests, the different requests among them; tokens, the sum of each recorded completion's "
+                   "<code>usage</code>.</p>")
+    return "".join(out)
+
+
 def _spend_and_latency(rec: dict[str, Any] | None) -> str:
-    out = ["<h2>Model-call spend</h2>"]
+    out = ["<h2>Simulator spend</h2>"]
     tokens = (rec or {}).get("tokens")
     if tokens:
         out.append(table("tokens", ("records with token counts", "prompt tokens", "completion tokens", "total tokens"),
                          [(tokens["records"], tokens["prompt_tokens"], tokens["completion_tokens"], tokens["total_tokens"])],
                          (True, True, True, True)))
     else:
-        out.append('<p class="note" id="tokens-none">Not recorded in this source: token counts are in a store\'s simulated '
-                   "records (their <code>meta</code>); report on the store.</p>")
+        out.append('<p class="note" id="tokens-none">Not recorded in this source: the simulator\'s token counts are in a '
+                   "store's simulated records (their <code>meta</code>); report on the store.</p>")
     out.append("<h2>Slowest APIs</h2>")
     slow = (rec or {}).get("slowest_apis") or []
     if slow:
@@ -313,21 +354,32 @@ def _spend_and_latency(rec: dict[str, Any] | None) -> str:
     return "".join(out)
 
 
-def render(report: dict[str, Any]) -> str:
-    """The page of ``report`` (what :func:`.report.collect` returns)."""
+RECORD_ORDER = ("imported", "simulated", "real", "local", "answer", "failure")
+
+
+def records_part(rec: dict[str, Any], kind: str) -> list[str]:
+    """The tool answers of a store, snapshot or bundle: by source, simulated share, per category and tool."""
+    return [_records_section(rec, kind), "<h2>Per category</h2>", _per_group(rec["by_category"], RECORD_ORDER, "Entries", "category"),
+            "<h2>Per tool</h2>", _per_group(rec["by_tool"], RECORD_ORDER, "Entries", "tool")]
+
+
+def render_run(report: dict[str, Any]) -> str:
+    """The page of a store's, snapshot's or server's report (what :func:`.sources.collect` returns for one)."""
+    kind = report["source"]["kind"]
     parts = [_header(report)]
     req, rec = report.get("requests"), report.get("records")
-    kind = report["source"]["kind"]
     if req is not None:
         parts += [_requests_section(req), _simulator_prompt(req), "<h2>Per category</h2>",
                   _per_group(req["by_category"], OUTCOME_ORDER, "Requests", "category"),
                   "<h2>Per tool</h2>", _per_group(req["by_tool"], OUTCOME_ORDER, "Requests", "tool")]
     if rec is not None:
-        order = ("imported", "simulated", "real", "local", "answer", "failure")
-        parts += [_records_section(rec, kind), "<h2>Per category</h2>", _per_group(rec["by_category"], order, "Entries", "category"),
-                  "<h2>Per tool</h2>", _per_group(rec["by_tool"], order, "Entries", "tool")]
-    parts += [_failures_and_faults(report), _spend_and_latency(rec)]
-    title = f"stabletoolbench-mirror report: {kind}"
+        parts += records_part(rec, kind)
+    parts += [models_section(report.get("models"), kind), failures_and_faults(report), _spend_and_latency(rec)]
+    return page(f"stabletoolbench-mirror report: {kind}", parts)
+
+
+def page(title: str, parts: list[str]) -> str:
+    """A whole page: ``parts`` in a document that loads nothing from anywhere (its CSP says so to the browser too)."""
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
@@ -335,7 +387,8 @@ def render(report: dict[str, Any]) -> str:
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">"
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{esc(title)}</title>'
         f"<style>{CSS}</style></head><body>{''.join(parts)}"
-        '<p class="note">The same figures as JSON: <code>stabletoolbench-mirror report SOURCE --json OUT.json</code>; '
+        '<p class="note">The same figures as JSON: <code>stabletoolbench-mirror report SOURCE --json</code> (or '
+        "<code>--json-out FILE</code>); "
         "what each one means: docs/report.md of stabletoolbench-mirror.</p>"
         "</body></html>\n"
     )
