@@ -243,7 +243,7 @@ def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path
     shutil.rmtree(folder, ignore_errors=True)  # a bundle not finished before (assembling is done again, from the files)
     env = Environment(
         checkout={"commit": request.checkout.commit, "dirty": request.checkout.dirty},
-        settings={**answer_settings(request.settings), "simulator_prompt": prompt},
+        settings=answer_settings(request.settings, prompt),
         reference=None if request.reference is None else {"label": request.reference.label, "content_hash": request.reference.content_hash},
         extra={"stand_ins": request.runner.stand_ins, "skipped_sleeps": request.runner.skip_sleeps,
                "python": request.runner.python_version()},
@@ -271,15 +271,20 @@ def _check_out(out: Path) -> None:
         raise SessionError(f"--out {out} exists: a bundle is written to a new path (or an empty folder); choose another")
 
 
-def answer_settings(settings: Settings) -> dict[str, Any]:
-    """The server's settings that shape answers (``run.json``'s ``environment``), no secret in them."""
+def answer_settings(settings: Settings, prompt: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The server's settings that shape answers (``run.json``'s ``environment``), no secret in them; ``prompt``: the
+    simulator's system prompt as the server's ``/health`` names it (``source``, ``sha256``)."""
     sim = settings.simulator
+    simulator: dict[str, Any] = {"enabled": False}
+    if sim.enabled:
+        simulator = {"enabled": True, "style": sim.style, "model": sim.model, "temperature": sim.temperature,
+                     "api_base": [public_url(u) for u in sim.endpoints],
+                     "prompt_source": (prompt or {}).get("source"), "prompt_sha256": (prompt or {}).get("sha256")}
     return {
         "mode": str(settings.mode), "llm_mode": str(settings.llm.mode or settings.mode),
         "frozen_caches": [_frozen_note(settings, p) for p in settings.frozen_caches],
         "real": {"enabled": settings.real.enabled, "backend": settings.real.backend},
-        "simulator": {"enabled": sim.enabled, "style": sim.style, "model": sim.model, "temperature": sim.temperature,
-                      "api_base": [public_url(u) for u in sim.endpoints]} if sim.enabled else {"enabled": False},
+        "simulator": simulator,
         "llm_upstreams": [{"base_url": public_url(u.base_url), "models": list(u.models)} for u in settings.llm.upstreams],
     }
 

@@ -168,6 +168,42 @@ def test_sowr_rescored_twice_from_the_bundle_gives_identical_preference_files(re
             assert first == second == (recorded["dfs"] / relative).read_bytes()
 
 
+def test_the_report_of_a_recorded_bundle_shows_its_score_calls_tool_share_and_hashes(recorded: dict[str, Any], tmp_path: Path,
+                                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``report BUNDLE`` of a bundle ``score`` wrote: what a paper cites, in the JSON and on the page (headless chromium)."""
+    from tests.helpers.browser import open_page, require_chromium, table_rows
+
+    dfs = read_bundle(recorded["dfs"])
+    capsys.readouterr()
+    assert cli(["report", str(dfs.root), "--json", "-q"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["source"]["kind"] == "bundle" and report["problems"] == []
+    for group, rate in dfs.score["pass_rate"].items():
+        assert report["score"]["pass_rate"][group]["solve_rate"] == pytest.approx(rate["solve_rate"])
+    assert report["score"]["win_rate"].keys() == dfs.score["win_rate"].keys()
+    assert {g: {q: row["evaluations"] for q, row in rows.items()} for g, rows in report["labels"].items()} == \
+        {g: {q: row["evaluations"] for q, row in rows.items()} for g, rows in dfs.score["labels"].items()}
+    models = {row["model"]: row for row in report["models"]["models"]}
+    assert report["models"]["roles"] == {"agent": AGENT, "judge": JUDGE}
+    assert models[JUDGE]["calls"] >= 3 * len(QUERY_IDS.split(","))  # --evaluate-times 3 per answer, and the preference calls
+    assert all(row["prompt_tokens"] > 0 and row["completion_tokens"] > 0 for row in models.values())
+    records = report["records"]
+    assert not any(name.startswith("@model") for name in records["by_category"])
+    assert 0 < records["simulated"]["share"] < 1 and set(records["by_source"]) >= {"frozen", "simulated"}  # tool answers only
+    env = report["environment"]
+    assert env["records_hash"] == dfs.run["environment"]["records_hash"] and env["bundle_hash"] == dfs.content_hash
+    assert env["simulator"]["prompt_sha256"] and env["simulator"]["style"] == "gpt-fewshot"
+    require_chromium()
+    page_file = tmp_path / "dfs.html"
+    assert cli(["report", str(dfs.root), "--html", str(page_file), "-q"]) == 0
+    shown = open_page(page_file, lambda page: {"score": table_rows(page, "score"), "models": table_rows(page, "models"),
+                                               "share": page.inner_text("#simulated-share"),
+                                               "records_hash": page.inner_text("#records-hash")}).result
+    assert [row[0] for row in shown["score"]] == dfs.groups
+    assert {row[0] for row in shown["models"]} == {AGENT, JUDGE}
+    assert shown["share"] == f"{100 * records['simulated']['share']:.1f}%" and shown["records_hash"] == env["records_hash"]
+
+
 def test_clear_errors_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "c.yml"
     config.write_text(yaml.safe_dump({"store": {"path": str(tmp_path / "store")}, "llm": {"upstreams": [
