@@ -1,12 +1,17 @@
-"""Real servers on 127.0.0.1 for tests: the mirror app in a uvicorn thread, free ports, and the two ASGI steps every
-scripted server of the tests takes (read a whole body, send a JSON answer)."""
+"""Real servers on 127.0.0.1 for tests: the mirror app in a uvicorn thread, a folder's files over HTTP, free ports, and
+the two ASGI steps every scripted server of the tests takes (read a whole body, send a JSON answer)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -30,6 +35,23 @@ async def send_json(send: Any, status: int, data: Any, extra_headers: tuple[tupl
     headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra_headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+class _QuietFiles(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serve_folder(folder: Path) -> Iterator[str]:
+    """``folder``'s files served over HTTP on 127.0.0.1 (Python's own file server, in a thread): its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietFiles, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def free_port() -> int:

@@ -6,7 +6,6 @@ streamed into it, so the archive stays small while its headers say gigabytes.
 
 from __future__ import annotations
 
-import functools
 import http.server
 import io
 import json
@@ -28,6 +27,7 @@ from stabletoolbench_mirror.reporting.tally import ReportError
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream.archives import ArchiveLimits
 from tests.helpers import paths
+from tests.helpers.live import serve_folder
 
 GIB = 1 << 30
 MANIFEST = json.dumps({"format": "stabletoolbench-mirror-snapshot", "format_version": 1, "content_hash": "sha256:" + "0" * 64}).encode()
@@ -174,16 +174,8 @@ def _snapshot(tmp_path: Path) -> Path:
 def files_server(tmp_path: Path) -> Iterator[str]:
     """A real HTTP server on 127.0.0.1 serving ``tmp_path/www``."""
     (tmp_path / "www").mkdir(exist_ok=True)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "www"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.RequestHandlerClass.log_message = lambda *a: None  # type: ignore[attr-defined, method-assign]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_folder(tmp_path / "www") as url:
+        yield url
 
 
 def test_the_limits_apply_to_urls_and_snapshot_verify_and_a_refused_download_is_removed(

@@ -10,14 +10,11 @@ headless chromium (Playwright).
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from stabletoolbench_mirror.scoring import bundle
 from stabletoolbench_mirror.upstream.archives import file_sha256, pack
 from tests.helpers.browser import drawn_charts, open_page, require_chromium, table_rows
 from tests.helpers.bundles import AGENT_MODEL, JUDGE_MODEL, STABLETOOLBENCH_COMMIT, Built, Query, build_bundle, default_groups
+from tests.helpers.live import serve_folder
 from tests.helpers.paths import REPO
 
 S, U, N = "AnswerStatus.Solved", "AnswerStatus.Unsolved", "AnswerStatus.Unsure"
@@ -216,16 +214,8 @@ def web(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A static HTTP server on 127.0.0.1 serving ``tmp_path / "www"``."""
     folder = tmp_path / "www"
     folder.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    handler.log_message = lambda *args: None  # type: ignore[method-assign]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", folder
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_folder(folder) as url:
+        yield url, folder
 
 
 def test_a_bundle_archive_and_its_url_report_as_the_folder_does(built: Built, tmp_path: Path, web: tuple[str, Path]) -> None:

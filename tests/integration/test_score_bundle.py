@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +12,7 @@ import pytest
 
 from stabletoolbench_mirror.scoring.bundle import BundleError, open_bundle, seal
 from stabletoolbench_mirror.upstream.archives import pack
+from tests.helpers.live import serve_folder
 
 
 def make_bundle(root: Path) -> Path:
@@ -37,15 +35,8 @@ def published(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """The bundle's archive served over HTTP: ``(url, sha256)``."""
     pack(make_bundle(tmp_path / "bundle"), tmp_path / "site" / "run.tar.gz")
     sha = hashlib.sha256((tmp_path / "site" / "run.tar.gz").read_bytes()).hexdigest()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "site"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/run.tar.gz", sha
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_folder(tmp_path / "site") as url:
+        yield f"{url}/run.tar.gz", sha
 
 
 def test_a_bundle_opens_from_a_url_with_its_sha256_and_a_wrong_one_is_refused(published: tuple[str, str], tmp_path: Path) -> None:
