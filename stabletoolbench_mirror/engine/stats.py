@@ -60,6 +60,32 @@ MISSES = "misses"
 FAILURE_EVENTS = ("failure_records", "failure_hits", "retries")
 
 
+class _Names:
+    """Names counted under their own label while there is room (at most ``limit`` of them, ``max_bytes`` of UTF-8
+    together); any other is ``(other)``.  A name in is in for good, and is found without the lock."""
+
+    def __init__(self, limit: int, max_bytes: int) -> None:
+        self.limit = limit
+        self.max_bytes = max_bytes
+        self._names: set[str] = set()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._names
+
+    def label(self, name: str) -> str:
+        if name in self._names:
+            return name
+        size = len(name.encode("utf-8", "surrogatepass"))
+        with self._lock:
+            if len(self._names) < self.limit and self._bytes + size <= self.max_bytes:
+                self._names.add(name)
+                self._bytes += size
+                return name
+        return _OTHER
+
+
 class Stats:
     """Thread-safe counters; per-API and per-failure tables are capped (count and size) so random input cannot grow them.
 
@@ -68,49 +94,24 @@ class Stats:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self.counters = Counters()
-        self._apis: set[str] = set()
-        self._api_bytes = 0
-        self._models: set[str] = set()
-        self._model_bytes = 0
-        self._failures: set[str] = set()
+        self._apis = _Names(MAX_TRACKED_APIS, MAX_TRACKED_API_BYTES)
+        self._models = _Names(MAX_TRACKED_MODELS, MAX_TRACKED_MODEL_BYTES)
+        # a reason is cut to MAX_FAILURE_CHARS first: the count bounds their size
+        self._failures = _Names(MAX_TRACKED_FAILURES, MAX_TRACKED_FAILURES * MAX_FAILURE_CHARS * 4)
         self._plain: dict[tuple[OutcomeKind, str | None, str | None], tuple[Any, ...]] = {}
 
     def _api_label(self, api: str) -> str:
-        if api in self._apis:
-            return api
-        with self._lock:
-            size = len(api.encode("utf-8", "surrogatepass"))
-            if len(self._apis) < MAX_TRACKED_APIS and self._api_bytes + size <= MAX_TRACKED_API_BYTES:
-                self._apis.add(api)
-                self._api_bytes += size
-                return api
-        return _OTHER
+        return self._apis.label(api)
 
     def _model_label(self, model: str, name_it: bool) -> str:
         """``model``'s name in the model table while it has room, when it is there already or ``name_it``; else ``(other)``."""
         if model in self._models or model == _NONE:
             return model
-        if not name_it:
-            return _OTHER
-        with self._lock:
-            size = len(model.encode("utf-8", "surrogatepass"))
-            if len(self._models) < MAX_TRACKED_MODELS and self._model_bytes + size <= MAX_TRACKED_MODEL_BYTES:
-                self._models.add(model)
-                self._model_bytes += size
-                return model
-        return _OTHER
+        return self._models.label(model) if name_it else _OTHER
 
     def _failure_label(self, problem: str) -> str:
-        detail = problem[:MAX_FAILURE_CHARS]
-        if detail in self._failures:
-            return detail
-        with self._lock:
-            if len(self._failures) < MAX_TRACKED_FAILURES:
-                self._failures.add(detail)
-                return detail
-        return _OTHER
+        return self._failures.label(problem[:MAX_FAILURE_CHARS])
 
     def count(self, outcome: Outcome) -> None:
         """Count one finished request by its final outcome (call it exactly once per request)."""
