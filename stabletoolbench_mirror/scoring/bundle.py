@@ -206,13 +206,8 @@ class Difference:
 def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
     """The seal of the bundle at ``root``, checked for its format (:class:`BundleError` naming the fix)."""
     path = Path(root, BUNDLE_FILE)
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BundleError(f"{root}: no {BUNDLE_FILE}: not a score bundle (made by `stabletoolbench-mirror score ... --out`)") from None
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"{path}: cannot be read ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    manifest = _read_json(Path(root), BUNDLE_FILE, missing="not a score bundle (made by `stabletoolbench-mirror score ... --out`)")
+    if manifest.get("format") != FORMAT:
         raise BundleError(f"{path}: not a score bundle's seal (format {FORMAT!r} expected)")
     version = manifest.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
@@ -281,12 +276,13 @@ class Bundle:
         return [self.root / p for p in pass_rate_files(self.label, group) if (self.root / p).is_file()]
 
 
-def _read_json(root: Path, name: str) -> dict[str, Any]:
+def _read_json(root: Path, name: str, *, missing: str = "the bundle is incomplete") -> dict[str, Any]:
+    """The JSON object in ``root/name``; :class:`BundleError` naming the file (``missing``: what its absence means)."""
     path = root / name
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise BundleError(f"{root}: no {name}: the bundle is incomplete") from None
+        raise BundleError(f"{root}: no {name}: {missing}") from None
     except (OSError, ValueError) as exc:
         raise BundleError(f"{path}: cannot be read ({exc})") from None
     if not isinstance(data, dict):
