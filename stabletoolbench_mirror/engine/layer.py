@@ -234,9 +234,7 @@ class MirrorLayer:
             return Looked(None, exc)  # answer() goes on from here: the store is not waited for twice
         if record is None or self.retries(record):
             return Looked(record)
-        if self.served is not None:  # the hit path's one look at record.served_store (see _serve)
-            self.served.add(record, call.canonical)
-        outcome = _served(call, record, OutcomeKind.HIT)
+        outcome = self._serve(call, record, OutcomeKind.HIT)  # the hit path's one look at record.served_store
         if token is not None:
             hits.put(call, token, outcome)  # type: ignore[union-attr]
         return outcome
