@@ -43,15 +43,21 @@ class _QuietFiles(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve_folder(folder: Path) -> Iterator[str]:
-    """``folder``'s files served over HTTP on 127.0.0.1 (Python's own file server, in a thread): its base URL."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietFiles, directory=str(folder)))
+def serve_http(handler: Any) -> Iterator[str]:
+    """An ``http.server`` request handler served on 127.0.0.1 (Python's threading server, in a thread): its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def serve_folder(folder: Path) -> contextlib.AbstractContextManager[str]:
+    """``folder``'s files served over HTTP on 127.0.0.1 (Python's own file server): its base URL."""
+    return serve_http(functools.partial(_QuietFiles, directory=str(folder)))
 
 
 def free_port() -> int:

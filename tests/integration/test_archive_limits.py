@@ -27,7 +27,7 @@ from stabletoolbench_mirror.reporting.tally import ReportError
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream.archives import ArchiveLimits
 from tests.helpers import paths
-from tests.helpers.live import serve_folder
+from tests.helpers.live import serve_folder, serve_http
 
 GIB = 1 << 30
 MANIFEST = json.dumps({"format": "stabletoolbench-mirror-snapshot", "format_version": 1, "content_hash": "sha256:" + "0" * 64}).encode()
@@ -246,14 +246,8 @@ class _Slow(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def slow_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_Slow) as url:
+        yield url
 
 
 @pytest.mark.parametrize("path, settings, refusal", [

@@ -27,6 +27,7 @@ from stabletoolbench_mirror.factory import build_frozen
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream.archives import ArchiveError, local_tree
 from tests.helpers import paths
+from tests.helpers.live import serve_http
 from tests.helpers.openai_stub import OpenAIStub, Reply
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server  # noqa: F401
 from tests.helpers.store_fixtures import spec  # noqa: F401
@@ -185,14 +186,8 @@ def files_server(tmp_path: Path) -> Iterator[tuple[str, Path, list[str]]]:
     root = tmp_path / "www"
     root.mkdir()
     handler = type("Files", (_Files,), {"gets": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", root, handler.gets
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(functools.partial(handler, directory=str(root))) as url:
+        yield url, root, handler.gets
 
 
 def _sha(path: Path) -> str:

@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore
 from tests.helpers import paths
 from tests.helpers.answer_files import api, param, query
+from tests.helpers.live import serve_http
 
 DEMO = paths.REPO / "cache"
 WEATHER = "Weather/demo_weather_for_Weather/current_weather"
@@ -151,14 +151,8 @@ class NotFound(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def not_found() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(NotFound) as url:
+        yield url
 
 
 def test_doctor_calls_a_simulator_endpoint_answering_404_an_error(not_found: str, tmp_path: Path) -> None:
