@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
-from tests.helpers.live import UvicornThread, free_port, read_body
+from tests.helpers.live import ScriptedApp, free_port, read_body
 
 
 @dataclass
@@ -69,7 +69,7 @@ def ok_script(received: Received) -> HostReply:
     return relay_reply("", {"echo_path": received.path})
 
 
-class ApiHost:
+class ApiHost(ScriptedApp):
     """The scripted server; use as a context manager.  ``url`` is ``http://127.0.0.1:PORT``."""
 
     def __init__(self, script: Script = ok_script, *, port: int | None = None) -> None:
@@ -78,7 +78,6 @@ class ApiHost:
         self.url = f"http://127.0.0.1:{self.port}"
         self.received: list[Received] = []
         self._lock = threading.Lock()
-        self._runner: UvicornThread | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -119,14 +118,6 @@ class ApiHost:
         headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
-
-    def __enter__(self) -> ApiHost:
-        self._runner = UvicornThread(self, self.port, lifespan="off", force_exit=True).__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            self._runner.__exit__(*exc)
 
     @property
     def count(self) -> int:

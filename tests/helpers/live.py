@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import requests
 import uvicorn
@@ -96,3 +96,20 @@ class UvicornThread:
 
     def post(self, payload: Any, **kwargs: Any) -> requests.Response:
         return requests.post(self.url + "/virtual", json=payload, timeout=30, **kwargs)
+
+
+class ScriptedApp:
+    """A test's own ASGI app (``__call__``) run as a real server on 127.0.0.1, at ``port``, inside a ``with`` block."""
+
+    port: int
+    _runner: UvicornThread | None = None
+
+    def __enter__(self) -> Self:
+        self._runner = UvicornThread(self, self.port, lifespan="off", force_exit=True).__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            self._runner.__exit__(*exc)
+            self._runner = None
+

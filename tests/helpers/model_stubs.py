@@ -51,9 +51,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
-from tests.helpers.live import UvicornThread, free_port, read_body, send_json
+from tests.helpers.live import ScriptedApp, free_port, read_body, send_json
 
 FINISH = "Finish"
 LABELS = ("Solved", "Unsolved")
@@ -89,7 +89,7 @@ def _count_tokens(text: str) -> int:
     return max(1, len(text.split()))
 
 
-class ChatStub:
+class ChatStub(ScriptedApp):
     """The common server: routes, counting, failures, JSON and SSE answers; subclasses write :meth:`answer`."""
 
     default_model = "gpt-stub"
@@ -105,7 +105,6 @@ class ChatStub:
         """How many requests got a :class:`Failure` answer."""
         self._failure: Failure | None = None
         self._lock = threading.Lock()
-        self._runner: UvicornThread | None = None
 
     # -- what a test sets ------------------------------------------------------------------------
 
@@ -230,15 +229,6 @@ class ChatStub:
         })
 
     # -- running ---------------------------------------------------------------------------------
-
-    def __enter__(self) -> Self:
-        self._runner = UvicornThread(self, self.port, lifespan="off", force_exit=True).__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            self._runner.__exit__(*exc)
-            self._runner = None
 
 
 # -- the agent ---------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from typing import Any
 
 import uvicorn
 
-from tests.helpers.live import UvicornThread, free_port, read_body, send_json
+from tests.helpers.live import ScriptedApp, free_port, read_body, send_json
 
 
 @dataclass
@@ -81,7 +81,7 @@ def echo_prompt_responder(body: dict[str, Any]) -> Reply:
     return Reply(content=json.dumps({"error": "", "response": str(messages[-1].get("content", ""))}))
 
 
-class OpenAIStub:
+class OpenAIStub(ScriptedApp):
     """The stub server; use as a context manager, ``.api_base`` is the ``/v1`` URL."""
 
     def __init__(
@@ -106,7 +106,6 @@ class OpenAIStub:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
-        self._runner: UvicornThread | None = None
 
     # -- ASGI ------------------------------------------------------------------------------------
 
@@ -178,14 +177,6 @@ class OpenAIStub:
         )
 
     # -- running ---------------------------------------------------------------------------------
-
-    def __enter__(self) -> OpenAIStub:
-        self._runner = UvicornThread(self, self.port, lifespan="off", force_exit=True).__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            self._runner.__exit__(*exc)
 
     @property
     def count(self) -> int:

@@ -21,7 +21,7 @@ import requests
 
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.serving.server import create_app
-from tests.helpers.live import UvicornThread, free_port, read_body, send_json
+from tests.helpers.live import ScriptedApp, UvicornThread, free_port, read_body, send_json
 from tests.helpers.redis_server import redis_prefix, redis_server  # noqa: F401
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
@@ -30,7 +30,7 @@ SECRET = "sk-upstream-secret-0123456789"
 CLIENT_KEY = "sk-client-key-abcdefghijkl"
 
 
-class Upstream:
+class Upstream(ScriptedApp):
     """An OpenAI-compatible chat server: each answer numbered, tool calls when tools are offered, errors on demand."""
 
     def __init__(self) -> None:
@@ -42,7 +42,6 @@ class Upstream:
         self.echo_key = False
         self.delay_s = 0.0
         self._lock = threading.Lock()
-        self._runner: UvicornThread | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -75,14 +74,6 @@ class Upstream:
             "choices": [{"index": 0, "message": message_out, "finish_reason": finish, "logprobs": None}],
             "usage": {"prompt_tokens": 10 + n, "completion_tokens": 5, "total_tokens": 15 + n},
         })
-
-    def __enter__(self) -> Upstream:
-        self._runner = UvicornThread(self, self.port, lifespan="off", force_exit=True).__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._runner is not None
-        self._runner.__exit__(*exc)
 
 
 

@@ -26,7 +26,7 @@ from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import DiskcacheStore
 from tests.helpers.crowd import close_all, rss_mb, stalled_bodies
-from tests.helpers.live import UvicornThread, free_port, read_body, send_json
+from tests.helpers.live import ScriptedApp, free_port, read_body, send_json
 from tests.helpers.openai_stub import OpenAIStub, Reply
 from tests.helpers.processes import ServeProcess
 from tests.integration.test_memory_bounds import peak_mb
@@ -266,7 +266,7 @@ def test_a_write_lock_held_by_another_process_delays_only_the_calls_that_need_it
 # -- 5. not every 200 is an answer -----------------------------------------------------------------------
 
 
-class RawUpstream:
+class RawUpstream(ScriptedApp):
     """An upstream that answers each request with the next of ``bodies`` (HTTP 200), as they are."""
 
     def __init__(self, bodies: list[bytes], echo_query: bool = False) -> None:
@@ -275,7 +275,6 @@ class RawUpstream:
         self.port = free_port()
         self.api_base = f"http://127.0.0.1:{self.port}/v1"
         self.count = 0
-        self._runner: UvicornThread | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -290,14 +289,6 @@ class RawUpstream:
         body = self.bodies.pop(0)
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
-
-    def __enter__(self) -> RawUpstream:
-        self._runner = UvicornThread(self, self.port, lifespan="off", force_exit=True).__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._runner is not None
-        self._runner.__exit__(*exc)
 
 
 HOSTILE = [
