@@ -61,14 +61,18 @@ def is_model_api(api: str) -> bool:
     return api.startswith(MODEL_CATEGORY + "/")
 
 
-def model_of(api: str) -> str | None:
-    """The model of a model API, of either endpoint (``None`` for a tool's API)."""
+def model_endpoint(api: str) -> tuple[str, str] | None:
+    """``(model, endpoint)`` of ``@model/<model>/<endpoint>`` (a model may hold ``/``); ``None`` for a tool's API."""
     if not is_model_api(api):
         return None
-    for name in (CHAT_COMPLETIONS, COMPLETIONS):  # "/chat_completions" never ends in "/completions"
-        if api.endswith("/" + name) and len(api) > len(MODEL_CATEGORY) + len(name) + 2:
-            return api[len(MODEL_CATEGORY) + 1 : -len(name) - 1]
-    return None
+    model, _, endpoint = api[len(MODEL_CATEGORY) + 1:].rpartition("/")
+    return (model, endpoint) if model and endpoint else None
+
+
+def model_of(api: str) -> str | None:
+    """The model of a model API of either endpoint this server answers (``None`` for a tool's API or another endpoint)."""
+    parts = model_endpoint(api)
+    return parts[0] if parts is not None and parts[1] in (CHAT_COMPLETIONS, COMPLETIONS) else None
 
 
 def _number(text: str) -> int | float:

@@ -27,7 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from stabletoolbench_mirror.reporting.tally import ReportError, model_endpoint, snapshot_tallies
+from stabletoolbench_mirror.core.model_calls import model_endpoint
+from stabletoolbench_mirror.reporting.tally import ReportError, snapshot_tallies
 from stabletoolbench_mirror.scoring.bundle import BUNDLE_FILE, Bundle, BundleError, read_bundle, verify
 from stabletoolbench_mirror.scoring.score import pass_rate
 from stabletoolbench_mirror.upstream.archives import MARKER, ArchiveError, tree_hash

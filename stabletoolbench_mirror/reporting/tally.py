@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.core.model_calls import MODEL_CATEGORY, split_key, usage_of
+from stabletoolbench_mirror.core.model_calls import model_endpoint, split_key, usage_of
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import Store
 from stabletoolbench_mirror.upstream.failures import failure_entries
@@ -42,14 +42,6 @@ def category_of(api: str) -> str:
 def tool_of(api: str) -> str:
     """``Category/tool_for_Category`` of ``Category/tool_for_Category/api``."""
     return api.rsplit("/", 1)[0] if api.count("/") >= 2 else api
-
-
-def model_endpoint(api: str) -> tuple[str, str] | None:
-    """``(model, endpoint)`` of ``@model/<model>/<endpoint>`` (a model may hold ``/``); ``None`` for a tool's API."""
-    if not api.startswith(MODEL_CATEGORY + "/"):
-        return None
-    model, _, endpoint = api[len(MODEL_CATEGORY) + 1:].rpartition("/")
-    return (model, endpoint) if model and endpoint else None
 
 
 def sorted_counts(counts: Mapping[str, int]) -> dict[str, int]:

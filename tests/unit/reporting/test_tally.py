@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from stabletoolbench_mirror.reporting.tally import ModelTally, model_endpoint, tool_sources
+from stabletoolbench_mirror.core.model_calls import model_endpoint
+from stabletoolbench_mirror.reporting.tally import ModelTally, tool_sources
 
 DIGEST_A, DIGEST_B = "a" * 64, "b" * 64
 
