@@ -126,16 +126,6 @@ class MirrorLayer:
 
     # -- entry points -------------------------------------------------------------------------
 
-    def handle_payload(self, payload: Any) -> Outcome:
-        """Answer a decoded JSON ``/virtual`` body (the whole path, blocking)."""
-        prepared = self.prepare(payload)
-        return prepared if isinstance(prepared, Outcome) else self.handle_call(prepared)
-
-    def handle(self, request: VirtualRequest) -> Outcome:
-        """Answer one validated ``/virtual`` request (the whole path, blocking)."""
-        prepared = self._prepare_request(request)
-        return prepared if isinstance(prepared, Outcome) else self.handle_call(prepared)
-
     def prepare(self, payload: Any) -> ToolCall | Outcome:
         """Validate a decoded body into a :class:`ToolCall`, or the final answer when none is needed.
 
@@ -196,30 +186,12 @@ class MirrorLayer:
         """Whether ``call`` is one of the local tools (it always runs: never answered from the cache)."""
         return self.local_tools is not None and self.local_tools.find(call) is not None
 
-    def cached(self, call: ToolCall) -> Outcome | None:
-        """The cached answer as a hit, or ``None`` when it is not cached, is a local tool's, or the store fails."""
-        if self.runs_locally(call):
-            return None
-        try:
-            record = self.lookup(call)
-        except StoreError:
-            return None
-        return None if record is None or self.retries(record) else self._serve(call, record, OutcomeKind.HIT)
-
-    async def cached_async(self, call: ToolCall) -> Outcome | None:
-        """:meth:`cached` for the server's event loop, through the tiers' async reads: a local store
-        is read at once, Redis through its async client, a frozen file not parsed yet in a thread.
-
-        ``None`` when the answer is not cached or the store fails (the full path then
-        answers, with the store's error if it persists).
-        """
-        found = await self.probe_async(call)
-        return found if isinstance(found, Outcome) else None
-
     async def probe_async(self, call: ToolCall) -> Outcome | Looked | None:
-        """:meth:`cached_async`, saying what a lookup found when it is no hit: a :class:`Looked`
-        (no record, or a failure record tried again) for :meth:`answer`'s ``looked``, so a miss is
-        not looked up twice before its single flight; ``None`` for a local tool or a failed read."""
+        """The cached answer as a hit, read through the tiers' async reads (a local store at once, Redis
+        through its async client, a frozen file not parsed yet in a thread); when it is no hit, a
+        :class:`Looked` (no record, a failure record tried again, or the store's error) for
+        :meth:`answer`'s ``looked``, so a miss is not looked up twice before its single flight;
+        ``None`` for a local tool."""
         if self.runs_locally(call):
             return None
         hits = self._hits

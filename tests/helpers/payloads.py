@@ -6,7 +6,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
+
+from stabletoolbench_mirror.core.outcomes import Outcome
+from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.upstream.queries import default_calls
+
+
+def answer_payload(layer: MirrorLayer, payload: Any) -> Outcome:
+    """A decoded ``/virtual`` body answered as the server answers it: :meth:`MirrorLayer.prepare`, then
+    :meth:`MirrorLayer.answer_async` (the server's one entry per call)."""
+    prepared = layer.prepare(payload)
+    return prepared if isinstance(prepared, Outcome) else anyio.run(layer.answer_async, prepared)
 
 
 def distinct_default_payloads(reference_dir: Path, n: int | None = None) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.factory import build_layer, build_tool_docs
 from tests.helpers.openai_stub import OpenAIStub, Reply
 from tests.helpers.paths import REPO
+from tests.helpers.payloads import answer_payload
 from tests.helpers.processes import ServeProcess
 
 APIBANK = REPO.parent / "shared" / "reference" / "apibank"
@@ -311,11 +312,11 @@ def test_an_api_that_needs_the_internet_is_answered_by_the_simulator_and_recorde
             simulator={"enabled": True, "api_base": stub.api_base, "max_retries": 0},
         )
         layer = build_layer(settings)
-        outcome = layer.handle_payload(payload("WebLookup", word="hello"))
+        outcome = answer_payload(layer, payload("WebLookup", word="hello"))
         assert json.loads(outcome.body) == answer and outcome.source == "simulated"
         assert "Looks a word up on the web." in json.dumps(stub.requests[-1])  # the generated doc reached the prompt
         assert len(stub.requests) == 1
-        assert json.loads(layer.handle_payload(payload("WebLookup", word="hello")).body) == answer  # now from the cache
+        assert json.loads(answer_payload(layer, payload("WebLookup", word="hello")).body) == answer  # now from the cache
         assert len(stub.requests) == 1
 
 
@@ -376,7 +377,7 @@ def test_local_tools_files_still_run_beside_api_bank(tmp_path: Path, settings_fa
     tools_file.write_text('TOOLS = {"Tools/Echo/echo": lambda tool_input, state: {"echo": tool_input}}\n')
     settings = settings_factory(apibank={"path": str(make_bank(tmp_path / "bank"))}, local_tools=[str(tools_file)])
     layer = build_layer(settings, responders=[])
-    echo = layer.handle_payload({"category": "Tools", "tool_name": "Echo", "api_name": "echo", "tool_input": '{"a": 1}', "strip": "", "toolbench_key": ""})
+    echo = answer_payload(layer, {"category": "Tools", "tool_name": "Echo", "api_name": "echo", "tool_input": '{"a": 1}', "strip": "", "toolbench_key": ""})
     assert json.loads(json.loads(echo.body)["response"]) == {"echo": {"a": 1}}
     assert Client(layer).call(None, "CountNotes")["output"] == 0
 

@@ -136,6 +136,7 @@ import requests  # noqa: E402
 
 from stabletoolbench_mirror.factory import build_layer  # noqa: E402
 from tests.helpers.openai_stub import OpenAIStub, Reply  # noqa: E402
+from tests.helpers.payloads import answer_payload  # noqa: E402
 
 CALLS = 16
 UNPARSABLE = {2, 5, 9}  # MirrorAPI's non-JSON output: served "Failed to generate fake response"
@@ -300,7 +301,7 @@ def test_a_failure_never_hides_a_usable_answer_for_the_same_call(simulator, serv
     assert replayer.post(typed).json()["error"] == "API not working error..."  # a miss, not another call's answer
     in_process = build_layer(settings_factory(mode="replay"))  # the blocking path (check, warm) keeps the same rule
     try:
-        assert in_process.handle_payload(spelled).answer == good and in_process.settled(in_process.prepare(spelled))
+        assert answer_payload(in_process, spelled).answer == good and in_process.settled(in_process.prepare(spelled))
     finally:
         in_process.close()
     assert requests.get(replayer.url + "/stats", timeout=10).json()["failure_hits"] == 0

@@ -25,6 +25,7 @@ from stabletoolbench_mirror.engine.stats import Stats
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream import tooldocs as tooldocs_module
 from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
+from tests.helpers.payloads import answer_payload
 from tests.helpers.processes import ServeProcess, StubProcess
 from tests.helpers.responders import KeyedResponder, expected_answer
 
@@ -183,7 +184,7 @@ def test_tool_doc_lookup_memory_is_bounded_by_size(tmp_path: Path, monkeypatch: 
 def test_log_lines_quote_at_most_a_few_hundred_chars_of_a_name(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     layer = MirrorLayer(DiskcacheStore(tmp_path / "store"), mode="replay")
     with caplog.at_level(logging.INFO):
-        outcome = layer.handle_payload({**GOOD, "tool_name": "T" * MAX_NAME_CHARS, "tool_input": json.dumps({"q": "k" * 50_000})})
+        outcome = answer_payload(layer, {**GOOD, "tool_name": "T" * MAX_NAME_CHARS, "tool_input": json.dumps({"q": "k" * 50_000})})
     assert outcome.kind == "unanswered"
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("stabletoolbench_mirror")]
     assert lines and all("T" * (logs.MAX_QUOTED_CHARS + 1) not in line and "k" * (logs.MAX_QUOTED_CHARS + 1) not in line for line in lines)

@@ -26,6 +26,7 @@ from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.serving.server import create_app, uvicorn_options
 from tests.helpers.live import UvicornThread
 from tests.helpers.model_stubs import AgentStub
+from tests.helpers.payloads import answer_payload
 from tests.helpers.responders import KeyedResponder
 
 MODEL = "gpt-3.5-turbo-16k-0613"
@@ -167,7 +168,7 @@ def test_without_a_served_store_nothing_is_copied(tmp_path: Path) -> None:
     layer = build_layer(settings, responders=[_Responder()])
     try:
         assert layer.served is None
-        assert layer.handle_payload(_payload("new", "n")).kind.value == "recorded"
+        assert answer_payload(layer, _payload("new", "n")).kind.value == "recorded"
     finally:
         layer.close()
     assert not (tmp_path / "served").exists()

@@ -33,6 +33,7 @@ from tests.helpers import paths
 from tests.helpers.api_host import ApiHost, relay_reply
 from tests.helpers.live import free_port
 from tests.helpers.openai_stub import OpenAIStub
+from tests.helpers.payloads import answer_payload
 
 REPO = paths.REPO
 
@@ -320,7 +321,7 @@ def test_records_made_with_tool_docs_are_not_marked(tmp_path: Path) -> None:
         }), environ={})
         layer = build_layer(settings)
         try:
-            assert layer.handle_payload(CALL).kind == "recorded"
+            assert answer_payload(layer, CALL).kind == "recorded"
             [record] = list(layer.store)
         finally:
             layer.close()
