@@ -25,9 +25,8 @@ import heapq
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 CLIENT: ContextVar[str] = ContextVar("stm_client", default="")
 """The client (its address) on whose behalf the current request's work runs."""
@@ -182,10 +181,6 @@ class FairLimiter:
         return self._turns.reserve
 
     @property
-    def borrowed_tokens(self) -> int:
-        return self._turns.in_use
-
-    @property
     def waiting(self) -> int:
         return self._turns.queued
 
@@ -284,12 +279,3 @@ class FairSemaphore:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def run_as(client: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` with :data:`CLIENT` set to ``client`` (for work started outside a request)."""
-    token = CLIENT.set(client)
-    try:
-        return fn(*args)
-    finally:
-        CLIENT.reset(token)

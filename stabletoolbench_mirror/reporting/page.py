@@ -191,7 +191,6 @@ def _header(report: dict[str, Any]) -> str:
     return "".join(out)
 
 
-REQUEST_ORDER = ("frozen_cache", "store", "real", "simulated", "real_or_simulated", "local", "failure", "not_served")
 OUTCOME_ORDER = ("hits", "recorded", "shared", "replaced", "unrecorded", "failed", "unanswered", "local",
                  "rejected", "refused", "store_errors", "errors")
 

@@ -54,11 +54,6 @@ class LeaseKeeper:
             self._orphans[next(self._ids)] = (release, time.monotonic() + self.ttl_s)
             self._start()
 
-    @property
-    def pending_releases(self) -> int:
-        with self._lock:
-            return len(self._orphans)
-
     def _start(self) -> None:
         if self._thread is None and not self._stop.is_set():
             self._thread = threading.Thread(target=self._run, name="stm-lease-keeper", daemon=True)

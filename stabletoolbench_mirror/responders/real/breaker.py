@@ -62,13 +62,6 @@ class CircuitBreaker:
                 self._opened_at = self._clock()
             self._probing = False
 
-    def retry_in(self) -> float:
-        """Seconds until an open breaker lets a trial call through (0 when it would now)."""
-        with self._lock:
-            if self._opened_at is None:
-                return 0.0
-            return max(0.0, self.reset_s - (self._clock() - self._opened_at))
-
 
 class BreakerBoard:
     """One :class:`CircuitBreaker` per host, created on first use."""
@@ -87,8 +80,3 @@ class BreakerBoard:
             if breaker is None:
                 breaker = self._breakers[host] = CircuitBreaker(self.failures, self.reset_s, self._clock)
             return breaker
-
-    def states(self) -> dict[str, str]:
-        with self._lock:
-            breakers = dict(self._breakers)
-        return {host: b.state for host, b in sorted(breakers.items())}

@@ -4,13 +4,44 @@ Moved from tests/integration/test_fairness.py (no sockets); each step waits for 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from stabletoolbench_mirror.core.fair import CLIENT, FairLimiter, FairSemaphore, run_as
+from stabletoolbench_mirror.core.fair import CLIENT, FairLimiter, FairSemaphore
+
+
+def run_as(client: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with :data:`CLIENT` set to ``client``, in a copy of this context (as anyio runs a worker thread)."""
+
+    def as_client() -> Any:
+        CLIENT.set(client)
+        return fn(*args)
+
+    return contextvars.copy_context().run(as_client)
+
+
+class Counted:
+    """A :class:`FairLimiter` whose turns in use the test counts (each entered and not yet left)."""
+
+    def __init__(self, total: int, reserve: int = 0) -> None:
+        self.limiter = FairLimiter(total, reserve)
+        self.held = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.limiter, name)
+
+    async def __aenter__(self) -> None:
+        await self.limiter.__aenter__()
+        self.held += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.held -= 1
+        await self.limiter.__aexit__(*exc)
 
 
 def _until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
@@ -62,7 +93,7 @@ def test_a_freed_turn_goes_to_the_client_holding_the_fewest_then_in_turn() -> No
 
 def test_clients_with_queues_share_turns_equally_fifo_within_each() -> None:
     async def main() -> list[tuple[str, int]]:
-        limiter = FairLimiter(1)
+        limiter = Counted(1)
         done: list[tuple[str, int]] = []
         gate = asyncio.Event()
 
@@ -73,10 +104,10 @@ def test_clients_with_queues_share_turns_equally_fifo_within_each() -> None:
                 done.append((client, n))
 
         tasks = [asyncio.create_task(one(c, n)) for c in ("x", "y", "z") for n in range(3)]
-        await _until_async(lambda: limiter.borrowed_tokens == 1 and limiter.waiting == 8, "one runs, eight wait")
+        await _until_async(lambda: limiter.held == 1 and limiter.waiting == 8, "one runs, eight wait")
         gate.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
-        assert limiter.borrowed_tokens == 0 and limiter.waiting == 0
+        assert limiter.held == 0 and limiter.waiting == 0
         return done
 
     done = asyncio.run(main())
@@ -94,14 +125,14 @@ def test_a_wait_that_times_out_or_is_cancelled_leaves_no_turn_behind() -> None:
     run_as("b", turns.release)
 
     async def main() -> None:
-        limiter = FairLimiter(1)
+        limiter = Counted(1)
         await limiter.__aenter__()
         waiter = asyncio.create_task(limiter.__aenter__())
         await _until_async(lambda: limiter.waiting == 1, "the second enter waits")
         waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
         await limiter.__aexit__(None, None, None)
-        assert limiter.borrowed_tokens == 0 and limiter.waiting == 0
+        assert limiter.held == 0 and limiter.waiting == 0
         async with limiter:
             pass
 
@@ -110,7 +141,7 @@ def test_a_wait_that_times_out_or_is_cancelled_leaves_no_turn_behind() -> None:
 
 def test_among_clients_never_served_the_one_with_the_least_work_goes_first() -> None:
     async def main() -> list[str]:
-        limiter = FairLimiter(1)
+        limiter = Counted(1)
         done: list[str] = []
         gate = asyncio.Event()
 
@@ -122,7 +153,7 @@ def test_among_clients_never_served_the_one_with_the_least_work_goes_first() -> 
                 done.append(client)
 
         tasks = [asyncio.create_task(one("holder"))]
-        await _until_async(lambda: limiter.borrowed_tokens == 1, "the holder holds the turn")
+        await _until_async(lambda: limiter.held == 1, "the holder holds the turn")
         tasks += [asyncio.create_task(one("crowd")) for _ in range(8)]  # queued first, 8 of them
         await _until_async(lambda: limiter.waiting == 8, "the crowd queues")
         tasks.append(asyncio.create_task(one("newcomer")))
@@ -136,7 +167,7 @@ def test_among_clients_never_served_the_one_with_the_least_work_goes_first() -> 
 
 def test_a_reserve_turn_serves_a_client_holding_none_at_once_and_is_never_handed_on() -> None:
     async def main() -> None:
-        limiter = FairLimiter(1, reserve=1)
+        limiter = Counted(1, reserve=1)
         CLIENT.set("busy")
         await limiter.__aenter__()  # busy fills the one turn
         second = asyncio.create_task(limiter.__aenter__())  # busy's second call waits
@@ -145,30 +176,30 @@ def test_a_reserve_turn_serves_a_client_holding_none_at_once_and_is_never_handed
         async def newcomer() -> int:
             CLIENT.set("new")
             async with limiter:  # holds none: the reserve serves it at once
-                return limiter.borrowed_tokens
+                return limiter.held
 
         assert await asyncio.wait_for(newcomer(), 10) == 2
-        assert limiter.waiting == 1 and limiter.borrowed_tokens == 1  # the freed reserve turn went to nobody
+        assert limiter.waiting == 1 and limiter.held == 1  # the freed reserve turn went to nobody
         await limiter.__aexit__(None, None, None)  # busy's first turn is handed to its second call
         await asyncio.wait_for(second, 10)
-        assert limiter.borrowed_tokens == 1 and limiter.waiting == 0
+        assert limiter.held == 1 and limiter.waiting == 0
         await limiter.__aexit__(None, None, None)
-        assert limiter.borrowed_tokens == 0 and limiter.reserve == 1
+        assert limiter.held == 0 and limiter.reserve == 1
 
     asyncio.run(main())
 
 
 def test_more_turns_wake_the_waiters_and_fewer_than_one_is_refused() -> None:
     async def main() -> None:
-        limiter = FairLimiter(1)
+        limiter = Counted(1)
         await limiter.__aenter__()
         waiters = [asyncio.create_task(limiter.__aenter__()) for _ in range(2)]
         await _until_async(lambda: limiter.waiting == 2, "two wait")
-        limiter.total_tokens = 3
+        limiter.limiter.total_tokens = 3
         await asyncio.wait_for(asyncio.gather(*waiters), 10)
-        assert limiter.borrowed_tokens == 3 and limiter.total_tokens == 3
+        assert limiter.held == 3 and limiter.total_tokens == 3
         with pytest.raises(ValueError, match="at least one turn"):
-            limiter.total_tokens = 0
+            limiter.limiter.total_tokens = 0
 
     asyncio.run(main())
     with pytest.raises(ValueError, match="at least one turn"):
