@@ -7,8 +7,9 @@ Every import counts, at module level or inside a function, except those under
 Prints each circle (a strongly connected component of more than one module, or a module that
 imports itself) and exits 1, else prints the module and edge counts and exits 0.
 
-One layer rule is checked too: ``core/`` (the wire format, names, keys, records) imports nothing
-of the package outside ``core/``, not even under ``TYPE_CHECKING``.
+The layer order itself (a layer imports only the layers below it) is import-linter's layers contract
+(``[importlinter]`` in setup.cfg, ``lint-imports``); a contract forbids edges between layers, and only this
+script sees a circle inside one layer or through a package's ``__init__``.
 
 Usage: ``python .ci/check_imports.py [PACKAGE_DIR]`` (default ``stabletoolbench_mirror``).
 """
@@ -37,12 +38,12 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.AST, type_checking: bool = False) -> list[ast.Import | ast.ImportFrom]:
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     found: list[ast.Import | ast.ImportFrom] = []
     todo: list[ast.AST] = [tree]
     while todo:
         node = todo.pop()
-        if not type_checking and isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
             todo.extend(node.orelse)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -51,14 +52,13 @@ def _imports(tree: ast.AST, type_checking: bool = False) -> list[ast.Import | as
     return found
 
 
-def edges_of(name: str, path: Path, modules: dict[str, Path], type_checking: bool = False) -> set[str]:
-    """The package's modules that ``name`` imports (and the packages above each; ``type_checking``: those
-    under ``if TYPE_CHECKING:`` too)."""
+def edges_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports (and the packages above each)."""
     is_package = path.name == "__init__.py"
     # the packages above a module are imported before it: importing from a sibling adds no edge to them
     ancestors = {".".join(name.split(".")[:end]) for end in range(1, name.count(".") + 1)}
     explicit: set[str] = set()
-    for node in _imports(ast.parse(path.read_text(encoding="utf-8"), str(path)), type_checking):
+    for node in _imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
             explicit.update(alias.name for alias in node.names)
             continue
@@ -139,14 +139,6 @@ def main(argv: list[str]) -> int:
     top = root.name
     if graph.get(top):
         print(f"{top}/__init__.py imports {sorted(graph[top])}: every module imports it, so it must import none of them")
-        return 1
-    core = f"{top}.core"
-    upward = {name: sorted(t for t in edges_of(name, path, modules, type_checking=True) if t != core and not t.startswith(core + "."))
-              for name, path in modules.items() if name == core or name.startswith(core + ".")}
-    for name, targets in sorted(upward.items()):
-        if targets:
-            print(f"{name} imports {', '.join(targets)}: core/ imports nothing outside core/ (TYPE_CHECKING included)")
-    if any(upward.values()):
         return 1
     circles = cycles(graph)
     for circle in circles:
