@@ -22,7 +22,7 @@ from typing import Any
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.core.keys import record_key
 from stabletoolbench_mirror.core.model_calls import model_of
-from stabletoolbench_mirror.core.naming import resolve_names
+from stabletoolbench_mirror.core.naming import ApiPath, resolve_names
 from stabletoolbench_mirror.core.protocol import ToolInputParseError, parse_tool_input
 from stabletoolbench_mirror.core.records import Record, origin_key
 from stabletoolbench_mirror.stores import Store, StoreError
@@ -34,9 +34,9 @@ def api_names(text: str) -> set[str]:
     """The API names ``text`` may mean: itself (``Category/tool_for_Category/api``, as ``/stats`` prints
     it), and the standardised name of raw upstream names ``category/tool/api``."""
     names = {text}
-    parts = text.split("/")
-    if len(parts) == 3 and all(parts):
-        names.add(resolve_names(*parts).api)
+    path = ApiPath.parse(text)
+    if path is not None and all((path.category, path.tool, path.name)):
+        names.add(resolve_names(path.category, path.tool, path.name).api)
     return names
 
 

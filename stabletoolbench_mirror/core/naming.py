@@ -68,6 +68,35 @@ class CallNames:
         return f"{self.category}/{self.tool_folder}/{self.api_name}"
 
 
+@dataclass(frozen=True)
+class ApiPath:
+    """An API path, ``<category>/<tool>/<api name>``, split under upstream's one rule (:meth:`parse`)."""
+
+    category: str
+    tool: str
+    """The tool folder (a standardised name) or a raw tool name: the one part that may hold a ``/``."""
+    name: str
+
+    @classmethod
+    def parse(cls, path: str) -> ApiPath | None:
+        """The category ends at the first ``/`` and the API name starts after the last one; the tool is all
+        between, ``/`` included (upstream keeps a raw tool folder's name as sent, and a category or API name is
+        standardised with no ``/`` left).  ``None`` with fewer than two ``/``."""
+        category, sep, rest = path.partition("/")
+        tool, sep2, name = rest.rpartition("/")
+        return cls(category, tool, name) if sep and sep2 else None
+
+    @property
+    def tool_path(self) -> str:
+        """``<category>/<tool>``: the path of the tool's folder."""
+        return f"{self.category}/{self.tool}"
+
+
+def category_of(path: str) -> str:
+    """The category of an API path (or of a tool's): all before the first ``/``."""
+    return path.partition("/")[0]
+
+
 @lru_cache(maxsize=1024)  # a pure function of three names: a run's calls use a few hundred APIs again and again
 def resolve_names(category: str, tool_name: str, api_name: str) -> CallNames:
     """Resolve the raw names of a ``/virtual`` payload like upstream ``prepare_tool_name_and_url``.

@@ -6,6 +6,7 @@ from typing import Any
 
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.keys import value_from_upstream_key
+from stabletoolbench_mirror.core.naming import ApiPath
 from stabletoolbench_mirror.core.records import Record
 
 
@@ -17,19 +18,19 @@ def call_of_record(record: Record, docs: Any = None) -> ToolCall | None:
     gets the tool and API names as the doc spells them, which is what a client sends (so a
     prompt built for it is the live prompt); otherwise the standardised names.
     """
-    parts = record.api.split("/")
-    if len(parts) != 3:
+    path = ApiPath.parse(record.api)
+    if path is None:
         return None
     try:
         tool_input = value_from_upstream_key(record.key)
     except ValueError:
         return None
-    call = ToolCall.of(parts[0], parts[1], parts[2], tool_input)
+    call = ToolCall.of(path.category, path.tool, path.name, tool_input)
     if call.api != record.api or call.key != record.key:
         return None
     doc = docs.find(call.names) if docs is not None else None
     if doc is not None and not doc.fuzzy:
-        named = ToolCall.of(parts[0], doc.tool_name, doc.name, tool_input)
+        named = ToolCall.of(path.category, doc.tool_name, doc.name, tool_input)
         if named.api == record.api:
             return named
     return call

@@ -38,7 +38,7 @@ from typing import Any
 from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.call import ToolCall
-from stabletoolbench_mirror.core.naming import resolve_names
+from stabletoolbench_mirror.core.naming import ApiPath, resolve_names
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +106,12 @@ def import_tools_file(path: str) -> dict[str, LocalTool]:
     origin = f"local:{os.path.basename(path)}"
     tools: dict[str, LocalTool] = {}
     for key, fn in table.items():
-        parts = key.split("/") if isinstance(key, str) else None
-        if parts is None or len(parts) != 3 or not all(p.strip() for p in parts):
+        named = ApiPath.parse(key) if isinstance(key, str) else None
+        if named is None or not all(p.strip() for p in (named.category, named.tool, named.name)):
             raise ConfigError(f"{where}: TOOLS key {key!r} is not \"Category/tool_name/api_name\"")
         if not callable(fn):
             raise ConfigError(f"{where}: TOOLS[{key!r}] is not a function")
-        api = resolve_names(*parts).api
+        api = resolve_names(named.category, named.tool, named.name).api
         if api in tools:
             raise ConfigError(f"{where}: TOOLS keys {key!r} and another one name the same API {api}")
         tools[api] = LocalTool(api, fn, origin)

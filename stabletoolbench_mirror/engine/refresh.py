@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stabletoolbench_mirror.config import DAY_S, RefreshConfig
+from stabletoolbench_mirror.core.naming import category_of
 from stabletoolbench_mirror.core.records import Record
 
 
@@ -43,7 +44,7 @@ class RefreshScope:
             return False
         if self.apis and record.api not in self.apis:
             return False
-        if self.categories and record.api.split("/", 1)[0] not in self.categories:
+        if self.categories and category_of(record.api) not in self.categories:
             return False
         if self.sources and record.source not in self.sources:
             return False

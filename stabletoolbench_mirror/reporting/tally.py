@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.core.model_calls import model_endpoint, split_key, usage_of
+from stabletoolbench_mirror.core.naming import ApiPath, category_of
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import Store
 from stabletoolbench_mirror.upstream.failures import failure_entries
@@ -35,13 +36,10 @@ class ReportError(RuntimeError):
 # -- the parts of a name ----------------------------------------------------------------------------
 
 
-def category_of(api: str) -> str:
-    return api.split("/", 1)[0]
-
-
 def tool_of(api: str) -> str:
-    """``Category/tool_for_Category`` of ``Category/tool_for_Category/api``."""
-    return api.rsplit("/", 1)[0] if api.count("/") >= 2 else api
+    """``Category/tool_for_Category`` of ``Category/tool_for_Category/api`` (``api`` itself when it is no API path)."""
+    path = ApiPath.parse(api)
+    return api if path is None else path.tool_path
 
 
 def sorted_counts(counts: Mapping[str, int]) -> dict[str, int]:

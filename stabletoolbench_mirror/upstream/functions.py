@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.core.naming import change_name, standardize
-from stabletoolbench_mirror.upstream.queries import CLIENT_TYPE_MAP, FUNCTION_NAME_MAX, iter_query_files
+from stabletoolbench_mirror.upstream.queries import CLIENT_TYPE_MAP, FUNCTION_NAME_MAX, function_name, iter_query_files
 
 DESCRIPTION_MAX = 256
 CLASH_HEX = 6
@@ -142,7 +142,7 @@ def openai_function(api: dict[str, Any], standard_tool_name: str) -> dict[str, A
     ``api`` has upstream's ``api_json`` fields: ``api_name`` (the doc's spelling),
     ``api_description``, ``required_parameters``, ``optional_parameters``.
     """
-    name = f"{change_name(standardize(api['api_name']))}_for_{standard_tool_name}"[-FUNCTION_NAME_MAX:]
+    name = function_name(api["api_name"], standard_tool_name)
     description = f"This is the subfunction for tool \"{standard_tool_name}\", you can use this tool."
     doc_description = _text(api.get("api_description"))
     if doc_description.strip() != "":

@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from stabletoolbench_mirror.core.files import atomic_write
-from stabletoolbench_mirror.core.naming import is_safe_path_component
+from stabletoolbench_mirror.core.naming import ApiPath, is_safe_path_component
 
 log = logging.getLogger(__name__)
 
@@ -56,23 +56,14 @@ def decode_name(component: str) -> str:
     return unquote_to_bytes(component[len(ENCODED_PREFIX) :]).decode("utf-8", "surrogatepass")
 
 
-def split_api(api: str) -> tuple[str, str, str] | None:
-    """``(category, tool folder, api name)``; the category and API name never hold a ``/``, a raw tool folder may."""
-    category, sep, rest = api.partition("/")
-    tool, sep2, api_name = rest.rpartition("/")
-    if not (sep and sep2):
-        return None
-    return category, tool, api_name
-
-
 @lru_cache(maxsize=1024)  # pure; looked up by every hit on a frozen tree
 def api_file_parts(api: str) -> tuple[str, str, str] | None:
     """The folder, subfolder and file name (without ``.json``) of ``api``'s cache file, encoded as needed;
     ``None`` if it cannot have one.  Each is one plain name: a path made of them never leaves its root."""
-    parts = split_api(api)
-    if parts is None:
+    path = ApiPath.parse(api)
+    if path is None:
         return None
-    category, tool, name = (encode_name(p) for p in parts)
+    category, tool, name = (encode_name(p) for p in (path.category, path.tool, path.name))
     if category is None or tool is None or name is None:
         return None
     return category, tool, name

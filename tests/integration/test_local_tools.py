@@ -247,6 +247,18 @@ def test_two_files_defining_one_api_are_refused(tmp_path: Path) -> None:
         LocalTools.load([str(one), str(two)])
 
 
+def test_a_tools_key_is_split_as_an_api_path_its_tool_name_may_hold_a_slash(tmp_path: Path) -> None:
+    """A TOOLS key is read under the API path's one rule (core.naming.ApiPath): four parts are a tool name with a
+    slash, found by a client sending that tool name (a three-way split refused the key)."""
+    from stabletoolbench_mirror.core.call import ToolCall
+
+    tools_file = tmp_path / "slash_tools.py"
+    tools_file.write_text("TOOLS = {'Tools/Group/Tool/do': print}\n")
+    tools = LocalTools.load([str(tools_file)])
+    assert tools.find(ToolCall.of("Tools", "Group/Tool", "do", {})) is not None
+    assert tools.find(ToolCall.of("Tools", "Tool", "do", {})) is None
+
+
 def test_the_example_tools_load_and_match_client_spellings() -> None:
     tools = LocalTools.load([str(EXAMPLE_TOOLS)])
     from stabletoolbench_mirror.core.call import ToolCall

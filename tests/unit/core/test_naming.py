@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.naming import (
+    ApiPath,
+    category_of,
     change_name,
     is_safe_path_component,
     parameter_name,
@@ -15,6 +18,8 @@ from stabletoolbench_mirror.core.naming import (
     standardize,
     standardize_category,
 )
+from stabletoolbench_mirror.core.record_calls import call_of_record
+from stabletoolbench_mirror.core.records import Record
 
 
 @pytest.mark.parametrize(
@@ -117,3 +122,32 @@ def test_reference_cache_layout_matches_resolve_names(reference_dir: Path, refer
         p = call["payload"]
         names = resolve_names(p["category"], p["tool_name"], p["api_name"])
         assert (reference_dir / "cache" / names.category / names.tool_folder / f"{names.api_name}.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("api", "parts"),
+    [
+        ("Data/movies_for_Data/Get Title", ("Data", "movies_for_Data", "Get Title")),
+        ("Data/a/b_for_Data/get", ("Data", "a/b_for_Data", "get")),  # a raw tool folder may hold a slash
+        ("Data//get", ("Data", "", "get")),
+        ("no slash", None),
+        ("one/slash", None),
+    ],
+)
+def test_an_api_path_is_split_at_its_first_and_last_slash(api: str, parts: tuple[str, str, str] | None) -> None:
+    path = ApiPath.parse(api)
+    assert (None if path is None else (path.category, path.tool, path.name)) == parts
+    assert category_of(api) == api.partition("/")[0]
+    if path is not None:
+        assert path.tool_path == api.rsplit("/", 1)[0]
+
+
+def test_a_record_of_a_tool_folder_with_a_slash_gives_back_its_call() -> None:
+    """The one input on which the two rules once used differed: four parts.  The upstream rule (the tool folder
+    holds the slash, as upstream names the folder of a raw tool name ending in ``_for_<category>``) is kept, so
+    such a record's call is rebuilt (an exact three-way split refused it)."""
+    sent = ToolCall.of("Data", "x/y_for_Data", "get", {"q": 1})
+    assert sent.api == "Data/x/y_for_Data/get"
+    call = call_of_record(Record(api=sent.api, key=sent.key, body="{}", source="real"))
+    assert call is not None and (call.api, call.key, call.tool_name) == (sent.api, sent.key, "x/y_for_Data")
+    assert call_of_record(Record(api="Data/x/y/get", key=sent.key, body="{}", source="real")) is None  # no round trip

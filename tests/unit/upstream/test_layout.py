@@ -43,20 +43,6 @@ def test_a_name_too_long_once_encoded_cannot_be_written() -> None:
     assert layout.encode_name(fits) is not None and len(layout.encode_name(fits).encode()) <= layout.MAX_NAME_BYTES  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize(
-    ("api", "parts"),
-    [
-        ("Data/movies_for_Data/Get Title", ("Data", "movies_for_Data", "Get Title")),
-        ("Data/a/b_for_Data/get", ("Data", "a/b_for_Data", "get")),  # a raw tool folder may hold a slash
-        ("Data//get", ("Data", "", "get")),
-        ("no slash", None),
-        ("one/slash", None),
-    ],
-)
-def test_split_api(api: str, parts: tuple[str, str, str] | None) -> None:
-    assert layout.split_api(api) == parts
-
-
 def test_api_paths_stay_inside_their_root(tmp_path: Path) -> None:
     assert layout.api_path(tmp_path, "Data/movies_for_Data/Get Title") == tmp_path / "Data" / "movies_for_Data" / "Get Title.json"
     assert layout.api_path(tmp_path, "../x_for_y/..") == tmp_path / "%%.." / "x_for_y" / "%%...json"
