@@ -17,8 +17,9 @@ import ctypes
 import json
 import logging
 import threading
-from collections import OrderedDict
 from typing import Any
+
+from cachetools import LRUCache
 
 from stabletoolbench_mirror.apibank.environment import Environment, StateError, seeded
 from stabletoolbench_mirror.apibank.inputs import InputError, type_inputs
@@ -85,9 +86,9 @@ class ApiBankTools(LocalTools):
                 merged[api] = LocalTool(api, _not_called, f"apibank:{suite.folder}")
         super().__init__(merged, **options)
         self.suites = list(suites)
-        self._live: OrderedDict[tuple[str, str], Environment] = OrderedDict()
+        self._live: LRUCache[tuple[str, str], Environment] = LRUCache(MAX_LIVE)
         self._live_lock = threading.Lock()
-        self._session_locks: OrderedDict[tuple[str, str], threading.Lock] = OrderedDict()
+        self._session_locks: LRUCache[tuple[str, str], threading.Lock] = LRUCache(MAX_SESSION_LOCKS)
 
     # -- environments ---------------------------------------------------------------------------
 
@@ -110,9 +111,6 @@ class ApiBankTools(LocalTools):
             return
         with self._live_lock:
             self._live[(suite.folder, call.session.id)] = env
-            self._live.move_to_end((suite.folder, call.session.id))
-            while len(self._live) > MAX_LIVE:
-                self._live.popitem(last=False)
 
     def _forget(self, suite: Suite, call: ToolCall) -> None:
         if call.session is not None:
@@ -154,9 +152,6 @@ class ApiBankTools(LocalTools):
             lock = self._session_locks.get(key)
             if lock is None:
                 lock = self._session_locks[key] = threading.Lock()
-                while len(self._session_locks) > MAX_SESSION_LOCKS:
-                    self._session_locks.popitem(last=False)
-            self._session_locks.move_to_end(key)
         return lock
 
     def _call(self, suite: Suite, name: str, call: ToolCall, state: dict) -> LocalResult:

@@ -32,9 +32,10 @@ import shutil
 import sqlite3
 import tempfile
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+
+from cachetools import LRUCache
 
 from stabletoolbench_mirror.stores import rules
 from stabletoolbench_mirror.stores.base import Store, StoreError
@@ -63,6 +64,20 @@ def _whole(held: _Held) -> rules.Occurrences:
     return held if isinstance(held, rules.Occurrences) else rules.Occurrences(held)
 
 
+class _Counters(LRUCache[bytes, _Held]):
+    """The counters in memory, least recently used first; each one evicted goes to ``evicted`` (cachetools' eviction
+    hook is :meth:`popitem`)."""
+
+    def __init__(self, limit: int, evicted: Callable[[bytes, _Held], None]) -> None:
+        super().__init__(limit)
+        self._evicted = evicted
+
+    def popitem(self) -> tuple[bytes, _Held]:
+        key, state = super().popitem()
+        self._evicted(key, state)
+        return key, state
+
+
 class PrivateRun:
     """The counters of the server's private run: in memory up to ``limit`` requests, spilled beyond (see the module)."""
 
@@ -70,7 +85,7 @@ class PrivateRun:
         self.run = run
         self.limit = limit
         self.batch = batch
-        self._held: OrderedDict[bytes, _Held] = OrderedDict()
+        self._held = _Counters(limit, self._evict)
         self._pending: dict[bytes, rules.Occurrences] = {}
         """Counters evicted from memory, not yet written to the spill file (their keys are in the Bloom filter)."""
         if bloom_bits & (bloom_bits - 1) or bloom_bits < 8:
@@ -99,9 +114,7 @@ class PrivateRun:
         key = bytes.fromhex(digest)
         with self._lock:
             held = self._held.get(key)
-            if held is not None:
-                self._held.move_to_end(key)
-            elif self._maybe_spilled(key) or len(self._pending) >= 2 * self.batch:
+            if held is None and (self._maybe_spilled(key) or len(self._pending) >= 2 * self.batch):
                 self._mark(key)  # counted in the file from now on: never in memory again
                 return None
             if held is None or isinstance(held, int):  # nothing given back: the next number (the rule's usual case, no objects)
@@ -110,11 +123,12 @@ class PrivateRun:
             else:
                 number, after = rules.claim_occurrence(held)
                 self._held[key] = _compact(after)
-            if len(self._held) > self.limit:
-                evicted, state = self._held.popitem(last=False)
-                self._mark(evicted)
-                self._pending[evicted] = _whole(state)
             return number
+
+    def _evict(self, key: bytes, state: _Held) -> None:
+        """A counter past ``limit`` (the least recently used), to be spilled; under ``_lock``."""
+        self._mark(key)
+        self._pending[key] = _whole(state)
 
     def release_now(self, digest: str, number: int) -> bool:
         """Give ``number`` back in memory; ``False`` when the counter is not in memory (:meth:`release`, in a thread)."""

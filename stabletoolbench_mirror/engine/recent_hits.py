@@ -11,14 +11,18 @@ the answer.  For a call answered lately, all of that gives the same answer as lo
 
 Both are read *before* the lookup they vouch for, so a change that lands during it makes the kept
 hit stale at once.  Only hits are kept (a miss goes the full way), only when the store gives a
-change token (diskcache; not Redis, which keeps its own memory), at most :data:`MAX_HITS` of them (all forgotten when full), and
+change token (diskcache; not Redis, which keeps its own memory), at most :data:`MAX_HITS` of them (the least recently used
+forgotten first), and
 only answers of up to :data:`MAX_BODY_CHARS` characters.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
+
+from cachetools import LRUCache
 
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.outcomes import Outcome
@@ -32,13 +36,14 @@ Token = tuple[Any, ...]
 class RecentHits:
     """The answers of recent hits by call, each with the token of what it was looked up in (any thread)."""
 
-    __slots__ = ("_store_token", "_frozen", "_hits", "max_hits")
+    __slots__ = ("_store_token", "_frozen", "_hits", "_lock", "max_hits")
 
     def __init__(self, store_token: Callable[[], Hashable | None], frozen: Sequence[Any], max_hits: int = MAX_HITS) -> None:
         """``store_token``: the store's change token (``None``: keep nothing now); ``frozen``: the frozen caches (``state_token``)."""
         self._store_token = store_token
         self._frozen = tuple(f.state_token for f in frozen)
-        self._hits: dict[tuple[str, str, str, str], tuple[Token, Outcome]] = {}
+        self._hits: LRUCache[tuple[str, str, str, str], tuple[Token, Outcome]] = LRUCache(max(max_hits, 1))
+        self._lock = threading.Lock()  # a cachetools cache is not thread-safe
         self.max_hits = max_hits
 
     def token(self, api: str) -> Token | None:
@@ -49,16 +54,15 @@ class RecentHits:
         return (store, *[state(api) for state in self._frozen])
 
     def get(self, call: ToolCall, token: Token) -> Outcome | None:
-        kept = self._hits.get((call.api, call.key, call.upstream, call.canonical))
+        with self._lock:
+            kept = self._hits.get((call.api, call.key, call.upstream, call.canonical))
         return kept[1] if kept is not None and kept[0] == token else None
 
     def put(self, call: ToolCall, token: Token, outcome: Outcome) -> None:
         if len(outcome.body) > MAX_BODY_CHARS or self.max_hits <= 0:
             return
-        hits = self._hits
-        if len(hits) >= self.max_hits:
-            hits.clear()
-        hits[(call.api, call.key, call.upstream, call.canonical)] = (token, outcome)
+        with self._lock:
+            self._hits[(call.api, call.key, call.upstream, call.canonical)] = (token, outcome)
 
     def __len__(self) -> int:
         return len(self._hits)

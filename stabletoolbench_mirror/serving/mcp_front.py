@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.to_thread
+from cachetools import FIFOCache
 
 from stabletoolbench_mirror.config import ConfigError, Settings
 from stabletoolbench_mirror.core import fair, protocol
@@ -227,7 +227,7 @@ class _SessionMap:
     """MCP session -> server session, created at an MCP session's first tool call."""
 
     def __init__(self) -> None:
-        self._ids: OrderedDict[str, str] = OrderedDict()
+        self._ids: FIFOCache[str, str] = FIFOCache(MAX_MCP_SESSIONS)  # the oldest forgotten first
         self._lock = anyio.Lock()
 
     async def server_session(self, layer: MirrorLayer, mcp_id: str) -> str | None | Outcome:
@@ -242,8 +242,6 @@ class _SessionMap:
                     return Outcome.error(503, f"stabletoolbench-mirror: cannot start a session: {exc}")
                 found = head["id"]
                 self._ids[mcp_id] = found
-                while len(self._ids) > MAX_MCP_SESSIONS:
-                    self._ids.popitem(last=False)
             return found
 
 

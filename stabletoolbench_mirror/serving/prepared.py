@@ -9,6 +9,8 @@ request still looks its answer up), only of bodies up to :data:`MAX_BODY_BYTES`,
 
 from __future__ import annotations
 
+from cachetools import FIFOCache
+
 from stabletoolbench_mirror.core.call import ToolCall
 
 MAX_CALLS = 2048
@@ -21,7 +23,7 @@ class PreparedCalls:
     __slots__ = ("_calls", "max_calls", "max_body")
 
     def __init__(self, max_calls: int = MAX_CALLS, max_body: int = MAX_BODY_BYTES) -> None:
-        self._calls: dict[bytes, ToolCall] = {}
+        self._calls: FIFOCache[bytes, ToolCall] = FIFOCache(max(max_calls, 1))
         self.max_calls = max_calls
         self.max_body = max_body
 
@@ -31,10 +33,7 @@ class PreparedCalls:
     def put(self, body: bytes, call: ToolCall) -> None:
         if len(body) > self.max_body or self.max_calls <= 0:
             return
-        calls = self._calls
-        if len(calls) >= self.max_calls:
-            del calls[next(iter(calls))]  # the oldest
-        calls[body] = call
+        self._calls[body] = call
 
     def __len__(self) -> int:
         return len(self._calls)
