@@ -18,7 +18,6 @@ only answers of up to :data:`MAX_BODY_CHARS` characters.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -34,16 +33,16 @@ Token = tuple[Any, ...]
 
 
 class RecentHits:
-    """The answers of recent hits by call, each with the token of what it was looked up in (any thread)."""
+    """The answers of recent hits by call, each with the token of what it was looked up in (the event loop's: no lock,
+    a cachetools cache is not thread-safe)."""
 
-    __slots__ = ("_store_token", "_frozen", "_hits", "_lock", "max_hits")
+    __slots__ = ("_store_token", "_frozen", "_hits", "max_hits")
 
     def __init__(self, store_token: Callable[[], Hashable | None], frozen: Sequence[Any], max_hits: int = MAX_HITS) -> None:
         """``store_token``: the store's change token (``None``: keep nothing now); ``frozen``: the frozen caches (``state_token``)."""
         self._store_token = store_token
         self._frozen = tuple(f.state_token for f in frozen)
         self._hits: LRUCache[tuple[str, str, str, str], tuple[Token, Outcome]] = LRUCache(max(max_hits, 1))
-        self._lock = threading.Lock()  # a cachetools cache is not thread-safe
         self.max_hits = max_hits
 
     def token(self, api: str) -> Token | None:
@@ -54,15 +53,13 @@ class RecentHits:
         return (store, *[state(api) for state in self._frozen])
 
     def get(self, call: ToolCall, token: Token) -> Outcome | None:
-        with self._lock:
-            kept = self._hits.get((call.api, call.key, call.upstream, call.canonical))
+        kept = self._hits.get((call.api, call.key, call.upstream, call.canonical))
         return kept[1] if kept is not None and kept[0] == token else None
 
     def put(self, call: ToolCall, token: Token, outcome: Outcome) -> None:
         if len(outcome.body) > MAX_BODY_CHARS or self.max_hits <= 0:
             return
-        with self._lock:
-            self._hits[(call.api, call.key, call.upstream, call.canonical)] = (token, outcome)
+        self._hits[(call.api, call.key, call.upstream, call.canonical)] = (token, outcome)
 
     def __len__(self) -> int:
         return len(self._hits)
