@@ -1,4 +1,4 @@
-"""A small client for agent frameworks: tool calls inside one session of a running mirror server.
+"""The Python client of a running mirror server: ``/virtual``, ``/sessions``, one ``requests`` session.
 
 ::
 
@@ -13,16 +13,25 @@
 ``call`` returns the parsed ``{"error", "response"}`` answer exactly as the server sent it
 (an ``error`` text is the tool's answer, not an exception).  Problems reaching the server,
 timeouts and HTTP errors raise :class:`MirrorError` with a clear message.
+
+:class:`Mirror` is the layer below, the one every client of the server's API uses (``check --url``,
+``apibank check --url``, :class:`Session`): any request, its :class:`Reply` as sent (status, body text,
+headers), kept-alive connections shared by threads.  Proxies named in the environment are not used
+(``trust_env`` off): the server is usually on this host, as the check commands always assumed, and
+requests' per-request look-ups of the environment and ``~/.netrc`` were a third of its cost per call.
 """
 
 from __future__ import annotations
 
 import json
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import requests
 
-__all__ = ["MirrorError", "Session"]
+__all__ = ["Mirror", "MirrorError", "Reply", "Session"]
 
 
 class MirrorError(RuntimeError):
@@ -31,6 +40,80 @@ class MirrorError(RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the server answered: the HTTP status, the body as text, the headers."""
+
+    status: int
+    body: str
+    headers: Mapping[str, str]
+
+
+class Mirror:
+    """A mirror server at ``url`` (``http(s)://host:port[/prefix]``; a trailing ``/virtual`` is accepted).
+
+    ``token`` is the server's bearer token when it has one; ``timeout`` bounds each request in seconds
+    (connect and read); ``connections`` is how many kept-alive connections threads may share.
+    """
+
+    def __init__(self, url: str, *, token: str | None = None, timeout: float = 60.0, connections: int = 10) -> None:
+        base = url.rstrip("/")
+        self.url = base[: -len("/virtual")] if base.endswith("/virtual") else base
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise MirrorError(f"{url!r} is not http://HOST:PORT or https://HOST:PORT")
+        self.timeout = float(timeout)
+        self._http = requests.Session()
+        self._http.trust_env = False
+        adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=max(1, connections))
+        self._http.mount("http://", adapter)
+        self._http.mount("https://", adapter)
+        if token:
+            self._http.headers["Authorization"] = f"Bearer {token}"
+
+    def request(self, method: str, path: str, payload: Any = None, headers: Mapping[str, str] | None = None, *,
+                again: bool = False) -> Reply:
+        """``method`` on ``path`` with ``payload`` as its JSON body; ``again``: once more on a new connection
+        if the kept-alive one failed (only for a request that may be sent twice)."""
+        where = f"{method} {self.url}{path}"
+        data = None if payload is None else json.dumps(payload).encode("utf-8")
+        sent = {"Content-Type": "application/json", **(headers or {})} if data is not None else headers
+        for attempt in (0, 1):
+            try:
+                response = self._http.request(method, self.url + path, data=data, headers=sent, timeout=self.timeout)
+                return Reply(response.status_code, response.content.decode("utf-8", "replace"), response.headers)
+            except requests.Timeout:
+                raise MirrorError(f"{where}: no answer within {self.timeout:g} s") from None
+            except requests.ConnectionError as exc:
+                if attempt or not again:
+                    raise MirrorError(f"{where}: cannot reach the server ({type(exc).__name__}); is it running?") from None
+            except requests.RequestException as exc:
+                raise MirrorError(f"{where}: {exc}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def call(self, payload: Mapping[str, Any], *, session: str | None = None, faults: bool = True) -> Reply:
+        """``POST /virtual``, in ``session`` if given; ``faults=False`` asks the server to leave its faults out."""
+        headers = {"toolbench_key": str(payload.get("toolbench_key", ""))}
+        if session is not None:
+            headers["X-STM-Session"] = session
+        if not faults:
+            headers["X-STM-Faults"] = "off"
+        return self.request("POST", "/virtual", payload, headers, again=session is None)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Mirror:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def session_path(session_id: str) -> str:
+    return f"/sessions/{urllib.parse.quote(session_id, safe='')}"
 
 
 class Session:
@@ -55,25 +138,17 @@ class Session:
         toolbench_key: str = "",
         delete_on_exit: bool = False,
     ) -> None:
-        base = url.rstrip("/")
-        if base.endswith("/virtual"):
-            base = base[: -len("/virtual")]
-        self.url = base
+        self.mirror = Mirror(url, token=token, timeout=timeout)
+        self.url, self.timeout = self.mirror.url, self.mirror.timeout
         self.task = task
         self.id = session_id
-        self.timeout = float(timeout)
         self.toolbench_key = toolbench_key
         self.delete_on_exit = delete_on_exit
-        self._http = requests.Session()
-        if token:
-            self._http.headers["Authorization"] = f"Bearer {token}"
-
-    # -- the session ------------------------------------------------------------------------------
 
     def start(self) -> Session:
         """Ask the server for a new session (done by ``with`` and by the first call when needed)."""
         if self.id is None:
-            self.id = self._request("POST", "/sessions", json={"task": self.task})["id"]
+            self.id = self._json(self.mirror.request("POST", "/sessions", {"task": self.task}), "POST /sessions")["id"]
         return self
 
     def call(self, category: str, tool: str, api: str, /, **inputs: Any) -> Any:
@@ -87,20 +162,22 @@ class Session:
             "strip": "",
             "toolbench_key": self.toolbench_key,
         }
-        return self._request("POST", "/virtual", json=payload, headers={"X-STM-Session": str(self.id)})
+        return self._json(self.mirror.call(payload, session=str(self.id)), "POST /virtual")
 
     def trajectory(self) -> dict[str, Any]:
         """The session as the server keeps it: task, calls with answers and provenance, state."""
         self.start()
-        return self._request("GET", f"/sessions/{requests.utils.quote(str(self.id), safe='')}")
+        path = session_path(str(self.id))
+        return self._json(self.mirror.request("GET", path), f"GET {path}")
 
     def delete(self) -> None:
         """Delete the session on the server."""
         if self.id is not None:
-            self._request("DELETE", f"/sessions/{requests.utils.quote(str(self.id), safe='')}")
+            path = session_path(str(self.id))
+            self._json(self.mirror.request("DELETE", path), f"DELETE {path}")
 
     def close(self) -> None:
-        self._http.close()
+        self.mirror.close()
 
     def __enter__(self) -> Session:
         return self.start()
@@ -112,23 +189,14 @@ class Session:
         finally:
             self.close()
 
-    # -- HTTP -------------------------------------------------------------------------------------
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _json(self, reply: Reply, request: str) -> Any:
+        method, _, path = request.partition(" ")
         where = f"{method} {self.url}{path}"
         try:
-            response = self._http.request(method, self.url + path, timeout=self.timeout, **kwargs)
-        except requests.Timeout:
-            raise MirrorError(f"{where}: no answer within {self.timeout:g} s") from None
-        except requests.ConnectionError as exc:
-            raise MirrorError(f"{where}: cannot reach the server ({type(exc).__name__}); is it running?") from None
-        except requests.RequestException as exc:
-            raise MirrorError(f"{where}: {exc}") from None
-        try:
-            body = response.json()
+            body = json.loads(reply.body)
         except ValueError:
-            raise MirrorError(f"{where}: HTTP {response.status_code}, not JSON: {response.text[:200]!r}", response.status_code) from None
-        if response.status_code != 200 and not (response.status_code == 201 and method == "POST"):
+            raise MirrorError(f"{where}: HTTP {reply.status}, not JSON: {reply.body[:200]!r}", reply.status) from None
+        if reply.status != 200 and not (reply.status == 201 and method == "POST"):
             detail = body.get("error") if isinstance(body, dict) else None
-            raise MirrorError(f"{where}: HTTP {response.status_code}: {detail or body}", response.status_code)
+            raise MirrorError(f"{where}: HTTP {reply.status}: {detail or body}", reply.status)
         return body
