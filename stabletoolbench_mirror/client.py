@@ -1,4 +1,4 @@
-"""The Python client of a running mirror server: ``/virtual``, ``/sessions``, one ``requests`` session.
+"""The Python client of a running mirror server: ``/virtual``, ``/sessions``, through one pool of connections.
 
 ::
 
@@ -16,9 +16,12 @@ timeouts and HTTP errors raise :class:`MirrorError` with a clear message.
 
 :class:`Mirror` is the layer below, the one every client of the server's API uses (``check --url``,
 ``apibank check --url``, :class:`Session`): any request, its :class:`Reply` as sent (status, body text,
-headers), kept-alive connections shared by threads.  Proxies named in the environment are not used
-(``trust_env`` off): the server is usually on this host, as the check commands always assumed, and
-requests' per-request look-ups of the environment and ``~/.netrc`` were a third of its cost per call.
+headers), kept-alive connections shared by threads.  It sends through ``urllib3``'s pool, the HTTP
+layer under ``requests``, without ``requests``' session on top: ``check --url`` sends every call of a
+run through it, and on 127.0.0.1 (8 threads, 2 shared cores) a call cost the client 0.74-0.92 ms of CPU
+through a ``requests`` session, 0.41-0.43 ms through ``urllib3`` (0.25-0.30 ms through the
+``http.client`` connections ``check`` kept before).  Proxies named in the environment are not used:
+the server is usually on this host, as the check commands always assumed.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import requests
+import urllib3
 
 __all__ = ["Mirror", "MirrorError", "Reply", "Session"]
 
@@ -37,9 +40,11 @@ __all__ = ["Mirror", "MirrorError", "Reply", "Session"]
 class MirrorError(RuntimeError):
     """The server could not be reached, did not answer in time, or refused the request."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason or message
+        """Why, in the words of the layer that failed (``[Errno 111] Connection refused``, ``timed out``)."""
 
 
 @dataclass(frozen=True)
@@ -65,13 +70,10 @@ class Mirror:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise MirrorError(f"{url!r} is not http://HOST:PORT or https://HOST:PORT")
         self.timeout = float(timeout)
-        self._http = requests.Session()
-        self._http.trust_env = False
-        adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=max(1, connections))
-        self._http.mount("http://", adapter)
-        self._http.mount("https://", adapter)
-        if token:
-            self._http.headers["Authorization"] = f"Bearer {token}"
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._prefix = parts.path
+        # no redirects followed, no tries again but the one ``again`` asks for
+        self._pool = urllib3.connection_from_url(self.url, maxsize=max(1, connections), retries=False, timeout=self.timeout)
 
     def request(self, method: str, path: str, payload: Any = None, headers: Mapping[str, str] | None = None, *,
                 again: bool = False) -> Reply:
@@ -79,17 +81,18 @@ class Mirror:
         if the kept-alive one failed (only for a request that may be sent twice)."""
         where = f"{method} {self.url}{path}"
         data = None if payload is None else json.dumps(payload).encode("utf-8")
-        sent = {"Content-Type": "application/json", **(headers or {})} if data is not None else headers
+        sent = {**self._headers, **({"Content-Type": "application/json"} if data is not None else {}), **(headers or {})}
         for attempt in (0, 1):
             try:
-                response = self._http.request(method, self.url + path, data=data, headers=sent, timeout=self.timeout)
-                return Reply(response.status_code, response.content.decode("utf-8", "replace"), response.headers)
-            except requests.Timeout:
-                raise MirrorError(f"{where}: no answer within {self.timeout:g} s") from None
-            except requests.ConnectionError as exc:
+                response = self._pool.request(method, self._prefix + path, body=data, headers=sent)
+                return Reply(response.status, response.data.decode("utf-8", "replace"), response.headers)
+            except (urllib3.exceptions.ProtocolError, urllib3.exceptions.NewConnectionError) as exc:  # (before its base)
                 if attempt or not again:
-                    raise MirrorError(f"{where}: cannot reach the server ({type(exc).__name__}); is it running?") from None
-            except requests.RequestException as exc:
+                    reason = str(exc.__cause__ or exc.args[-1])  # the socket's words under urllib3's
+                    raise MirrorError(f"{where}: cannot reach the server ({reason}); is it running?", reason=reason) from None
+            except urllib3.exceptions.TimeoutError:
+                raise MirrorError(f"{where}: no answer within {self.timeout:g} s", reason="timed out") from None
+            except urllib3.exceptions.HTTPError as exc:
                 raise MirrorError(f"{where}: {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -103,7 +106,7 @@ class Mirror:
         return self.request("POST", "/virtual", payload, headers, again=session is None)
 
     def close(self) -> None:
-        self._http.close()
+        self._pool.close()
 
     def __enter__(self) -> Mirror:
         return self

@@ -57,7 +57,7 @@ class HttpSessions:
             else:
                 reply = self.mirror.call(body, session=session)
         except MirrorError as exc:
-            raise ValueError(f"cannot reach the server: {exc}") from None
+            raise ValueError(f"cannot reach the server: {exc.reason}") from None
         return reply.status, reply.body
 
     def start(self, task: str) -> str:

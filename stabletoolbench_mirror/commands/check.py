@@ -97,7 +97,7 @@ class UrlTarget:
         try:
             reply = self.mirror.call(payload, faults=self.with_faults)
         except MirrorError as exc:
-            raise CheckInputError(f"cannot reach {self.url}: {exc}") from None
+            raise CheckInputError(f"cannot reach {self.url}: {exc.reason}") from None
         outcome = reply.headers.get("X-STM-Outcome")
         # this project's server says whether an answer is a failure; another's is judged by content
         failure = None if outcome is None else reply.headers.get("X-STM-Failure") == "true" or bool(reply.headers.get("X-STM-Fault"))
