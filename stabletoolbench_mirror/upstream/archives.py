@@ -156,30 +156,42 @@ def download(url: str, download_dir: Path, sha256: str | None, *, progress: bool
         return target
     download_dir.mkdir(parents=True, exist_ok=True)
     fd, part = tempfile.mkstemp(prefix=".part-", dir=download_dir)
-    digest = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out, _HttpOnlyRedirects() as session, session.get(
-                url, stream=True, timeout=pace.read_timeout(), headers={"Accept-Encoding": "identity"}) as response:
-            if not 200 <= response.status_code < 300:
-                raise ArchiveError(f"cannot download {url}: HTTP Error {response.status_code}: {response.reason}")
-            total = response.headers.get("Content-Length")
-            length = int(total) if total and total.isdigit() else None
-            pace.check_length(length)
-            with progress_bar(total=length, unit="B", unit_scale=True, desc="download", disable=not progress) as bar:
-                while chunk := response.raw.read1(_CHUNK, decode_content=False):  # what arrived, as sent
-                    pace.arrived(len(chunk))
-                    out.write(chunk)
-                    digest.update(chunk)
-                    bar.update(len(chunk))
-        if sha256 is not None and digest.hexdigest() != sha256:
-            raise _mismatch(url, sha256, digest.hexdigest())
+        actual = _fetch(url, fd, pace, progress)
+        if sha256 is not None and actual != sha256:
+            raise _mismatch(url, sha256, actual)
         os.replace(part, target)
     except (OSError, urllib3.exceptions.HTTPError) as exc:  # requests' errors are OSErrors; urllib3's are read1's
-        raise ArchiveError(f"cannot download {url}: {exc}") from exc
+        raise ArchiveError(f"cannot download {url}: {_why(exc)}") from exc
     finally:
         if os.path.exists(part):
             os.unlink(part)
     return target
+
+
+def _why(exc: BaseException) -> str:
+    """The socket's words under requests' and urllib3's (``[Errno 111] Connection refused``), else the error's."""
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None  # a MaxRetryError in a ConnectionError
+    return str((reason.__cause__ or reason) if isinstance(reason, BaseException) else exc)
+
+
+def _fetch(url: str, fd: int, pace: _Pace, progress: bool) -> str:
+    """The answer to ``GET url`` written to ``fd`` as it arrives, within ``pace``; its SHA-256."""
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "wb") as out, _HttpOnlyRedirects() as session, session.get(
+            url, stream=True, timeout=pace.read_timeout(), headers={"Accept-Encoding": "identity"}) as response:
+        if not 200 <= response.status_code < 300:
+            raise ArchiveError(f"cannot download {url}: HTTP Error {response.status_code}: {response.reason}")
+        total = response.headers.get("Content-Length")
+        length = int(total) if total and total.isdigit() else None
+        pace.check_length(length)
+        with progress_bar(total=length, unit="B", unit_scale=True, desc="download", disable=not progress) as bar:
+            while chunk := response.raw.read1(_CHUNK, decode_content=False):  # what arrived, as sent
+                pace.arrived(len(chunk))
+                out.write(chunk)
+                digest.update(chunk)
+                bar.update(len(chunk))
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
