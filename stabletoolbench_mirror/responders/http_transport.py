@@ -236,7 +236,7 @@ class _DeadlineStream(httpcore.NetworkStream):
 
 
 class _DeadlineBackend(httpcore.NetworkBackend):
-    """httpcore's sync backend, its streams wrapped in :class:`_DeadlineStream`."""
+    """httpcore's sync backend, its TCP streams wrapped in :class:`_DeadlineStream` (no Unix sockets; no retries, so no sleeps)."""
 
     def __init__(self) -> None:
         self._inner = httpcore.SyncBackend()
@@ -253,13 +253,6 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         except httpcore.ConnectError as exc:
             raise httpcore.ConnectError(f"cannot connect to {host}:{port}: {exc}") from None
         return _DeadlineStream(stream)
-
-    def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:  # pragma: no cover - not used
-        return _DeadlineStream(self._inner.connect_unix_socket(path, timeout, socket_options))
-
-    def sleep(self, seconds: float) -> None:  # pragma: no cover - no retries in the pool
-        self._inner.sleep(seconds)
 
 
 # -- proxies ------------------------------------------------------------------------------------------
