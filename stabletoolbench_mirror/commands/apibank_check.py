@@ -26,6 +26,7 @@ from stabletoolbench_mirror.apibank import load_suites
 from stabletoolbench_mirror.apibank.environment import Environment
 from stabletoolbench_mirror.apibank.loader import Suite, folder_of, load_suite
 from stabletoolbench_mirror.apibank.tools import CATEGORY, TOOL_NAMES, state_key
+from stabletoolbench_mirror.client import Mirror, MirrorError, session_path
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.outcomes import Outcome
 
@@ -44,30 +45,20 @@ class HttpSessions:
     """A running server: ``POST /sessions``, ``POST /virtual`` with ``X-STM-Session``, ``GET /sessions/{id}``."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 120.0) -> None:
-        import http.client
-        from urllib.parse import urlsplit
-
-        base = url.rstrip("/")
-        if base.endswith("/virtual"):
-            base = base[: -len("/virtual")]
-        parts = urlsplit(base)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"--url must be http://HOST:PORT or https://HOST:PORT (got {url!r})")
-        factory = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self._conn = factory(parts.hostname, parts.port, timeout=timeout_s)
-        self._prefix = parts.path
-        self._headers = {"Content-Type": "application/json"}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
-
-    def _request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
-        data = None if body is None else json.dumps(body).encode("utf-8")
         try:
-            self._conn.request(method, self._prefix + path, body=data, headers={**self._headers, **(headers or {})})
-            response = self._conn.getresponse()
-            return response.status, response.read().decode("utf-8", "replace")
-        except OSError as exc:
-            raise ValueError(f"cannot reach the server: {exc}") from None
+            self.mirror = Mirror(url, token=token, timeout=timeout_s)
+        except MirrorError:
+            raise ValueError(f"--url must be http://HOST:PORT or https://HOST:PORT (got {url!r})") from None
+
+    def _request(self, method: str, path: str, body: Any = None, session: str | None = None) -> tuple[int, str]:
+        try:
+            if session is None:
+                reply = self.mirror.request(method, path, body)
+            else:
+                reply = self.mirror.call(body, session=session)
+        except MirrorError as exc:
+            raise ValueError(f"cannot reach the server: {exc.reason}") from None
+        return reply.status, reply.body
 
     def start(self, task: str) -> str:
         status, text = self._request("POST", "/sessions", {"task": task})
@@ -76,14 +67,14 @@ class HttpSessions:
         return str(json.loads(text)["id"])
 
     def send(self, session_id: str, payload: dict[str, Any]) -> tuple[int, str]:
-        return self._request("POST", "/virtual", payload, {"X-STM-Session": session_id})
+        return self._request("POST", "/virtual", payload, session_id)
 
     def state(self, session_id: str) -> Any:
-        status, text = self._request("GET", f"/sessions/{session_id}")
+        status, text = self._request("GET", session_path(session_id))
         return json.loads(text).get("state", {}) if status == 200 else {}
 
     def close(self) -> None:
-        self._conn.close()
+        self.mirror.close()
 
 
 class LayerSessions:

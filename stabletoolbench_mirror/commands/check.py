@@ -25,7 +25,6 @@ import enum
 import itertools
 import json
 import sys
-import threading
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from stabletoolbench_mirror.client import Mirror, MirrorError
 from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
@@ -82,74 +82,29 @@ class Target(Protocol):
 
 
 class UrlTarget:
-    """A running ``/virtual`` server (this project's or upstream's).
+    """A running ``/virtual`` server (this project's or upstream's), through :class:`~stabletoolbench_mirror.client.Mirror`."""
 
-    Each checking thread keeps its own keep-alive connection (``http.client``: lean enough that a
-    check of 100,000 calls is bound by the server, not by the client).
-    """
-
-    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 300.0, with_faults: bool = False) -> None:
-        from urllib.parse import urlsplit
-
-        self.url = url if url.rstrip("/").endswith("/virtual") else url.rstrip("/") + "/virtual"
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise CheckInputError(f"--url must be http://HOST:PORT or https://HOST:PORT (got {url!r})")
-        self._parts = parts
-        self._path = parts.path + (f"?{parts.query}" if parts.query else "")
-        self._local = threading.local()
-        self._connections: list[Any] = []
-        self._lock = threading.Lock()
-        self._headers = {"Content-Type": "application/json"}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
-        if not with_faults:  # compared with the unfaulted record (this project's server leaves its faults out)
-            self._headers["X-STM-Faults"] = "off"
-        self._timeout = timeout_s
-
-    def _connection(self, fresh: bool = False) -> Any:
-        import http.client
-
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and fresh:
-            conn.close()
-            conn = None
-        if conn is None:
-            factory = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
-            conn = self._local.conn = factory(self._parts.hostname or "", self._parts.port, timeout=self._timeout)
-            with self._lock:
-                self._connections.append(conn)
-        return conn
+    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 300.0, with_faults: bool = False,
+                 connections: int = 10) -> None:
+        try:
+            self.mirror = Mirror(url, token=token, timeout=timeout_s, connections=connections)
+        except MirrorError:
+            raise CheckInputError(f"--url must be http://HOST:PORT or https://HOST:PORT (got {url!r})") from None
+        self.url = self.mirror.url + "/virtual"
+        self.with_faults = with_faults  # else compared with the unfaulted record (this project's server leaves its faults out)
 
     def send(self, payload: dict[str, Any]) -> TargetReply:
-        import http.client
-
-        body = json.dumps(payload).encode("utf-8")
-        headers = dict(self._headers)
-        headers["toolbench_key"] = str(payload.get("toolbench_key", ""))
-        for attempt in (0, 1):
-            conn = self._connection(fresh=attempt > 0)
-            try:
-                conn.request("POST", self._path, body=body, headers=headers)
-                response = conn.getresponse()
-                text = response.read().decode("utf-8", "replace")
-                outcome = response.getheader("X-STM-Outcome")
-                # this project's server says whether an answer is a failure; another's is judged by content
-                failure = None if outcome is None else response.getheader("X-STM-Failure") == "true" or bool(response.getheader("X-STM-Fault"))
-                return TargetReply(response.status, text, outcome, failure)
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-                # a keep-alive connection the server closed meanwhile: once more on a new one
-                if attempt:
-                    raise CheckInputError(f"cannot reach {self.url}: {exc}") from None
-            except (OSError, http.client.HTTPException) as exc:
-                raise CheckInputError(f"cannot reach {self.url}: {exc}") from None
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            reply = self.mirror.call(payload, faults=self.with_faults)
+        except MirrorError as exc:
+            raise CheckInputError(f"cannot reach {self.url}: {exc.reason}") from None
+        outcome = reply.headers.get("X-STM-Outcome")
+        # this project's server says whether an answer is a failure; another's is judged by content
+        failure = None if outcome is None else reply.headers.get("X-STM-Failure") == "true" or bool(reply.headers.get("X-STM-Fault"))
+        return TargetReply(reply.status, reply.body, outcome, failure)
 
     def close(self) -> None:
-        with self._lock:
-            for conn in self._connections:
-                conn.close()
-            self._connections.clear()
+        self.mirror.close()
 
 
 class LayerTarget:
@@ -388,7 +343,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     if args.url:
         token = settings.auth_token.get_secret_value() if settings.auth_token else None
-        target: Target = UrlTarget(args.url, token=token, with_faults=args.with_faults)
+        target: Target = UrlTarget(args.url, token=token, with_faults=args.with_faults, connections=args.concurrency)
     else:
         target = LayerTarget(_layer(settings), with_faults=args.with_faults)
     try:

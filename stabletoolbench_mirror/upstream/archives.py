@@ -4,8 +4,10 @@
 (:func:`pack`).  ``frozen_caches`` entries and ``cache import`` accept such an archive, or a URL to
 one, optionally ending in ``#sha256=<hex>`` (the archive file's SHA-256).  :func:`local_tree` then
 
-1. downloads a URL once into ``download_dir`` (a progress bar; the file's SHA-256 checked against
-   the URL's as it arrives; a partial download is never used);
+1. downloads a URL once into ``download_dir`` with ``requests`` (redirects only to ``http(s)://``; a
+   progress bar; the file's SHA-256 checked against the URL's as it arrives; a partial download is never
+   used; bytes stored as sent, read as they arrive so that the overall deadline, the low-speed limit and
+   the size bound are checked chunk by chunk);
 2. reads the archive's tar headers, without unpacking anything, and refuses it (naming the key to
    raise) when a member is larger than ``frozen_max_file_mb``, the members together larger than
    ``archive_max_total_mb`` or more than ``archive_max_members`` (:class:`ArchiveLimits`);
@@ -31,11 +33,13 @@ import tarfile
 import tempfile
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import requests
+import urllib3
 
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.upstream.content_hash import ContentHash
@@ -93,16 +97,14 @@ def _mismatch(what: str, expected: str, actual: str) -> ArchiveError:
 # -- fetching ---------------------------------------------------------------------------------------
 
 
-class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
-    """Redirects followed only to ``http(s)://``."""
+class _HttpOnlyRedirects(requests.Session):
+    """A session that follows redirects only to ``http(s)://``."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        if not is_url(newurl):
-            raise ArchiveError(f"{req.full_url} redirects to {newurl}: only http(s):// is followed; not downloaded")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-_OPENER = urllib.request.build_opener(_HttpOnlyRedirects)
+    def get_redirect_target(self, resp: requests.Response) -> str | None:
+        target = super().get_redirect_target(resp)
+        if target is not None and not is_url(new := urllib.parse.urljoin(resp.url, target)):
+            raise ArchiveError(f"{resp.url} redirects to {new}: only http(s):// is followed; not downloaded")
+        return target
 
 
 class _Pace:
@@ -154,30 +156,42 @@ def download(url: str, download_dir: Path, sha256: str | None, *, progress: bool
         return target
     download_dir.mkdir(parents=True, exist_ok=True)
     fd, part = tempfile.mkstemp(prefix=".part-", dir=download_dir)
-    digest = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out, _OPENER.open(url, timeout=pace.read_timeout()) as response:
-            total = response.headers.get("Content-Length")
-            length = int(total) if total and total.isdigit() else None
-            pace.check_length(length)
-            with progress_bar(total=length, unit="B", unit_scale=True, desc="download", disable=not progress) as bar:
-                while True:
-                    chunk = response.read1(_CHUNK)
-                    if not chunk:
-                        break
-                    pace.arrived(len(chunk))
-                    out.write(chunk)
-                    digest.update(chunk)
-                    bar.update(len(chunk))
-        if sha256 is not None and digest.hexdigest() != sha256:
-            raise _mismatch(url, sha256, digest.hexdigest())
+        actual = _fetch(url, fd, pace, progress)
+        if sha256 is not None and actual != sha256:
+            raise _mismatch(url, sha256, actual)
         os.replace(part, target)
-    except OSError as exc:  # urllib's URLError and HTTPError are OSErrors
-        raise ArchiveError(f"cannot download {url}: {exc}") from exc
+    except (OSError, urllib3.exceptions.HTTPError) as exc:  # requests' errors are OSErrors; urllib3's are read1's
+        raise ArchiveError(f"cannot download {url}: {_why(exc)}") from exc
     finally:
         if os.path.exists(part):
             os.unlink(part)
     return target
+
+
+def _why(exc: BaseException) -> str:
+    """The socket's words under requests' and urllib3's (``[Errno 111] Connection refused``), else the error's."""
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None  # a MaxRetryError in a ConnectionError
+    return str((reason.__cause__ or reason) if isinstance(reason, BaseException) else exc)
+
+
+def _fetch(url: str, fd: int, pace: _Pace, progress: bool) -> str:
+    """The answer to ``GET url`` written to ``fd`` as it arrives, within ``pace``; its SHA-256."""
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "wb") as out, _HttpOnlyRedirects() as session, session.get(
+            url, stream=True, timeout=pace.read_timeout(), headers={"Accept-Encoding": "identity"}) as response:
+        if not 200 <= response.status_code < 300:
+            raise ArchiveError(f"cannot download {url}: HTTP Error {response.status_code}: {response.reason}")
+        total = response.headers.get("Content-Length")
+        length = int(total) if total and total.isdigit() else None
+        pace.check_length(length)
+        with progress_bar(total=length, unit="B", unit_scale=True, desc="download", disable=not progress) as bar:
+            while chunk := response.raw.read1(_CHUNK, decode_content=False):  # what arrived, as sent
+                pace.arrived(len(chunk))
+                out.write(chunk)
+                digest.update(chunk)
+                bar.update(len(chunk))
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import pytest
 from stabletoolbench_mirror.responders import http_transport as ht
 from stabletoolbench_mirror.responders.simulator import client as client_module
 from stabletoolbench_mirror.responders.simulator.client import MAX_BACKOFF_S, ChatClient, ChatError
+from tests.helpers import memory_transport as mt
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 KEY = "sk-test-0123456789abcdef"
@@ -30,9 +31,9 @@ class Script:
 
     def __init__(self, *steps: ht.Answer | Exception) -> None:
         self.steps = list(steps)
-        self.requests: list[ht.Request] = []
+        self.requests: list[mt.Request] = []
 
-    def __call__(self, request: ht.Request) -> ht.Answer:
+    def __call__(self, request: mt.Request) -> ht.Answer:
         self.requests.append(request)
         step = self.steps.pop(0)
         if isinstance(step, Exception):
@@ -48,8 +49,8 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     yield slept
 
 
-def client_for(handler: Callable[[ht.Request], ht.Answer], endpoints: str | list[str] = "http://model.test/v1", **options: object) -> ChatClient:
-    settings: dict = {"model": "m", "max_retries": 3, "backoff_s": 0.5, "transport_factory": ht.MemoryTransport.factory(handler)}
+def client_for(handler: Callable[[mt.Request], ht.Answer], endpoints: str | list[str] = "http://model.test/v1", **options: object) -> ChatClient:
+    settings: dict = {"model": "m", "max_retries": 3, "backoff_s": 0.5, "transport_factory": mt.MemoryTransport.factory(handler)}
     settings.update(options)
     return ChatClient(endpoints, **settings)
 
@@ -151,7 +152,7 @@ def test_a_retry_goes_to_another_endpoint_first(sleeps: list[float]) -> None:
     # another call meanwhile takes the next endpoint in turn, so the turn is back at the one that failed
     bases: list[str] = []
 
-    def handler(request: ht.Request) -> ht.Answer:
+    def handler(request: mt.Request) -> ht.Answer:
         bases.append(request.base)
         if len(bases) == 1:
             client.complete(MESSAGES)
@@ -170,10 +171,10 @@ def test_round_robin_takes_the_endpoints_in_turn() -> None:
 
 
 def test_close_closes_every_transport() -> None:
-    transports: list[ht.MemoryTransport] = []
+    transports: list[mt.MemoryTransport] = []
 
     def factory(base: str, options: ht.TransportOptions) -> ht.Transport:
-        made = ht.MemoryTransport(Script(), base, options)
+        made = mt.MemoryTransport(Script(), base, options)
         transports.append(made)
         return made
 
@@ -261,7 +262,7 @@ def test_no_retries_means_one_try_and_no_backoff_means_no_sleep(sleeps: list[flo
 def test_least_busy_takes_the_endpoint_with_the_fewest_calls_in_flight() -> None:
     bases: list[str] = []
 
-    def handler(request: ht.Request) -> ht.Answer:
+    def handler(request: mt.Request) -> ht.Answer:
         bases.append(request.base)
         if len(bases) == 1:  # a.test is busy with this call while two more come
             client.complete(MESSAGES)

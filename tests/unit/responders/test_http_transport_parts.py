@@ -1,11 +1,13 @@
-"""The HTTP transport's socket-free parts: the in-memory transport tests run over, the proxy chosen from the
-environment, and requests refused before any connection (moved from tests/integration/test_http_transport.py)."""
+"""The HTTP transport's socket-free parts: the proxy chosen from the environment, requests refused before any
+connection (moved from tests/integration/test_http_transport.py), and the in-memory double the unit tests run over
+(tests.helpers.memory_transport)."""
 
 from __future__ import annotations
 
 import pytest
 
 from stabletoolbench_mirror.responders import http_transport as ht
+from tests.helpers import memory_transport as mt
 
 
 @pytest.fixture
@@ -17,14 +19,14 @@ def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def test_the_memory_transport_hands_its_handler_the_request_with_the_options_headers_then_its_own() -> None:
-    seen: list[ht.Request] = []
+    seen: list[mt.Request] = []
 
-    def handler(request: ht.Request) -> ht.Answer:
+    def handler(request: mt.Request) -> ht.Answer:
         seen.append(request)
         return ht.Answer(201, {"x": "y"}, b"body")
 
     options = ht.TransportOptions(headers={"Authorization": "Bearer k", "Accept": "application/json"})
-    factory = ht.MemoryTransport.factory(handler)
+    factory = mt.MemoryTransport.factory(handler)
     a, b = factory("http://a.test/v1", options), factory("http://b.test/v1", options)
     assert a.post("/v1/x", b"1", {"Accept": "text/plain", "X-Extra": "1"}) == ht.Answer(201, {"x": "y"}, b"body")
     b.post("/v1/y", b"2")
@@ -34,10 +36,10 @@ def test_the_memory_transport_hands_its_handler_the_request_with_the_options_hea
 
 
 def test_a_closed_memory_transport_cannot_connect_and_a_handlers_failure_comes_through() -> None:
-    def handler(_request: ht.Request) -> ht.Answer:
+    def handler(_request: mt.Request) -> ht.Answer:
         raise ht.BrokenAnswer("cut", status=200)
 
-    transport = ht.MemoryTransport(handler)
+    transport = mt.MemoryTransport(handler)
     with pytest.raises(ht.BrokenAnswer) as caught:
         transport.post("/", b"")
     assert caught.value.status == 200

@@ -11,13 +11,14 @@ from stabletoolbench_mirror.config import LLMConfig
 from stabletoolbench_mirror.engine.model_calls import UpstreamFailed
 from stabletoolbench_mirror.responders import http_transport as ht
 from stabletoolbench_mirror.responders.model_upstream import Upstreams
+from tests.helpers import memory_transport as mt
 
 
 def upstreams(handler, *configs: dict) -> Upstreams:  # type: ignore[no-untyped-def]
-    return Upstreams(LLMConfig(upstreams=list(configs)), ht.MemoryTransport.factory(handler))
+    return Upstreams(LLMConfig(upstreams=list(configs)), mt.MemoryTransport.factory(handler))
 
 
-def ok(request: ht.Request) -> ht.Answer:
+def ok(request: mt.Request) -> ht.Answer:
     return ht.Answer(200, {"content-type": "application/json"}, json.dumps({"choices": [], "seen": request.path}).encode())
 
 
@@ -30,9 +31,9 @@ def test_the_first_upstream_whose_pattern_matches_answers() -> None:
 
 
 def test_the_key_is_the_variable_s_else_the_client_s(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[ht.Request] = []
+    seen: list[mt.Request] = []
 
-    def record(request: ht.Request) -> ht.Answer:
+    def record(request: mt.Request) -> ht.Answer:
         seen.append(request)
         return ok(request)
 
@@ -58,7 +59,7 @@ def test_the_key_is_the_variable_s_else_the_client_s(monkeypatch: pytest.MonkeyP
     (ht.BrokenAnswer("cut off"), 502, "broken answer"),
 ])
 def test_no_answer_is_told_with_a_status_and_the_setting(raised: Exception, status: int, words: str) -> None:
-    def fail(request: ht.Request) -> ht.Answer:
+    def fail(request: mt.Request) -> ht.Answer:
         raise raised
 
     upstream = upstreams(fail, {"base_url": "http://a.test/v1"}).for_model("m")

@@ -17,6 +17,7 @@ from stabletoolbench_mirror.responders import http_transport as ht
 from stabletoolbench_mirror.responders.simulator import client as client_module
 from stabletoolbench_mirror.responders.simulator.client import ChatClient
 from stabletoolbench_mirror.responders.simulator.responder import COMPLETE_FINISH_REASONS, Simulator, incomplete, text_before_answer
+from tests.helpers import memory_transport as mt
 
 CALL = ToolCall.of("Data", "Weather", "Get Forecast", {"city": "Paris"})
 ANSWER = json.dumps({"error": "", "response": "{'forecast': 'sunny'}"})
@@ -33,7 +34,7 @@ class Script:
         self.steps = list(steps)
         self.bodies: list[dict[str, Any]] = []
 
-    def __call__(self, request: ht.Request) -> ht.Answer:
+    def __call__(self, request: mt.Request) -> ht.Answer:
         self.bodies.append(json.loads(request.body))
         step = self.steps.pop(0)
         if isinstance(step, Exception):
@@ -50,7 +51,7 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
 
 def simulator(script: Script, *, seed: int | None = 11, api_key: str | None = None, **options: Any) -> Simulator:
     client = ChatClient("http://sim.test/v1", model="mirror-model", seed=seed, max_retries=1, api_key=api_key,
-                        transport_factory=ht.MemoryTransport.factory(script))
+                        transport_factory=mt.MemoryTransport.factory(script))
     return Simulator(client, **options)
 
 
