@@ -10,10 +10,14 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import rules
+
+if TYPE_CHECKING:
+    from stabletoolbench_mirror.stores.kinds import StoreSpec
+    from stabletoolbench_mirror.stores.sessions import SessionStore
 
 
 class StoreError(RuntimeError):
@@ -115,6 +119,35 @@ class Store(CacheTier):
     """
 
     kind = "store"
+
+    # -- what a backend says of itself (see :mod:`.kinds`) -----------------------------------------
+
+    reads_wait = True
+    """Whether a read can wait (over the network): then a model call bounds it by ``store.timeout_s``."""
+    folder = False
+    """Whether the store is a local folder (``store.path``), created at the first start when it is not there."""
+    across_processes = True
+    """Whether other processes (and hosts) opening the same spec share the records, counters and locks."""
+
+    @classmethod
+    def open_spec(cls, spec: StoreSpec, read_only: bool) -> Store:
+        """The store ``spec`` names (``read_only``: an existing one, opened without writing)."""
+        raise NotImplementedError
+
+    @classmethod
+    def open_sessions(cls, spec: StoreSpec, ttl_s: float) -> SessionStore:
+        """The session store kept beside the store ``spec`` names."""
+        raise NotImplementedError
+
+    @classmethod
+    def where(cls, spec: StoreSpec) -> str:
+        """Where the store ``spec`` names is, in words a user may be shown (never a credential)."""
+        return spec.path
+
+    @classmethod
+    def spec_of(cls, text: str, configured: StoreSpec) -> StoreSpec | None:
+        """The spec of this backend's store ``text`` names on a command line, or ``None`` (it names none)."""
+        return None
 
     @abc.abstractmethod
     def add(self, record: Record, canonical: str | None) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sqlite3
@@ -11,7 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import diskcache
 
@@ -25,6 +26,10 @@ from stabletoolbench_mirror.stores.filelock import ByteRangeLocks
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S
 from stabletoolbench_mirror.stores.occurrence_file import OccurrenceFile
 from stabletoolbench_mirror.stores.recent_reads import UNKNOWN, ChangeWatch, RecentReads
+
+if TYPE_CHECKING:
+    from stabletoolbench_mirror.stores.kinds import StoreSpec
+    from stabletoolbench_mirror.stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +125,25 @@ class DiskcacheStore(Store):
     """
 
     kind = "diskcache"
+    reads_wait = False
+    folder = True
+
+    @classmethod
+    def open_spec(cls, spec: StoreSpec, read_only: bool) -> Store:
+        return cls(spec.path, read_only=read_only, timeout_s=spec.timeout_s)
+
+    @classmethod
+    def open_sessions(cls, spec: StoreSpec, ttl_s: float) -> SessionStore:
+        from stabletoolbench_mirror.stores.sessions import DiskcacheSessionStore
+
+        return DiskcacheSessionStore(os.path.join(spec.path, "sessions"), ttl_s)
+
+    @classmethod
+    def spec_of(cls, text: str, configured: StoreSpec) -> StoreSpec | None:
+        """A folder holding ``cache.db``."""
+        if not os.path.isfile(os.path.join(text, "cache.db")):
+            return None
+        return dataclasses.replace(configured, kind=cls.kind, path=os.path.abspath(text))
 
     #: the lock file beside SQLite's (diskcache's consistency check skips names containing ``cache.db``)
     LOCK_FILE = "cache.db-flightlock"
