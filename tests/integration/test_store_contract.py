@@ -324,7 +324,7 @@ def test_old_answer_records_read_the_same_and_failure_json_is_inspectable(store:
 
 def _second(spec: dict[str, Any]) -> dict[str, Any]:
     """Another fresh store of the same backend."""
-    return {**spec, "path": spec["path"] + "-2"} if spec["kind"] == "diskcache" else {**spec, "prefix": spec["prefix"] + "-2"}
+    return {**spec, "path": spec.get("path", "store") + "-2", "prefix": spec.get("prefix", "stm") + "-2"}
 
 
 @pytest.mark.parametrize("batch", ["plain", "conflicting"])
