@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 KINDS: dict[str, str] = {
     "diskcache": "stabletoolbench_mirror.stores.diskcache_store:DiskcacheStore",
     "redis": "stabletoolbench_mirror.stores.redis_store:RedisStore",
+    "memory": "stabletoolbench_mirror.stores.memory_store:MemoryStore",
 }
 """Every ``store.kind`` and its backend's class (``module:Class``); the first is the default."""
 

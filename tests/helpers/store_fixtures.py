@@ -14,7 +14,7 @@ from stabletoolbench_mirror.stores.kinds import backend
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.store_workers import open_store
 
-BACKENDS: list[Any] = ["diskcache", pytest.param("redis", marks=pytest.mark.redis)]
+BACKENDS: list[Any] = ["diskcache", pytest.param("redis", marks=pytest.mark.redis), "memory"]
 """Every backend of ``stores.kinds.KINDS`` the store tests run over, one entry each."""
 
 
