@@ -39,6 +39,19 @@ class StoreCounts:
     disk_bytes: int | None = None
     memory_bytes: int | None = None
 
+    @classmethod
+    def of(cls, counters: Iterable[tuple[tuple[str, ...], int]], *, disk_bytes: int | None = None,
+           memory_bytes: int | None = None) -> StoreCounts:
+        """The counts of counters named as :mod:`.rules` names them (``("entries",)``, ``("apis",)``,
+        ``(name, value)``; others are left out), as each backend keeps them; a count at 0 is left out."""
+        out = cls(entries=0, apis=0, disk_bytes=disk_bytes, memory_bytes=memory_bytes)
+        for name, n in counters:
+            if name in (("entries",), ("apis",)):
+                setattr(out, name[0], n)
+            elif len(name) == 2 and n and name[0] in ("source", "category", "origin", "outcome"):
+                getattr(out, f"by_{name[0]}")[name[1]] = n
+        return out
+
 
 def _recording_order(records: list[Record]) -> list[Record]:
     """One API's records in recording order (the order an export writes them in)."""

@@ -526,19 +526,10 @@ class DiskcacheStore(Store):
         try:
             if _COUNTED not in self._cache:
                 return None
-            out = StoreCounts(entries=0, apis=0)
-            for key, value in self._scan_values(_COUNT):
-                parts = key.split("\x00")
-                if parts[1:] == ["entries"]:
-                    out.entries = _int(value)
-                elif parts[1:] == ["apis"]:
-                    out.apis = _int(value)
-                elif len(parts) == 3 and _int(value):  # a count a replaced failure record took to 0 is left out
-                    getattr(out, f"by_{parts[1]}")[parts[2]] = _int(value)
+            counters = [(tuple(key.split("\x00")[1:]), _int(value)) for key, value in self._scan_values(_COUNT)]
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
-        out.disk_bytes = self._disk_bytes()
-        return out
+        return StoreCounts.of(counters, disk_bytes=self._disk_bytes())
 
     def _disk_bytes(self) -> int:
         total = 0

@@ -110,12 +110,8 @@ class MemoryStore(Store):
     def counts(self) -> StoreCounts:
         with self._shelf.lock:
             held = (record for records in self._shelf.records.values() for record in records.values())
-            out = StoreCounts(entries=self._shelf.counts["entries",], apis=len(self._shelf.records),
-                              memory_bytes=sum(len(record.key) + len(record.body) for record in held))
-            for name, *value in self._shelf.counts:
-                if value and self._shelf.counts[name, *value]:
-                    getattr(out, f"by_{name}")[value[0]] = self._shelf.counts[name, *value]
-            return out
+            return StoreCounts.of([*self._shelf.counts.items(), (("apis",), len(self._shelf.records))],
+                                  memory_bytes=sum(len(record.key) + len(record.body) for record in held))
 
     @contextlib.contextmanager
     def flight_lock(self, api: str, canonical: str) -> Iterator[None]:

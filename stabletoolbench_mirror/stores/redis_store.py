@@ -531,13 +531,8 @@ class RedisStore(Store):
             raise self._failed("read", exc) from exc
         if "counted" not in raw and apis:
             return None  # records written before counters were kept: cache stats scans instead
-        out = StoreCounts(entries=int(raw.get("entries", 0)), apis=apis, memory_bytes=int(memory) if memory else None)
-        for name, value in raw.items():
-            kind, _, what = _text(name).partition(":")
-            # a count a replaced failure record took to 0 is left out
-            if what and kind in ("source", "category", "origin", "outcome") and int(value):
-                getattr(out, f"by_{kind}")[what] = int(value)
-        return out
+        counters = [(tuple(_text(name).split(":", 1)), int(value)) for name, value in raw.items()]
+        return StoreCounts.of([*counters, (("apis",), apis)], memory_bytes=int(memory) if memory else None)
 
     def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
         for ns in self.apis():
