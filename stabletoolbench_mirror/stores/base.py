@@ -67,14 +67,14 @@ class MemoryOccurrences:
         self._held: dict[Hashable, rules.Occurrences] = {}
         self._lock = threading.Lock()
 
-    def claim(self, key: Hashable) -> int:
+    def apply(self, key: Hashable, decide: rules.Decide) -> int:
         with self._lock:
-            number, self._held[key] = rules.claim_occurrence(self._held.get(key, rules.Occurrences()))
+            number, after = decide(self._held.get(key, rules.Occurrences()))
+            if after.at_start:
+                self._held.pop(key, None)
+            else:
+                self._held[key] = after
             return number
-
-    def release(self, key: Hashable, number: int) -> None:
-        with self._lock:
-            self._held[key] = rules.release_occurrence(self._held.get(key, rules.Occurrences()), number)
 
 
 class CacheTier(abc.ABC):
@@ -232,25 +232,34 @@ class Store(CacheTier):
         """The occurrence number of this identical model request in ``run`` (1 for the first; see
         :func:`.rules.claim_occurrence`), counted with every process and host using the store.
 
-        The default counts in this process only (a backend shared by processes overrides it).
+        A backend shared by processes overrides :meth:`_occurrence`.
         """
-        return self._occurrences.claim((run, digest))
+        return self._occurrence(run, digest, rules.claim_occurrence)
 
     def release_occurrence(self, run: str, digest: str, number: int) -> None:
         """Give ``number`` back: its request got no answer, so the next identical one takes it."""
-        self._occurrences.release((run, digest), number)
+        self._occurrence(run, digest, rules.releasing(number))
 
     def claim_occurrence_now(self, run: str, digest: str) -> int | None:
         """:meth:`claim_occurrence` when it can be done at once, without waiting for anything (for the server's event
-        loop); ``None`` when it cannot, and nothing was done: call :meth:`claim_occurrence` in a worker thread.
-
-        The default never can (a backend whose claims are local and never wait overrides it).
-        """
-        return None
+        loop); ``None`` when it cannot, and nothing was done: call :meth:`claim_occurrence` in a worker thread."""
+        return self._occurrence_now(run, digest, rules.claim_occurrence)
 
     def release_occurrence_now(self, run: str, digest: str, number: int) -> bool:
         """:meth:`release_occurrence` when it can be done at once; ``False`` when it cannot (nothing done)."""
-        return False
+        return self._occurrence_now(run, digest, rules.releasing(number)) is not None
+
+    def _occurrence(self, run: str, digest: str, decide: rules.Decide) -> int:
+        """One counter's read, decision and write, atomic with every process counting with this store.
+
+        The default counts in this process only (a store no other process opens)."""
+        return self._occurrences.apply((run, digest), decide)
+
+    def _occurrence_now(self, run: str, digest: str, decide: rules.Decide) -> int | None:
+        """:meth:`_occurrence` when it can be done without waiting; ``None`` (nothing done) when it cannot.
+
+        The default never can (a backend whose counters are local and never wait overrides it)."""
+        return None
 
     @functools.cached_property
     def _occurrences(self) -> MemoryOccurrences:

@@ -248,42 +248,18 @@ class DiskcacheStore(Store):
                 self._reads.watch.changed()
             _touch_legacy_generation(self.path)
 
-    def claim_occurrence(self, run: str, digest: str) -> int:
-        if self.read_only:  # a read-only store counts in this process (what it cannot write, it cannot share)
-            return super().claim_occurrence(run, digest)
-        return self._occurrence(run, digest, rules.claim_occurrence)
-
-    def release_occurrence(self, run: str, digest: str, number: int) -> None:
-        if self.read_only:
-            super().release_occurrence(run, digest, number)
-            return
-        self._occurrence(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
-
-    def claim_occurrence_now(self, run: str, digest: str) -> int | None:
-        """:meth:`claim_occurrence` in one short transaction when nobody holds the counters' lock (``None`` otherwise,
+    def _occurrence_now(self, run: str, digest: str, decide: rules.Decide) -> int | None:
+        """:meth:`_occurrence` in one short transaction when nobody holds the counters' lock (``None`` otherwise,
         and before the counters' file is opened, which removes expired rows: a worker thread's work)."""
         counters = self._occurrence_file
         if self.read_only:
-            return super().claim_occurrence(run, digest)
+            return super()._occurrence(run, digest, decide)
         if counters is None:
             return None
         try:
-            return counters.apply_now(run, digest, rules.claim_occurrence)
+            return counters.apply_now(run, digest, decide)
         except (sqlite3.Error, ValueError, KeyError) as exc:
             raise StoreError(f"diskcache occurrence counter failed: {exc}") from exc
-
-    def release_occurrence_now(self, run: str, digest: str, number: int) -> bool:
-        counters = self._occurrence_file
-        if self.read_only:
-            super().release_occurrence(run, digest, number)
-            return True
-        if counters is None:
-            return False
-        try:
-            done = counters.apply_now(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
-        except (sqlite3.Error, ValueError, KeyError) as exc:
-            raise StoreError(f"diskcache occurrence counter failed: {exc}") from exc
-        return done is not None
 
     def hold_private_run(self, run: str) -> str | None:
         """One byte of the flight-lock file, locked for as long as the store is open (the kernel drops it when
@@ -311,8 +287,11 @@ class DiskcacheStore(Store):
         if held is not None and self._locks is not None:
             self._locks.release(held)
 
-    def _occurrence(self, run: str, digest: str, decide: Any) -> int:
-        """One counter's read, decision and write, in the store's occurrence file (:mod:`.occurrence_file`)."""
+    def _occurrence(self, run: str, digest: str, decide: rules.Decide) -> int:
+        """One counter's read, decision and write, in the store's occurrence file (:mod:`.occurrence_file`);
+        a read-only store counts in this process (what it cannot write, it cannot share)."""
+        if self.read_only:
+            return super()._occurrence(run, digest, decide)
         counters = self._occurrence_file
         if counters is None:
             with self._write_lock:

@@ -242,13 +242,7 @@ class RedisStore(Store):
         digest = hashlib.sha256(f"{api}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
         return f"{self.prefix}:lock:{digest}"
 
-    def claim_occurrence(self, run: str, digest: str) -> int:
-        return self._occurrence(run, digest, rules.claim_occurrence)
-
-    def release_occurrence(self, run: str, digest: str, number: int) -> None:
-        self._occurrence(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
-
-    def _occurrence(self, run: str, digest: str, decide: Any) -> int:
+    def _occurrence(self, run: str, digest: str, decide: rules.Decide) -> int:
         """Read a counter, ask the rules, write it back while nobody else did (``WATCH``/``MULTI``): every host counts together."""
         name = f"{self.prefix}:o:{run}:{digest}"
         result: list[int] = []
