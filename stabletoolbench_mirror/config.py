@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_core import PydanticCustomError
 
 from stabletoolbench_mirror import config_loading
 from stabletoolbench_mirror.config_loading import BOUND_HINTS as BOUND_HINTS
@@ -49,6 +50,7 @@ from stabletoolbench_mirror.config_upstream import UpstreamServer as UpstreamSer
 from stabletoolbench_mirror.config_upstream import clearly_upstream as clearly_upstream
 from stabletoolbench_mirror.config_upstream import upstream_server_for as upstream_server_for
 from stabletoolbench_mirror.core.secrets import url_secrets
+from stabletoolbench_mirror.stores.kinds import KINDS, StoreSpec
 
 #: upper bounds of durations and counts: a value past them cannot work (a timeout over ~9.2e9 s overflows
 #: the platform's time_t, and every wait with it fails) or is a typo; the error names the key and the bound
@@ -74,7 +76,8 @@ class _Section(BaseModel):
 
 
 class StoreConfig(_Section):
-    kind: Literal["diskcache", "redis"] = "diskcache"
+    kind: str = next(iter(KINDS))
+    """The backend, one of :data:`.stores.kinds.KINDS`."""
     path: str = "cache/store"
     """diskcache folder (``kind: diskcache``)."""
     url: str | None = None
@@ -89,6 +92,15 @@ class StoreConfig(_Section):
     """Redis connect and command timeout: how fast a Redis outage becomes an error answer, and the longest a request
     waits for Redis in all (after a timeout, Redis is not asked again for this long: ``stores.redis_store.Outage``);
     for either store, the longest a model call (``/v1``) waits for the store (its occurrence counter, its record's read)."""
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        if value not in KINDS:
+            *first, last = (repr(k) for k in KINDS)
+            expected = f"{', '.join(first)} or {last}" if first else last
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return value
 
 
 class RealConfig(_Section):
@@ -468,6 +480,11 @@ class Settings(_Section):
 
     def resolve(self, path: str) -> str:
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
+
+    def store_spec(self) -> StoreSpec:
+        """The configured store (``store.path`` resolved)."""
+        cfg = self.store
+        return StoreSpec(cfg.kind, self.resolve(cfg.path), cfg.url, cfg.prefix, cfg.lock_ttl_s, cfg.timeout_s)
 
     def secrets(self) -> list[str]:
         """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.core.secrets`): the

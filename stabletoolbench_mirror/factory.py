@@ -6,10 +6,8 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from stabletoolbench_mirror.config import ConfigError, Mode, Settings
 from stabletoolbench_mirror.engine.faults import FaultPlan
@@ -17,9 +15,10 @@ from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.refresh import RefreshScope
 from stabletoolbench_mirror.engine.responders import Responder
 from stabletoolbench_mirror.engine.served_copies import ServedCopies
-from stabletoolbench_mirror.responders.shadow import ShadowedResponder, shadow_settings
+from stabletoolbench_mirror.responders.shadow import SHADOW_SUFFIX, ShadowedResponder
 from stabletoolbench_mirror.responders.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache, Store
+from stabletoolbench_mirror.stores.kinds import StoreSpecError
 from stabletoolbench_mirror.upstream.tooldocs import ToolDocs, tool_docs_for
 
 if TYPE_CHECKING:
@@ -27,70 +26,19 @@ if TYPE_CHECKING:
     from stabletoolbench_mirror.engine.sessions import Sessions
     from stabletoolbench_mirror.stores.sessions import SessionStore
 
-
-# -- store kinds: one registry for the records and the sessions kept beside them -------------------
-
-
-@dataclass(frozen=True)
-class StoreKind:
-    """How one ``store.kind`` opens its record store and the session store beside it."""
-
-    records: Callable[[Settings, bool], Store]
-    """``(settings, read_only)``: the record store; ``read_only`` opens an existing one without writing."""
-    sessions: Callable[[Settings], SessionStore]
-
-
-def _diskcache_records(settings: Settings, read_only: bool) -> Store:
-    return DiskcacheStore(settings.resolve(settings.store.path), read_only=read_only, timeout_s=settings.store.timeout_s)
-
-
-def _diskcache_sessions(settings: Settings) -> SessionStore:
-    from stabletoolbench_mirror.stores.sessions import DiskcacheSessionStore
-
-    return DiskcacheSessionStore(os.path.join(settings.resolve(settings.store.path), "sessions"), settings.sessions.idle_expiry_s)
-
-
-def _redis_url(settings: Settings) -> str:
-    if not settings.store.url:
-        raise ConfigError("store.url: required when store.kind is 'redis' (e.g. redis://127.0.0.1:6379/0)")
-    return settings.store.url
-
-
-def _redis_records(settings: Settings, read_only: bool) -> Store:
-    # read_only: its reads (HGET, HGETALL, SCARD, INFO) write nothing anyway
-    cfg = settings.store
-    url = _redis_url(settings)
-    try:
-        from stabletoolbench_mirror.stores.redis_store import RedisStore  # the redis extra is optional
-    except ImportError as exc:
-        raise ConfigError(f"store.kind: 'redis' needs the redis extra (pip install 'stabletoolbench-mirror[redis]'): {exc}") from exc
-    return RedisStore(url, prefix=cfg.prefix, lock_ttl_s=cfg.lock_ttl_s, timeout_s=cfg.timeout_s)
-
-
-def _redis_sessions(settings: Settings) -> SessionStore:
-    from stabletoolbench_mirror.stores.sessions import RedisSessionStore
-
-    cfg = settings.store
-    return RedisSessionStore(_redis_url(settings), settings.sessions.idle_expiry_s, prefix=cfg.prefix, timeout_s=cfg.timeout_s)
-
-
-STORE_KINDS: dict[str, StoreKind] = {
-    "diskcache": StoreKind(_diskcache_records, _diskcache_sessions),
-    "redis": StoreKind(_redis_records, _redis_sessions),
-}
-"""Every ``store.kind``: a new backend is one module plus one entry here."""
-
-
-def store_kind(settings: Settings) -> StoreKind:
-    try:
-        return STORE_KINDS[settings.store.kind]
-    except KeyError:
-        raise ConfigError(f"store.kind: unknown store kind {settings.store.kind!r} (one of: {', '.join(STORE_KINDS)})") from None
-
+T = TypeVar("T")
 
 def build_store(settings: Settings, *, read_only: bool = False) -> Store:
     """The record store ``store`` describes (``read_only``: an existing one, opened without writing)."""
-    return store_kind(settings).records(settings, read_only)
+    return _configured(lambda: settings.store_spec().open(read_only=read_only))
+
+
+def _configured(open_it: Callable[[], T]) -> T:
+    """What ``open_it`` opens; a store spec naming no usable backend is a :class:`ConfigError` (it names the key)."""
+    try:
+        return open_it()
+    except StoreSpecError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def build_frozen(settings: Settings) -> list[FrozenCache]:
@@ -131,7 +79,7 @@ def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> lis
 
 def build_shadow_store(settings: Settings) -> Store:
     """The shadow store (``real.shadow_simulate``): the main store's settings, moved aside."""
-    return build_store(shadow_settings(settings))
+    return _configured(lambda: settings.store_spec().aside(SHADOW_SUFFIX).open())
 
 
 def _shadowed(real: Responder, settings: Settings, docs: ToolDocs | None) -> ShadowedResponder:
@@ -196,7 +144,7 @@ def build_served_copies(settings: Settings) -> ServedCopies | None:
 
 def build_session_store(settings: Settings) -> SessionStore:
     """Where sessions are kept: beside the records (``<store.path>/sessions``, or the same Redis)."""
-    return store_kind(settings).sessions(settings)
+    return _configured(lambda: settings.store_spec().sessions(settings.sessions.idle_expiry_s))
 
 
 def build_sessions(settings: Settings, store: Store) -> Sessions:

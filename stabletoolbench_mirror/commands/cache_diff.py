@@ -28,6 +28,7 @@ from stabletoolbench_mirror.config import ConfigError, Settings
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.stores import Store, StoreError
+from stabletoolbench_mirror.stores.kinds import StoreSpec
 from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveLimits, is_archive, local_tree
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
 
@@ -60,22 +61,15 @@ def _tree_groups(root: str, progress: bool, desc: str) -> Iterator[Group]:
 def open_side(spec: str, settings: Settings, *, progress: bool, desc: str) -> Iterator[Iterator[Group]]:
     """The API groups of one side, in api order (see the module docstring for what ``spec`` may be)."""
     from stabletoolbench_mirror.factory import build_store
-    from stabletoolbench_mirror.stores import DiskcacheStore
 
     store: Store | None = None
     try:
         if spec == "store":
             store = build_store(settings, read_only=True)
-        elif spec.startswith(("redis://", "rediss://", "unix://")):
-            from stabletoolbench_mirror.stores.redis_store import RedisStore
-
-            url, _, fragment = spec.partition("#")
-            prefix = fragment.removeprefix("prefix=") if fragment.startswith("prefix=") else settings.store.prefix
-            store = RedisStore(url, prefix=prefix, memory_bytes=0)
+        elif (named := StoreSpec.parse(spec, settings.store_spec())) is not None:
+            store = named.open(read_only=True)
         elif is_archive(spec):
             spec = local_tree(spec, settings.resolve(settings.download_dir), progress=progress, limits=ArchiveLimits.of(settings))
-        elif os.path.isfile(os.path.join(spec, "cache.db")):
-            store = DiskcacheStore(spec, read_only=True)
         if store is None and not os.path.isdir(spec):
             raise DiffError(f"{spec}: not a store, a snapshot or a tree (no such folder)")
     except (StoreError, ArchiveError, ConfigError) as exc:

@@ -237,8 +237,8 @@ def what_was_scored(args: argparse.Namespace, settings: Any, pairs: list[Pair], 
         digest.update(json.dumps([pair.api, pair.key, pair.reference], sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass"))
     out["references_sha256"] = digest.hexdigest()
     if store is not None:
-        out["store"] = f"{settings.store.kind} at " + (settings.resolve(settings.store.path) if settings.store.kind == "diskcache"
-                                                       else public_url(settings.store.url or ""))
+        spec = settings.store_spec()
+        out["store"] = f"{spec.kind} at {spec.where}"
     snapshots = {}
     for tree in settings.frozen_caches:
         try:

@@ -175,23 +175,23 @@ def check_tools_folder(settings: Settings, report: StartupReport, *, count_apis:
 
 
 def check_store(settings: Settings, report: StartupReport, *, open_store: bool) -> None:
-    cfg = settings.store
-    where = settings.resolve(cfg.path) if cfg.kind == "diskcache" else public_url(cfg.url or "") + f" (prefix '{cfg.prefix}')"
+    spec = settings.store_spec()
     if not open_store:
-        report.add("store", f"{cfg.kind} at {where}")
+        report.add("store", f"{spec.kind} at {spec.where}")
         return
     from stabletoolbench_mirror.config import ConfigError
     from stabletoolbench_mirror.factory import build_store
     from stabletoolbench_mirror.stores import StoreError
 
-    if cfg.kind == "diskcache" and not Path(where).exists():
+    where = spec.where
+    if spec.backend.folder and not Path(where).exists():
         # a check changes nothing: the store is created by the first serve or warm
         parent = next((p for p in Path(where).parents if p.exists()), None)
         if parent is None or not os.access(parent, os.W_OK | os.X_OK):
-            report.add("store", f"diskcache at {where}: NOT USABLE")
+            report.add("store", f"{spec.kind} at {where}: NOT USABLE")
             report.error("store.path", f"{where} does not exist and cannot be created under {parent}")
         else:
-            report.add("store", f"diskcache at {where}: does not exist yet (created at the first start)")
+            report.add("store", f"{spec.kind} at {where}: does not exist yet (created at the first start)")
             report.store_entries = 0
         return
     try:
@@ -199,10 +199,10 @@ def check_store(settings: Settings, report: StartupReport, *, open_store: bool) 
             store.get("Check/doctor_for_Check/read", "{}")
             entries = len(store)
     except (StoreError, ConfigError, OSError) as exc:
-        report.add("store", f"{cfg.kind} at {where}: NOT USABLE")
+        report.add("store", f"{spec.kind} at {where}: NOT USABLE")
         report.error("store", f"cannot be opened: {exc}")
         return
-    report.add("store", f"{cfg.kind} at {where}: {entries:,} entries")
+    report.add("store", f"{spec.kind} at {where}: {entries:,} entries")
     report.store_entries = entries
 
 
@@ -272,8 +272,8 @@ def _store_entries(settings: Settings) -> int | None:
     from stabletoolbench_mirror.factory import build_store
     from stabletoolbench_mirror.stores import StoreError
 
-    cfg = settings.store
-    if cfg.kind == "diskcache" and not Path(settings.resolve(cfg.path)).exists():
+    spec = settings.store_spec()
+    if spec.backend.folder and not Path(spec.path).exists():
         return 0
     try:
         with build_store(settings) as store:

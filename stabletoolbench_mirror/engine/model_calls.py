@@ -259,7 +259,7 @@ class ModelCalls:
         self.store_timeout_s = store_timeout_s
         self.limiter = limiter
         self._count = count or (lambda answer, prompt, completion, asked: None)
-        self._reads_wait = store.kind != "diskcache"
+        self._reads_wait = store.reads_wait
         """Whether a store read can wait (over the network): then bounded by ``store.timeout_s``."""
 
     holds_private_run = False

@@ -31,6 +31,7 @@ from stabletoolbench_mirror.reporting.tally import ReportError, snapshot_tallies
 from stabletoolbench_mirror.scoring.bundle import BUNDLE_FILE, BundleError
 from stabletoolbench_mirror.scoring.bundle import read_manifest as read_seal
 from stabletoolbench_mirror.stores import Store, StoreError
+from stabletoolbench_mirror.stores.kinds import StoreSpec
 from stabletoolbench_mirror.upstream.archives import (
     ARCHIVE_SUFFIXES,
     SNAPSHOT,
@@ -147,31 +148,15 @@ def environment(manifest: dict[str, Any]) -> dict[str, Any]:
     return {key: manifest.get(key) for key in keys}
 
 
-def _no_password(url: str) -> str:
-    """``url`` without its user and password (a report is meant to be shared)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None and parts.username is None:
-        return url
-    return urllib.parse.urlunsplit(parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")))
-
-
 def _open_store(spec: str, settings: Settings) -> tuple[Store, str]:
     from stabletoolbench_mirror.factory import build_store
-    from stabletoolbench_mirror.stores import DiskcacheStore
 
     try:
         if spec == "store":
-            store = build_store(settings, read_only=True)
-            where = _no_password(settings.store.url or "") if settings.store.kind == "redis" else settings.resolve(settings.store.path)
-            return store, where
-        if spec.startswith(("redis://", "rediss://", "unix://")):
-            from stabletoolbench_mirror.stores.redis_store import RedisStore
-
-            url, _, fragment = spec.partition("#")
-            prefix = fragment.removeprefix("prefix=") if fragment.startswith("prefix=") else settings.store.prefix
-            return RedisStore(url, prefix=prefix, memory_bytes=0), _no_password(spec)
-        if (Path(spec) / "cache.db").is_file():
-            return DiskcacheStore(spec, read_only=True), os.path.abspath(spec)
+            return build_store(settings, read_only=True), settings.store_spec().where
+        named = StoreSpec.parse(spec, settings.store_spec())
+        if named is not None:
+            return named.open(read_only=True), named.where
     except StoreError as exc:
         raise ReportError(str(exc)) from exc
     raise ReportError(f"{spec}: not a store, a snapshot, a score bundle or a server: give `store` (the configured one), a "

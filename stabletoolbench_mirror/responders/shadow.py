@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.records import Record, Source
@@ -32,17 +31,6 @@ log = logging.getLogger(__name__)
 SHADOW_SUFFIX = "-shadow"
 MAX_PENDING = 64
 SHADOW_WORKERS = 4
-
-
-def shadow_settings(settings: Settings) -> Settings:
-    """The settings of the shadow store (the main store's, moved aside)."""
-    copy = settings.model_copy(deep=True)
-    copy.base_dir = settings.base_dir
-    if copy.store.kind == "diskcache":
-        copy.store.path = settings.resolve(settings.store.path).rstrip("/") + SHADOW_SUFFIX
-    else:
-        copy.store.prefix = settings.store.prefix + SHADOW_SUFFIX
-    return copy
 
 
 class ShadowedResponder:

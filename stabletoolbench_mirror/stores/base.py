@@ -10,10 +10,14 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import rules
+
+if TYPE_CHECKING:
+    from stabletoolbench_mirror.stores.kinds import StoreSpec
+    from stabletoolbench_mirror.stores.sessions import SessionStore
 
 
 class StoreError(RuntimeError):
@@ -35,6 +39,19 @@ class StoreCounts:
     disk_bytes: int | None = None
     memory_bytes: int | None = None
 
+    @classmethod
+    def of(cls, counters: Iterable[tuple[tuple[str, ...], int]], *, disk_bytes: int | None = None,
+           memory_bytes: int | None = None) -> StoreCounts:
+        """The counts of counters named as :mod:`.rules` names them (``("entries",)``, ``("apis",)``,
+        ``(name, value)``; others are left out), as each backend keeps them; a count at 0 is left out."""
+        out = cls(entries=0, apis=0, disk_bytes=disk_bytes, memory_bytes=memory_bytes)
+        for name, n in counters:
+            if name in (("entries",), ("apis",)):
+                setattr(out, name[0], n)
+            elif len(name) == 2 and n and name[0] in ("source", "category", "origin", "outcome"):
+                getattr(out, f"by_{name[0]}")[name[1]] = n
+        return out
+
 
 def _recording_order(records: list[Record]) -> list[Record]:
     """One API's records in recording order (the order an export writes them in)."""
@@ -50,14 +67,14 @@ class MemoryOccurrences:
         self._held: dict[Hashable, rules.Occurrences] = {}
         self._lock = threading.Lock()
 
-    def claim(self, key: Hashable) -> int:
+    def apply(self, key: Hashable, decide: rules.Decide) -> int:
         with self._lock:
-            number, self._held[key] = rules.claim_occurrence(self._held.get(key, rules.Occurrences()))
+            number, after = decide(self._held.get(key, rules.Occurrences()))
+            if after.at_start:
+                self._held.pop(key, None)
+            else:
+                self._held[key] = after
             return number
-
-    def release(self, key: Hashable, number: int) -> None:
-        with self._lock:
-            self._held[key] = rules.release_occurrence(self._held.get(key, rules.Occurrences()), number)
 
 
 class CacheTier(abc.ABC):
@@ -115,6 +132,35 @@ class Store(CacheTier):
     """
 
     kind = "store"
+
+    # -- what a backend says of itself (see :mod:`.kinds`) -----------------------------------------
+
+    reads_wait = True
+    """Whether a read can wait (over the network): then a model call bounds it by ``store.timeout_s``."""
+    folder = False
+    """Whether the store is a local folder (``store.path``), created at the first start when it is not there."""
+    across_processes = True
+    """Whether other processes (and hosts) opening the same spec share the records, counters and locks."""
+
+    @classmethod
+    def open_spec(cls, spec: StoreSpec, read_only: bool) -> Store:
+        """The store ``spec`` names (``read_only``: an existing one, opened without writing)."""
+        raise NotImplementedError
+
+    @classmethod
+    def open_sessions(cls, spec: StoreSpec, ttl_s: float) -> SessionStore:
+        """The session store kept beside the store ``spec`` names."""
+        raise NotImplementedError
+
+    @classmethod
+    def where(cls, spec: StoreSpec) -> str:
+        """Where the store ``spec`` names is, in words a user may be shown (never a credential)."""
+        return spec.path
+
+    @classmethod
+    def spec_of(cls, text: str, configured: StoreSpec) -> StoreSpec | None:
+        """The spec of this backend's store ``text`` names on a command line, or ``None`` (it names none)."""
+        return None
 
     @abc.abstractmethod
     def add(self, record: Record, canonical: str | None) -> bool:
@@ -186,25 +232,34 @@ class Store(CacheTier):
         """The occurrence number of this identical model request in ``run`` (1 for the first; see
         :func:`.rules.claim_occurrence`), counted with every process and host using the store.
 
-        The default counts in this process only (a backend shared by processes overrides it).
+        A backend shared by processes overrides :meth:`_occurrence`.
         """
-        return self._occurrences.claim((run, digest))
+        return self._occurrence(run, digest, rules.claim_occurrence)
 
     def release_occurrence(self, run: str, digest: str, number: int) -> None:
         """Give ``number`` back: its request got no answer, so the next identical one takes it."""
-        self._occurrences.release((run, digest), number)
+        self._occurrence(run, digest, rules.releasing(number))
 
     def claim_occurrence_now(self, run: str, digest: str) -> int | None:
         """:meth:`claim_occurrence` when it can be done at once, without waiting for anything (for the server's event
-        loop); ``None`` when it cannot, and nothing was done: call :meth:`claim_occurrence` in a worker thread.
-
-        The default never can (a backend whose claims are local and never wait overrides it).
-        """
-        return None
+        loop); ``None`` when it cannot, and nothing was done: call :meth:`claim_occurrence` in a worker thread."""
+        return self._occurrence_now(run, digest, rules.claim_occurrence)
 
     def release_occurrence_now(self, run: str, digest: str, number: int) -> bool:
         """:meth:`release_occurrence` when it can be done at once; ``False`` when it cannot (nothing done)."""
-        return False
+        return self._occurrence_now(run, digest, rules.releasing(number)) is not None
+
+    def _occurrence(self, run: str, digest: str, decide: rules.Decide) -> int:
+        """One counter's read, decision and write, atomic with every process counting with this store.
+
+        The default counts in this process only (a store no other process opens)."""
+        return self._occurrences.apply((run, digest), decide)
+
+    def _occurrence_now(self, run: str, digest: str, decide: rules.Decide) -> int | None:
+        """:meth:`_occurrence` when it can be done without waiting; ``None`` (nothing done) when it cannot.
+
+        The default never can (a backend whose counters are local and never wait overrides it)."""
+        return None
 
     @functools.cached_property
     def _occurrences(self) -> MemoryOccurrences:

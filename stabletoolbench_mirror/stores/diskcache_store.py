@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sqlite3
@@ -11,7 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import diskcache
 
@@ -25,6 +26,10 @@ from stabletoolbench_mirror.stores.filelock import ByteRangeLocks
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S
 from stabletoolbench_mirror.stores.occurrence_file import OccurrenceFile
 from stabletoolbench_mirror.stores.recent_reads import UNKNOWN, ChangeWatch, RecentReads
+
+if TYPE_CHECKING:
+    from stabletoolbench_mirror.stores.kinds import StoreSpec
+    from stabletoolbench_mirror.stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +125,25 @@ class DiskcacheStore(Store):
     """
 
     kind = "diskcache"
+    reads_wait = False
+    folder = True
+
+    @classmethod
+    def open_spec(cls, spec: StoreSpec, read_only: bool) -> Store:
+        return cls(spec.path, read_only=read_only, timeout_s=spec.timeout_s)
+
+    @classmethod
+    def open_sessions(cls, spec: StoreSpec, ttl_s: float) -> SessionStore:
+        from stabletoolbench_mirror.stores.sessions import DiskcacheSessionStore
+
+        return DiskcacheSessionStore(os.path.join(spec.path, "sessions"), ttl_s)
+
+    @classmethod
+    def spec_of(cls, text: str, configured: StoreSpec) -> StoreSpec | None:
+        """A folder holding ``cache.db``."""
+        if not os.path.isfile(os.path.join(text, "cache.db")):
+            return None
+        return dataclasses.replace(configured, kind=cls.kind, path=os.path.abspath(text))
 
     #: the lock file beside SQLite's (diskcache's consistency check skips names containing ``cache.db``)
     LOCK_FILE = "cache.db-flightlock"
@@ -224,42 +248,18 @@ class DiskcacheStore(Store):
                 self._reads.watch.changed()
             _touch_legacy_generation(self.path)
 
-    def claim_occurrence(self, run: str, digest: str) -> int:
-        if self.read_only:  # a read-only store counts in this process (what it cannot write, it cannot share)
-            return super().claim_occurrence(run, digest)
-        return self._occurrence(run, digest, rules.claim_occurrence)
-
-    def release_occurrence(self, run: str, digest: str, number: int) -> None:
-        if self.read_only:
-            super().release_occurrence(run, digest, number)
-            return
-        self._occurrence(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
-
-    def claim_occurrence_now(self, run: str, digest: str) -> int | None:
-        """:meth:`claim_occurrence` in one short transaction when nobody holds the counters' lock (``None`` otherwise,
+    def _occurrence_now(self, run: str, digest: str, decide: rules.Decide) -> int | None:
+        """:meth:`_occurrence` in one short transaction when nobody holds the counters' lock (``None`` otherwise,
         and before the counters' file is opened, which removes expired rows: a worker thread's work)."""
         counters = self._occurrence_file
         if self.read_only:
-            return super().claim_occurrence(run, digest)
+            return super()._occurrence(run, digest, decide)
         if counters is None:
             return None
         try:
-            return counters.apply_now(run, digest, rules.claim_occurrence)
+            return counters.apply_now(run, digest, decide)
         except (sqlite3.Error, ValueError, KeyError) as exc:
             raise StoreError(f"diskcache occurrence counter failed: {exc}") from exc
-
-    def release_occurrence_now(self, run: str, digest: str, number: int) -> bool:
-        counters = self._occurrence_file
-        if self.read_only:
-            super().release_occurrence(run, digest, number)
-            return True
-        if counters is None:
-            return False
-        try:
-            done = counters.apply_now(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
-        except (sqlite3.Error, ValueError, KeyError) as exc:
-            raise StoreError(f"diskcache occurrence counter failed: {exc}") from exc
-        return done is not None
 
     def hold_private_run(self, run: str) -> str | None:
         """One byte of the flight-lock file, locked for as long as the store is open (the kernel drops it when
@@ -287,8 +287,11 @@ class DiskcacheStore(Store):
         if held is not None and self._locks is not None:
             self._locks.release(held)
 
-    def _occurrence(self, run: str, digest: str, decide: Any) -> int:
-        """One counter's read, decision and write, in the store's occurrence file (:mod:`.occurrence_file`)."""
+    def _occurrence(self, run: str, digest: str, decide: rules.Decide) -> int:
+        """One counter's read, decision and write, in the store's occurrence file (:mod:`.occurrence_file`);
+        a read-only store counts in this process (what it cannot write, it cannot share)."""
+        if self.read_only:
+            return super()._occurrence(run, digest, decide)
         counters = self._occurrence_file
         if counters is None:
             with self._write_lock:
@@ -502,19 +505,10 @@ class DiskcacheStore(Store):
         try:
             if _COUNTED not in self._cache:
                 return None
-            out = StoreCounts(entries=0, apis=0)
-            for key, value in self._scan_values(_COUNT):
-                parts = key.split("\x00")
-                if parts[1:] == ["entries"]:
-                    out.entries = _int(value)
-                elif parts[1:] == ["apis"]:
-                    out.apis = _int(value)
-                elif len(parts) == 3 and _int(value):  # a count a replaced failure record took to 0 is left out
-                    getattr(out, f"by_{parts[1]}")[parts[2]] = _int(value)
+            counters = [(tuple(key.split("\x00")[1:]), _int(value)) for key, value in self._scan_values(_COUNT)]
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
-        out.disk_bytes = self._disk_bytes()
-        return out
+        return StoreCounts.of(counters, disk_bytes=self._disk_bytes())
 
     def _disk_bytes(self) -> int:
         total = 0

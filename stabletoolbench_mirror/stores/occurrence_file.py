@@ -23,7 +23,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from stabletoolbench_mirror.stores import rules
 
@@ -32,7 +32,6 @@ FILE_NAME = "cache.db-occurrences"
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS occurrences (run TEXT NOT NULL, digest TEXT NOT NULL, state TEXT NOT NULL, "
            "touched REAL NOT NULL, PRIMARY KEY (run, digest)) WITHOUT ROWID")
 
-Decide = Callable[[rules.Occurrences], tuple[int, rules.Occurrences]]
 
 
 class OccurrenceFile:
@@ -80,14 +79,14 @@ class OccurrenceFile:
                     raise
                 time.sleep(0.01)
 
-    def apply(self, run: str, digest: str, decide: Decide) -> int:
+    def apply(self, run: str, digest: str, decide: rules.Decide) -> int:
         """Read ``(run, digest)``'s counter, ask ``decide``, write the counter it returns; its number.  Raises ``sqlite3.Error``
         (``database is locked`` when another connection held the write lock for ``timeout_s``)."""
         con = self._connection()
         con.execute("BEGIN IMMEDIATE")
         return self._decide(con, run, digest, decide)
 
-    def apply_now(self, run: str, digest: str, decide: Decide) -> int | None:
+    def apply_now(self, run: str, digest: str, decide: rules.Decide) -> int | None:
         """:meth:`apply` if the write lock is free now; ``None`` (nothing done) when another connection holds it."""
         con = self._connection(wait=False)
         try:
@@ -99,7 +98,7 @@ class OccurrenceFile:
         return self._decide(con, run, digest, decide)
 
     @staticmethod
-    def _decide(con: sqlite3.Connection, run: str, digest: str, decide: Decide) -> int:
+    def _decide(con: sqlite3.Connection, run: str, digest: str, decide: rules.Decide) -> int:
         try:
             row = con.execute("SELECT state FROM occurrences WHERE run = ? AND digest = ?", (run, digest)).fetchone()
             number, after = decide(rules.Occurrences.from_json(row[0] if row else None))

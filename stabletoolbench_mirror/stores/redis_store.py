@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio
@@ -51,9 +52,13 @@ from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.stores import formats, rules
 from stabletoolbench_mirror.stores import redis_scripts as scripts
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
+from stabletoolbench_mirror.stores.kinds import StoreSpec, StoreSpecError
 from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S, LeaseKeeper
 from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, channel, forget_message
 from stabletoolbench_mirror.stores.redis_memory import MEMORY_MAX_AGE_S, RecordMemory
+
+if TYPE_CHECKING:
+    from stabletoolbench_mirror.stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +68,12 @@ WRITE_TRIES = 16
 
 class Unreachable(redis.exceptions.ConnectionError):
     """Redis was not asked: it failed to answer less than ``store.timeout_s`` ago (see :class:`Outage`)."""
+
+
+def _url(spec: StoreSpec) -> str:
+    if not spec.url:
+        raise StoreSpecError("store.url: required when store.kind is 'redis' (e.g. redis://127.0.0.1:6379/0)")
+    return spec.url
 
 
 class Outage:
@@ -112,6 +123,31 @@ class RedisStore(Store):
     """
 
     kind = "redis"
+
+    @classmethod
+    def open_spec(cls, spec: StoreSpec, read_only: bool) -> Store:
+        # read_only: its reads (HGET, HGETALL, SCARD, INFO) write nothing anyway; a command reads each record once
+        return cls(_url(spec), prefix=spec.prefix, lock_ttl_s=spec.lock_ttl_s, timeout_s=spec.timeout_s,
+                   **({"memory_bytes": 0} if read_only else {}))
+
+    @classmethod
+    def open_sessions(cls, spec: StoreSpec, ttl_s: float) -> SessionStore:
+        from stabletoolbench_mirror.stores.sessions import RedisSessionStore
+
+        return RedisSessionStore(_url(spec), ttl_s, prefix=spec.prefix, timeout_s=spec.timeout_s)
+
+    @classmethod
+    def where(cls, spec: StoreSpec) -> str:
+        return f"{public_url(spec.url or '')} (prefix '{spec.prefix}')"
+
+    @classmethod
+    def spec_of(cls, text: str, configured: StoreSpec) -> StoreSpec | None:
+        """``redis://HOST:PORT/DB[#prefix=P]`` (also ``rediss://``, ``unix://``)."""
+        if not text.startswith(("redis://", "rediss://", "unix://")):
+            return None
+        url, _, fragment = text.partition("#")
+        prefix = fragment.removeprefix("prefix=") if fragment.startswith("prefix=") else configured.prefix
+        return dataclasses.replace(configured, kind=cls.kind, url=url, prefix=prefix)
 
     def __init__(
         self,
@@ -206,13 +242,7 @@ class RedisStore(Store):
         digest = hashlib.sha256(f"{api}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
         return f"{self.prefix}:lock:{digest}"
 
-    def claim_occurrence(self, run: str, digest: str) -> int:
-        return self._occurrence(run, digest, rules.claim_occurrence)
-
-    def release_occurrence(self, run: str, digest: str, number: int) -> None:
-        self._occurrence(run, digest, lambda held: (number, rules.release_occurrence(held, number)))
-
-    def _occurrence(self, run: str, digest: str, decide: Any) -> int:
+    def _occurrence(self, run: str, digest: str, decide: rules.Decide) -> int:
         """Read a counter, ask the rules, write it back while nobody else did (``WATCH``/``MULTI``): every host counts together."""
         name = f"{self.prefix}:o:{run}:{digest}"
         result: list[int] = []
@@ -495,13 +525,8 @@ class RedisStore(Store):
             raise self._failed("read", exc) from exc
         if "counted" not in raw and apis:
             return None  # records written before counters were kept: cache stats scans instead
-        out = StoreCounts(entries=int(raw.get("entries", 0)), apis=apis, memory_bytes=int(memory) if memory else None)
-        for name, value in raw.items():
-            kind, _, what = _text(name).partition(":")
-            # a count a replaced failure record took to 0 is left out
-            if what and kind in ("source", "category", "origin", "outcome") and int(value):
-                getattr(out, f"by_{kind}")[what] = int(value)
-        return out
+        counters = [(tuple(_text(name).split(":", 1)), int(value)) for name, value in raw.items()]
+        return StoreCounts.of([*counters, (("apis",), apis)], memory_bytes=int(memory) if memory else None)
 
     def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
         for ns in self.apis():

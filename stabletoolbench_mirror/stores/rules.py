@@ -25,7 +25,7 @@ names its own way.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from stabletoolbench_mirror.core.records import Record, origin_key
@@ -214,11 +214,20 @@ OCCURRENCE_TTL_S = 30 * 24 * 3600
 MAX_FREE_OCCURRENCES = 1024
 
 
+Decide = Callable[[Occurrences], tuple[int, Occurrences]]
+"""A counter's decision: the number given (or given back) and the counter after it (:func:`claim_occurrence`, :func:`releasing`)."""
+
+
 def claim_occurrence(held: Occurrences) -> tuple[int, Occurrences]:
     """The number the next identical request gets, and the counter after it."""
     if held.free:
         return held.free[0], Occurrences(held.next, held.free[1:])
     return held.next, Occurrences(held.next + 1, held.free)
+
+
+def releasing(number: int) -> Decide:
+    """The decision that gives ``number`` back (:func:`release_occurrence`)."""
+    return lambda held: (number, release_occurrence(held, number))
 
 
 def release_occurrence(held: Occurrences, number: int) -> Occurrences:

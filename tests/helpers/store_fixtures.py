@@ -1,4 +1,5 @@
-"""``spec`` and ``store``: one fresh store of each backend (diskcache, and Redis when redis-server is there)."""
+"""``spec`` and ``store``: one fresh store of each backend (Redis when redis-server is there); ``shared_spec``:
+of each backend that other processes share (``Store.across_processes``)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,39 @@ from typing import Any
 import pytest
 
 from stabletoolbench_mirror.stores import Store
+from stabletoolbench_mirror.stores.kinds import backend
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.store_workers import open_store
 
+BACKENDS: list[Any] = ["diskcache", pytest.param("redis", marks=pytest.mark.redis), "memory"]
+"""Every backend of ``stores.kinds.KINDS`` the store tests run over, one entry each."""
 
-@pytest.fixture(params=["diskcache", pytest.param("redis", marks=pytest.mark.redis)])
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    """How to open one fresh store (in this process or another)."""
-    if request.param == "diskcache":
-        return {"kind": "diskcache", "path": str(tmp_path / "store")}
+
+def _kind(param: Any) -> str:
+    return param if isinstance(param, str) else param.values[0]
+
+
+SHARED_BACKENDS = [p for p in BACKENDS if backend(_kind(p)).across_processes]
+
+
+def _fresh_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """A fresh store's ``store`` settings (a server's: its URL and a prefix of its own; else a folder or name of its own)."""
+    if request.param != "redis":
+        return {"kind": request.param, "path": str(tmp_path / "store")}
     server: RedisServer = request.getfixturevalue("redis_server")
     return {"kind": "redis", "url": server.url, "prefix": request.getfixturevalue("redis_prefix")}
+
+
+@pytest.fixture(params=BACKENDS)
+def spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """How to open one fresh store (in this process)."""
+    return _fresh_spec(request, tmp_path)
+
+
+@pytest.fixture(params=SHARED_BACKENDS)
+def shared_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """How to open one fresh store in this process or another."""
+    return _fresh_spec(request, tmp_path)
 
 
 @pytest.fixture

@@ -6,15 +6,13 @@ import time
 from typing import Any
 
 from stabletoolbench_mirror.core.records import Record
-from stabletoolbench_mirror.stores import DiskcacheStore, Store
+from stabletoolbench_mirror.stores import Store
+from stabletoolbench_mirror.stores.kinds import StoreSpec
 
 
 def open_store(spec: dict[str, Any]) -> Store:
-    if spec["kind"] == "diskcache":
-        return DiskcacheStore(spec["path"])
-    from stabletoolbench_mirror.stores.redis_store import RedisStore
-
-    return RedisStore(spec["url"], prefix=spec["prefix"], lock_ttl_s=spec.get("lock_ttl_s", 15.0))
+    """The store of these ``store`` settings (``kind``, ``path`` or ``url`` and ``prefix``, ``lock_ttl_s``)."""
+    return StoreSpec(**spec).open()
 
 
 def add_many(spec: dict[str, Any], writer: int, keys: int, start_at: float) -> list[int]:

@@ -30,7 +30,7 @@ from tests.helpers import paths
 from tests.helpers.live import serve_http
 from tests.helpers.openai_stub import OpenAIStub, Reply
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server  # noqa: F401
-from tests.helpers.store_fixtures import spec  # noqa: F401
+from tests.helpers.store_fixtures import shared_spec  # noqa: F401
 
 LOOKUP, SEARCH = "Data/flaky_for_Data/lookup", "Data/flaky_for_Data/search"
 CALLS = [(api, n) for api in ("lookup", "search") for n in range(4)]
@@ -64,11 +64,11 @@ def stats(server) -> dict[str, Any]:
     return requests.get(server.url + "/stats", timeout=10).json()
 
 
-def test_delete_an_api_makes_its_calls_misses_while_the_others_still_hit(spec, serve, settings_factory, tmp_path: Path) -> None:
+def test_delete_an_api_makes_its_calls_misses_while_the_others_still_hit(shared_spec, serve, settings_factory, tmp_path: Path) -> None:
     config = tmp_path / "curation.yml"
-    config.write_text(json.dumps({"store": spec}))
+    config.write_text(json.dumps({"store": shared_spec}))
     with OpenAIStub(answering) as stub:
-        server = serve(settings_factory(store=spec, simulator={"enabled": True, "api_base": stub.api_base, "max_retries": 0}))
+        server = serve(settings_factory(store=shared_spec, simulator={"enabled": True, "api_base": stub.api_base, "max_retries": 0}))
         first = run(server)
         assert run(server) == first and run(server) == first  # hits (on Redis, from the server's memory too)
         assert stats(server)["hits"] == 2 * len(CALLS) and stub.count == len(CALLS)

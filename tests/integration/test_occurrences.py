@@ -9,7 +9,7 @@ from typing import Any
 
 from stabletoolbench_mirror.stores import Store, rules
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server  # noqa: F401
-from tests.helpers.store_fixtures import spec, store  # noqa: F401
+from tests.helpers.store_fixtures import shared_spec, spec, store  # noqa: F401
 from tests.helpers.store_workers import claim_occurrences, open_store
 
 DIGEST = "d" * 64
@@ -34,15 +34,15 @@ def test_a_number_given_back_is_given_again_first(store: Store) -> None:
     assert store.claim_occurrence("r", DIGEST) == 5
 
 
-def test_several_processes_never_get_the_same_number(spec: dict[str, Any]) -> None:  # noqa: F811
+def test_several_processes_never_get_the_same_number(shared_spec: dict[str, Any]) -> None:  # noqa: F811
     start_at = time.time() + 1.0
     with multiprocessing.get_context("spawn").Pool(4) as pool:
-        results = pool.starmap(claim_occurrences, [(spec, "shared", DIGEST, 50, start_at)] * 4)
+        results = pool.starmap(claim_occurrences, [(shared_spec, "shared", DIGEST, 50, start_at)] * 4)
     numbers = sorted(n for got in results for n in got)
     assert numbers == list(range(1, 201))
     for got in results:
         assert got == sorted(got)  # each process sees its numbers rise
-    other = open_store(spec)  # another process or host opening the store later goes on counting
+    other = open_store(shared_spec)  # another process or host opening the store later goes on counting
     try:
         assert other.claim_occurrence("shared", DIGEST) == 201
     finally:
@@ -75,12 +75,13 @@ def _counters_kept(spec: dict[str, Any], run: str) -> int:
     return len(list(client.scan_iter(f"{spec['prefix']}:o:{run}:*")))
 
 
-def test_a_counter_back_at_its_start_is_not_kept(store: Store, spec: dict[str, Any]) -> None:  # noqa: F811
+def test_a_counter_back_at_its_start_is_not_kept(shared_spec: dict[str, Any]) -> None:  # noqa: F811
     """A run whose requests all got their numbers back (replay misses, errors) leaves nothing in the store."""
-    for n in range(5):
-        digest = f"{n:064x}"
-        number = store.claim_occurrence("missed-run", digest)
-        store.release_occurrence("missed-run", digest, number)
-    kept = store.claim_occurrence("kept-run", DIGEST)
-    assert kept == 1 and _counters_kept(spec, "missed-run") == 0 and _counters_kept(spec, "kept-run") == 1
-    assert store.claim_occurrence("missed-run", f"{0:064x}") == 1  # and counting starts again at 1
+    with open_store(shared_spec) as store:
+        for n in range(5):
+            digest = f"{n:064x}"
+            number = store.claim_occurrence("missed-run", digest)
+            store.release_occurrence("missed-run", digest, number)
+        kept = store.claim_occurrence("kept-run", DIGEST)
+        assert kept == 1 and _counters_kept(shared_spec, "missed-run") == 0 and _counters_kept(shared_spec, "kept-run") == 1
+        assert store.claim_occurrence("missed-run", f"{0:064x}") == 1  # and counting starts again at 1

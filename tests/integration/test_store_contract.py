@@ -20,7 +20,7 @@ from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.stores import DiskcacheStore, Store, StoreError
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server, require_redis_server  # noqa: F401
 from tests.helpers.responders import KeyedResponder, expected_answer
-from tests.helpers.store_fixtures import spec, store  # noqa: F401
+from tests.helpers.store_fixtures import shared_spec, spec, store  # noqa: F401
 from tests.helpers.store_workers import add_many, hold_lock_forever, open_store
 
 NS = "Cat/tool_for_Cat/api"
@@ -63,8 +63,10 @@ def test_sample_iter_len(store: Store) -> None:
     assert sorted(r.key for r in store if r.api == NS) == sorted(f"{{'i': {i}}}" for i in range(12))
 
 
-def test_values_are_json_not_pickles(store: Store, spec: dict[str, Any]) -> None:
-    store.add(rec("{'q': 'x'}", "café"), "cq")
+def test_values_are_json_not_pickles(shared_spec: dict[str, Any]) -> None:
+    spec = shared_spec
+    with open_store(spec) as store:
+        store.add(rec("{'q': 'x'}", "café"), "cq")
     if spec["kind"] == "redis":
         import redis
 
@@ -79,19 +81,19 @@ def test_values_are_json_not_pickles(store: Store, spec: dict[str, Any]) -> None
     assert data["body"] == '{"error":"","response":"café"}' and data["source"] == "simulated"
 
 
-def test_concurrent_processes_agree_on_one_winner_per_key(spec: dict[str, Any]) -> None:
+def test_concurrent_processes_agree_on_one_winner_per_key(shared_spec: dict[str, Any]) -> None:
     ctx = multiprocessing.get_context("spawn")
     keys, writers = 300, 4
     start_at = time.time() + 2.0
     with ctx.Pool(writers) as pool:
-        won = pool.starmap(add_many, [(spec, w, keys, start_at) for w in range(writers)])
+        won = pool.starmap(add_many, [(shared_spec, w, keys, start_at) for w in range(writers)])
     owner: dict[int, int] = {}
     for writer, keys_won in enumerate(won):
         for i in keys_won:
             assert i not in owner, f"key {i} added by writers {owner[i]} and {writer}"
             owner[i] = writer
     assert sorted(owner) == list(range(keys))
-    store = open_store(spec)
+    store = open_store(shared_spec)
     try:
         assert len(store) == keys
         for i, writer in owner.items():
@@ -135,23 +137,23 @@ def test_flight_lock_excludes_another_store_instance(spec: dict[str, Any]) -> No
     b.close()
 
 
-def test_flight_lock_of_a_killed_holder_is_freed(spec: dict[str, Any]) -> None:
+def test_flight_lock_of_a_killed_holder_is_freed(shared_spec: dict[str, Any]) -> None:
     """kill -9 of a holder: diskcache's kernel lock goes at once; Redis's lease runs out (1.5 s here)."""
-    spec = dict(spec, lock_ttl_s=1.5)
+    shared_spec = dict(shared_spec, lock_ttl_s=1.5)
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
-    holder = ctx.Process(target=hold_lock_forever, args=(spec, NS, "k", ready))
+    holder = ctx.Process(target=hold_lock_forever, args=(shared_spec, NS, "k", ready))
     holder.start()
     try:
         assert ready.wait(30)
         os.kill(holder.pid, signal.SIGKILL)  # type: ignore[arg-type]
         holder.join(10)
-        store = open_store(spec)
+        store = open_store(shared_spec)
         start = time.monotonic()
         with store.flight_lock(NS, "k"):
             waited = time.monotonic() - start
         store.close()
-        if spec["kind"] == "redis":
+        if shared_spec["kind"] == "redis":
             assert 0.2 < waited < 5.0, waited
         else:
             assert waited < 1.0, waited
@@ -322,7 +324,7 @@ def test_old_answer_records_read_the_same_and_failure_json_is_inspectable(store:
 
 def _second(spec: dict[str, Any]) -> dict[str, Any]:
     """Another fresh store of the same backend."""
-    return {**spec, "path": spec["path"] + "-2"} if spec["kind"] == "diskcache" else {**spec, "prefix": spec["prefix"] + "-2"}
+    return {**spec, "path": spec.get("path", "store") + "-2", "prefix": spec.get("prefix", "stm") + "-2"}
 
 
 @pytest.mark.parametrize("batch", ["plain", "conflicting"])
