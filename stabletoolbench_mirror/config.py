@@ -50,7 +50,7 @@ from stabletoolbench_mirror.config_upstream import UpstreamServer as UpstreamSer
 from stabletoolbench_mirror.config_upstream import clearly_upstream as clearly_upstream
 from stabletoolbench_mirror.config_upstream import upstream_server_for as upstream_server_for
 from stabletoolbench_mirror.core.secrets import url_secrets
-from stabletoolbench_mirror.stores.kinds import KINDS, StoreSpec
+from stabletoolbench_mirror.stores.registry import KINDS
 
 #: upper bounds of durations and counts: a value past them cannot work (a timeout over ~9.2e9 s overflows
 #: the platform's time_t, and every wait with it fails) or is a typo; the error names the key and the bound
@@ -77,7 +77,7 @@ class _Section(BaseModel):
 
 class StoreConfig(_Section):
     kind: str = next(iter(KINDS))
-    """The backend, one of :data:`.stores.kinds.KINDS`."""
+    """The backend, one of :data:`.stores.registry.KINDS`."""
     path: str = "cache/store"
     """diskcache folder (``kind: diskcache``)."""
     url: str | None = None
@@ -480,11 +480,6 @@ class Settings(_Section):
 
     def resolve(self, path: str) -> str:
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
-
-    def store_spec(self) -> StoreSpec:
-        """The configured store (``store.path`` resolved)."""
-        cfg = self.store
-        return StoreSpec(cfg.kind, self.resolve(cfg.path), cfg.url, cfg.prefix, cfg.lock_ttl_s, cfg.timeout_s)
 
     def secrets(self) -> list[str]:
         """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.core.secrets`): the

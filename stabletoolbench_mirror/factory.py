@@ -18,7 +18,7 @@ from stabletoolbench_mirror.engine.served_copies import ServedCopies
 from stabletoolbench_mirror.responders.shadow import SHADOW_SUFFIX, ShadowedResponder
 from stabletoolbench_mirror.responders.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache, Store
-from stabletoolbench_mirror.stores.kinds import StoreSpecError
+from stabletoolbench_mirror.stores.kinds import StoreSpec, StoreSpecError
 from stabletoolbench_mirror.upstream.tooldocs import ToolDocs, tool_docs_for
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 def build_store(settings: Settings, *, read_only: bool = False) -> Store:
     """The record store ``store`` describes (``read_only``: an existing one, opened without writing)."""
-    return _configured(lambda: settings.store_spec().open(read_only=read_only))
+    return _configured(lambda: StoreSpec.of(settings).open(read_only=read_only))
 
 
 def _configured(open_it: Callable[[], T]) -> T:
@@ -79,7 +79,7 @@ def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> lis
 
 def build_shadow_store(settings: Settings) -> Store:
     """The shadow store (``real.shadow_simulate``): the main store's settings, moved aside."""
-    return _configured(lambda: settings.store_spec().aside(SHADOW_SUFFIX).open())
+    return _configured(lambda: StoreSpec.of(settings).aside(SHADOW_SUFFIX).open())
 
 
 def _shadowed(real: Responder, settings: Settings, docs: ToolDocs | None) -> ShadowedResponder:
@@ -144,7 +144,7 @@ def build_served_copies(settings: Settings) -> ServedCopies | None:
 
 def build_session_store(settings: Settings) -> SessionStore:
     """Where sessions are kept: beside the records (``<store.path>/sessions``, or the same Redis)."""
-    return _configured(lambda: settings.store_spec().sessions(settings.sessions.idle_expiry_s))
+    return _configured(lambda: StoreSpec.of(settings).sessions(settings.sessions.idle_expiry_s))
 
 
 def build_sessions(settings: Settings, store: Store) -> Sessions:

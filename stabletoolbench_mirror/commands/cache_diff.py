@@ -66,7 +66,7 @@ def open_side(spec: str, settings: Settings, *, progress: bool, desc: str) -> It
     try:
         if spec == "store":
             store = build_store(settings, read_only=True)
-        elif (named := StoreSpec.parse(spec, settings.store_spec())) is not None:
+        elif (named := StoreSpec.parse(spec, StoreSpec.of(settings))) is not None:
             store = named.open(read_only=True)
         elif is_archive(spec):
             spec = local_tree(spec, settings.resolve(settings.download_dir), progress=progress, limits=ArchiveLimits.of(settings))

@@ -16,6 +16,7 @@ from stabletoolbench_mirror.commands.fidelity import EmbeddingClient, FidelityRe
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.engine.responders import TakesExamples
+from stabletoolbench_mirror.stores.kinds import StoreSpec
 from stabletoolbench_mirror.upstream.expectations import load_answer_expectations, load_calls_jsonl
 
 
@@ -237,7 +238,7 @@ def what_was_scored(args: argparse.Namespace, settings: Any, pairs: list[Pair], 
         digest.update(json.dumps([pair.api, pair.key, pair.reference], sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass"))
     out["references_sha256"] = digest.hexdigest()
     if store is not None:
-        spec = settings.store_spec()
+        spec = StoreSpec.of(settings)
         out["store"] = f"{spec.kind} at {spec.where}"
     snapshots = {}
     for tree in settings.frozen_caches:

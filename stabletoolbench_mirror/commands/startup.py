@@ -30,6 +30,7 @@ from stabletoolbench_mirror.config import UPSTREAM_CONFIG_FILE, ConfigError, Set
 from stabletoolbench_mirror.core.protocol import MISS_ERROR
 from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.responders.simulator import NO_DOCS_MARK
+from stabletoolbench_mirror.stores.kinds import StoreSpec
 from stabletoolbench_mirror.upstream.tooldocs import tools_folder_problem
 from stabletoolbench_mirror.upstream.trees import TreeCount, count_tools, count_tree, frozen_cache_problem
 
@@ -175,7 +176,7 @@ def check_tools_folder(settings: Settings, report: StartupReport, *, count_apis:
 
 
 def check_store(settings: Settings, report: StartupReport, *, open_store: bool) -> None:
-    spec = settings.store_spec()
+    spec = StoreSpec.of(settings)
     if not open_store:
         report.add("store", f"{spec.kind} at {spec.where}")
         return
@@ -272,7 +273,7 @@ def _store_entries(settings: Settings) -> int | None:
     from stabletoolbench_mirror.factory import build_store
     from stabletoolbench_mirror.stores import StoreError
 
-    spec = settings.store_spec()
+    spec = StoreSpec.of(settings)
     if spec.backend.folder and not Path(spec.path).exists():
         return 0
     try:

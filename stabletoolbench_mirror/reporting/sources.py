@@ -153,8 +153,8 @@ def _open_store(spec: str, settings: Settings) -> tuple[Store, str]:
 
     try:
         if spec == "store":
-            return build_store(settings, read_only=True), settings.store_spec().where
-        named = StoreSpec.parse(spec, settings.store_spec())
+            return build_store(settings, read_only=True), StoreSpec.of(settings).where
+        named = StoreSpec.parse(spec, StoreSpec.of(settings))
         if named is not None:
             return named.open(read_only=True), named.where
     except StoreError as exc:

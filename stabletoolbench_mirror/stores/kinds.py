@@ -4,7 +4,7 @@ A backend is one module whose :class:`~.base.Store` subclass says what it is: ho
 (:meth:`~.base.Store.open_spec`, :meth:`~.base.Store.open_sessions`), where it is in words a user may be
 shown (:meth:`~.base.Store.where`, credentials never in it), what a spec string naming it looks like
 (:meth:`~.base.Store.spec_of`), and its capabilities (``reads_wait``, ``folder``, ``across_processes``).
-:data:`KINDS` names its module.  The settings' validation, ``factory``, the commands and the report ask
+:data:`.registry.KINDS` names its module.  The settings' validation, ``factory``, the commands and the report ask
 these; none of them tests a kind by name.  The backends are imported when first asked for (Redis's
 is an optional extra).
 """
@@ -17,17 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stabletoolbench_mirror.stores.base import StoreError
+from stabletoolbench_mirror.stores.registry import KINDS as KINDS
 
 if TYPE_CHECKING:
+    from stabletoolbench_mirror.config import Settings
     from stabletoolbench_mirror.stores.base import Store
     from stabletoolbench_mirror.stores.sessions import SessionStore
-
-KINDS: dict[str, str] = {
-    "diskcache": "stabletoolbench_mirror.stores.diskcache_store:DiskcacheStore",
-    "redis": "stabletoolbench_mirror.stores.redis_store:RedisStore",
-    "memory": "stabletoolbench_mirror.stores.memory_store:MemoryStore",
-}
-"""Every ``store.kind`` and its backend's class (``module:Class``); the first is the default."""
 
 
 class StoreSpecError(StoreError, ValueError):
@@ -62,6 +57,12 @@ class StoreSpec:
     """The key prefix on a shared server."""
     lock_ttl_s: float = 15.0
     timeout_s: float = 2.0
+
+    @classmethod
+    def of(cls, settings: Settings) -> StoreSpec:
+        """The configured store (``store.path`` resolved)."""
+        cfg = settings.store
+        return cls(cfg.kind, settings.resolve(cfg.path), cfg.url, cfg.prefix, cfg.lock_ttl_s, cfg.timeout_s)
 
     @property
     def backend(self) -> type[Store]:

@@ -55,5 +55,5 @@ def test_an_unknown_kind_names_the_key_and_the_choices(tmp_path: Path) -> None:
 
 def test_the_settings_name_their_store_resolved(tmp_path: Path) -> None:
     settings = Settings(base_dir=str(tmp_path), store={"kind": "redis", "url": "redis://h/0", "prefix": "p"})  # type: ignore[arg-type]
-    spec = settings.store_spec()
+    spec = StoreSpec.of(settings)
     assert (spec.kind, spec.url, spec.prefix, spec.path) == ("redis", "redis://h/0", "p", str(tmp_path / "cache" / "store"))
