@@ -104,7 +104,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def register_report(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "report",
         help="one self-contained HTML page (and JSON) of a store, snapshot, score bundle or running server; two bundles side by side",
