@@ -95,16 +95,11 @@ def _export_chat(args: argparse.Namespace) -> int:
 
 def cmd_cache_stats(args: argparse.Namespace) -> int:
     from stabletoolbench_mirror.commands.cache_tools import store_stats
-    from stabletoolbench_mirror.stores import StoreError
 
-    try:
-        # counting writes nothing: a diskcache folder through a read-only SQLite connection (a server may
-        # hold it open meanwhile), Redis through reads only (HGETALL, SCARD, INFO)
-        with open_store(args) as store:
-            stats = store_stats(store)
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    # counting writes nothing: a diskcache folder through a read-only SQLite connection (a server may
+    # hold it open meanwhile), Redis through reads only (HGETALL, SCARD, INFO); a StoreError is the command line's exit 2
+    with open_store(args) as store:
+        stats = store_stats(store)
     if args.json:
         print_json(stats)
         return 0

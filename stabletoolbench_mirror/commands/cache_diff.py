@@ -92,17 +92,27 @@ class Diff:
     """What ``cache diff`` found: counts in all, per API, and the first changed keys with both answers."""
 
     show: int = 5
-    added: int = 0
-    removed: int = 0
-    changed: int = 0
     entries_a: int = 0
     entries_b: int = 0
     by_api: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The APIs with any key added, removed or changed, and how many of each; the totals are their sums."""
     changed_keys: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def same(self) -> bool:
-        return not (self.added or self.removed or self.changed)
+        return not self.by_api
+
+    @property
+    def added(self) -> int:
+        return sum(n["added"] for n in self.by_api.values())
+
+    @property
+    def removed(self) -> int:
+        return sum(n["removed"] for n in self.by_api.values())
+
+    @property
+    def changed(self) -> int:
+        return sum(n["changed"] for n in self.by_api.values())
 
     def compare(self, api: str, a: dict[str, str], b: dict[str, str]) -> None:
         self.entries_a += len(a)
@@ -118,9 +128,6 @@ class Diff:
                     self.changed_keys.append({"api": api, "key": key, "a": body, "b": other})
         if added or removed or changed:
             self.by_api[api] = {"added": added, "removed": removed, "changed": changed}
-            self.added += added
-            self.removed += removed
-            self.changed += changed
 
     def to_json(self, a: str, b: str) -> dict[str, Any]:
         return {"a": a, "b": b, "same": self.same, "added": self.added, "removed": self.removed, "changed": self.changed,

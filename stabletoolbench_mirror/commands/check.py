@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_command, add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import answer as make_answer
@@ -361,6 +361,8 @@ def _layer(settings: Settings) -> MirrorLayer:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """Replay a JSONL of {payload, observed} calls or StableToolBench answer files against a running server (--url) or the
+    layer in-process (replay mode), and report per API. Exit status 1 when anything differs or misses."""
     if args.apibank:
         from stabletoolbench_mirror.commands.apibank_check import cmd_apibank_check
 
@@ -431,13 +433,7 @@ def _count_lines(path: str | Path) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "check",
-        help="replay recorded calls and report identical / different / miss per API",
-        description="Replay a JSONL of {payload, observed} calls or StableToolBench answer files against a "
-        "running server (--url) or the layer in-process (replay mode), and report per API. "
-        "Exit status 1 when anything differs or misses.",
-    )
+    parser = add_command(sub, "check", cmd_check, summary="replay recorded calls and report identical / different / miss per API")
     parser.add_argument("--calls", action="append", metavar="FILE.jsonl", help='JSONL of {"payload", "observed"} lines (repeatable)')
     add_answer_file_arguments(parser)
     parser.add_argument("--url", help="a running server (http://HOST:PORT or .../virtual); default: the layer in-process")
@@ -454,4 +450,3 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="compare the answers with the configured faults applied (default: the unfaulted record, see docs/faults.md)",
     )
     add_config_arguments(parser)
-    parser.set_defaults(func=cmd_check)

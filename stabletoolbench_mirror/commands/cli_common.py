@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stabletoolbench_mirror.config import Mode, Settings, load_settings
@@ -54,3 +55,11 @@ def open_store(args: argparse.Namespace, *, read_only: bool = True) -> Store:
     from stabletoolbench_mirror.factory import build_store
 
     return build_store(settings_from_args(args), read_only=read_only)
+
+
+def add_command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], *, summary: str, **defaults: Any) -> argparse.ArgumentParser:
+    """Command ``name``, run by ``func``: ``summary`` is its line in the list of commands, ``func``'s docstring
+    its ``--help`` description (argparse folds the docstring's lines and indentation into paragraphs of its own)."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=func.__doc__)
+    parser.set_defaults(func=func, **defaults)
+    return parser

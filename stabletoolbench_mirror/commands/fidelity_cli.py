@@ -11,7 +11,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_command, add_config_arguments, settings_from_args
 from stabletoolbench_mirror.commands.fidelity import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_atomically, write_json
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
@@ -179,6 +179,9 @@ class SimulatorCandidate:
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
+    """Score candidate answers against reference (real) answers, per call, per category and overall. References: --calls,
+    --answers or --from-store (the store's real records). Candidates: the configured simulator asked directly (default;
+    never the cache, nothing recorded unless --record), --candidate-calls, or the shadow store (--from-store --shadow)."""
     code = _check_arguments(args)
     if code is not None:
         return code
@@ -385,14 +388,7 @@ def _write_reports(args: argparse.Namespace, report: FidelityReport) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "fidelity",
-        help="score a simulator against real answers (exact, JSON, BLEU, ROUGE-L, optional embeddings and judge)",
-        description="Score candidate answers against reference (real) answers, per call, per category and overall. "
-        "References: --calls, --answers or --from-store (the store's real records). Candidates: the configured "
-        "simulator asked directly (default; never the cache, nothing recorded unless --record), --candidate-calls, "
-        "or the shadow store (--from-store --shadow).",
-    )
+    parser = add_command(sub, "fidelity", cmd_fidelity, summary="score a simulator against real answers (exact, JSON, BLEU, ROUGE-L, optional embeddings and judge)")
     ref = parser.add_argument_group("reference answers")
     ref.add_argument("--calls", action="append", metavar="FILE.jsonl", help='JSONL of {"payload", "observed"} lines (repeatable)')
     add_answer_file_arguments(ref)
@@ -415,4 +411,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--html", metavar="OUT", help="write a self-contained HTML report with a histogram per metric")
     out.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_config_arguments(parser)
-    parser.set_defaults(func=cmd_fidelity)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_command, add_config_arguments, print_json, settings_from_args
 from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.reporting.server import MAX_MB
@@ -73,6 +73,10 @@ def pair_lines(pair: dict[str, Any]) -> Iterable[str]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """Report how each call was answered (cache, store, real API, simulator, local tool, failure, fault), per category and
+    tool, the simulated share of tool answers, the agent's and the judge's model calls with their tokens, failures,
+    faults, the slowest APIs and a snapshot's content hash; for a score bundle its score, labels and environment hash;
+    for two bundles where they differ. See docs/report.md."""
     from stabletoolbench_mirror.reporting.score_page import render, render_pair
 
     if not (args.html or args.json or args.json_out):
@@ -105,14 +109,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "report",
-        help="one self-contained HTML page (and JSON) of a store, snapshot, score bundle or running server; two bundles side by side",
-        description="Report how each call was answered (cache, store, real API, simulator, local tool, failure, fault), per "
-        "category and tool, the simulated share of tool answers, the agent's and the judge's model calls with their tokens, "
-        "failures, faults, the slowest APIs and a snapshot's content hash; for a score bundle its score, labels and environment "
-        "hash; for two bundles where they differ. See docs/report.md.",
-    )
+    parser = add_command(sub, "report", cmd_report, summary="one self-contained HTML page (and JSON) of a store, snapshot, score bundle or running server; two bundles side by side")
     parser.add_argument("source", nargs="?", default="store",
                         help="store (default: the configured store), a diskcache folder, redis://..., a snapshot folder, a score "
                              "bundle folder, an archive of either (.tar.gz or a URL to one), or a running server's http://HOST:PORT")
@@ -126,4 +123,3 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help=f"the most a server's /stats (or /health) may be, MiB; larger is refused (default {MAX_MB:g})")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_config_arguments(parser)
-    parser.set_defaults(func=cmd_report)

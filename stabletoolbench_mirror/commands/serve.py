@@ -134,12 +134,8 @@ def run_server(settings: Settings) -> int:
         # rather than in every worker process; a store stays open while the workers serve, holding the
         # store's private model-call run when nobody named the run (no second server may record beside it)
         run = new_run_id()
-        try:
-            build_layer(settings).close()
-            store = build_store(settings)
-        except StoreError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        build_layer(settings).close()  # a StoreError is the command line's exit 2 (commands.cli)
+        store = build_store(settings)
         try:
             hold_private_run(settings, store, run)
         except StoreError as exc:
@@ -168,11 +164,7 @@ def run_server(settings: Settings) -> int:
         return 0
     from stabletoolbench_mirror.serving.server import create_app, freeze_startup_objects, uvicorn_options
 
-    try:
-        app = create_app(settings)
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    app = create_app(settings)
     freeze_startup_objects()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, **uvicorn_options(settings))
     return 0

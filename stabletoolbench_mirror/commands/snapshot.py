@@ -33,7 +33,7 @@ from typing import Any
 
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.commands.cache_tools import ExportSummary, Tally, count, iter_export
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_command, add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.core.progress import progress_bar
@@ -322,6 +322,8 @@ def changed_apis(root: Path, recorded: Any, computed: dict[str, str], paths: dic
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    """Write the store as an upstream tool_response_cache tree plus manifest.json (counts, models, settings without
+    secrets, content hash); --verify rechecks a snapshot."""
     started = time.perf_counter()
     if args.verify:
         from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveLimits, is_archive, local_tree
@@ -419,12 +421,7 @@ def _throughput(entries: int, seconds: float) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "snapshot",
-        help="freeze the store into an upstream tool_response_cache tree with a manifest.json",
-        description="Write the store as an upstream tool_response_cache tree plus manifest.json "
-        "(counts, models, settings without secrets, content hash); --verify rechecks a snapshot.",
-    )
+    parser = add_command(sub, "snapshot", cmd_snapshot, summary="freeze the store into an upstream tool_response_cache tree with a manifest.json")
     parser.add_argument("out", help="the snapshot folder (new or empty), or OUT.tar.gz for one file (new); with --verify: an existing snapshot folder, archive or URL")
     parser.add_argument("--verify", action="store_true", help="recompute the content hash of OUT and compare with its manifest")
     parser.add_argument(
@@ -436,4 +433,3 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--exclude-failures", action="store_true", help="leave failure records out (a cache meant for other people's record runs)"
     )
     add_config_arguments(parser)
-    parser.set_defaults(func=cmd_snapshot)
