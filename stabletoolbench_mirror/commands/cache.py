@@ -12,7 +12,7 @@ from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add
 
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.commands.cache_tools import ImportFailed, import_tree
+    from stabletoolbench_mirror.snapshots.tree_import import ImportFailed, import_tree
     from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveLimits, is_archive, local_tree, manifest_problem
     from stabletoolbench_mirror.upstream.trees import frozen_cache_problem
 
@@ -54,7 +54,7 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
     if args.style or args.source or args.category:
         print("error: --style, --source and --category belong to --format chat-jsonl", file=sys.stderr)
         return 2
-    from stabletoolbench_mirror.commands.cache_tools import export_tree
+    from stabletoolbench_mirror.snapshots.tree_export import export_tree
 
     with open_store(args) as store:
         summary = export_tree(store, args.directory, progress=not args.quiet)
@@ -94,7 +94,7 @@ def _export_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_stats(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.commands.cache_tools import store_stats
+    from stabletoolbench_mirror.snapshots.tree_export import store_stats
 
     # counting writes nothing: a diskcache folder through a read-only SQLite connection (a server may
     # hold it open meanwhile), Redis through reads only (HGETALL, SCARD, INFO); a StoreError is the command line's exit 2

@@ -39,7 +39,7 @@ def _hooks(quiet: bool) -> Any:
         return not report.errors
 
     def write_snapshot(served: Path, out: Path) -> dict[str, Any]:
-        from stabletoolbench_mirror.commands.snapshot import write_snapshot as snapshot
+        from stabletoolbench_mirror.snapshots.snapshot import write_snapshot as snapshot
         from stabletoolbench_mirror.stores import DiskcacheStore
 
         with DiskcacheStore(str(served), read_only=True) as store:
