@@ -59,38 +59,54 @@ def what_was_scored(args: argparse.Namespace, settings: Any, pairs: list[Pair], 
     """The report's ``scored`` block: the candidate (simulator style, model, endpoints, system prompt's sha256,
     or the recorded candidates), the references (where from, the sha256 of every scored reference answer,
     the store, each frozen snapshot's content hash) and the date (UTC)."""
-    import hashlib
     import time
 
     from stabletoolbench_mirror.core.secrets import public_url
-    from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
 
-    sim = settings.simulator
-    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if args.candidate_calls:
-        out["candidate"] = "recorded calls: " + ", ".join(args.candidate_calls)
-    elif args.shadow:
-        out["candidate"] = "the shadow store (shadow simulations)"
-    else:
-        out["candidate"] = "simulator"
-        out.update({"simulator": sim.style, "model": sim.model, "endpoints": [public_url(e) for e in sim.endpoints]})
-    if not args.candidate_calls:
-        from stabletoolbench_mirror.config import ConfigError
-        from stabletoolbench_mirror.responders.simulator import system_prompt_for
-
-        try:
-            out["prompt_sha256"] = system_prompt_for(settings).sha256
-        except ConfigError:
-            out["prompt_sha256"] = None
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **_candidate(args, settings)}
     out["references"] = [*(f"calls: {p}" for p in args.calls or []), *(f"answers: {p}" for p in args.answers or []),
                          *(["the store's real answers"] if args.from_store else [])]
-    digest = hashlib.sha256()
-    for pair in sorted(pairs, key=lambda p: (p.api, p.key)):
-        digest.update(json.dumps([pair.api, pair.key, pair.reference], sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass"))
-    out["references_sha256"] = digest.hexdigest()
+    out["references_sha256"] = _references_sha256(pairs)
     if store is not None:
         out["store"] = f"{settings.store.kind} at " + (settings.resolve(settings.store.path) if settings.store.kind == "diskcache"
                                                        else public_url(settings.store.url or ""))
+    snapshots = _snapshot_hashes(settings)
+    if snapshots:
+        out["snapshots"] = snapshots
+    return out
+
+
+def _candidate(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    """What answered: the recorded candidates, the shadow store or the simulator (and its system prompt's sha256)."""
+    from stabletoolbench_mirror.config import ConfigError
+    from stabletoolbench_mirror.core.secrets import public_url
+    from stabletoolbench_mirror.responders.simulator import system_prompt_for
+
+    if args.candidate_calls:
+        return {"candidate": "recorded calls: " + ", ".join(args.candidate_calls)}
+    sim = settings.simulator
+    out: dict[str, Any] = {"candidate": "the shadow store (shadow simulations)"} if args.shadow else {
+        "candidate": "simulator", "simulator": sim.style, "model": sim.model, "endpoints": [public_url(e) for e in sim.endpoints]}
+    try:
+        out["prompt_sha256"] = system_prompt_for(settings).sha256
+    except ConfigError:
+        out["prompt_sha256"] = None
+    return out
+
+
+def _references_sha256(pairs: list[Pair]) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for pair in sorted(pairs, key=lambda p: (p.api, p.key)):
+        digest.update(json.dumps([pair.api, pair.key, pair.reference], sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def _snapshot_hashes(settings: Any) -> dict[str, Any]:
+    """The content hash of each frozen cache that is a snapshot (has a readable manifest)."""
+    from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
+
     snapshots = {}
     for tree in settings.frozen_caches:
         try:
@@ -98,9 +114,7 @@ def what_was_scored(args: argparse.Namespace, settings: Any, pairs: list[Pair], 
             snapshots[tree] = manifest.get("content_hash")
         except (OSError, ValueError, AttributeError):
             continue
-    if snapshots:
-        out["snapshots"] = snapshots
-    return out
+    return snapshots
 
 
 def _check_arguments(args: argparse.Namespace) -> int | None:
@@ -139,16 +153,7 @@ def _load_pairs(
 
     The pairs are ``None`` (the error printed) when ``--from-store`` is the only source and gives nothing.
     """
-    from stabletoolbench_mirror.upstream.answers import function_index
-
-    pairs: list[Pair] = []
-    for path in args.calls or []:
-        pairs += pairs_from_expectations(load_calls_jsonl(path), problems)
-    if args.answers:
-        tools = args.tools_folder or (settings.resolve(settings.tools_folder) if settings.tools_folder else None)
-        found, bad = load_answer_expectations(args.answers, function_index(args.queries or [], tools))
-        problems.extend(bad)
-        pairs += pairs_from_expectations(found, problems)
+    pairs = _pairs_from_files(args, settings, problems)
     store = None
     if args.from_store or not (args.candidate_calls or args.shadow):
         from stabletoolbench_mirror.factory import build_store
@@ -163,9 +168,22 @@ def _load_pairs(
     if args.category:
         wanted = set(args.category)
         pairs = [p for p in pairs if p.category in wanted]
-    if args.limit is not None:
-        pairs = pairs[: args.limit]
-    return pairs, store
+    return pairs[: args.limit], store
+
+
+def _pairs_from_files(args: argparse.Namespace, settings: Any, problems: list[str]) -> list[Pair]:
+    """The reference pairs of ``--calls`` and ``--answers``, in that order."""
+    from stabletoolbench_mirror.upstream.answers import function_index
+
+    pairs: list[Pair] = []
+    for path in args.calls or []:
+        pairs += pairs_from_expectations(load_calls_jsonl(path), problems)
+    if args.answers:
+        tools = args.tools_folder or (settings.resolve(settings.tools_folder) if settings.tools_folder else None)
+        found, bad = load_answer_expectations(args.answers, function_index(args.queries or [], tools))
+        problems.extend(bad)
+        pairs += pairs_from_expectations(found, problems)
+    return pairs
 
 
 def _pairs_from_store(settings: Any, store: Any, problems: list[str], progress: bool, *, have_others: bool) -> list[Pair] | None:

@@ -77,22 +77,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     tool, the simulated share of tool answers, the agent's and the judge's model calls with their tokens, failures,
     faults, the slowest APIs and a snapshot's content hash; for a score bundle its score, labels and environment hash;
     for two bundles where they differ. See docs/report.md."""
-    from stabletoolbench_mirror.reporting.score_page import render, render_pair
-
-    if not (args.html or args.json or args.json_out):
-        print("error: say where the report goes: --html OUT.html, --json (printed) and/or --json-out OUT.json", file=sys.stderr)
-        return 2
-    if not (args.timeout > 0 and args.max_mb > 0):
-        print("error: --timeout and --max-mb must be above 0", file=sys.stderr)
+    problem = _argument_problem(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        settings = settings_from_args(args)
-        if args.source_b is not None:
-            report = collect_pair(args.source, args.source_b, settings, progress=not args.quiet)
-            page, lines, ok = render_pair(report), list(pair_lines(report)), report["comparison"]["same"]
-        else:
-            report = collect(args.source, settings, timeout_s=args.timeout, max_bytes=int(args.max_mb * 2**20), progress=not args.quiet)
-            page, lines, ok = render(report), list(summary_lines(report)), not report["problems"]
+        report, page, lines, ok = _gathered(args)
     except (ReportError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -106,6 +96,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
     return 0 if ok else 1
+
+
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    if not (args.html or args.json or args.json_out):
+        return "say where the report goes: --html OUT.html, --json (printed) and/or --json-out OUT.json"
+    if not (args.timeout > 0 and args.max_mb > 0):
+        return "--timeout and --max-mb must be above 0"
+    return None
+
+
+def _gathered(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[str], bool]:
+    """The report of ``args.source`` (or of two bundles), its page, its summary lines, and whether it is all well."""
+    from stabletoolbench_mirror.reporting.score_page import render, render_pair
+
+    settings = settings_from_args(args)
+    if args.source_b is not None:
+        pair = collect_pair(args.source, args.source_b, settings, progress=not args.quiet)
+        return pair, render_pair(pair), list(pair_lines(pair)), pair["comparison"]["same"]
+    report = collect(args.source, settings, timeout_s=args.timeout, max_bytes=int(args.max_mb * 2**20), progress=not args.quiet)
+    return report, render(report), list(summary_lines(report)), not report["problems"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from stabletoolbench_mirror.commands.cli_common import add_command, add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.factory import build_store
@@ -21,28 +22,34 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     """Write the store as an upstream tool_response_cache tree plus manifest.json (counts, models, settings without
     secrets, content hash); --verify rechecks a snapshot."""
     started = time.perf_counter()
-    if args.verify:
-        from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveLimits, is_archive, local_tree
+    return _verify(args, started) if args.verify else _write(args, started)
 
-        out = args.out
-        problem = _unreadable_snapshot(out)
-        if problem is not None:  # nothing to verify: "cannot be read" (exit 2), never a mismatch (1)
-            print(f"error: {problem}", file=sys.stderr)
-            return 2
-        if is_archive(out):  # an archive or URL: unpacked into download_dir (its content hash checked there too)
-            try:
-                settings = settings_from_args(args)
-                out = local_tree(out, settings.resolve(settings.download_dir), progress=not args.quiet, limits=ArchiveLimits.of(settings))
-            except ArchiveError as exc:
-                print(f"FAILED: {exc}", file=sys.stderr)
-                return 1
-        result = verify_snapshot(out, allow_left_out=args.skip_unsafe, progress=not args.quiet)
-        if args.json:
-            print_json({"snapshot": args.out, **asdict(result), "elapsed_s": round(time.perf_counter() - started, 3)})
-            return 0 if result.ok else 1
-        print("\n".join(result.lines()))
-        print(f"time: {_throughput(result.entries, time.perf_counter() - started)}")
+
+def _verify(args: argparse.Namespace, started: float) -> int:
+    from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveLimits, is_archive, local_tree
+
+    out = args.out
+    problem = _unreadable_snapshot(out)
+    if problem is not None:  # nothing to verify: "cannot be read" (exit 2), never a mismatch (1)
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if is_archive(out):  # an archive or URL: unpacked into download_dir (its content hash checked there too)
+        try:
+            settings = settings_from_args(args)
+            out = local_tree(out, settings.resolve(settings.download_dir), progress=not args.quiet, limits=ArchiveLimits.of(settings))
+        except ArchiveError as exc:
+            print(f"FAILED: {exc}", file=sys.stderr)
+            return 1
+    result = verify_snapshot(out, allow_left_out=args.skip_unsafe, progress=not args.quiet)
+    if args.json:
+        print_json({"snapshot": args.out, **asdict(result), "elapsed_s": round(time.perf_counter() - started, 3)})
         return 0 if result.ok else 1
+    print("\n".join(result.lines()))
+    print(f"time: {_throughput(result.entries, time.perf_counter() - started)}")
+    return 0 if result.ok else 1
+
+
+def _write(args: argparse.Namespace, started: float) -> int:
     settings = settings_from_args(args)
     try:
         with build_store(settings, read_only=True) as store, _written(args.out) as folder:  # a mistyped store path: exit 2
@@ -55,13 +62,21 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         print_json({"snapshot": args.out, "ok": not incomplete, "elapsed_s": round(time.perf_counter() - started, 3),
                     **{k: manifest[k] for k in SUMMARY_KEYS}})
         return 1 if incomplete else 0
+    _print_written(args, manifest, time.perf_counter() - started)
+    if incomplete:
+        print("the snapshot is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_written(args: argparse.Namespace, manifest: dict[str, Any], seconds: float) -> None:
     print(f"snapshot:      {args.out}")
     print(f"entries:       {manifest['entries']} in {manifest['files']} files")
     print("by source:     " + ", ".join(f"{k} {v}" for k, v in manifest["by_source"].items()))
     left = f", {manifest['excluded_failures']} left out" if args.exclude_failures else ""
     print(f"failures:      {manifest['failures']} included{left}")
     print(f"content hash:  {manifest['content_hash']}")
-    print(f"time:          {_throughput(manifest['entries'], time.perf_counter() - started)}")
+    print(f"time:          {_throughput(manifest['entries'], seconds)}")
     if manifest["encoded_names"]:
         print(f"encoded names: {manifest['encoded_names']} files (names unsafe as paths, written as %%...)")
     left_out = manifest["left_out"]
@@ -69,10 +84,6 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         print(f"LEFT OUT:      {sum(left_out.values())} entries of {len(left_out)} APIs whose names are too long for a file name")
         for api in list(left_out)[:20]:
             print(f"  {api[:300]}")
-        if not args.skip_unsafe:
-            print("the snapshot is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
-            return 1
-    return 0
 
 
 def _unreadable_snapshot(out: str) -> str | None:
