@@ -25,7 +25,7 @@ COMMAND_MODULES: list[str] = [
     "stabletoolbench_mirror.commands.snapshot",
     "stabletoolbench_mirror.commands.check",
     "stabletoolbench_mirror.commands.sessions_export",
-    "stabletoolbench_mirror.commands.startup",
+    "stabletoolbench_mirror.commands.doctor",
     "stabletoolbench_mirror.commands.fidelity",
     "stabletoolbench_mirror.commands.faults_profile",
     "stabletoolbench_mirror.commands.tools_export",

@@ -31,7 +31,7 @@ def _hooks(quiet: bool) -> Any:
     from stabletoolbench_mirror.scoring.runs import Hooks
 
     def start_checks(settings: Settings) -> bool:
-        from stabletoolbench_mirror.commands.startup import inspect, print_report
+        from stabletoolbench_mirror.startup.checks import inspect, print_report
 
         report = inspect(settings, probe_endpoints=True)
         if not quiet or report.errors:

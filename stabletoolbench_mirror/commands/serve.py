@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.commands.startup import start_checks
     from stabletoolbench_mirror.core.logs import setup_logging
+    from stabletoolbench_mirror.startup.checks import start_checks
 
     settings = settings_from_args(args, host=args.host, port=args.port, workers=args.workers)
     try:

@@ -41,7 +41,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
 
 
 def _warm(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.commands.startup import start_checks
+    from stabletoolbench_mirror.startup.checks import start_checks
 
     _check_arguments(args)
     settings = warm_settings(settings_from_args(args), args.concurrency)
