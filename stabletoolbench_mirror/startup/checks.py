@@ -13,8 +13,8 @@ One set of checks, used by ``serve`` (before it listens), ``warm`` (before it re
   entry counts, the tools folder with tool and API counts, the endpoints and whether they answered.
 
 Everything here reads folder listings, small files and endpoints' ``/models``; nothing is
-imported or evaluated, and no key is ever printed.  What a tree or a tools folder holds is read
-by :mod:`.trees`, the endpoints are probed by :mod:`.probes`; this module writes the report.
+imported or evaluated, and no key is ever printed.  What a tree or a tools folder holds is read by
+:mod:`stabletoolbench_mirror.upstream.trees`, the endpoints are probed by :mod:`.probes`; this module writes the report.
 """
 
 from __future__ import annotations
