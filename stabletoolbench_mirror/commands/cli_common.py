@@ -1,4 +1,5 @@
-"""Command-line helpers every command module shares: the config options and the settings they give.
+"""Command-line helpers every command module shares: a command's parser (:func:`add_command`), the config options
+and the settings they give, the store a command reads, the ``--json`` report.
 
 Every command module imports this module; nothing imports :mod:`stabletoolbench_mirror.commands.cli`,
 which only assembles the commands.
