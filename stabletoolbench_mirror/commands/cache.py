@@ -70,8 +70,8 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
 
 
 def _export_chat(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.commands.chat_export import export_chat_jsonl
     from stabletoolbench_mirror.factory import build_store
+    from stabletoolbench_mirror.snapshots.chat_export import export_chat_jsonl
 
     if not args.style:
         print("error: --format chat-jsonl needs --style mirrorapi-sft, mirrorapi-cot or mirrorapi-cache", file=sys.stderr)

@@ -7,9 +7,9 @@ import argparse
 import sys
 
 from stabletoolbench_mirror.commands.cli_common import add_command, add_config_arguments, add_json_argument, print_json, settings_from_args
-from stabletoolbench_mirror.commands.key_report import planted_records, render
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.startup.checks import inspect
+from stabletoolbench_mirror.startup.key_report import planted_records, render
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
