@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from stabletoolbench_mirror.commands.fidelity import Pair, Scorer, score_pairs  # noqa: E402
+from stabletoolbench_mirror.fidelity.metrics import Pair, Scorer, score_pairs  # noqa: E402
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file  # noqa: E402
 
 

@@ -24,15 +24,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _procs import free_port, process, stub_args  # noqa: E402
 
-from stabletoolbench_mirror.commands.warm import (  # noqa: E402
-    WarmPlan,
-    add_queries,
-    default_processes,
-    run_warm,
-    run_warm_processes,
-    warm_layer,
-    warm_settings,
-)
+from stabletoolbench_mirror.commands.warm.inputs import add_queries  # noqa: E402
+from stabletoolbench_mirror.commands.warm.plan import WarmPlan  # noqa: E402
+from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes  # noqa: E402
+from stabletoolbench_mirror.commands.warm.runner import run_warm, warm_layer, warm_settings  # noqa: E402
 from stabletoolbench_mirror.config import load_settings  # noqa: E402
 
 

@@ -1,16 +1,21 @@
-"""Command-line helpers every command module shares: the config options and the settings they give.
+"""Command-line helpers every command module shares: a command's parser (:func:`add_command`), the config options
+and the settings they give, the store a command reads, the ``--json`` report.
 
-Command modules (``cli``, ``warm``, ``snapshot``, ``check``) import this module; nothing
-imports :mod:`stabletoolbench_mirror.commands.cli`, which only assembles the commands.
+Every command module imports this module; nothing imports :mod:`stabletoolbench_mirror.commands.cli`,
+which only assembles the commands.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from stabletoolbench_mirror.config import Mode, Settings, load_settings
+
+if TYPE_CHECKING:
+    from stabletoolbench_mirror.stores.base import Store
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,3 +49,18 @@ def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
         overrides["store"] = {"path": os.path.abspath(args.store_path)}
     overrides.update({k: v for k, v in extra.items() if v is not None})
     return load_settings(args.config, overrides=overrides)
+
+
+def open_store(args: argparse.Namespace, *, read_only: bool = True) -> Store:
+    """The store a command reads: opened read-only, so a mistyped path is an error (exit 2), never an empty store made there."""
+    from stabletoolbench_mirror.factory import build_store
+
+    return build_store(settings_from_args(args), read_only=read_only)
+
+
+def add_command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], *, summary: str, **defaults: Any) -> argparse.ArgumentParser:
+    """Command ``name``, run by ``func``: ``summary`` is its line in the list of commands, ``func``'s docstring
+    its ``--help`` description (argparse folds the docstring's lines and indentation into paragraphs of its own)."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=func.__doc__)
+    parser.set_defaults(func=func, **defaults)
+    return parser

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from itertools import groupby
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, open_store, print_json
 from stabletoolbench_mirror.core.keys import record_key
 from stabletoolbench_mirror.core.model_calls import model_of
 from stabletoolbench_mirror.core.naming import ApiPath, resolve_names
@@ -120,25 +120,15 @@ def record_summary(record: Record) -> dict[str, Any]:
             "created_at": _when(record.created_at), "size": len(record.body.encode("utf-8", "surrogatepass"))}
 
 
-def _open(args: argparse.Namespace, *, read_only: bool) -> Store:
-    from stabletoolbench_mirror.factory import build_store
-
-    return build_store(settings_from_args(args), read_only=read_only)
-
-
 def cmd_ls(args: argparse.Namespace) -> int:
     chosen = RecordFilter.from_args(args)
-    try:
-        with _open(args, read_only=True) as store:
-            n = 0
-            if not args.json:
-                print(LS_HEADER)
-            for record in chosen.select(store):
-                n += 1
-                print(json.dumps(record_summary(record), ensure_ascii=False) if args.json else record_line(record))
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    with open_store(args) as store:  # a StoreError is the command line's exit 2
+        n = 0
+        if not args.json:
+            print(LS_HEADER)
+        for record in chosen.select(store):
+            n += 1
+            print(json.dumps(record_summary(record), ensure_ascii=False) if args.json else record_line(record))
     if not args.json:
         print(f"{n} records", file=sys.stderr)
     return 0
@@ -167,17 +157,13 @@ def shown_record(record: Record) -> dict[str, Any]:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    try:
-        with _open(args, read_only=True) as store:
-            for api in sorted(api_names(args.api)):
-                for key in show_keys(args.key):
-                    record = store.get(api, key)
-                    if record is not None:
-                        print(json.dumps(shown_record(record), indent=2, ensure_ascii=False))
-                        return 0
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    with open_store(args) as store:
+        for api in sorted(api_names(args.api)):
+            for key in show_keys(args.key):
+                record = store.get(api, key)
+                if record is not None:
+                    print(json.dumps(shown_record(record), indent=2, ensure_ascii=False))
+                    return 0
     print(f"error: no record of {args.api} under key {args.key!r} (cache ls --api API lists its keys)", file=sys.stderr)
     return 1
 
@@ -195,7 +181,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     by_api: dict[str, int] = {}
     listing = not args.quiet and not args.json
     try:
-        with _open(args, read_only=not args.yes) as store:
+        with open_store(args, read_only=not args.yes) as store:
             for api, group in groupby(chosen.select(store), key=lambda r: r.api):
                 keys = []
                 for record in group:

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_json_argument, print_json
+from stabletoolbench_mirror.commands.cli_common import add_command, add_json_argument, print_json
 from stabletoolbench_mirror.core.fault_kinds import KIND_OF_ERROR, KINDS
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, iter_cache_spans, read_cache_text
 from stabletoolbench_mirror.upstream.trees import frozen_cache_problem
@@ -119,6 +119,8 @@ def profile_tree(root: str, *, progress: bool = False, allow_symlinks: bool = Fa
 
 
 def cmd_faults_profile(args: argparse.Namespace) -> int:
+    """Count a tool_response_cache tree's answers by fault kind (StableToolBench's error answers, empty answers) and print
+    a faults: block with that rate and mix, to paste into server_config.yml."""
     problem = frozen_cache_problem(args.tree, follow_symlinks=args.allow_symlinks)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
@@ -136,15 +138,9 @@ def cmd_faults_profile(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     faults = sub.add_parser("faults", help="injected faults (see docs/faults.md)")
     faults_sub = faults.add_subparsers(dest="faults_command", required=True)
-    profile = faults_sub.add_parser(
-        "profile",
-        help="print the share of each error answer among a cache tree's answers, as a faults: block",
-        description="Count a tool_response_cache tree's answers by fault kind (StableToolBench's error answers, "
-        "empty answers) and print a faults: block with that rate and mix, to paste into server_config.yml.",
-    )
+    profile = add_command(faults_sub, "profile", cmd_faults_profile, summary="print the share of each error answer among a cache tree's answers, as a faults: block")
     profile.add_argument("tree", help="an upstream tool_response_cache tree (e.g. StableToolBench's server/tool_response_cache)")
     profile.add_argument("--seed", type=int, default=0, help="the seed written in the block (default 0)")
     profile.add_argument("--allow-symlinks", action="store_true", help="follow symbolic links that lead out of the tree")
     profile.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_json_argument(profile)
-    profile.set_defaults(func=cmd_faults_profile)

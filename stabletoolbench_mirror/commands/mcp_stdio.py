@@ -22,7 +22,6 @@ def cmd_mcp(args: Any) -> int:
     from stabletoolbench_mirror.factory import build_layer
     from stabletoolbench_mirror.serving.mcp_front import McpFront
     from stabletoolbench_mirror.serving.server import CallPath
-    from stabletoolbench_mirror.stores import StoreError
 
     settings = settings_from_args(args)
     settings.mcp.enabled = True
@@ -40,11 +39,7 @@ def cmd_mcp(args: Any) -> int:
     if query is not None and query not in front.catalog.queries:
         print(f"error: --query {args.query}: no such query in mcp.queries", file=sys.stderr)
         return 2
-    try:
-        layer = build_layer(settings)
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    layer = build_layer(settings)  # a StoreError is the command line's exit 2
     try:
         path = CallPath(layer, FairLimiter(max(40, settings.limits.max_pending_misses + 32), reserve=32))
         for tier in layer.tiers:

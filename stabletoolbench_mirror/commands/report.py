@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_command, add_config_arguments, print_json, settings_from_args
 from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.reporting.server import MAX_MB
@@ -73,22 +73,16 @@ def pair_lines(pair: dict[str, Any]) -> Iterable[str]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.reporting.score_page import render, render_pair
-
-    if not (args.html or args.json or args.json_out):
-        print("error: say where the report goes: --html OUT.html, --json (printed) and/or --json-out OUT.json", file=sys.stderr)
-        return 2
-    if not (args.timeout > 0 and args.max_mb > 0):
-        print("error: --timeout and --max-mb must be above 0", file=sys.stderr)
+    """Report how each call was answered (cache, store, real API, simulator, local tool, failure, fault), per category and
+    tool, the simulated share of tool answers, the agent's and the judge's model calls with their tokens, failures,
+    faults, the slowest APIs and a snapshot's content hash; for a score bundle its score, labels and environment hash;
+    for two bundles where they differ. See docs/report.md."""
+    problem = _argument_problem(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        settings = settings_from_args(args)
-        if args.source_b is not None:
-            report = collect_pair(args.source, args.source_b, settings, progress=not args.quiet)
-            page, lines, ok = render_pair(report), list(pair_lines(report)), report["comparison"]["same"]
-        else:
-            report = collect(args.source, settings, timeout_s=args.timeout, max_bytes=int(args.max_mb * 2**20), progress=not args.quiet)
-            page, lines, ok = render(report), list(summary_lines(report)), not report["problems"]
+        report, page, lines, ok = _gathered(args)
     except (ReportError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -104,15 +98,28 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def register_report(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "report",
-        help="one self-contained HTML page (and JSON) of a store, snapshot, score bundle or running server; two bundles side by side",
-        description="Report how each call was answered (cache, store, real API, simulator, local tool, failure, fault), per "
-        "category and tool, the simulated share of tool answers, the agent's and the judge's model calls with their tokens, "
-        "failures, faults, the slowest APIs and a snapshot's content hash; for a score bundle its score, labels and environment "
-        "hash; for two bundles where they differ. See docs/report.md.",
-    )
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    if not (args.html or args.json or args.json_out):
+        return "say where the report goes: --html OUT.html, --json (printed) and/or --json-out OUT.json"
+    if not (args.timeout > 0 and args.max_mb > 0):
+        return "--timeout and --max-mb must be above 0"
+    return None
+
+
+def _gathered(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[str], bool]:
+    """The report of ``args.source`` (or of two bundles), its page, its summary lines, and whether it is all well."""
+    from stabletoolbench_mirror.reporting.score_page import render, render_pair
+
+    settings = settings_from_args(args)
+    if args.source_b is not None:
+        pair = collect_pair(args.source, args.source_b, settings, progress=not args.quiet)
+        return pair, render_pair(pair), list(pair_lines(pair)), pair["comparison"]["same"]
+    report = collect(args.source, settings, timeout_s=args.timeout, max_bytes=int(args.max_mb * 2**20), progress=not args.quiet)
+    return report, render(report), list(summary_lines(report)), not report["problems"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = add_command(sub, "report", cmd_report, summary="one self-contained HTML page (and JSON) of a store, snapshot, score bundle or running server; two bundles side by side")
     parser.add_argument("source", nargs="?", default="store",
                         help="store (default: the configured store), a diskcache folder, redis://..., a snapshot folder, a score "
                              "bundle folder, an archive of either (.tar.gz or a URL to one), or a running server's http://HOST:PORT")
@@ -126,4 +133,3 @@ def register_report(sub: argparse._SubParsersAction) -> None:
                         help=f"the most a server's /stats (or /health) may be, MiB; larger is refused (default {MAX_MB:g})")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_config_arguments(parser)
-    parser.set_defaults(func=cmd_report)

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import add_command, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.config import Settings
 
 EXIT_DIFFERENT = 1
@@ -31,7 +31,7 @@ def _hooks(quiet: bool) -> Any:
     from stabletoolbench_mirror.scoring.runs import Hooks
 
     def start_checks(settings: Settings) -> bool:
-        from stabletoolbench_mirror.commands.startup import inspect, print_report
+        from stabletoolbench_mirror.startup.checks import inspect, print_report
 
         report = inspect(settings, probe_endpoints=True)
         if not quiet or report.errors:
@@ -39,7 +39,7 @@ def _hooks(quiet: bool) -> Any:
         return not report.errors
 
     def write_snapshot(served: Path, out: Path) -> dict[str, Any]:
-        from stabletoolbench_mirror.commands.snapshot import write_snapshot as snapshot
+        from stabletoolbench_mirror.snapshots.snapshot import write_snapshot as snapshot
         from stabletoolbench_mirror.stores import DiskcacheStore
 
         with DiskcacheStore(str(served), read_only=True) as store:
@@ -121,6 +121,10 @@ def _replay(args: argparse.Namespace, spec_text: str, rescore: bool) -> Any:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
+    """Run StableToolBench's own inference and evaluation (from --stabletoolbench, unmodified, with --python) through a
+    server this command starts, and seal everything into one bundle; --replay BUNDLE runs it again with no model and no
+    key and exits 0 only when every answer and label file is identical; --rescore BUNDLE re-runs the evaluation only.
+    See docs/reproduce-a-score.md."""
     from stabletoolbench_mirror.scoring.bundle import BundleError
     from stabletoolbench_mirror.scoring.checkout import CheckoutError
     from stabletoolbench_mirror.scoring.session import SessionError
@@ -182,14 +186,8 @@ def render(report: Any) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "score",
-        help="reproduce a StableToolBench score in one command: record a run into a sealed bundle, replay or re-score one",
-        description="Run StableToolBench's own inference and evaluation (from --stabletoolbench, unmodified, with --python) "
-        "through a server this command starts, and seal everything into one bundle; --replay BUNDLE runs it again with no "
-        "model and no key and exits 0 only when every answer and label file is identical; --rescore BUNDLE re-runs the "
-        "evaluation only. See docs/reproduce-a-score.md.",
-    )
+    summary = "reproduce a StableToolBench score in one command: record a run into a sealed bundle, replay or re-score one"
+    parser = add_command(sub, "score", cmd_score, summary=summary, mode=None, store_path=None)
     what = parser.add_argument_group("what to run (record)")
     what.add_argument("--config", "-c", help="the server's config: store, frozen caches, simulator, llm.upstreams for the agent and the judge")
     what.add_argument("--groups", help="comma-separated test groups, e.g. G1_instruction,G1_tool")
@@ -224,4 +222,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     how.add_argument("--work", help="the work folder (default: BUNDLE.work beside --out; a temporary one for --replay/--rescore)")
     how.add_argument("--quiet", "-q", action="store_true", help="no progress bars or start-up summary")
     add_json_argument(parser)
-    parser.set_defaults(func=cmd_score, mode=None, store_path=None)

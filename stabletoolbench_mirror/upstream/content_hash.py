@@ -1,4 +1,4 @@
-"""A snapshot's content hash (see :mod:`stabletoolbench_mirror.commands.snapshot` for what it covers).
+"""A snapshot's content hash (see :mod:`stabletoolbench_mirror.snapshots.snapshot` for what it covers).
 
 Kept apart from the ``snapshot`` command so that the frozen caches' archive check
 (:mod:`.archives`) computes it without the command's imports.

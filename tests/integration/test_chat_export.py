@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from stabletoolbench_mirror.commands.cache_tools import import_tree
 from stabletoolbench_mirror.commands.cli import main
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.protocol import VirtualRequest
 from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.snapshots.tree_import import import_tree
 from stabletoolbench_mirror.stores import DiskcacheStore
 from tests.helpers.openai_stub import OpenAIStub
 from tests.integration.test_prompt_parity import upstream_messages, write_upstream_prompts

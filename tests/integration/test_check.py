@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from stabletoolbench_mirror.commands.check import LayerTarget, run_check
+from stabletoolbench_mirror.checking.replay import LayerTarget, run_check
 from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.upstream.answers import observation_text
 from stabletoolbench_mirror.upstream.expectations import Expectation

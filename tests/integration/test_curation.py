@@ -240,7 +240,7 @@ def test_archive_round_trip_over_http_and_refusals(files_server, serve, settings
     # a tampered archive (an answer changed, the manifest kept): refused at the start, naming both hashes
     _tampered(www / "snap.tar.gz", www / "tampered.tar.gz")
     manifest_hash = json.loads(next(p for p in Path(local_tree(url, download_dir)).glob("manifest.json")).read_text())["content_hash"]
-    from stabletoolbench_mirror.commands.startup import inspect
+    from stabletoolbench_mirror.startup.checks import inspect
 
     report = inspect(replayer(f"{base}/tampered.tar.gz"), probe_endpoints=False)
     [error] = [f for f in report.errors if f.key == "frozen_caches[0]"]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from stabletoolbench_mirror.commands.snapshot import verify_snapshot, write_snapshot
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.snapshots.snapshot import verify_snapshot, write_snapshot
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
 from tests.helpers import paths

@@ -18,10 +18,10 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from stabletoolbench_mirror.commands.cli import main
-from stabletoolbench_mirror.commands.fidelity import JUDGE_SYSTEM_PROMPT, METRICS, Scorer, import_rouge, parse_judge_score
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.protocol import VirtualRequest
 from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.fidelity.metrics import JUDGE_SYSTEM_PROMPT, METRICS, Scorer, import_rouge, parse_judge_score
 from stabletoolbench_mirror.stores import DiskcacheStore
 from tests.helpers.openai_stub import OpenAIStub, Reply, letter_embedder
 

@@ -152,7 +152,7 @@ def test_symlinks_are_followed_when_allowed(tmp_path: Path, settings_factory, se
 
 
 def test_cache_import_refuses_symlinks_out_of_the_tree(tmp_path: Path) -> None:
-    from stabletoolbench_mirror.commands.cache_tools import import_tree
+    from stabletoolbench_mirror.snapshots.tree_import import import_tree
     from stabletoolbench_mirror.stores import DiskcacheStore
 
     root = symlinked_tree(tmp_path)

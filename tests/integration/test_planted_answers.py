@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 import requests
 
-from stabletoolbench_mirror.commands.cache_tools import export_tree, import_tree
 from stabletoolbench_mirror.core import keys
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_sessions
+from stabletoolbench_mirror.snapshots.tree_export import export_tree
+from stabletoolbench_mirror.snapshots.tree_import import import_tree
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
 from tests.helpers.redis_server import redis_prefix, redis_server  # noqa: F401
 from tests.helpers.responders import KeyedResponder

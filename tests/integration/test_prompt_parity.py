@@ -165,7 +165,7 @@ def test_prompts_file_is_never_run(tmp_path) -> None:
 
 
 def test_builtin_prompt_warns_once_at_start(tmp_path, layout, caplog) -> None:
-    from stabletoolbench_mirror.commands.cli import _warn_about_prompt
+    from stabletoolbench_mirror.commands.serve import _warn_about_prompt
 
     builtin = make_settings(tmp_path, simulator={"enabled": True, "style": "mirrorapi-cot"})
     assert "trained on StableToolBench's SFT_SYSTEM / COT_SYSTEM" in (prompt_warning(builtin) or "")

@@ -17,13 +17,13 @@ import requests
 import yaml
 
 from stabletoolbench_mirror.commands.cli import main as cli
-from stabletoolbench_mirror.commands.startup import inspect
 from stabletoolbench_mirror.config import load_settings
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.engine.responders import Attempt
 from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.serving.server import create_app, uvicorn_options
+from stabletoolbench_mirror.startup.checks import inspect
 from tests.helpers.live import UvicornThread
 from tests.helpers.model_stubs import AgentStub
 from tests.helpers.payloads import answer_payload

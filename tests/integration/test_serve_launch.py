@@ -137,7 +137,7 @@ def test_serve_on_a_port_in_use_names_the_port_and_the_fix(tmp_path: Path) -> No
 
 
 def test_the_troubleshooting_table_quotes_the_port_in_use_message() -> None:
-    from stabletoolbench_mirror.commands.cli import listen_problem
+    from stabletoolbench_mirror.commands.serve import listen_problem
 
     with socket_listening() as port:
         message = listen_problem("127.0.0.1", port)

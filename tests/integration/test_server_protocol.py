@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stabletoolbench_mirror.commands.cache_tools import import_tree
+from stabletoolbench_mirror.snapshots.tree_import import import_tree
 
 
 def _payload(p: dict, tool_input=None) -> dict:

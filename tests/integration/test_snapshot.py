@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stabletoolbench_mirror.commands.snapshot import content_hash, tree_entries, verify_snapshot, write_snapshot
 from stabletoolbench_mirror.config import load_settings
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.snapshots.snapshot import content_hash, tree_entries, verify_snapshot, write_snapshot
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
 
 RECORDS = [

@@ -518,7 +518,7 @@ def test_readme_quotes_the_exact_messages(tmp_path: Path) -> None:
     refused = cli("doctor", cwd=tmp_path / "own")
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[0] == "configuration error:"
     assert f"configuration error: {refused.stderr.strip().splitlines()[1]}" in readme
-    from stabletoolbench_mirror.commands.cache_tools import READER_DIED
+    from stabletoolbench_mirror.snapshots.tree_import import READER_DIED
 
     assert f"error: {READER_DIED}" in readme
     # the simulator warning, as it reads for the default api_base (issue 18 item 7j: the README said 8000)

@@ -362,7 +362,7 @@ OTHER = "Other/t_for_Other/b"
 
 def _scanned_counts(store: Store) -> dict[str, Any]:
     """What a full scan counts (the counters must say the same)."""
-    from stabletoolbench_mirror.commands.cache_tools import Tally
+    from stabletoolbench_mirror.snapshots.tree_export import Tally
 
     tally = Tally()
     for record in store:

@@ -10,8 +10,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.commands.cache_tools import export_tree, store_stats
 from stabletoolbench_mirror.core.records import Record, origin_key
+from stabletoolbench_mirror.snapshots.tree_export import export_tree, store_stats
 from stabletoolbench_mirror.stores import DiskcacheStore, Store
 from tests.helpers import paths
 from tests.helpers.redis_server import RedisServer, redis_prefix, redis_server  # noqa: F401

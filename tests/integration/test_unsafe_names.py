@@ -11,9 +11,9 @@ from pathlib import Path
 
 import requests
 
-from stabletoolbench_mirror.commands.snapshot import content_hash
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.snapshots.snapshot import content_hash
 from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream.layout import decode_name, encode_name
 from tests.conftest import REPO

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from stabletoolbench_mirror.commands.warm import WarmPlan, add_queries, run_warm, warm_settings
+from stabletoolbench_mirror.commands.warm.inputs import add_queries
 from stabletoolbench_mirror.commands.warm.offline import BatchingSimulator, offline_layer
+from stabletoolbench_mirror.commands.warm.plan import WarmPlan
+from stabletoolbench_mirror.commands.warm.runner import run_warm, warm_settings
 from stabletoolbench_mirror.responders.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore
 from tests.helpers.answer_files import api, param, query

@@ -22,40 +22,6 @@ simulator chain) with ``--concurrency`` calls in flight, in threads of this proc
 never recorded.  :mod:`.command` is the CLI.
 """
 
-from stabletoolbench_mirror.commands.warm.command import build_plan, cmd_warm, register
-from stabletoolbench_mirror.commands.warm.inputs import add_answers, add_payloads, add_queries
-from stabletoolbench_mirror.commands.warm.plan import (
-    INPUT_KINDS,
-    Failure,
-    KindCounts,
-    WarmInputError,
-    WarmItem,
-    WarmPlan,
-    WarmReport,
-    payload_of,
-)
-from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes
-from stabletoolbench_mirror.commands.warm.runner import SWITCH_INTERVAL_S, run_warm, warm_layer, warm_settings
+from stabletoolbench_mirror.commands.warm.command import register
 
-__all__ = [
-    "INPUT_KINDS",
-    "SWITCH_INTERVAL_S",
-    "Failure",
-    "KindCounts",
-    "WarmInputError",
-    "WarmItem",
-    "WarmPlan",
-    "WarmReport",
-    "add_answers",
-    "add_payloads",
-    "add_queries",
-    "build_plan",
-    "cmd_warm",
-    "default_processes",
-    "payload_of",
-    "register",
-    "run_warm",
-    "run_warm_processes",
-    "warm_layer",
-    "warm_settings",
-]
+__all__ = ["register"]

@@ -9,6 +9,7 @@ from typing import Any
 
 from stabletoolbench_mirror.commands.cli_common import (
     add_answer_file_arguments,
+    add_command,
     add_config_arguments,
     add_json_argument,
     print_json,
@@ -29,6 +30,9 @@ class UsageError(ValueError):
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
+    """Make the calls a StableToolBench run will make and record their answers: the default call of every API in query
+    files, the calls in answer files, or /virtual payloads. Cached calls are skipped (resumable); the rest go through
+    the real API -> simulator chain."""
     try:
         return _warm(args)
     except (UsageError, WarmInputError) as exc:
@@ -37,7 +41,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
 
 
 def _warm(args: argparse.Namespace) -> int:
-    from stabletoolbench_mirror.commands.startup import start_checks
+    from stabletoolbench_mirror.startup.checks import start_checks
 
     _check_arguments(args)
     settings = warm_settings(settings_from_args(args), args.concurrency)
@@ -173,13 +177,7 @@ def cached_only(layer: MirrorLayer, plan: WarmPlan) -> WarmPlan:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "warm",
-        help="fill the store from query files, answer files or payloads before a run",
-        description="Make the calls a StableToolBench run will make and record their answers: the default "
-        "call of every API in query files, the calls in answer files, or /virtual payloads. Cached calls are "
-        "skipped (resumable); the rest go through the real API -> simulator chain.",
-    )
+    parser = add_command(sub, "warm", cmd_warm, summary="fill the store from query files, answer files or payloads before a run")
     add_answer_file_arguments(parser, queries="StableToolBench query files or folders (their APIs' default calls)")
     parser.add_argument("--payloads", action="append", metavar="FILE.jsonl", help="JSONL of /virtual bodies (repeatable)")
     parser.add_argument("--index", action="append", metavar="PATH", help="query files used only to map answer-file function names")
@@ -202,4 +200,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--verbose", "-v", action="store_true", help="log more, list skipped calls")
     add_json_argument(parser)
     add_config_arguments(parser)
-    parser.set_defaults(func=cmd_warm)

@@ -10,15 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stabletoolbench_mirror.commands.warm.plan import (
-    Failure,
-    KindCounts,
-    WarmInputError,
-    WarmItem,
-    WarmPlan,
-    WarmReport,
-    payload_of,
-)
+from stabletoolbench_mirror.commands.warm.plan import Failure, KindCounts, WarmInputError, WarmItem, WarmPlan, WarmReport, payload_of
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind

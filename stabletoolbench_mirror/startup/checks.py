@@ -13,8 +13,8 @@ One set of checks, used by ``serve`` (before it listens), ``warm`` (before it re
   entry counts, the tools folder with tool and API counts, the endpoints and whether they answered.
 
 Everything here reads folder listings, small files and endpoints' ``/models``; nothing is
-imported or evaluated, and no key is ever printed.  What a tree or a tools folder holds is read
-by :mod:`.trees`, the endpoints are probed by :mod:`.probes`; this module writes the report.
+imported or evaluated, and no key is ever printed.  What a tree or a tools folder holds is read by
+:mod:`stabletoolbench_mirror.upstream.trees`, the endpoints are probed by :mod:`.probes`; this module writes the report.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.commands.probes import check_endpoints
 from stabletoolbench_mirror.config import UPSTREAM_CONFIG_FILE, ConfigError, Settings
 from stabletoolbench_mirror.core.protocol import MISS_ERROR
 from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.responders.simulator import NO_DOCS_MARK
+from stabletoolbench_mirror.startup.probes import check_endpoints
 from stabletoolbench_mirror.stores.kinds import StoreSpec
 from stabletoolbench_mirror.upstream.tooldocs import tools_folder_problem
 from stabletoolbench_mirror.upstream.trees import TreeCount, count_tools, count_tree, frozen_cache_problem
@@ -140,19 +140,30 @@ def check_tools_folder(settings: Settings, report: StartupReport, *, count_apis:
     sim = settings.simulator
     simulating = sim.enabled and settings.mode != "replay"  # a replay never asks the simulator
     if problem is None:
-        assert settings.tools_folder
-        path = settings.resolve(settings.tools_folder)
-        count = count_tools(path, count_apis=count_apis)
-        apis = _n(count.apis, "API") if count.apis is not None else "APIs not counted (a large folder)"
-        report.add("tools folder", f"{path}: {_n(count.tools, 'tool')}, {apis}, {_n(count.categories, 'category', 'categories')}")
-        if count.unreadable:
-            shown = ", ".join(count.unreadable[:3]) + (" ..." if len(count.unreadable) > 3 else "")
-            report.warning("tools_folder", f"{len(count.unreadable)} tool docs cannot be read: {shown}")
+        _count_tool_docs(settings, report, count_apis)
         return
     if settings.apibank is not None and not settings.tools_folder:
         report.add("tools folder", "none: the simulator has API-Bank's tool docs only")
         return
     report.add("tools folder", problem if settings.tools_folder else "none")
+    _no_tool_docs(settings, report, problem, simulating)
+
+
+def _count_tool_docs(settings: Settings, report: StartupReport, count_apis: bool | None) -> None:
+    """The tools folder's line: its tools, APIs and categories (and a warning for the docs that cannot be read)."""
+    assert settings.tools_folder
+    path = settings.resolve(settings.tools_folder)
+    count = count_tools(path, count_apis=count_apis)
+    apis = _n(count.apis, "API") if count.apis is not None else "APIs not counted (a large folder)"
+    report.add("tools folder", f"{path}: {_n(count.tools, 'tool')}, {apis}, {_n(count.categories, 'category', 'categories')}")
+    if count.unreadable:
+        shown = ", ".join(count.unreadable[:3]) + (" ..." if len(count.unreadable) > 3 else "")
+        report.warning("tools_folder", f"{len(count.unreadable)} tool docs cannot be read: {shown}")
+
+
+def _no_tool_docs(settings: Settings, report: StartupReport, problem: str, simulating: bool) -> None:
+    """No tool docs: an error when the simulator would answer without them, else a warning."""
+    sim = settings.simulator
     if simulating and not sim.allow_without_docs:
         what = "is not set" if not settings.tools_folder else f"gives no tool docs: {problem}"
         report.error(
@@ -223,20 +234,23 @@ def check_anything_answers(settings: Settings, report: StartupReport, *, doctor:
     if settings.mode in ("record", "refresh") and not fills:
         note = " (neither real.enabled nor simulator.enabled: misses are not filled)"
         report.lines = [(label, text + note if label == "mode" else text) for label, text in report.lines]
-    if settings.mode in ("record", "refresh") and fills:
-        return
-    bad_frozen = {f.key for f in report.errors if f.key.startswith("frozen_caches[")}
-    if len(settings.frozen_caches) > len(bad_frozen) or settings.local_tools or settings.apibank:
-        return  # local tools answer their own calls
-    entries = report.store_entries
-    if entries is None:
-        entries = _store_entries(settings)
-    if entries != 0:
+    if (settings.mode in ("record", "refresh") and fills) or _something_cached(settings, report):
         return
     # a server of model calls only (llm.upstreams: the judge re-scoring answers) is no mistake: said, not refused
     model_calls = bool(settings.llm.upstreams) and (settings.llm.mode or settings.mode) != "replay"
     refuse = doctor and not model_calls
     (report.error if refuse else report.warning)("mode", _nothing_answers(settings))
+
+
+def _something_cached(settings: Settings, report: StartupReport) -> bool:
+    """A usable frozen cache, local tools (they answer their own calls) or a store that is not empty."""
+    bad_frozen = {f.key for f in report.errors if f.key.startswith("frozen_caches[")}
+    if len(settings.frozen_caches) > len(bad_frozen) or settings.local_tools or settings.apibank:
+        return True
+    entries = report.store_entries
+    if entries is None:
+        entries = _store_entries(settings)
+    return entries != 0
 
 
 def _nothing_answers(settings: Settings) -> str:
@@ -361,7 +375,12 @@ def check_model_calls(settings: Settings, report: StartupReport) -> None:
     if not llm.upstreams:
         report.warning("llm.upstreams", f"llm mode is {mode} but no upstream is configured: every model call not "
                        "recorded gets HTTP 404; add llm.upstreams: [{base_url: ..., models: [...]}]")
-    for i, upstream in enumerate(llm.upstreams):
+    _check_upstream_keys(settings, report)
+
+
+def _check_upstream_keys(settings: Settings, report: StartupReport) -> None:
+    """A warning for each model upstream whose key is not where a call would find it."""
+    for i, upstream in enumerate(settings.llm.upstreams):
         if upstream.api_key_env and not os.environ.get(upstream.api_key_env):
             report.warning(f"llm.upstreams[{i}].api_key_env", f"${upstream.api_key_env} is not set: the client's own key "
                            "is passed through instead; export it before serve")
@@ -428,56 +447,3 @@ def start_checks(settings: Settings, *, probe_endpoints: bool = True, simulator_
         print(f"not starting: {len(report.errors)} configuration error(s) above", file=sys.stderr, flush=True)
         return False
     return True
-
-
-# -- doctor ----------------------------------------------------------------------------------------
-
-
-def cmd_doctor(args: Any) -> int:
-    """``stabletoolbench-mirror doctor``: every start-up check, without serving; exit 1 on any error."""
-    from stabletoolbench_mirror.commands.cli_common import settings_from_args
-
-    settings = settings_from_args(args)
-    if args.keys:
-        return _doctor_keys(settings)
-    report = inspect(settings, probe_endpoints=not args.no_probe, open_store=True, full_counts=True)
-    if args.json:
-        from stabletoolbench_mirror.commands.cli_common import print_json
-
-        print_json(report.as_json())
-        return 1 if report.errors else 0
-    print(report.render("stabletoolbench-mirror doctor"))
-    if report.errors:
-        print(f"{len(report.errors)} error(s), {len(report.warnings)} warning(s)")
-        return 1
-    print(f"no errors, {len(report.warnings)} warning(s)")
-    return 0
-
-
-def register(sub: Any) -> None:
-    from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument
-
-    parser = sub.add_parser(
-        "doctor",
-        help="check a configuration without serving (paths, tool docs, store, endpoints)",
-        description="Run every start-up check: frozen caches (with a hint when a path is one level off), the tools "
-        "folder, the store, the real API relay and the simulator endpoints. Exit status 1 on any error.",
-    )
-    add_config_arguments(parser)
-    parser.add_argument("--no-probe", action="store_true", help="do not contact the relay or the simulator")
-    add_json_argument(parser)
-    parser.add_argument(
-        "--keys", action="store_true",
-        help="scan the store once for records a string input wrote under another kind's key (exit 1 when any)",
-    )
-    parser.set_defaults(func=cmd_doctor)
-
-
-def _doctor_keys(settings: Settings) -> int:
-    from stabletoolbench_mirror.commands.key_report import planted_records, render
-    from stabletoolbench_mirror.factory import build_store
-
-    with build_store(settings) as store:
-        found = list(planted_records(store, progress=sys.stderr.isatty()))
-    print(render(found))
-    return 1 if found else 0

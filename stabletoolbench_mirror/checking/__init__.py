@@ -1,0 +1,1 @@
+"""What ``check`` computes: recorded calls replayed against a target and the answers judged (:mod:`.replay`)."""
