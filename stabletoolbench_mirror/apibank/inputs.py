@@ -130,17 +130,22 @@ def _literal(node: ast.AST, depth: int) -> Any:
     if isinstance(node, (ast.List, ast.Tuple)):
         return [_literal(e, depth + 1) for e in node.elts]
     if isinstance(node, ast.Dict):
-        out: dict[Any, Any] = {}
-        for k, v in zip(node.keys, node.values):
-            if k is None:
-                raise ValueError("'**' in a literal")
-            key = _literal(k, depth + 1)
-            if not isinstance(key, (str, int, float, bool, type(None))):
-                raise ValueError("a dict key that is not a plain value")
-            out[key] = _literal(v, depth + 1)
-        return out
+        return _dict(node, depth)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) and isinstance(node.operand, ast.Constant):
         number = node.operand.value
         if isinstance(number, (int, float)) and not isinstance(number, bool):
             return -number if isinstance(node.op, ast.USub) else number
     raise ValueError(f"not a plain value: {type(node).__name__}")
+
+
+def _dict(node: ast.Dict, depth: int) -> dict[Any, Any]:
+    """:func:`_literal` of a dict display: plain keys only, no ``**``."""
+    out: dict[Any, Any] = {}
+    for k, v in zip(node.keys, node.values):
+        if k is None:
+            raise ValueError("'**' in a literal")
+        key = _literal(k, depth + 1)
+        if not isinstance(key, (str, int, float, bool, type(None))):
+            raise ValueError("a dict key that is not a plain value")
+        out[key] = _literal(v, depth + 1)
+    return out

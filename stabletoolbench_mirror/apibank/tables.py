@@ -246,20 +246,23 @@ def encode(value: Any, depth: int = 0) -> Any:
         return value
     if isinstance(value, (DictView, ListView)):
         return encode(value.target, depth)
+    if type(value) in (dict, list, tuple, set, frozenset):
+        return _encode_collection(value, depth)
+    if type(value) in (datetime.datetime, datetime.date):
+        return {TAG: type(value).__name__, "iso": value.isoformat()}
+    raise NotEncodable(f"a {type(value).__name__} cannot be kept as JSON")
+
+
+def _encode_collection(value: dict[Any, Any] | list[Any] | tuple[Any, ...] | set[Any] | frozenset[Any], depth: int) -> Any:
+    """:func:`encode` of a dict, list, tuple, set or frozenset (of exactly that type)."""
     if type(value) is dict:
         if all(type(k) is str for k in value) and TAG not in value:
             return {k: encode(v, depth + 1) for k, v in value.items()}
         return {TAG: "dict", "items": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
     if type(value) is list:
         return [encode(v, depth + 1) for v in value]
-    if type(value) in (tuple, set, frozenset):
-        items = list(value) if type(value) is tuple else sorted(value, key=repr)
-        return {TAG: type(value).__name__, "items": [encode(v, depth + 1) for v in items]}
-    if type(value) is datetime.datetime:
-        return {TAG: "datetime", "iso": value.isoformat()}
-    if type(value) is datetime.date:
-        return {TAG: "date", "iso": value.isoformat()}
-    raise NotEncodable(f"a {type(value).__name__} cannot be kept as JSON")
+    items = list(value) if type(value) is tuple else sorted(value, key=repr)
+    return {TAG: type(value).__name__, "items": [encode(v, depth + 1) for v in items]}
 
 
 def decode(value: Any) -> Any:

@@ -1,6 +1,9 @@
 """The request path: the cache tiers, then the real API and the simulator, then the record.
 
-``server -> MirrorLayer.prepare -> MirrorLayer.answer_async: lookup (store, frozen caches) -> (real API, simulator) -> store.add``
+``server -> MirrorLayer.prepare -> MirrorLayer.answer_async: lookup (store, frozen caches) -> MissPath.fill (real API, simulator) -> store.add``
+
+This module prepares a call and looks it up; a miss goes on in :mod:`.miss` (single flight, the
+responders, the record).
 
 A call to a local tool (``local_tools``) skips the lookup: the tool always runs, and its answer
 is recorded.  A call inside a session (``X-STM-Session``) takes the same path through
@@ -23,8 +26,8 @@ request once, from its final outcome.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -34,21 +37,20 @@ from pydantic import ValidationError
 from stabletoolbench_mirror.config import Mode
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.call import ToolCall
-from stabletoolbench_mirror.core.fair import FairSemaphore
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.model_calls import MODEL_CATEGORY
 from stabletoolbench_mirror.core.naming import resolve_names
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import ToolInputParseError, VirtualRequest, parse_tool_input
-from stabletoolbench_mirror.core.records import Record, Source
+from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.engine.local_tools import LocalTool, LocalTools
 from stabletoolbench_mirror.engine.lookup_order import lookup_order
+from stabletoolbench_mirror.engine.miss import MissPath, store_error
 from stabletoolbench_mirror.engine.recent_hits import RecentHits
 from stabletoolbench_mirror.engine.refresh import RefreshScope
-from stabletoolbench_mirror.engine.responders import Attempt, CountsEvents, Responder, wants_examples
+from stabletoolbench_mirror.engine.responders import CountsEvents, Responder
 from stabletoolbench_mirror.engine.served_copies import ServedCopies
 from stabletoolbench_mirror.engine.sessions import SessionError, Sessions
-from stabletoolbench_mirror.engine.singleflight import SingleFlight
 from stabletoolbench_mirror.engine.stats import Stats
 from stabletoolbench_mirror.engine.store_health import StoreHealth
 from stabletoolbench_mirror.stores import CacheTier, FrozenCache, Store, StoreError
@@ -108,12 +110,12 @@ class MirrorLayer:
         """The responders with counters of their own (parse retries, shadow answers), for ``/stats``."""
         for responder in self.event_counters:
             responder.use_stats(self.stats)
-        self._wants_examples = tuple(wants_examples(r) for r in self.responders)
-        self._flight: SingleFlight[Outcome] = SingleFlight()
-        # misses past max_pending_misses wait for a turn: each client in its own queue, a freed turn
-        # to the waiting client holding the fewest (see :mod:`.fair`)
-        self._pending = FairSemaphore(max_pending_misses)
-        self.pending_timeout_s = pending_timeout_s
+        self.misses = MissPath(
+            store, self.tiers, self.responders, save=save, health=self.health, lookup=self.lookup,
+            retries=self.retries, serve=self._serve, max_pending_misses=max_pending_misses,
+            pending_timeout_s=pending_timeout_s,
+        )
+        """The miss path: single flight, the responders, the record (:mod:`.miss`)."""
         self.sessions = sessions
         self.local_tools = local_tools if local_tools is not None and len(local_tools) else None
         self._probes = tuple(lookup_order(self.tiers))
@@ -180,7 +182,7 @@ class MirrorLayer:
     @property
     def pending_misses(self) -> int:
         """Misses of this process waiting for the real API or the simulator now (filling or sharing)."""
-        return self._pending.in_use
+        return self.misses.pending.in_use
 
     def runs_locally(self, call: ToolCall) -> bool:
         """Whether ``call`` is one of the local tools (it always runs: never answered from the cache)."""
@@ -222,7 +224,7 @@ class MirrorLayer:
         except SessionError as exc:
             return Outcome.error(exc.status, exc.message)
         except StoreError as exc:
-            return self._store_error(call, exc)
+            return store_error(call, exc)
 
     def _answer_in_session(self, call: ToolCall, state: dict) -> Outcome:
         """:meth:`answer` inside a session, naming the key it was answered under (faults are decided on it)."""
@@ -257,15 +259,9 @@ class MirrorLayer:
         if tool is not None:
             return self._local(tool, call, state)
         try:
-            if looked is not None and looked.error is not None:
-                raise looked.error
-            record = self.lookup(call) if looked is None else looked.record
+            record = self._cached(call, looked)
         except StoreError as exc:
-            if not self.fills:
-                return self._store_error(call, exc)
-            # the store is away: a responder's answer is still served (unrecorded)
-            self.health.failed("read", exc, unrecorded=False)
-            record = None
+            return store_error(call, exc)
         if record is not None and not self.retries(record):
             return self._serve(call, record, OutcomeKind.HIT)
         if self.mode is Mode.REPLAY or not self.responders:
@@ -275,20 +271,24 @@ class MirrorLayer:
             # replays byte for byte, and so do answer files of earlier replays (the log says which it was)
             answer = protocol.encode_answer(protocol.miss_answer(call.api, REPLAY_MISS))
             return Outcome(answer, OutcomeKind.UNANSWERED, api=call.api)
-        # more misses than limits.max_pending_misses wait for a turn (a refusal would become a tool error)
-        if not self._pending.acquire(timeout=self.pending_timeout_s):
-            log.warning("a miss waited %g s for a turn; raise limits.max_pending_misses or limits.queue_timeout_s", self.pending_timeout_s)
-            message = f"stabletoolbench-mirror is overloaded: a miss waited {self.pending_timeout_s:g} s for a turn (limits.max_pending_misses)"
-            return replace(Outcome.error(503, message, OutcomeKind.REFUSED, "limits.max_pending_misses"), api=call.api)
+        # a request that found a failure record tries the call again
+        return self.misses.fill(call, retried=record is not None)
+
+    def _cached(self, call: ToolCall, looked: Looked | None) -> Record | None:
+        """The cached record of ``call`` (``looked``'s when given); when the store cannot be read, ``None`` if a
+        responder may answer (served unrecorded, the store's health told), else the store's error raised."""
         try:
-            outcome, shared = self._flight.do((call.api, call.canonical), lambda: self._fill(call))
+            if looked is None:
+                return self.lookup(call)
+            if looked.error is not None:
+                raise looked.error
+            return looked.record
         except StoreError as exc:
-            return self._store_error(call, exc)
-        finally:
-            self._pending.release()
-        outcome = _as_shared(outcome) if shared else outcome
-        # a request that found a failure record tried the call again
-        return replace(outcome, retried=True) if record is not None else outcome
+            if not self.fills:
+                raise
+            # the store is away: a responder's answer is still served (unrecorded)
+            self.health.failed("read", exc, unrecorded=False)
+            return None
 
     # -- the parts ----------------------------------------------------------------------------
 
@@ -349,145 +349,6 @@ class MirrorLayer:
             return record
         raise unread
 
-    def examples(self, call: ToolCall, limit: int = 20) -> list[Record]:
-        """Cached answers of the same API, for few-shot simulators: the store's, then the frozen caches'."""
-        found: list[Record] = []
-        for tier in self.tiers:
-            if len(found) >= limit:
-                break
-            try:
-                found += [r for r in tier.sample(call.api, limit - len(found)) if not r.is_failure]
-            except StoreError:
-                continue
-        return found
-
-    def _fill(self, call: ToolCall) -> Outcome:
-        # single flight across processes and hosts: the store's lock (a no-op for stores without
-        # one); whoever waited on it then finds the answer by the re-lookup in _fill_locked
-        if not self.save:
-            return self._fill_locked(call)
-        lock = self.store.flight_lock(call.api, call.canonical)
-        try:
-            lock.__enter__()
-            self.health.succeeded("lock")
-        except StoreError as exc:
-            # the store is away: fill without the cross-process lock (the answer is served unrecorded)
-            self.health.failed("lock", exc, unrecorded=False)
-            return self._fill_locked(call)
-        try:
-            return self._fill_locked(call)
-        finally:
-            lock.__exit__(None, None, None)
-
-    def _fill_locked(self, call: ToolCall) -> Outcome:
-        # another request (or process) may have recorded it while this one waited
-        try:
-            failure = self.lookup(call)
-        except StoreError as exc:
-            self.health.failed("read", exc, unrecorded=False)
-            failure = None
-        if failure is not None and not self.retries(failure):
-            return self._serve(call, failure, OutcomeKind.SHARED)
-        examples: list[Record] | None = None
-        misses = _Misses()
-        for responder, wants in zip(self.responders, self._wants_examples):
-            if examples is None:
-                # only a few-shot simulator reads examples (a store scan per miss otherwise)
-                examples = self.examples(call) if wants else None
-            attempt = responder.respond(call, examples or [])
-            if attempt.answer is not None and not protocol.is_encodable(attempt.answer):
-                # e.g. a "\ud800" escape in a model's JSON: it can be neither stored nor served as UTF-8
-                attempt = Attempt(None, attempt.origin, "answer contains a lone UTF-16 surrogate", attempt.fallback)
-            if attempt.answer is None:
-                log.info("%s gave no usable answer for %s: %s", responder.source, clip(call.api), clip(attempt.detail, 500))
-                misses.add(responder.source, attempt)
-                continue
-            record = Record.from_answer(call.api, call.key, attempt.answer, responder.source, attempt.origin, attempt.meta)
-            if failure is not None and not failure.is_failure and failure.key == call.key and failure.source != "frozen":
-                # mode: refresh, the store's usable record of this very key: replaced, keeping its provenance
-                return self._refreshed(call, replace(record, replaced=failure.provenance()), misses.problems)
-            if failure is not None and failure.key == call.key and failure.source != "frozen":
-                # the store's failure record of this very key: the answer replaces it, keeping its provenance
-                record = replace(record, replaced=failure.provenance())
-                return self._record(call, record, OutcomeKind.REPLACED, misses.problems)
-            return self._record(call, record, OutcomeKind.RECORDED, misses.problems)
-        return self._failed(call, failure, misses)
-
-    def _record(self, call: ToolCall, record: Record, kind: OutcomeKind, problems: list[str]) -> Outcome:
-        """Store a usable answer (unless ``save`` is off) and serve what the store holds for the key."""
-
-        def add() -> tuple[Record, OutcomeKind]:
-            if self.store.add(record, call.canonical):
-                return record, kind
-            # another process recorded first: everyone serves that one
-            return self.store.get(call.api, call.key) or record, OutcomeKind.SHARED
-
-        return self._written(call, record, kind, problems, add, "a usable answer replaced the failure record of")
-
-    def _refreshed(self, call: ToolCall, record: Record, problems: list[str]) -> Outcome:
-        """``mode: refresh``: write the new answer over the record (unless ``save`` is off) and serve it."""
-
-        def write_over() -> tuple[Record, OutcomeKind]:
-            self.store.replace(record, call.canonical)
-            return record, OutcomeKind.REPLACED
-
-        return self._written(call, record, OutcomeKind.REPLACED, problems, write_over, "refresh: a new answer replaced the record of")
-
-    def _written(self, call: ToolCall, record: Record, kind: OutcomeKind, problems: list[str],
-                 write: Callable[[], tuple[Record, OutcomeKind]], replaced_note: str) -> Outcome:
-        """Serve ``record`` as ``kind`` after ``write`` (what it serves, and as what), unless ``save`` is off
-        (``recorded``, nothing written) or the store fails (``unrecorded``, the store's health told)."""
-        if not self.save:
-            kind = OutcomeKind.RECORDED
-        else:
-            try:
-                record, kind = write()
-                self.health.succeeded("write")
-            except StoreError as exc:
-                self.health.failed("write", exc, unrecorded=True)
-                kind = OutcomeKind.UNRECORDED
-        if kind is OutcomeKind.REPLACED:
-            log.info("%s %s key=%s", replaced_note, clip(call.api), clip(call.key))
-        return replace(self._serve(call, record, kind), problems=tuple(problems))
-
-    def _failed(self, call: ToolCall, failure: Record | None, misses: _Misses) -> Outcome:
-        """No usable answer: serve, and record, a failure.
-
-        A failure record found for the call is served again unchanged (every observation of the
-        call in a run is then what a replay serves); otherwise the fallback answer (else the miss
-        error) is served and recorded as a new failure record.
-        """
-        problems = misses.problems
-        if failure is not None and not failure.is_failure:
-            # mode: refresh asked a usable record's call again and got nothing usable: the record is served
-            return replace(self._serve(call, failure, OutcomeKind.HIT), problems=tuple(problems))
-        if failure is not None:
-            return replace(self._serve(call, failure, OutcomeKind.FAILED), source=None, problems=tuple(problems))
-        fallback = misses.fallback
-        if fallback is None:
-            fallback = protocol.miss_answer(call.api, "the real API and the simulator gave no usable answer")
-        source, origin = misses.served_by()
-        record = Record.failure(
-            call.api, call.key, fallback, source, origin,
-            reason="; ".join(problems) or "no responder answered", tried=misses.tried_names(),
-        )
-        written = False
-        if self.save:
-            try:
-                written = self.store.add(record, call.canonical)
-                if not written:
-                    stored = self.store.get(call.api, call.key)
-                    if stored is not None and not stored.is_failure:
-                        # another process recorded a usable answer meanwhile: serve it
-                        return replace(self._serve(call, stored, OutcomeKind.SHARED), problems=tuple(problems))
-                    record = stored or record
-                self.health.succeeded("write")
-            except StoreError as exc:
-                self.health.failed("write", exc, unrecorded=True)
-        # a new failure is no answer from a source (``by_source`` counts answers)
-        outcome = replace(self._serve(call, record, OutcomeKind.FAILED), source=None)
-        return replace(outcome, problems=tuple(problems), new_failure_record=written)
-
     def _local(self, tool: LocalTool, call: ToolCall, state: dict) -> Outcome:
         """Run a local tool; its answer is recorded (``source: local``) but never served from the cache.
 
@@ -517,11 +378,6 @@ class MirrorLayer:
             self.served.add(record, call.canonical)
         return _served(call, record, kind)
 
-    def _store_error(self, call: ToolCall, exc: StoreError) -> Outcome:
-        log.error("store error for %s: %s", clip(call.api), clip(exc, 500))
-        outcome = Outcome.error(503, f"stabletoolbench-mirror: the response store is unavailable: {exc}", OutcomeKind.STORE_ERROR)
-        return replace(outcome, api=call.api)
-
     def close(self) -> None:
         for responder in self.responders:
             responder.close()
@@ -542,34 +398,6 @@ class Looked:
     error: StoreError | None = None
 
 
-@dataclass
-class _Misses:
-    """What the responders asked for one miss said when they gave no usable answer (a failure record's provenance)."""
-
-    problems: list[str] = field(default_factory=list)
-    """``<source>: <why>``, in order."""
-    tried: list[tuple[Source, str]] = field(default_factory=list)
-    """``(source, origin)`` of each responder asked, in order."""
-    fallback: Any = None
-    """The last answer a responder offered to serve unrecorded (e.g. the real API's own error answer)."""
-    fallback_by: tuple[Source, str] | None = None
-
-    def add(self, source: Source, attempt: Attempt) -> None:
-        self.problems.append(f"{source}: {attempt.detail}")
-        self.tried.append((source, attempt.origin))
-        if attempt.fallback is not None and protocol.is_encodable(attempt.fallback):
-            self.fallback, self.fallback_by = attempt.fallback, (source, attempt.origin)
-
-    def served_by(self) -> tuple[Source, str]:
-        """Who the failure served is from: the fallback's responder, else the last one asked."""
-        if self.fallback_by is not None:
-            return self.fallback_by
-        return self.tried[-1] if self.tried else ("simulated", "")
-
-    def tried_names(self) -> tuple[str, ...]:
-        return tuple(f"{source}:{origin}" for source, origin in self.tried)
-
-
 def _recent_hits(store: Store, frozen: Sequence[FrozenCache]) -> RecentHits | None:
     """Recent hits for a store that can tell when it changed (diskcache) and frozen caches that give state tokens, else ``None``."""
     if store.change_token() is None or not all(callable(getattr(f, "state_token", None)) for f in frozen):
@@ -580,13 +408,3 @@ def _recent_hits(store: Store, frozen: Sequence[FrozenCache]) -> RecentHits | No
 def _served(call: ToolCall, record: Record, kind: OutcomeKind) -> Outcome:
     return Outcome(record.body, kind, source=record.source, origin=record.origin, api=call.api, failure=record.is_failure)
 
-
-def _as_shared(outcome: Outcome) -> Outcome:
-    """What a request that waited on another's miss gets: its answer, counted as ``shared``.
-
-    Failures stay ``failed`` (the waiter was served a failure too); the reasons are counted
-    with the request that asked the responders.
-    """
-    if outcome.kind in (OutcomeKind.RECORDED, OutcomeKind.SHARED, OutcomeKind.REPLACED, OutcomeKind.UNRECORDED):
-        return replace(outcome, kind=OutcomeKind.SHARED, problems=())
-    return replace(outcome, problems=(), new_failure_record=False)

@@ -7,7 +7,7 @@ is its own record, ``<digest>#<n>``.  In order:
 
 1. the body is parsed and checked (a ``model`` string, a ``messages`` list or a ``prompt``: its endpoint's
    :meth:`~stabletoolbench_mirror.core.model_calls.Endpoint.request_problem`; valid Unicode, nested less than
-   Python's recursion limit) and its digest computed (:func:`prepare`; a body over :data:`ON_LOOP_BYTES` in a
+   Python's recursion limit) and its digest computed (:func:`~.model_requests.prepare`; a body over :data:`ON_LOOP_BYTES` in a
    worker thread, so a large body never holds the event loop);
 2. its occurrence number is claimed (:class:`~.occurrences.RunCounters`: the server's own run in bounded
    memory, any other run in the store, never waiting on the event loop, at most ``store.timeout_s``);
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import logging
 import time
@@ -49,14 +48,11 @@ from stabletoolbench_mirror.core.model_calls import CHAT, Endpoint
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.core.secrets import Redactor
+from stabletoolbench_mirror.engine.model_requests import ANSWERED, ON_LOOP_BYTES, ModelAnswer, ModelRequest, error_answer, prepare
 from stabletoolbench_mirror.engine.occurrences import PrivateRun, RunCounters
 from stabletoolbench_mirror.stores.base import CacheTier, Store, StoreError
 
 log = logging.getLogger(__name__)
-
-#: the largest body parsed and hashed on the event loop (about a quarter of a millisecond); larger ones in a thread
-ON_LOOP_BYTES = 64 * 1024
-
 
 @dataclass(frozen=True)
 class UpstreamAnswer:
@@ -88,78 +84,6 @@ class ModelUpstream(Protocol):
 
 class ModelUpstreams(Protocol):
     def for_model(self, model: str) -> ModelUpstream | None: ...
-
-
-@dataclass(frozen=True)
-class ModelAnswer:
-    """How one model call ended: what to send, and what to count."""
-
-    status: int
-    body: bytes
-    outcome: str
-    """``hit``, ``recorded``, ``replaced`` (refresh), ``unanswered`` (not recorded, nobody to ask),
-    ``refused`` (budget, a server limit), ``error`` (the upstream gave no completion, the store failed) or
-    ``rejected`` (a bad request)."""
-    source: str
-    """``model`` (or the record's source: ``imported``, ``frozen``) for an answer; ``upstream`` for an upstream's
-    error; ``mirror`` for this server's own error."""
-    model: str = ""
-    key: str | None = None
-    """``<digest>#<occurrence>``."""
-    run: str = ""
-    retry: bool = True
-    """Whether the client may send the same request again and get another answer (``False``: a bad request, a
-    spent budget, a call not recorded in replay; sent as ``X-Should-Retry: false``, which the ``openai`` SDK obeys)."""
-    stream: bool | None = None
-    """For a request that asked ``stream: true``: whether it asked ``stream_options.include_usage`` (``None``: not streamed)."""
-
-
-#: the outcomes that served a completion
-ANSWERED = frozenset({"hit", "recorded", "replaced"})
-
-
-@dataclass(slots=True)
-class ModelRequest:
-    """A parsed request of one endpoint, with what its key and budget need (:func:`prepare`)."""
-
-    body: dict[str, Any]
-    endpoint: Endpoint
-    model: str
-    digest: str
-    size: int
-    """Its canonical JSON's size in bytes (its prompt's part of :meth:`estimate`)."""
-    large: bool = False
-    """Over :data:`ON_LOOP_BYTES`: written in pieces for the upstream too (:func:`~stabletoolbench_mirror.core.model_calls.json_bytes`)."""
-
-    def estimate(self) -> int:
-        """The tokens its upstream call may cost at most (:func:`~stabletoolbench_mirror.core.model_calls.token_estimate`)."""
-        return mc.token_estimate(self.body, self.size)
-
-
-def prepare(raw: bytes, endpoint: Endpoint) -> ModelRequest | ModelAnswer:
-    """The request in ``raw``, or the HTTP 400 answer to a body that is not one: not JSON, not UTF-8, not valid
-    Unicode (a lone surrogate), nested past Python's recursion limit, or not a request of ``endpoint``."""
-    large = len(raw) > ON_LOOP_BYTES
-    try:
-        body = mc.parse_request(raw)
-        problem = endpoint.request_problem(body)
-        if problem is not None:
-            return _error(400, problem, "invalid_request_error", "rejected", param="model" if "model" in problem else None,
-                          retry=False)
-        if large:  # in pieces: the event loop runs between them (this is a worker thread)
-            digest, size = mc.canonical_digest(body)
-        else:
-            canonical = mc.canonical_request(body).encode("utf-8")
-            digest, size = hashlib.sha256(canonical).hexdigest(), len(canonical)
-    except RecursionError:
-        return _error(400, "the request body nests JSON too deep (about 1,000 levels is the most read)",
-                      "invalid_request_error", "rejected", retry=False)
-    except UnicodeEncodeError:
-        return _error(400, "the request body holds a lone UTF-16 surrogate (\\ud800-\\udfff without its pair): not valid "
-                           "Unicode", "invalid_request_error", "rejected", retry=False)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _error(400, f"the request body is not JSON: {exc}", "invalid_request_error", "rejected", retry=False)
-    return ModelRequest(body, endpoint, body["model"], digest, size, large)
 
 
 class TokenBudget:
@@ -295,8 +219,8 @@ class ModelCalls:
     def refused(self, status: int, message: str, outcome: str) -> ModelAnswer:
         """The answer (counted) to a request the front turned away before its body was read: too large, too slow,
         or over a client's limits (``refused`` may be retried; ``rejected`` may not)."""
-        answer = _error(status, message, "server_error" if outcome == "refused" else "invalid_request_error", outcome,
-                        retry=outcome == "refused")
+        answer = error_answer(status, message, "server_error" if outcome == "refused" else "invalid_request_error", outcome,
+                              retry=outcome == "refused")
         self._count(answer, 0, 0, False)
         return answer
 
@@ -305,7 +229,7 @@ class ModelCalls:
             number = await self.counters.claim(run, request.digest)
         except StoreError as exc:
             message = f"the store cannot count this request's occurrence: {exc}"
-            return _error(503, message, "server_error", "error", request.model), _NOTHING
+            return error_answer(503, message, "server_error", "error", request.model), _NOTHING
         answer: ModelAnswer | None = None
         try:
             answer, usage = await self._claimed(request, number, run, authorization)
@@ -319,8 +243,8 @@ class ModelCalls:
         if self.mode is not Mode.REFRESH:
             found = await self._lookup(api, key)
             if isinstance(found, StoreError):  # not "not recorded": the store could not say (a retry may find it)
-                return _error(503, f"the store cannot be read now ({found}); nothing else holds {key}", "server_error", "error",
-                              model), _NOTHING
+                return error_answer(503, f"the store cannot be read now ({found}); nothing else holds {key}", "server_error", "error",
+                                    model), _NOTHING
             if found is not None:
                 if self.served is not None:
                     await self._hand_over_async(found)
@@ -332,8 +256,8 @@ class ModelCalls:
         if upstream is None:
             message = (f"model {model!r}: no upstream answers it (llm.upstreams[].models: add a pattern that matches it), "
                        f"and request sha256:{request.digest} occurrence {number} is not recorded")
-            return _error(404, message, "invalid_request_error", "unanswered", model, code="model_not_found", param="model",
-                          retry=False), _NOTHING
+            return error_answer(404, message, "invalid_request_error", "unanswered", model, code="model_not_found", param="model",
+                                retry=False), _NOTHING
         return await self._from_upstream(request, upstream, key, number, run, authorization)
 
     async def _from_upstream(self, request: ModelRequest, upstream: ModelUpstream, key: str, number: int, run: str,
@@ -365,7 +289,7 @@ class ModelCalls:
         message = (f"the upstream token budget is spent ({self.budget.spent} settled and {self.budget.reserved} reserved of "
                    f"llm.max_upstream_tokens {self.budget.limit}); raise llm.max_upstream_tokens or replay recorded calls "
                    f"(model {model!r})")
-        return _error(429, message, "insufficient_quota", "refused", model, code="insufficient_quota", retry=False)
+        return error_answer(429, message, "insufficient_quota", "refused", model, code="insufficient_quota", retry=False)
 
     async def _lookup(self, api: str, key: str) -> Record | StoreError | None:
         """The record of ``key``: from the store, else a frozen cache; ``None`` when none holds it, the store's
@@ -429,7 +353,7 @@ class ModelCalls:
         try:
             got = upstream.complete(request.body, client_key, self.timeout_s, request.endpoint, large=request.large)
         except UpstreamFailed as exc:
-            return _Asked(_error(exc.status, redactor.text(str(exc)), "upstream_error", "error", request.model))
+            return _Asked(error_answer(exc.status, redactor.text(str(exc)), "upstream_error", "error", request.model))
         if got.status != 200:
             return _Asked(self._upstream_error(got, request.model, redactor))
         try:
@@ -485,7 +409,7 @@ class ModelCalls:
             message += ": " + error["message"][:2000]
         elif isinstance(error, str):
             message += ": " + error[:2000]
-        return _error(502, redactor.text(message), "upstream_error", "error", model)
+        return error_answer(502, redactor.text(message), "upstream_error", "error", model)
 
     def _served(self, record: Record, outcome: str, model: str, key: str, run: str) -> ModelAnswer:
         return ModelAnswer(200, record.body.encode("utf-8"), outcome, record.source, model, key, run)
@@ -509,13 +433,7 @@ class ModelCalls:
                 f"asked upstream (run {run!r}). `stabletoolbench-mirror cache ls --api '{api}'` lists the "
                 f"recorded occurrences of this model (keys <sha256>#<occurrence>); record it with llm.mode: record"
             )
-        return _error(404, message, "invalid_request_error", "unanswered", model, code="not_recorded", retry=False)
-
-
-def _error(status: int, message: str, type_: str, outcome: str, model: str = "", *, code: str | None = None,
-           param: str | None = None, retry: bool = True) -> ModelAnswer:
-    body = encode_answer(mc.error_body(message, type_, code, param)).encode("utf-8")
-    return ModelAnswer(status, body, outcome, "mirror", model, retry=retry)
+        return error_answer(404, message, "invalid_request_error", "unanswered", model, code="not_recorded", retry=False)
 
 
 def new_run_id() -> str:

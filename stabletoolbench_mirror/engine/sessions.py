@@ -225,16 +225,7 @@ class Sessions:
         """
         check_id(session_id)
         with self.lock(session_id):
-            raw = self.store.load_head(session_id)
-            if raw is not None:
-                head = as_head(raw)
-            else:
-                if not self.config.allow_client_ids:
-                    raise unknown(session_id)
-                head = new_head(session_id)
-                if not self.store.create(head):  # started by another process meanwhile
-                    raw = self.store.load_head(session_id)
-                    head = as_head(raw) if raw is not None else head
+            head = self._head(session_id)
             n = head["n_calls"]
             if n >= self.config.max_calls:
                 raise SessionError(409, f"session {session_id!r} is full: it holds sessions.max_calls={self.config.max_calls} calls")
@@ -244,42 +235,17 @@ class Sessions:
                 raise self._over(session_id, size_of(head) + _size(tool_input))
             history = head["history"]
             state = head["state"]  # just decoded: the head is this call's own
-            window = head["in_history"][-self.history:] if self.history > 0 else []
-            recent = self.store.calls(session_id, window)
-            context = SessionContext(
-                task=head["task"],
-                history=tuple(HistoryItem(s["api"], s["api_name"], s["tool_input"], s["answer"]) for s in recent),
-                id=session_id,
-            )
-            outcome = answer(call.in_session(history, context), state)
+            outcome = answer(call.in_session(history, self._context(session_id, head)), state)
             if outcome.status != 200:
                 return outcome  # not an answer to the call (overloaded, store down): not part of the trajectory
             # answers from a record or a local tool (they have a source) make the history; failures do not
             # (a failure record replayed is no more part of it than the failure was when recorded)
             counts = outcome.source is not None and not outcome.failure
-            try:
-                parsed = json.loads(outcome.body)
-            except ValueError:  # pragma: no cover - every body is JSON
-                parsed = outcome.body
-            entry: SessionCall = {
-                "category": call.category,
-                "tool_name": call.tool_name,
-                "api_name": call.api_name,
-                "api": call.api,
-                "tool_input": tool_input,
-                "answer": parsed,
-                "source": outcome.source,
-                "origin": outcome.origin,
-                "outcome": outcome.kind,
-                "in_history": counts,
-                "history": history,
-                "at": time.time(),
-            }
-            entry_bytes = _size(entry)
+            entry = _entry(call, outcome, history, counts)
             head = {
                 **head,
                 "n_calls": n + 1,
-                "calls_bytes": head["calls_bytes"] + entry_bytes,
+                "calls_bytes": head["calls_bytes"] + _size(entry),
                 "in_history": [*head["in_history"], n] if counts else list(head["in_history"]),
                 "history": history_next(history, call.api, call.canonical, outcome.body) if counts else history,
                 "state": state,
@@ -288,23 +254,72 @@ class Sessions:
             if size_of(head) > self.config.max_bytes:
                 log.warning("session %r: a call's answer not kept, over sessions.max_bytes=%d", session_id, self.config.max_bytes)
                 raise self._over(session_id, size_of(head))
-            try:
-                kept = self.store.append(head, entry)
-            except StoreError as exc:
-                if health is None:
-                    raise
-                # a full disk: the answer is served as a plain miss's would be (unrecorded, /health degraded)
-                health.failed("session write", exc, unrecorded=outcome.kind != OutcomeKind.UNRECORDED)
-                log.warning("session %r: the call's answer is served but not kept in the session: %s", session_id, exc)
-                return replace(outcome, kind=OutcomeKind.UNRECORDED)
-            if health is not None:
-                health.succeeded("session write")
-            if not kept:
-                log.info("session %r was deleted while a call ran; its answer is served, not kept", session_id)
-            return outcome
+            return self._keep(session_id, head, entry, outcome, health)
+
+    def _head(self, session_id: str) -> SessionHead:
+        """The session's head, read; a new one for an unknown id when ``sessions.allow_client_ids`` is on."""
+        raw = self.store.load_head(session_id)
+        if raw is not None:
+            return as_head(raw)
+        if not self.config.allow_client_ids:
+            raise unknown(session_id)
+        head = new_head(session_id)
+        if not self.store.create(head):  # started by another process meanwhile
+            raw = self.store.load_head(session_id)
+            head = as_head(raw) if raw is not None else head
+        return head
+
+    def _context(self, session_id: str, head: SessionHead) -> SessionContext:
+        """The task and the last ``history`` calls of the trajectory, for a simulator's prompt."""
+        window = head["in_history"][-self.history:] if self.history > 0 else []
+        recent = self.store.calls(session_id, window)
+        return SessionContext(
+            task=head["task"],
+            history=tuple(HistoryItem(s["api"], s["api_name"], s["tool_input"], s["answer"]) for s in recent),
+            id=session_id,
+        )
+
+    def _keep(self, session_id: str, head: SessionHead, entry: SessionCall, outcome: Outcome, health: Health | None) -> Outcome:
+        """Write the call's entry and the new head; the outcome served (``unrecorded`` when only that write failed)."""
+        try:
+            kept = self.store.append(head, entry)
+        except StoreError as exc:
+            if health is None:
+                raise
+            # a full disk: the answer is served as a plain miss's would be (unrecorded, /health degraded)
+            health.failed("session write", exc, unrecorded=outcome.kind != OutcomeKind.UNRECORDED)
+            log.warning("session %r: the call's answer is served but not kept in the session: %s", session_id, exc)
+            return replace(outcome, kind=OutcomeKind.UNRECORDED)
+        if health is not None:
+            health.succeeded("session write")
+        if not kept:
+            log.info("session %r was deleted while a call ran; its answer is served, not kept", session_id)
+        return outcome
 
     def close(self) -> None:
         self.store.close()
+
+
+def _entry(call: ToolCall, outcome: Outcome, history: str, counts: bool) -> SessionCall:
+    """The trajectory's entry of one answered call (``counts``: it is part of the history)."""
+    try:
+        parsed = json.loads(outcome.body)
+    except ValueError:  # pragma: no cover - every body is JSON
+        parsed = outcome.body
+    return {
+        "category": call.category,
+        "tool_name": call.tool_name,
+        "api_name": call.api_name,
+        "api": call.api,
+        "tool_input": call.tool_input,
+        "answer": parsed,
+        "source": outcome.source,
+        "origin": outcome.origin,
+        "outcome": outcome.kind,
+        "in_history": counts,
+        "history": history,
+        "at": time.time(),
+    }
 
 
 def public_view(doc: dict[str, Any]) -> dict[str, Any]:

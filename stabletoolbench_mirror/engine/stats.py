@@ -124,6 +124,10 @@ class Stats:
             for inc in incs:
                 inc()
             return
+        self._count_each(outcome)
+
+    def _count_each(self, outcome: Outcome) -> None:
+        """:meth:`count` of a request with a limit, problems, a failure flag or a fault: each counter it adds to."""
         kind = outcome.kind.value
         counters = self.counters
         counters.inc("requests", kind)
@@ -224,16 +228,7 @@ class Stats:
         failures = sorted(totals["failures"].items(), key=lambda item: (-item[1], item[0]))
         out["failures"] = {labels[0]: int(n) for labels, n in failures}
         out["faults"] = {labels[0]: int(n) for labels, n in sorted(totals["faults"].items())}
-        by_api: dict[str, dict[str, int]] = {}
-        for (api, kind_value), n in sorted(totals["apis"].items()):
-            if kind_value not in _KINDS or not n:
-                continue
-            kind = OutcomeKind(kind_value)
-            per_api = by_api.setdefault(api, {})
-            per_api[COUNTER_NAMES[kind]] = per_api.get(COUNTER_NAMES[kind], 0) + int(n)
-            if kind.is_miss:
-                per_api[MISSES] = per_api.get(MISSES, 0) + int(n)
-        out["by_api"] = by_api
+        out["by_api"] = _by_api(totals["apis"])
         out["model_calls"] = self.model_snapshot(totals)
         return out
 
@@ -248,6 +243,20 @@ class Stats:
 
 
 _KINDS = frozenset(kind.value for kind in OutcomeKind)
+
+
+def _by_api(apis: dict[tuple[str, ...], float]) -> dict[str, dict[str, int]]:
+    """``/stats``'s ``by_api`` table from the ``apis`` counter's totals (API, outcome kind): each API's counts by name."""
+    by_api: dict[str, dict[str, int]] = {}
+    for (api, kind_value), n in sorted(apis.items()):
+        if kind_value not in _KINDS or not n:
+            continue
+        kind = OutcomeKind(kind_value)
+        per_api = by_api.setdefault(api, {})
+        per_api[COUNTER_NAMES[kind]] = per_api.get(COUNTER_NAMES[kind], 0) + int(n)
+        if kind.is_miss:
+            per_api[MISSES] = per_api.get(MISSES, 0) + int(n)
+    return by_api
 
 
 class LocalEvents:

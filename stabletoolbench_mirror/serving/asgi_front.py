@@ -200,6 +200,11 @@ class Front:
             return self._refused(refusal)
         if arrived(receive):  # the whole body is in: one receive, which cannot wait (no timer to set)
             return self._whole_body(await receive(), length, reservation, max_body, setting)
+        return await self._body_in_chunks(receive, length, reservation, max_body, setting)
+
+    async def _body_in_chunks(self, receive: Receive, length: int | None, reservation: _Reservation, max_body: int,
+                              setting: str | None) -> bytes | Outcome:
+        """:meth:`_read_body` for a body still arriving: each chunk counted as it comes, under ``limits.body_timeout_s``."""
         chunks: list[bytes] = []
         size = 0
         try:

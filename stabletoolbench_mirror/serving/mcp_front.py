@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -41,18 +40,8 @@ from stabletoolbench_mirror.config import ConfigError, Settings
 from stabletoolbench_mirror.core import fair, protocol
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.engine import sessions
-from stabletoolbench_mirror.factory import build_tool_docs
 from stabletoolbench_mirror.serving.admission import Admission, Refused
-from stabletoolbench_mirror.upstream.functions import (
-    Function,
-    ToolsFolderError,
-    UpstreamTools,
-    all_functions,
-    iter_query_functions,
-    mcp_tool,
-    unique_names,
-)
-from stabletoolbench_mirror.upstream.queries import QueryFileError
+from stabletoolbench_mirror.serving.mcp_catalog import Catalog, QueryKey
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
@@ -67,13 +56,7 @@ QUERIES = "/mcp/queries/"
 MCP_SESSION_HEADER = "mcp-session-id"
 #: MCP sessions remembered with their server session (the oldest forgotten beyond it)
 MAX_MCP_SESSIONS = 10_000
-#: the most bytes of tools one ``tools/list`` page holds (its JSON): the official SDK's client refuses a
-#: server-sent event over 1 MiB, and the 2,490 tools of the solvable queries are 1.2 MB together
-PAGE_BYTES = 256 * 1024
-#: the most tools one page holds
-PAGE_TOOLS = 500
 
-QueryKey = tuple[str, str]
 
 
 class _HasAnswer(Protocol):
@@ -83,100 +66,6 @@ class _HasAnswer(Protocol):
     def layer(self) -> MirrorLayer: ...
 
     async def answer(self, payload: Any, session: str | None | Outcome = None) -> Outcome: ...
-
-
-class Catalog:
-    """The tools offered: everything at ``/mcp``, and each query's."""
-
-    def __init__(self, everything: dict[str, Function], queries: dict[QueryKey, dict[str, Function]]) -> None:
-        self.everything = everything
-        self.queries = queries
-        self._listings: dict[QueryKey | None, list[Any]] = {}
-        self._pages: dict[QueryKey | None, list[int]] = {}
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Catalog:
-        """The tools of ``mcp.queries`` (or of the whole tools folder); :class:`ConfigError` naming the key when they cannot be read."""
-        paths = [settings.resolve(p) for p in settings.mcp.query_paths]
-        if not settings.tools_folder and (paths or settings.apibank is None):
-            raise ConfigError("mcp.enabled: the MCP front needs tool docs: set tools_folder (StableToolBench's toolenv/tools), "
-                              "or set mcp.enabled: false")
-        try:
-            if not paths:
-                return cls(unique_names(all_functions(_every_tool(settings))), {})
-            tools = UpstreamTools(settings.resolve(settings.tools_folder or ""))
-            queries: dict[QueryKey, dict[str, Function]] = {}
-            listed: list[Function] = []
-            for item in iter_query_functions(paths, tools):
-                if isinstance(item, tuple):
-                    log.warning("mcp.queries: query %s/%s is left out: a tool of it is not in tools_folder", *item)
-                    continue
-                queries[(item.group, item.query_id)] = unique_names(item.functions)
-                listed.extend(item.functions)
-        except ToolsFolderError as exc:
-            raise ConfigError(f"tools_folder: {exc}; set tools_folder to StableToolBench's toolenv/tools") from None
-        except QueryFileError as exc:
-            raise ConfigError(f"mcp.queries: {exc}; give StableToolBench query files or folders of them") from None
-        return cls(unique_names(listed), queries)
-
-    def scope(self, query: QueryKey | None) -> dict[str, Function] | None:
-        """The tools of ``query`` (everything for ``None``); ``None`` when no such query is served."""
-        return self.everything if query is None else self.queries.get(query)
-
-    def listing(self, query: QueryKey | None) -> list[Any]:
-        """The ``types.Tool`` list of a scope (built once)."""
-        import mcp_types as types
-
-        if query not in self._listings:
-            scope = self.scope(query) or {}
-            tools = []
-            for name, fn in scope.items():
-                tool = mcp_tool(fn.schema)
-                tools.append(types.Tool(name=name, description=tool["description"], input_schema=tool["inputSchema"]))
-            self._listings[query] = tools
-        return self._listings[query]
-
-    def page(self, query: QueryKey | None, cursor: str | None) -> Any:
-        """One ``tools/list`` page of a scope (MCP's pagination: ``nextCursor`` names the next one, absent on the last).
-
-        A page holds at most :data:`PAGE_TOOLS` tools and :data:`PAGE_BYTES` of them (one tool over that is
-        a page of its own).  A cursor this server did not give is an ``INVALID_PARAMS`` error, as the spec says.
-        """
-        import mcp_types as types
-        from mcp.shared.exceptions import MCPError
-
-        tools = self.listing(query)
-        starts = self._page_starts(query, tools)
-        if cursor is None:
-            number = 0
-        else:
-            number = int(cursor) if cursor.isdigit() and len(cursor) < 9 else -1
-            if not 0 < number < len(starts):
-                raise MCPError(types.INVALID_PARAMS, f"tools/list: unknown cursor {cursor[:40]!r} (list again from the first page)")
-        end = starts[number + 1] if number + 1 < len(starts) else len(tools)
-        return types.ListToolsResult(tools=tools[starts[number]:end], next_cursor=str(number + 1) if end < len(tools) else None)
-
-    def _page_starts(self, query: QueryKey | None, tools: list[Any]) -> list[int]:
-        if query not in self._pages:
-            starts, size = [0], 0
-            for i, tool in enumerate(tools):
-                cost = len(tool.model_dump_json(by_alias=True, exclude_none=True)) + 1
-                if i > starts[-1] and (size + cost > PAGE_BYTES or i - starts[-1] >= PAGE_TOOLS):
-                    starts.append(i)
-                    size = 0
-                size += cost
-            self._pages[query] = starts
-        return self._pages[query]
-
-
-def _every_tool(settings: Settings) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    """Every tool of ``tools_folder``, and API-Bank's (``apibank:``), as :meth:`ToolDocs.tools` gives them."""
-    if settings.tools_folder:
-        root = settings.resolve(settings.tools_folder)
-        if not os.path.isdir(root):
-            raise ToolsFolderError(f"{root}: the tools folder does not exist")
-    docs = build_tool_docs(settings)
-    return docs.tools() if docs is not None else iter(())
 
 
 def query_of(path: str) -> QueryKey | None | bool:

@@ -38,7 +38,8 @@ from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.metrics import multiprocess_dir
-from stabletoolbench_mirror.engine.model_calls import ANSWERED, ON_LOOP_BYTES, ModelAnswer, ModelCalls, TokenBudget, new_run_id
+from stabletoolbench_mirror.engine.model_calls import ModelCalls, TokenBudget, new_run_id
+from stabletoolbench_mirror.engine.model_requests import ANSWERED, ON_LOOP_BYTES, ModelAnswer
 from stabletoolbench_mirror.responders.model_upstream import Upstreams
 from stabletoolbench_mirror.serving.asgi_front import Front, stop_headers
 from stabletoolbench_mirror.stores.base import Store, StoreError

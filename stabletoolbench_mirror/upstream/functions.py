@@ -255,23 +255,28 @@ class UpstreamTools:
                 }
         return None
 
+    def _stems(self, apis: list[dict[str, Any]]) -> list[str] | None:
+        """The white list's tool stem of each API's ``tool_name``; ``None`` when one has none."""
+        white = self.white_list()
+        stems = [white.get(standardize(_text(a.get("tool_name")))) for a in apis]
+        found = [stem for stem in stems if stem is not None]
+        return found if len(found) == len(stems) else None
+
     def query_functions(self, query: dict[str, Any]) -> list[Function] | None:
         """The functions of one query, ``Finish`` left out; ``None`` when upstream skips the query."""
         api_list = [a for a in query.get("api_list") or [] if isinstance(a, dict)]
-        white = self.white_list()
-        stems = [white.get(standardize(_text(a.get("tool_name")))) for a in api_list]
-        if any(stem is None for stem in stems):
+        stems = self._stems(api_list)
+        if stems is None:
             return None  # upstream's task list leaves the query out (``contain`` is False)
         fetched = [self.fetch_api(a) for a in api_list]
         apis = [a for a in fetched if a is not None]
         if len(apis) != len(api_list):
             # upstream looks the standard tool names up again for the APIs that were found
-            stems = [white.get(standardize(_text(a.get("tool_name")))) for a in apis]
-            if any(stem is None for stem in stems):
+            stems = self._stems(apis)
+            if stems is None:
                 return None
         out = []
         for api, stem in zip(apis, stems):
-            assert stem is not None
             schema = openai_function(api, stem)
             out.append(Function(schema, Target(api["category_name"], stem, change_name(standardize(api["api_name"])))))
         return out

@@ -160,26 +160,7 @@ def iter_cache_spans(
         idx += 1
     else:
         while True:
-            if text[idx : idx + 1] != '"':
-                raise ValueError(f"{path}: expected a key at character {idx}")
-            try:
-                key, idx = scanstring(text, idx + 1, True)
-                idx = ws(text, idx).end()
-                if text[idx : idx + 1] != ":":
-                    raise ValueError(f"expected ':' at character {idx}")
-                start = idx = ws(text, idx + 1).end()
-                value, idx = _SCAN_ONCE(text, idx)
-                body = json.dumps(value, ensure_ascii=False, separators=(",", ":")) if check else ""
-            except StopIteration as exc:
-                raise ValueError(f"{path}: invalid JSON at character {exc.value}") from None
-            except RecursionError:
-                raise ValueError(f"{path}: JSON nested too deeply near character {idx}") from None
-            except ValueError as exc:
-                raise ValueError(f"{path}: {exc}") from None
-            if not key.isascii() and not is_utf8_encodable(key):
-                raise ValueError(f"{path}: a key contains a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape)")
-            if not body.isascii() and not is_utf8_encodable(body):
-                raise ValueError(f"{path}: an answer contains a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape)")
+            key, value, body, start, idx = _entry(text, idx, path, check, ws)
             yield key, value, body, start, idx
             idx = ws(text, idx).end()
             sep = text[idx : idx + 1]
@@ -192,6 +173,33 @@ def iter_cache_spans(
                 raise ValueError(f"{path}: expected ',' or '}}' at character {idx}")
     if ws(text, idx).end() != end:
         raise ValueError(f"{path}: extra data after the JSON object at character {idx}")
+
+
+def _entry(text: str, idx: int, path: str | os.PathLike[str], check: bool,
+           ws: Callable[[str, int], re.Match[str]]) -> tuple[str, Any, str, int, int]:
+    """:func:`iter_cache_spans`'s entry at ``idx``: its key, answer, served body (``""`` unless ``check``),
+    the answer's start and end; ``ValueError`` naming the file when it cannot be read or served."""
+    if text[idx : idx + 1] != '"':
+        raise ValueError(f"{path}: expected a key at character {idx}")
+    try:
+        key, idx = scanstring(text, idx + 1, True)
+        idx = ws(text, idx).end()
+        if text[idx : idx + 1] != ":":
+            raise ValueError(f"expected ':' at character {idx}")
+        start = idx = ws(text, idx + 1).end()
+        value, idx = _SCAN_ONCE(text, idx)
+        body = json.dumps(value, ensure_ascii=False, separators=(",", ":")) if check else ""
+    except StopIteration as exc:
+        raise ValueError(f"{path}: invalid JSON at character {exc.value}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply near character {idx}") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not key.isascii() and not is_utf8_encodable(key):
+        raise ValueError(f"{path}: a key contains a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape)")
+    if not body.isascii() and not is_utf8_encodable(body):
+        raise ValueError(f"{path}: an answer contains a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape)")
+    return key, value, body, start, idx
 
 
 def is_utf8_encodable(text: str) -> bool:

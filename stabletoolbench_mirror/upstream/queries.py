@@ -82,36 +82,43 @@ def typed_default(doc_type: Any, default: Any) -> Any:
     """
     kind = schema_type(doc_type)
     if kind == "integer":
-        if isinstance(default, bool):
-            return default
-        if isinstance(default, (int, float)):
-            return default
-        if isinstance(default, str):
-            text = default.strip()
-            if _INTEGER.fullmatch(text):
-                return int(text)
-            if _FLOAT.fullmatch(text):
-                value = float(text)
-                return value if math.isfinite(value) else default
-        return default
+        return _as_integer(default)
     if kind == "boolean":
-        if isinstance(default, bool):
-            return default
-        if isinstance(default, int) and default in (0, 1):
-            return bool(default)
-        if isinstance(default, str):
-            text = default.strip().lower()
-            if text in _TRUE:
-                return True
-            if text in _FALSE:
-                return False
-        return default
+        return _as_boolean(default)
     if isinstance(default, str):
         return default
     try:
         return json.dumps(default, ensure_ascii=False)
     except (TypeError, ValueError):
         return str(default)
+
+
+def _as_integer(default: Any) -> Any:
+    """:func:`typed_default` for an ``integer``: a string holding a number becomes that number."""
+    if not isinstance(default, str):
+        return default
+    text = default.strip()
+    if _INTEGER.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        value = float(text)
+        return value if math.isfinite(value) else default
+    return default
+
+
+def _as_boolean(default: Any) -> Any:
+    """:func:`typed_default` for a ``boolean``: ``1``/``0`` and the strings ``true``/``1``/``false``/``0`` become booleans."""
+    if isinstance(default, bool):
+        return default
+    if isinstance(default, int) and default in (0, 1):
+        return bool(default)
+    if isinstance(default, str):
+        text = default.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    return default
 
 
 def _parameters(api: dict[str, Any], field: str) -> list[dict[str, Any]]:

@@ -309,6 +309,28 @@ class ToolDocs:
         return best[0], float(best[1])
 
     def _resolve(self, category: str, tool: str, api: str) -> tuple[Path, str, bool] | None:
+        found = self._tool_path(category, tool)
+        if found is None:
+            return None
+        path, fuzzy = found
+        loaded = self._load(path)
+        if loaded is None:
+            return None
+        if api in loaded.apis:
+            return path, api, fuzzy
+        # an agent's function name, ``<api>_for_<standardised tool>``
+        suffix = f"_for_{standardize(path.stem)}"
+        if api.endswith(suffix) and api[: -len(suffix)] in loaded.apis:
+            return path, api[: -len(suffix)], fuzzy
+        match = self._fuzzy(api, list(loaded.apis))
+        if match is None:
+            return None
+        log.info("tool doc: api %r matched to %r in %s (score %.1f)", clip(api), match[0], path, match[1])
+        return path, match[0], True
+
+    def _tool_path(self, category: str, tool: str) -> tuple[Path, bool] | None:
+        """The tool's doc file, and whether a name was matched fuzzily: the category's, else the one category
+        that files the tool, else a fuzzy match of the category, then of the tool."""
         index = self._get_index()
         fuzzy = False
         tools = index.get(category)
@@ -330,22 +352,7 @@ class ToolDocs:
             if match is not None:
                 log.info("tool doc: tool %r matched to %r in %s (score %.1f)", clip(tool), match[0], clip(category), match[1])
                 path, fuzzy = tools[match[0]], True
-        if path is None:
-            return None
-        loaded = self._load(path)
-        if loaded is None:
-            return None
-        if api in loaded.apis:
-            return path, api, fuzzy
-        # an agent's function name, ``<api>_for_<standardised tool>``
-        suffix = f"_for_{standardize(path.stem)}"
-        if api.endswith(suffix) and api[: -len(suffix)] in loaded.apis:
-            return path, api[: -len(suffix)], fuzzy
-        match = self._fuzzy(api, list(loaded.apis))
-        if match is None:
-            return None
-        log.info("tool doc: api %r matched to %r in %s (score %.1f)", clip(api), match[0], path, match[1])
-        return path, match[0], True
+        return None if path is None else (path, fuzzy)
 
     def find(self, names: CallNames) -> ApiDoc | None:
         """The doc of the API ``names`` resolve to, or ``None`` when no doc matches."""

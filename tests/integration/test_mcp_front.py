@@ -430,6 +430,6 @@ def test_the_sdks_client_session_lists_every_tool_page_by_page(reference_dir: Pa
 
 
 def _catalog_listing(settings: Any) -> list[Any]:
-    from stabletoolbench_mirror.serving.mcp_front import Catalog
+    from stabletoolbench_mirror.serving.mcp_catalog import Catalog
 
     return Catalog.from_settings(settings).listing(None)
