@@ -10,12 +10,16 @@ from typing import Any
 import pytest
 
 from stabletoolbench_mirror.stores import Store
-from stabletoolbench_mirror.stores.kinds import backend
+from stabletoolbench_mirror.stores.kinds import KINDS, backend
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.store_workers import open_store
 
-BACKENDS: list[Any] = ["diskcache", pytest.param("redis", marks=pytest.mark.redis), "memory"]
-"""Every backend of ``stores.kinds.KINDS`` the store tests run over, one entry each."""
+SERVERS = {"redis": pytest.mark.redis}
+"""The backends whose store is on a server a test starts (a fixture of its own in :func:`_fresh_spec`)."""
+
+BACKENDS: list[Any] = [pytest.param(kind, marks=SERVERS[kind]) if kind in SERVERS else kind for kind in KINDS]
+"""Every backend of the registry (``stores.registry.KINDS``): the store tests run over each, a backend added there
+included (one of a folder or of memory needs nothing here)."""
 
 
 def _kind(param: Any) -> str:
