@@ -22,6 +22,36 @@ if os.environ.get("CI"):
 REPO = paths.REPO
 REFERENCE = REPO.parent / "shared" / "reference"
 
+TIMED = frozenset({
+    "test_fairness.py", "test_mcp_sessions.py", "test_memory_bounds.py", "test_model_front_limits.py", "test_overload.py",
+    "test_scale.py",
+})
+"""Files whose tests measure a server's memory, load or latency against bounds: under pytest-xdist (setup.cfg's
+``--dist loadgroup``) they form one group, run one after another on one worker, never two of them side by side."""
+
+
+WHOLE = frozenset({
+    "test_apibank.py", "test_bulk_paths.py", "test_prompt_parity.py", "test_real_relay.py", "test_report.py",
+    "test_report_bundle.py", "test_reproduce_a_score.py", "test_score.py", "test_upstream_configs.py",
+    "test_upstream_pipeline_direct.py", "test_simulator_prompts.py",
+})
+"""Files with module-scoped fixtures (a tree, a score run, a checkout): each runs whole on one worker, which builds
+them once (spread over workers, each would build them, again whenever its next test is another file's)."""
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    if item.path.name in TIMED:
+        return "timed"
+    return item.path.name if item.path.name in WHOLE else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
