@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fasteners
 import pytest
 from hypothesis import settings as hypothesis_settings
 
@@ -51,6 +53,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = _xdist_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+ALONE = frozenset({"test_tool_hits_keep_their_latency_beside_large_model_bodies"})
+"""Tests comparing a latency with one measured in the same run: no other test of the suite runs beside them."""
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_beside(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under pytest-xdist, a test of ``ALONE`` holds the run's write lock (the other workers wait), every other test a read
+    lock; a write lock is waited for holding the gate that every test passes first, so readers never starve it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    run = tmp_path_factory.getbasetemp().parent  # the run's folder, shared by its workers
+    turns = fasteners.InterProcessReaderWriterLock(run / "turns.lock")
+    alone = getattr(request.node, "originalname", request.node.name) in ALONE
+    with fasteners.InterProcessLock(run / "gate.lock"):
+        turns.acquire_write_lock() if alone else turns.acquire_read_lock()
+    try:
+        yield
+    finally:
+        turns.release_write_lock() if alone else turns.release_read_lock()
 
 
 @pytest.fixture(scope="session")
