@@ -24,12 +24,13 @@ if os.environ.get("CI"):
 REPO = paths.REPO
 REFERENCE = REPO.parent / "shared" / "reference"
 
-TIMED = frozenset({
-    "test_fairness.py", "test_mcp_sessions.py", "test_memory_bounds.py", "test_model_front_limits.py", "test_overload.py",
-    "test_scale.py",
-})
-"""Files whose tests measure a server's memory, load or latency against bounds: under pytest-xdist (setup.cfg's
-``--dist loadgroup``) they form one group, run one after another on one worker, never two of them side by side."""
+TIMED = {
+    "test_mcp_sessions.py": "memory", "test_memory_bounds.py": "memory", "test_model_front_limits.py": "memory",
+    "test_fairness.py": "load", "test_overload.py": "load", "test_scale.py": "load",
+}
+"""Files whose tests measure a server's memory, or its answers under load against time bounds: under pytest-xdist
+(setup.cfg's ``--dist loadgroup``) each kind is one group, run one test after another on one worker, so no two
+memory tests (no two load tests) run side by side."""
 
 
 WHOLE = frozenset({
@@ -43,7 +44,7 @@ them once (spread over workers, each would build them, again whenever its next t
 
 def _xdist_group(item: pytest.Item) -> str | None:
     if item.path.name in TIMED:
-        return "timed"
+        return TIMED[item.path.name]
     return item.path.name if item.path.name in WHOLE else None
 
 
