@@ -16,8 +16,9 @@ echo "vllm_tier: vLLM venv ready in $((t1 - t0)) s"
 
 cd "$ROOT"
 # STM_VLLM_REQUIRED=1: a missing/broken vLLM fails the tier instead of skipping it.
+# -n 0: one vLLM at a time, in this process (setup.cfg's -n 4 is the rest of the suite's)
 status=0
 STM_VLLM_PYTHON="$VENV_DIR/bin/python" STM_VLLM_REQUIRED=1 \
-    "$PYTHON" -m pytest -m vllm tests/vllm -q -rs --durations=5 || status=$?
+    "$PYTHON" -m pytest -m vllm tests/vllm -q -rs --durations=5 -n 0 || status=$?
 echo "vllm_tier: tests finished in $(( $(date +%s) - t1 )) s with status $status"
 exit "$status"

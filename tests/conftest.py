@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fasteners
 import pytest
 from hypothesis import settings as hypothesis_settings
 
@@ -21,6 +23,63 @@ if os.environ.get("CI"):
 
 REPO = paths.REPO
 REFERENCE = REPO.parent / "shared" / "reference"
+
+TIMED = {
+    "test_archive_limits.py": "memory", "test_mcp_sessions.py": "memory", "test_memory_bounds.py": "memory",
+    "test_model_front_limits.py": "memory",
+    "test_fairness.py": "load", "test_overload.py": "load", "test_scale.py": "load",
+}
+"""Files whose tests measure a server's memory, or its answers under load against time bounds: under pytest-xdist
+(setup.cfg's ``--dist loadgroup``) each kind is one group, run one test after another on one worker, so no two
+memory tests (no two load tests) run side by side."""
+
+
+WHOLE = frozenset({
+    "test_apibank.py", "test_bulk_paths.py", "test_prompt_parity.py", "test_real_relay.py", "test_report.py",
+    "test_report_bundle.py", "test_reproduce_a_score.py", "test_score.py", "test_upstream_configs.py",
+    "test_upstream_pipeline_direct.py", "test_simulator_prompts.py",
+})
+"""Files with module-scoped fixtures (a tree, a score run, a checkout): each runs whole on one worker, which builds
+them once (spread over workers, each would build them, again whenever its next test is another file's)."""
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    if item.path.name in TIMED:
+        return TIMED[item.path.name]
+    return item.path.name if item.path.name in WHOLE else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+ALONE = frozenset({
+    "test_tool_hits_keep_their_latency_beside_large_model_bodies", "test_cache_import_refuses_a_1_gib_member_from_its_header_in_little_memory",
+})
+"""Tests comparing a latency with one measured in the same run, or a whole command's time with a few seconds: no other
+test of the suite runs beside them."""
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_beside(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under pytest-xdist, a test of ``ALONE`` holds the run's write lock (the other workers wait), every other test a read
+    lock; a write lock is waited for holding the gate that every test passes first, so readers never starve it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    run = tmp_path_factory.getbasetemp().parent  # the run's folder, shared by its workers
+    turns = fasteners.InterProcessReaderWriterLock(run / "turns.lock")
+    alone = getattr(request.node, "originalname", request.node.name) in ALONE
+    with fasteners.InterProcessLock(run / "gate.lock"):
+        turns.acquire_write_lock() if alone else turns.acquire_read_lock()
+    try:
+        yield
+    finally:
+        turns.release_write_lock() if alone else turns.release_read_lock()
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,8 @@
 """Real servers on 127.0.0.1 for tests: the mirror app in a uvicorn thread, a folder's files over HTTP, free ports, and
-the two ASGI steps every scripted server of the tests takes (read a whole body, send a JSON answer)."""
+the two ASGI steps every scripted server of the tests takes (read a whole body, send a JSON answer).
+
+:func:`free_port` is written here because no library picks a port the way parallel tests need (``portpicker`` and
+``bind(0)`` hand out the kernel's ephemeral ports, which outgoing connections also take)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import contextlib
 import functools
 import http.server
 import json
+import random
 import socket
 import threading
 import time
@@ -60,10 +64,29 @@ def serve_folder(folder: Path) -> contextlib.AbstractContextManager[str]:
     return serve_http(functools.partial(_QuietFiles, directory=str(folder)))
 
 
+def _first_ephemeral_port() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_FIRST_EPHEMERAL = _first_ephemeral_port()
+_PICK = random.Random()  # its own generator: hypothesis seeds the module's during its tests
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now, drawn at random below the kernel's ephemeral range: a port a test picks and then
+    hands to a server can then not be taken meanwhile by a client's outgoing connection (pytest-xdist runs four
+    test processes and their clients side by side), and two processes drawing at once rarely draw the same."""
+    while True:
+        port = _PICK.randrange(10000, _FIRST_EPHEMERAL)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 class UvicornThread:
