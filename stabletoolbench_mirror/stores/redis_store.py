@@ -15,15 +15,8 @@ script (:mod:`.redis_scripts`) that Redis runs atomically and that applies it on
 read is unchanged (else the write reads and asks again): the first writer of a key wins on every
 host, and nobody ever sees a pointer without its entry.
 
-Every Redis problem (refused or lost connection, timeout, ``OOM``/``READONLY``/``MISCONF``
-answers) becomes a :class:`StoreError` quickly: sockets time out after ``store.timeout_s``, and
-a command whose connection was lost is retried once on a fresh connection (one that timed out is
-not: a Redis that hangs, paused or swapping, would cost twice the timeout), so a Redis restart
-costs at most the requests made while it is down, and service resumes without restarting the
-server.  After Redis failed to answer in time, the store does not ask it again for
-``store.timeout_s`` (:class:`Outage`): a request meanwhile gets the store's error at once (reads
-serve what the memory holds), so no request waits for Redis longer than ``store.timeout_s`` in
-all, however many reads, locks and writes its path makes.
+Every Redis problem becomes a :class:`StoreError` within ``store.timeout_s`` (:mod:`.redis_connection`:
+one retry of a lost connection, no second wait within an outage); reads meanwhile serve what the memory holds.
 """
 
 from __future__ import annotations
@@ -34,7 +27,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -42,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
@@ -53,7 +44,8 @@ from stabletoolbench_mirror.stores import formats, rules
 from stabletoolbench_mirror.stores import redis_scripts as scripts
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
 from stabletoolbench_mirror.stores.kinds import StoreSpec, StoreSpecError
-from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S, LeaseKeeper
+from stabletoolbench_mirror.stores.leases import LeaseKeeper, wait_for_lock
+from stabletoolbench_mirror.stores.redis_connection import Outage, Unreachable, client_options, optional_text, text
 from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, channel, forget_message
 from stabletoolbench_mirror.stores.redis_memory import MEMORY_MAX_AGE_S, RecordMemory
 
@@ -66,53 +58,15 @@ log = logging.getLogger(__name__)
 WRITE_TRIES = 16
 
 
-class Unreachable(redis.exceptions.ConnectionError):
-    """Redis was not asked: it failed to answer less than ``store.timeout_s`` ago (see :class:`Outage`)."""
-
-
 def _url(spec: StoreSpec) -> str:
     if not spec.url:
         raise StoreSpecError("store.url: required when store.kind is 'redis' (e.g. redis://127.0.0.1:6379/0)")
     return spec.url
 
 
-class Outage:
-    """When Redis last failed to answer in time, so that it is not waited for again within ``window_s``.
-
-    A timeout (Redis paused, swapping or unreachable: the socket timed out) opens the window; every
-    command meanwhile fails at once with :class:`Unreachable`; the first one after it asks Redis again
-    (and a successful read closes it).  One request in a window may wait ``window_s`` (the socket
-    timeout); the others do not wait.  A refused or lost connection opens nothing: it costs no wait,
-    and a Redis that restarts is used again by the very next command.
-    """
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self._until = 0.0
-        self._why = ""
-
-    def check(self) -> None:
-        """Raise :class:`Unreachable` while the window is open."""
-        until = self._until
-        if until and time.monotonic() < until:
-            raise Unreachable(f"not asked: it failed less than {self.window_s:g} s ago (store.timeout_s): {self._why}")
-
-    def failed(self, exc: BaseException) -> None:
-        if isinstance(exc, (redis.exceptions.TimeoutError, TimeoutError)):
-            self._why = f"{type(exc).__name__}: {exc}"[:300]
-            self._until = time.monotonic() + self.window_s
-
-    def succeeded(self) -> None:
-        self._until = 0.0
-
-
-def _optional_text(value: str | bytes | None) -> str | None:
-    return None if value is None else _text(value)
-
-
-def _text(value: str | bytes) -> str:
-    """A reply's text (the clients decode replies: ``decode_responses``; bytes only as a fallback)."""
-    return value if isinstance(value, str) else value.decode("utf-8")
+def _count_args(counts: rules.Counts) -> list[str]:
+    """The rules' counter changes as the scripts take them: ``name``, ``n`` pairs (names joined by ``:``)."""
+    return [part for name, n in counts.items() if n for part in (":".join(name), str(n))]
 
 
 class RedisStore(Store):
@@ -220,15 +174,7 @@ class RedisStore(Store):
             raise self._failed("write", exc) from exc
 
     def _client_options(self, retry_class: Any) -> dict[str, Any]:
-        return {
-            "decode_responses": True,
-            "socket_timeout": self.timeout_s,
-            "socket_connect_timeout": self.timeout_s,
-            # one retry on a fresh connection, for a lost connection only: a restarted Redis is picked up by the next
-            # command, and a Redis that does not answer costs one timeout, not two
-            "retry": retry_class(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
-            "health_check_interval": 0,
-        }
+        return client_options(self.timeout_s, retry_class)
 
     # -- keys -------------------------------------------------------------------------------------
 
@@ -305,14 +251,14 @@ class RedisStore(Store):
     def _remember(self, api: str, key: str, raw: str | bytes | None, epoch: int) -> Record | None:
         if raw is None:
             return None
-        record = self._decode(_text(raw))
+        record = self._decode(text(raw))
         self._memory.put((api, key), record, epoch)
         return record
 
     def _point(self, api: str, canonical: str, found: str | bytes | None, epoch: int) -> str | None:
         if found is None:
             return None
-        key = _text(found)
+        key = text(found)
         self._memory.point((api, canonical), key, epoch)
         return key
 
@@ -392,22 +338,21 @@ class RedisStore(Store):
         if canonical is not None:
             pipe.hget(self._canonicals(api), canonical)
         replies = pipe.execute()
-        raw = _optional_text(replies[0])
-        target = _optional_text(replies[1]) if canonical is not None else None
+        raw = optional_text(replies[0])
+        target = optional_text(replies[1]) if canonical is not None else None
         seen = [record.key, scripts.sha1(raw), canonical or "", target or "", "", ""]
         failing = True
         if target is not None and rules.needs_target_record(record, canonical, target):
-            target_raw = _optional_text(self._client.hget(self._entries(api), target))
+            target_raw = optional_text(self._client.hget(self._entries(api), target))
             failing = target_raw is None or self._decode(target_raw).is_failure
             seen[4:] = [target, scripts.sha1(target_raw)]
         return rules.Holding(None if raw is None else self._decode(raw), target, failing), seen
 
     def _apply_args(self, record: Record, plan: rules.Plan, seen: list[str]) -> dict[str, Any]:
         api = record.api
-        counts = [part for name, n in plan.counts.items() if n for part in (":".join(name), str(n))]
         return {"keys": [self._entries(api), self._canonicals(api), self._apis_key, self._counts],
                 "args": [*seen, "1" if plan.write else "0", record.to_json() if plan.write else "", "1" if plan.point else "0",
-                         api, *counts]}
+                         api, *_count_args(plan.counts)]}
 
     def _write(self, record: Record, canonical: str | None, decide: Any) -> rules.Plan:
         """Read, plan with ``decide`` (:func:`.rules.add` or :func:`.rules.replace`), apply; again while others changed it."""
@@ -433,37 +378,36 @@ class RedisStore(Store):
             return []
         self._writable()
         try:
-            self._client.script_load(scripts.APPLY)
-            reads = self._client.pipeline(transaction=False)
-            for record, canonical in items:
-                reads.hget(self._entries(record.api), record.key)
-                if canonical is not None:
-                    reads.hget(self._canonicals(record.api), canonical)
-            replies = iter(reads.execute())
-            plans: list[rules.Plan | None] = []
-            writes = self._client.pipeline(transaction=False)
-            for record, canonical in items:
-                raw = _optional_text(next(replies))
-                target = _optional_text(next(replies)) if canonical is not None else None
-                if rules.needs_target_record(record, canonical, target):
-                    plans.append(None)  # it depends on another key's record: done alone
-                    continue
-                held = rules.Holding(None if raw is None else self._decode(raw), target, True)
-                plan = rules.add(record, canonical, held)
-                plans.append(plan)
-                if plan.changes:
-                    seen = [record.key, scripts.sha1(raw), canonical or "", target or "", "", ""]
-                    self._apply(**self._apply_args(record, plan, seen), client=writes)
-            applied = iter(writes.execute())
-            added = []
-            for planned, (record, canonical) in zip(plans, items):
-                if planned is not None and (not planned.changes or int(next(applied)) != scripts.CHANGED):
-                    added.append(planned.write)
-                else:
-                    added.append(self._write(record, canonical, rules.add).write)
-            return added
+            plans = self._add_batch(items)
+            return [self._write(record, canonical, rules.add).write if plan is None else plan.write
+                    for plan, (record, canonical) in zip(plans, items)]
         except RedisError as exc:
             raise self._failed("write", exc) from exc
+
+    def _add_batch(self, items: list[tuple[Record, str | None]]) -> list[rules.Plan | None]:
+        """The plans of the batch's adds, applied; ``None`` for an add to do alone (it depends on another
+        key's record, or what it read changed before its plan was applied)."""
+        self._client.script_load(scripts.APPLY)
+        reads = self._client.pipeline(transaction=False)
+        for record, canonical in items:
+            reads.hget(self._entries(record.api), record.key)
+            if canonical is not None:
+                reads.hget(self._canonicals(record.api), canonical)
+        replies = iter(reads.execute())
+        plans: list[rules.Plan | None] = []
+        writes = self._client.pipeline(transaction=False)
+        for record, canonical in items:
+            raw = optional_text(next(replies))
+            target = optional_text(next(replies)) if canonical is not None else None
+            plan = None
+            if not rules.needs_target_record(record, canonical, target):
+                plan = rules.add(record, canonical, rules.Holding(None if raw is None else self._decode(raw), target, True))
+            if plan is not None and plan.changes:
+                seen = [record.key, scripts.sha1(raw), canonical or "", target or "", "", ""]
+                self._apply(**self._apply_args(record, plan, seen), client=writes)
+            plans.append(plan)
+        applied = iter(writes.execute())
+        return [None if plan is None or (plan.changes and int(next(applied)) == scripts.CHANGED) else plan for plan in plans]
 
     def delete(self, api: str, keys: Iterable[str]) -> int:
         """Remove records (one script per 1000 keys) and tell every instance to empty its memory."""
@@ -483,12 +427,12 @@ class RedisStore(Store):
     def _delete_some(self, api: str, keys: list[str]) -> int:
         for _ in range(WRITE_TRIES):
             raws = self._client.hmget(self._entries(api), keys)
-            there = [(key, _text(raw)) for key, raw in zip(keys, raws) if raw is not None]
+            there = [(key, text(raw)) for key, raw in zip(keys, raws) if raw is not None]
             if not there:
                 return 0
             counts = rules.delete(self._decode(raw) for _key, raw in there)
             args = [api, str(len(there)), *[key for key, _ in there], *[scripts.sha1(raw) for _, raw in there],
-                    *[part for name, n in counts.items() if n for part in (":".join(name), str(n))]]
+                    *_count_args(counts)]
             done = int(self._delete(keys=[self._entries(api), self._canonicals(api), self._apis_key, self._counts], args=args))
             if done != scripts.CHANGED:
                 return done
@@ -525,7 +469,7 @@ class RedisStore(Store):
             raise self._failed("read", exc) from exc
         if "counted" not in raw and apis:
             return None  # records written before counters were kept: cache stats scans instead
-        counters = [(tuple(_text(name).split(":", 1)), int(value)) for name, value in raw.items()]
+        counters = [(tuple(text(name).split(":", 1)), int(value)) for name, value in raw.items()]
         return StoreCounts.of([*counters, (("apis",), apis)], memory_bytes=int(memory) if memory else None)
 
     def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
@@ -561,7 +505,7 @@ class RedisStore(Store):
 
     def apis(self) -> list[str]:
         try:
-            return sorted(_text(name) for name in self._client.smembers(self._apis_key))
+            return sorted(text(name) for name in self._client.smembers(self._apis_key))
         except RedisError as exc:
             raise self._failed("read", exc) from exc
 
@@ -601,14 +545,9 @@ class RedisStore(Store):
         name = self._lock_name(api, canonical)
         token = uuid.uuid4().hex
         ttl_ms = max(1, int(self.lock_ttl_s * 1000))
-        deadline = time.monotonic() + MAX_LOCK_WAIT_S
         try:
             self._outage.check()
-            while not (acquired := bool(self._client.set(name, token, nx=True, px=ttl_ms))):
-                if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(api), MAX_LOCK_WAIT_S)
-                    break
-                time.sleep(self.lock_poll_s)
+            acquired = wait_for_lock(lambda: self._client.set(name, token, nx=True, px=ttl_ms) or None, self.lock_poll_s, api, log)
         except RedisError as exc:
             raise self._failed("lock", exc) from exc
         if not acquired:
