@@ -11,8 +11,8 @@ import stat
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import diskcache
 
@@ -23,7 +23,7 @@ from stabletoolbench_mirror.stores import diskcache_layout as layout
 from stabletoolbench_mirror.stores import formats, rules
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
 from stabletoolbench_mirror.stores.filelock import ByteRangeLocks
-from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S
+from stabletoolbench_mirror.stores.leases import wait_for_lock
 from stabletoolbench_mirror.stores.occurrence_file import OccurrenceFile
 from stabletoolbench_mirror.stores.recent_reads import UNKNOWN, ChangeWatch, RecentReads
 
@@ -51,6 +51,20 @@ _SCAN_PAGE = 1000
 #: the flight-lock file's lock name of the one private model-call run a store may have (:meth:`DiskcacheStore.hold_private_run`)
 _PRIVATE_RUN_LOCK = "\x00private model-call run"
 _MAX_KNOWN_APIS = 100_000
+
+
+T = TypeVar("T")
+_WRITE_FAILURES = (OSError, sqlite3.Error, diskcache.Timeout)
+_FAILURES = {"read": (OSError, sqlite3.Error), "write": _WRITE_FAILURES, "delete": _WRITE_FAILURES, "lock": (OSError,)}
+
+
+@contextlib.contextmanager
+def _failing(what: str) -> Iterator[None]:
+    """The storage's errors in the block as :class:`StoreError` (``diskcache <what> failed: ...``)."""
+    try:
+        yield
+    except _FAILURES[what] as exc:
+        raise StoreError(f"diskcache {what} failed: {exc}") from exc
 
 
 def _entry_key(api: str, key: str) -> str:
@@ -311,23 +325,21 @@ class DiskcacheStore(Store):
             raise StoreError(f"diskcache store at {self.path} was opened read-only")
 
     def add(self, record: Record, canonical: str | None) -> bool:
-        self._writable()
-        # one writer at a time per process: threads queue on a lock instead of on SQLite's busy loop
-        with self._write_lock:
-            return self._add(record, canonical)
+        # the bulk path for one record: one read of its keys and one insert for a new one
+        # (the same rows and counters as _add_in_transaction, in 3 statements instead of 7)
+        return self.add_many([(record, canonical)])[0]
 
-    def _add(self, record: Record, canonical: str | None) -> bool:
-        try:
-            # one transaction: the entry, its canonical pointer and the counters, or nothing
-            with self._transaction():
+    def _written(self, what: str, change: Callable[[], T], apis: Iterable[str] = ()) -> T:
+        """``change`` in one write transaction (the entries, their pointers and the counters, or nothing);
+        one writer at a time per process: threads queue on a lock instead of on SQLite's busy loop.
+        ``apis`` have their key once it committed."""
+        self._writable()
+        with self._write_lock:
+            with _failing(what), self._transaction():
                 self._see_deletes()
-                # the bulk path for one record: one read of its keys and one insert for a new one
-                # (the same rows and counters as _add_in_transaction, in 3 statements instead of 7)
-                added = self._insert_batch([(record, canonical)])[0]
-        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-            raise StoreError(f"diskcache write failed: {exc}") from exc
-        self._remember_apis((record,))
-        return added
+                done = change()
+            self._remember_apis(apis)
+        return done
 
     def _holding(self, record: Record, canonical: str | None) -> rules.Holding:
         """What the store holds for ``record``'s key and canonical key (read inside the write transaction)."""
@@ -363,42 +375,38 @@ class DiskcacheStore(Store):
         # as diskcache's incr of each, with one read of all the counters (see diskcache_layout.increment)
         layout.increment(self._cache, deltas)
 
-    def _remember_apis(self, records: Iterable[Record]) -> None:
+    def _remember_apis(self, apis: Iterable[str]) -> None:
         """After a commit: these APIs have their key now (so later adds skip the write that checks it)."""
         if len(self._known_apis) >= _MAX_KNOWN_APIS:
             self._known_apis.clear()
-        self._known_apis.update(r.api for r in records)
+        self._known_apis.update(apis)
 
     def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
         """Add records in one transaction (bulk import): one commit, one lookup of the keys already
         present, one multi-row insert, and each counter updated once.  Same result as ``add`` each."""
-        self._writable()
         items = list(items)
-        with self._write_lock:
-            try:
-                with self._transaction():
-                    self._see_deletes()
-                    added = self._insert_batch(items)
-            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-                raise StoreError(f"diskcache write failed: {exc}") from exc
-            self._remember_apis(record for record, _ in items)
-        return added
+        return self._written("write", lambda: self._insert_batch(items), [record.api for record, _ in items])
 
     def _insert_batch(self, items: list[tuple[Record, str | None]]) -> list[bool]:
-        # rows written exactly as diskcache's own ``add`` writes them (no expiry, no tag), add-if-absent
         entry_keys = [_entry_key(record.api, record.key) for record, _ in items]
         pointer_keys = [_canonical_key(record.api, canonical) if canonical is not None else None for record, canonical in items]
         api_keys = [f"{_NAMESPACE}\x00{api}" for api in {record.api for record, _ in items} - self._known_apis]
         record_keys = entry_keys + [k for k in pointer_keys if k is not None]
         present = layout.present(self._cache, record_keys + api_keys)
+        deltas: Counter[str] = Counter()
         if not present.isdisjoint(record_keys) or _failure_shares_a_key(items, entry_keys, pointer_keys):
             # keys already there, or a failure record sharing a key in the batch (an answer may replace
             # a failure, or take its canonical key): one by one
-            deltas: Counter[str] = Counter()
             added = [self._add_in_transaction(record, canonical, deltas) for record, canonical in items]
-            self._count(deltas)
-            return added
-        # nothing of the batch is there yet: the rules decide for the batch as a whole, one insert writes it
+        else:
+            added = self._insert_new(items, entry_keys, pointer_keys, present, deltas)
+        self._count(deltas)
+        return added
+
+    def _insert_new(self, items: list[tuple[Record, str | None]], entry_keys: list[str], pointer_keys: list[str | None],
+                    present: set[str], deltas: Counter[str]) -> list[bool]:
+        """Nothing of the batch is there yet: the rules decide for the batch as a whole, one insert writes it
+        (rows written exactly as diskcache's own ``add`` writes them: no expiry, no tag)."""
         now = time.time()
         rows: list[layout.Row] = []
 
@@ -407,7 +415,6 @@ class DiskcacheStore(Store):
             rows.append(layout.row(self._cache, key, value, now))
 
         plans = rules.batch_adds(items, [rules.Holding(None)] * len(items))
-        deltas = Counter()
         for (record, _canonical), entry, pointer, plan in zip(items, entry_keys, pointer_keys, plans):
             if plan.write:
                 row(entry, record.to_json())
@@ -420,16 +427,13 @@ class DiskcacheStore(Store):
             deltas.update(_counted_as(plan.counts))
         if rows:
             layout.insert(self._cache, rows)
-        self._count(deltas)
         return [plan.write for plan in plans]
 
     def changes(self) -> int:
         """How many ``delete`` and ``replace`` calls changed the store, in any process (one read):
         whoever keeps records in memory drops them when this moves."""
-        try:
+        with _failing("read"):
             value = self._cache.get(_CHANGES)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
         return 0 if value is None else _int(value)
 
     def _see_deletes(self) -> None:
@@ -442,16 +446,7 @@ class DiskcacheStore(Store):
     def delete(self, api: str, keys: Iterable[str]) -> int:
         self._writable()
         keys = list(dict.fromkeys(keys))
-        if not keys:
-            return 0
-        with self._write_lock:
-            try:
-                with self._transaction():
-                    removed = self._delete_in_transaction(api, keys)
-            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-                raise StoreError(f"diskcache delete failed: {exc}") from exc
-            self._known_apis.discard(api)
-        return removed
+        return self._written("delete", lambda: self._delete_in_transaction(api, keys)) if keys else 0
 
     def _delete_in_transaction(self, api: str, keys: list[str]) -> int:
         cache = self._cache
@@ -478,18 +473,11 @@ class DiskcacheStore(Store):
         cache.incr(_DELETES, 1)
         cache.incr(_CHANGES, 1)
         self._count(deltas)
+        self._known_apis.discard(api)
         return len(removed)
 
     def replace(self, record: Record, canonical: str | None) -> bool:
-        self._writable()
-        with self._write_lock:
-            try:
-                with self._transaction():
-                    self._see_deletes()
-                    self._replace_in_transaction(record, canonical)
-            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-                raise StoreError(f"diskcache write failed: {exc}") from exc
-        self._remember_apis((record,))
+        self._written("write", lambda: self._replace_in_transaction(record, canonical), [record.api])
         return True
 
     def _replace_in_transaction(self, record: Record, canonical: str | None) -> None:
@@ -502,12 +490,10 @@ class DiskcacheStore(Store):
 
     def counts(self) -> StoreCounts | None:
         """The store's counters (no scan), or ``None`` when they were not kept since the store was empty."""
-        try:
+        with _failing("read"):
             if _COUNTED not in self._cache:
                 return None
             counters = [(tuple(key.split("\x00")[1:]), _int(value)) for key, value in self._scan_values(_COUNT)]
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
         return StoreCounts.of(counters, disk_bytes=self._disk_bytes())
 
     def _disk_bytes(self) -> int:
@@ -528,7 +514,7 @@ class DiskcacheStore(Store):
         """``(api, records)`` in api order, one API in memory at a time (a key-range scan)."""
         current: str | None = None
         group: list[Record] = []
-        try:
+        with _failing("read"):
             for _key, raw in self._scan_values(_ENTRY):
                 record = _record(raw)
                 if record.api != current:
@@ -536,26 +522,20 @@ class DiskcacheStore(Store):
                         yield current, _recording_order(group)  # type: ignore[misc]
                     current, group = record.api, []
                 group.append(record)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
         if group:
             yield current, _recording_order(group)  # type: ignore[misc]
 
     def iter_api(self, api: str) -> Iterator[Record]:
         low = _entry_key(api, "")
-        try:
+        with _failing("read"):
             for _key, raw in layout.scan(self._cache, low, low[:-1] + "\x01", inclusive=True, page=_SCAN_PAGE):
                 yield _record(raw)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
 
     def sample(self, api: str, limit: int) -> Iterator[Record]:
         prefix = _entry_key(api, "")
-        try:
+        with _failing("read"):
             # a key-range scan over diskcache's SQLite table (string keys are stored raw)
             keys = layout.keys_in_range(self._cache, prefix, prefix + "\U0010ffff", limit)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
         for key in keys:
             raw = self._cache.get(key)
             if raw is not None:
@@ -573,15 +553,8 @@ class DiskcacheStore(Store):
         locks = self._locks
         assert locks is not None  # a writable store has its lock file
         name = f"{api}\x00{canonical}"
-        deadline = time.monotonic() + MAX_LOCK_WAIT_S
-        try:
-            while (offset := locks.try_acquire(name)) is None:
-                if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(api), MAX_LOCK_WAIT_S)
-                    break
-                time.sleep(self.lock_poll_s)
-        except OSError as exc:
-            raise StoreError(f"diskcache lock failed: {exc}") from exc
+        with _failing("lock"):
+            offset = wait_for_lock(lambda: locks.try_acquire(name), self.lock_poll_s, api, log)
         if self._reads is not None:
             # whoever held the lock may have recorded the answer in another process: look now
             self._reads.watch.check()
@@ -595,20 +568,16 @@ class DiskcacheStore(Store):
                     log.warning("single-flight lock for %s not released: %s", clip(api), exc)
 
     def __iter__(self) -> Iterator[Record]:
-        try:
+        with _failing("read"):
             for _key, raw in self._scan_values(_ENTRY):
                 yield _record(raw)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
 
     def __len__(self) -> int:
         counts = self.counts()
         if counts is not None:
             return counts.entries
-        try:
+        with _failing("read"):
             return layout.count_range(self._cache, _ENTRY + "\x00", _ENTRY + "\x01")
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
 
     def close(self) -> None:
         if self._locks is not None:
