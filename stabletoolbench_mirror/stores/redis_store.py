@@ -21,19 +21,15 @@ one retry of a lost connection, no second wait within an outage); reads meanwhil
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import hashlib
-import json
+import itertools
 import logging
-import uuid
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio
-from redis.asyncio.retry import Retry as AsyncRetry
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
@@ -44,9 +40,15 @@ from stabletoolbench_mirror.stores import formats, rules
 from stabletoolbench_mirror.stores import redis_scripts as scripts
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
 from stabletoolbench_mirror.stores.kinds import StoreSpec, StoreSpecError
-from stabletoolbench_mirror.stores.leases import LeaseKeeper, wait_for_lock
-from stabletoolbench_mirror.stores.redis_connection import Outage, Unreachable, client_options, optional_text, text
-from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, channel, forget_message
+from stabletoolbench_mirror.stores.redis_connection import (
+    AsyncClients,
+    FlightLocks,
+    Outage,
+    client_options,
+    optional_text,
+    text,
+)
+from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, forget_message
 from stabletoolbench_mirror.stores.redis_memory import MEMORY_MAX_AGE_S, RecordMemory
 
 if TYPE_CHECKING:
@@ -62,11 +64,6 @@ def _url(spec: StoreSpec) -> str:
     if not spec.url:
         raise StoreSpecError("store.url: required when store.kind is 'redis' (e.g. redis://127.0.0.1:6379/0)")
     return spec.url
-
-
-def _count_args(counts: rules.Counts) -> list[str]:
-    """The rules' counter changes as the scripts take them: ``name``, ``n`` pairs (names joined by ``:``)."""
-    return [part for name, n in counts.items() if n for part in (":".join(name), str(n))]
 
 
 class RedisStore(Store):
@@ -120,27 +117,22 @@ class RedisStore(Store):
         self.prefix = prefix
         self.lock_ttl_s = float(lock_ttl_s)
         self.lock_poll_s = float(lock_poll_s)
-        self._raw_url = url
         self.timeout_s = float(timeout_s)
         self._outage = Outage(self.timeout_s)
-        self._aclient: redis.asyncio.Redis | None = None
-        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._aclients = AsyncClients(url, self.timeout_s)
         try:
-            # the asyncio client (for the server's event loop) is made on first use, from the same URL
-            self._client = redis.Redis.from_url(url, **self._client_options(Retry))
+            self._client = redis.Redis.from_url(url, **client_options(self.timeout_s, Retry))
         except (ValueError, RedisError) as exc:
             raise StoreError(f"invalid redis store URL {self.url}: {exc}") from exc
         self._apply = self._client.register_script(scripts.APPLY)
-        self._renew = self._client.register_script(scripts.RENEW)
-        self._release = self._client.register_script(scripts.RELEASE)
         self._apis_key = f"{prefix}:namespaces"  # the set of APIs (its name predates the word)
         self._counts = f"{prefix}:counts"
         self._delete = self._client.register_script(scripts.DELETE)
         self._memory = RecordMemory(memory_bytes, memory_max_age_s)
         # the memory serves only while this instance hears what other ones delete or replace
         self._memory.live = False
-        self._invalidations = Invalidations(lambda: redis.Redis.from_url(url, **self._client_options(Retry)), prefix, self._memory)
-        self._leases = LeaseKeeper(self.lock_ttl_s)
+        self._invalidations = Invalidations(lambda: redis.Redis.from_url(url, **client_options(self.timeout_s, Retry)), prefix, self._memory)
+        self._locks = FlightLocks(self._client, prefix, self.lock_ttl_s, self.lock_poll_s, log)
         self._format_key = f"{prefix}:format"
         self._format: formats.Decision | None = None
         """What the store's format marker asks (``None``: not read yet, Redis was down)."""
@@ -160,33 +152,17 @@ class RedisStore(Store):
     def _writable(self) -> None:
         """Before a write: Redis is not known to be away (:class:`Outage`), and the format is known to be this
         version's, marked once (a new or older store)."""
-        try:
+        with self._failing("write"):
             self._outage.check()
-        except Unreachable as exc:
-            raise self._failed("write", exc) from exc
-        if self._format == "use":
-            return
-        try:
-            if self._read_format() == "mark":
+            if self._format != "use" and self._read_format() == "mark":
                 self._client.set(self._format_key, formats.current().to_text())
                 self._format = "use"
-        except RedisError as exc:
-            raise self._failed("write", exc) from exc
-
-    def _client_options(self, retry_class: Any) -> dict[str, Any]:
-        return client_options(self.timeout_s, retry_class)
-
-    # -- keys -------------------------------------------------------------------------------------
 
     def _entries(self, api: str) -> str:
         return f"{self.prefix}:e:{api}"
 
     def _canonicals(self, api: str) -> str:
         return f"{self.prefix}:c:{api}"
-
-    def _lock_name(self, api: str, canonical: str) -> str:
-        digest = hashlib.sha256(f"{api}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
-        return f"{self.prefix}:lock:{digest}"
 
     def _occurrence(self, run: str, digest: str, decide: rules.Decide) -> int:
         """Read a counter, ask the rules, write it back while nobody else did (``WATCH``/``MULTI``): every host counts together."""
@@ -202,12 +178,18 @@ class RedisStore(Store):
                 pipe.set(name, after.to_json(), ex=rules.OCCURRENCE_TTL_S)
             result[:] = [int(number)]
 
-        try:
+        with self._failing("occurrence counter", (RedisError, ValueError, KeyError)):
             self._outage.check()
             self._client.transaction(apply, name)
-        except (RedisError, ValueError, KeyError) as exc:
-            raise self._failed("occurrence counter", exc) from exc
         return result[0]
+
+    @contextlib.contextmanager
+    def _failing(self, what: str, errors: tuple[type[Exception], ...] = (RedisError,)) -> Iterator[None]:
+        """Redis's errors (``errors``) in the block as the store's (:meth:`_failed`)."""
+        try:
+            yield
+        except errors as exc:
+            raise self._failed(what, exc) from exc
 
     def _failed(self, what: str, exc: Exception) -> StoreError:
         self._outage.failed(exc)
@@ -225,13 +207,6 @@ class RedisStore(Store):
     def recall(self, api: str, key: str) -> Record | None:
         """The record of this key if this process has it in memory (no I/O), else ``None``."""
         return self._memory.get((api, key))
-
-    def _async_client(self) -> redis.asyncio.Redis:
-        loop = asyncio.get_running_loop()
-        if self._aclient is None or self._aloop is not loop:
-            self._aclient = redis.asyncio.Redis.from_url(self._raw_url, **self._client_options(AsyncRetry))
-            self._aloop = loop
-        return self._aclient
 
     # Each read has a sync and an async form (the server reads on its event loop); both go
     # through recall / _remember / _point, so the memory-then-Redis order is written once.
@@ -282,7 +257,7 @@ class RedisStore(Store):
         epoch = self._epoch(wait=False)
         try:
             self._outage.check()
-            raw = await self._async_client().hget(self._entries(api), key)
+            raw = await self._aclients.get().hget(self._entries(api), key)
         except (TimeoutError, RedisError, OSError) as exc:
             return self._stale((api, key), self._failed("read", exc))
         self._outage.succeeded()
@@ -323,7 +298,7 @@ class RedisStore(Store):
             epoch = self._epoch(wait=False)
             try:
                 self._outage.check()
-                key = self._point(api, canonical, await self._async_client().hget(self._canonicals(api), canonical), epoch)
+                key = self._point(api, canonical, await self._aclients.get().hget(self._canonicals(api), canonical), epoch)
             except (TimeoutError, RedisError, OSError) as exc:
                 key = self._stale_pointer((api, canonical), self._failed("read", exc))
         return self._pointed(api, canonical, None if key is None else await self.aget(api, key))
@@ -340,7 +315,7 @@ class RedisStore(Store):
         replies = pipe.execute()
         raw = optional_text(replies[0])
         target = optional_text(replies[1]) if canonical is not None else None
-        seen = [record.key, scripts.sha1(raw), canonical or "", target or "", "", ""]
+        seen = scripts.seen(record.key, raw, canonical, target)
         failing = True
         if target is not None and rules.needs_target_record(record, canonical, target):
             target_raw = optional_text(self._client.hget(self._entries(api), target))
@@ -348,27 +323,23 @@ class RedisStore(Store):
             seen[4:] = [target, scripts.sha1(target_raw)]
         return rules.Holding(None if raw is None else self._decode(raw), target, failing), seen
 
-    def _apply_args(self, record: Record, plan: rules.Plan, seen: list[str]) -> dict[str, Any]:
-        api = record.api
-        return {"keys": [self._entries(api), self._canonicals(api), self._apis_key, self._counts],
-                "args": [*seen, "1" if plan.write else "0", record.to_json() if plan.write else "", "1" if plan.point else "0",
-                         api, *_count_args(plan.counts)]}
+    def _script_keys(self, api: str) -> list[str]:
+        """The KEYS of :data:`~.redis_scripts.APPLY` and :data:`~.redis_scripts.DELETE`."""
+        return [self._entries(api), self._canonicals(api), self._apis_key, self._counts]
 
     def _write(self, record: Record, canonical: str | None, decide: Any) -> rules.Plan:
         """Read, plan with ``decide`` (:func:`.rules.add` or :func:`.rules.replace`), apply; again while others changed it."""
         for _ in range(WRITE_TRIES):
             held, seen = self._read_holding(record, canonical)
             plan = decide(record, canonical, held)
-            if not plan.changes or int(self._apply(**self._apply_args(record, plan, seen))) != scripts.CHANGED:
+            if not plan.changes or int(self._apply(keys=self._script_keys(record.api), args=scripts.apply_args(seen, record, plan))) != scripts.CHANGED:
                 return plan
         raise StoreError(f"redis store at {self.url}: the record of {clip(record.api)} changed under {WRITE_TRIES} writes in a row")
 
     def add(self, record: Record, canonical: str | None) -> bool:
         self._writable()
-        try:
+        with self._failing("write"):
             return self._write(record, canonical, rules.add).write
-        except RedisError as exc:
-            raise self._failed("write", exc) from exc
 
     def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
         """Adds read in one pipeline and applied in another (two round trips per batch); an add whose
@@ -377,12 +348,10 @@ class RedisStore(Store):
         if not items:
             return []
         self._writable()
-        try:
+        with self._failing("write"):
             plans = self._add_batch(items)
             return [self._write(record, canonical, rules.add).write if plan is None else plan.write
                     for plan, (record, canonical) in zip(plans, items)]
-        except RedisError as exc:
-            raise self._failed("write", exc) from exc
 
     def _add_batch(self, items: list[tuple[Record, str | None]]) -> list[rules.Plan | None]:
         """The plans of the batch's adds, applied; ``None`` for an add to do alone (it depends on another
@@ -403,8 +372,8 @@ class RedisStore(Store):
             if not rules.needs_target_record(record, canonical, target):
                 plan = rules.add(record, canonical, rules.Holding(None if raw is None else self._decode(raw), target, True))
             if plan is not None and plan.changes:
-                seen = [record.key, scripts.sha1(raw), canonical or "", target or "", "", ""]
-                self._apply(**self._apply_args(record, plan, seen), client=writes)
+                seen = scripts.seen(record.key, raw, canonical, target)
+                self._apply(keys=self._script_keys(record.api), args=scripts.apply_args(seen, record, plan), client=writes)
             plans.append(plan)
         applied = iter(writes.execute())
         return [None if plan is None or (plan.changes and int(next(applied)) == scripts.CHANGED) else plan for plan in plans]
@@ -413,16 +382,12 @@ class RedisStore(Store):
         """Remove records (one script per 1000 keys) and tell every instance to empty its memory."""
         keys = list(dict.fromkeys(keys))
         self._writable()
-        removed = 0
         try:
-            for i in range(0, len(keys), 1000):
-                removed += self._delete_some(api, keys[i : i + 1000])
-        except RedisError as exc:
-            raise self._failed("delete", exc) from exc
+            with self._failing("delete"):
+                return sum(self._delete_some(api, keys[i : i + 1000]) for i in range(0, len(keys), 1000))
         finally:
             if keys:
                 self._invalidate(EVERYTHING)
-        return removed
 
     def _delete_some(self, api: str, keys: list[str]) -> int:
         for _ in range(WRITE_TRIES):
@@ -430,10 +395,8 @@ class RedisStore(Store):
             there = [(key, text(raw)) for key, raw in zip(keys, raws) if raw is not None]
             if not there:
                 return 0
-            counts = rules.delete(self._decode(raw) for _key, raw in there)
-            args = [api, str(len(there)), *[key for key, _ in there], *[scripts.sha1(raw) for _, raw in there],
-                    *_count_args(counts)]
-            done = int(self._delete(keys=[self._entries(api), self._canonicals(api), self._apis_key, self._counts], args=args))
+            args = scripts.delete_args(api, there, rules.delete(self._decode(raw) for _key, raw in there))
+            done = int(self._delete(keys=self._script_keys(api), args=args))
             if done != scripts.CHANGED:
                 return done
         raise StoreError(f"redis store at {self.url}: records of {clip(api)} changed under {WRITE_TRIES} deletes in a row")
@@ -441,32 +404,22 @@ class RedisStore(Store):
     def replace(self, record: Record, canonical: str | None) -> bool:
         self._writable()
         try:
-            self._write(record, canonical, rules.replace)
-        except RedisError as exc:
-            raise self._failed("write", exc) from exc
+            with self._failing("write"):
+                self._write(record, canonical, rules.replace)
         finally:
             self._invalidate(forget_message(record.api, record.key))
         return True
 
     def _invalidate(self, message: str) -> None:
         """Tell every instance (this one too) to forget what changed."""
-        if message == EVERYTHING:
-            self._memory.clear()
-        else:
-            api, key = json.loads(message)
-            self._memory.forget((api, key))
-        try:
-            self._client.publish(channel(self.prefix), message)
-        except RedisError as exc:
-            raise self._failed("invalidate", exc) from exc
+        with self._failing("invalidate"):
+            self._invalidations.send(self._client, message)
 
     def counts(self) -> StoreCounts | None:
-        try:
+        with self._failing("read"):
             raw = self._client.hgetall(self._counts)
             apis = int(self._client.scard(self._apis_key))
             memory = self._client.info("memory").get("used_memory")
-        except RedisError as exc:
-            raise self._failed("read", exc) from exc
         if "counted" not in raw and apis:
             return None  # records written before counters were kept: cache stats scans instead
         counters = [(tuple(text(name).split(":", 1)), int(value)) for name, value in raw.items()]
@@ -474,123 +427,66 @@ class RedisStore(Store):
 
     def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
         for ns in self.apis():
-            try:
-                group = [self._decode(raw) for _key, raw in self._client.hscan_iter(self._entries(ns), count=500)]
-            except RedisError as exc:
-                raise self._failed("read", exc) from exc
+            group = [self._decode(raw) for raw in self._raw_records(ns)]
             if group:
                 yield ns, _recording_order(group)
 
     def sample(self, api: str, limit: int) -> Iterator[Record]:
         if limit <= 0:
             return
-        try:
+        with self._failing("read"):
             self._outage.check()
-            values = []
-            for _key, raw in self._client.hscan_iter(self._entries(api), count=max(int(limit), 10)):
-                values.append(raw)
-                if len(values) >= limit:
-                    break
-        except RedisError as exc:
-            raise self._failed("read", exc) from exc
-        for raw in values:
+        for raw in self._raw_records(api, max(int(limit), 10), limit):
             yield self._decode(raw)
 
+    def _raw_records(self, api: str, count: int = 500, limit: int | None = None) -> list[str]:
+        """The JSON of one API's records, read ``count`` at a time (HSCAN), the first ``limit`` of them."""
+        with self._failing("read"):
+            return [raw for _key, raw in itertools.islice(self._client.hscan_iter(self._entries(api), count=count), limit)]
+
     def iter_api(self, api: str) -> Iterator[Record]:
-        try:
+        with self._failing("read"):
             for _key, raw in self._client.hscan_iter(self._entries(api), count=500):
                 yield self._decode(raw)
-        except RedisError as exc:
-            raise self._failed("read", exc) from exc
 
     def apis(self) -> list[str]:
-        try:
+        with self._failing("read"):
             return sorted(text(name) for name in self._client.smembers(self._apis_key))
-        except RedisError as exc:
-            raise self._failed("read", exc) from exc
 
     def __iter__(self) -> Iterator[Record]:
         for ns in self.apis():
-            try:
-                rows = list(self._client.hscan_iter(self._entries(ns), count=500))
-            except RedisError as exc:
-                raise self._failed("read", exc) from exc
-            for _key, raw in rows:
+            for raw in self._raw_records(ns):
                 yield self._decode(raw)
 
-    def __len__(self) -> int:
-        counts = self.counts()
-        if counts is not None:
-            return counts.entries
+    def _count_records(self) -> int:
         names = self.apis()
-        try:
+        with self._failing("read"):
             pipe = self._client.pipeline(transaction=False)
             for ns in names:
                 pipe.hlen(self._entries(ns))
             return sum(int(n) for n in pipe.execute()) if names else 0
-        except RedisError as exc:
-            raise self._failed("read", exc) from exc
 
     @contextlib.contextmanager
     def flight_lock(self, api: str, canonical: str) -> Iterator[None]:
-        """Hold a Redis lock (``SET NX PX`` with a random token) while filling a miss.
-
-        Other hosts asking for the same call wait, then find the recorded answer.  The lock
-        is a lease of ``lock_ttl_s``, renewed while held (see :mod:`.leases`), so a holder
-        that dies blocks the others for at most ``lock_ttl_s``; renewal and release check
-        the token, so nobody extends or deletes a lock that another holder has taken since.
-        A waiter goes ahead without the lock after :data:`~.leases.MAX_LOCK_WAIT_S` (the
-        add-if-absent write still keeps one answer).
-        """
-        name = self._lock_name(api, canonical)
-        token = uuid.uuid4().hex
-        ttl_ms = max(1, int(self.lock_ttl_s * 1000))
-        try:
+        """A Redis lock held while filling a miss, shared by every host (:class:`~.redis_connection.FlightLocks`)."""
+        with self._failing("lock"):
             self._outage.check()
-            acquired = wait_for_lock(lambda: self._client.set(name, token, nx=True, px=ttl_ms) or None, self.lock_poll_s, api, log)
-        except RedisError as exc:
-            raise self._failed("lock", exc) from exc
-        if not acquired:
+            held = self._locks.acquire(api, canonical)
+        if held is None:
             yield
             return
-
-        def renew() -> bool:
-            return int(self._renew(keys=[name], args=[token, ttl_ms])) == 1
-
-        def release() -> bool:
-            try:
-                self._release(keys=[name], args=[token])
-            except RedisError:
-                return False
-            return True
-
-        lease = self._leases.hold(renew)
-        try:
+        with self._locks.held(api, *held):
             yield
-        finally:
-            self._leases.drop(lease)
-            if not release():
-                log.warning("single-flight lock for %s not released now (Redis unavailable); retrying in the background", clip(api))
-                self._leases.release_later(release)
 
     def ping(self) -> None:
         """Raise :class:`StoreError` unless Redis answers."""
-        try:
+        with self._failing("ping"):
             self._client.ping()
-        except RedisError as exc:
-            raise self._failed("ping", exc) from exc
 
     def close(self) -> None:
         self._invalidations.close()
-        self._leases.close()
-        aclient, self._aclient = self._aclient, None
-        if aclient is not None:
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is not None and running is self._aloop:
-                running.create_task(aclient.aclose() if hasattr(aclient, "aclose") else aclient.close())
+        self._locks.close()
+        self._aclients.close()
         try:
             self._client.close()
         except RedisError:  # pragma: no cover - closing never matters
