@@ -41,7 +41,7 @@ from stabletoolbench_mirror.stores.diskcache_keys import (
     stored_record,
     stored_text,
 )
-from stabletoolbench_mirror.stores.filelock import ByteRangeLocks, PrivateRun
+from stabletoolbench_mirror.stores.filelock import ByteRangeLocks, PrivateRunLock
 from stabletoolbench_mirror.stores.leases import wait_for_lock
 from stabletoolbench_mirror.stores.occurrence_file import OccurrenceFile
 from stabletoolbench_mirror.stores.recent_reads import UNKNOWN, ChangeWatch, RecentReads
@@ -122,7 +122,7 @@ class DiskcacheStore(Store):
         self._deletes_seen: object = None
         self._occurrence_file: OccurrenceFile | None = None
         """The occurrence counters of model calls, opened at the first claim."""
-        self._private_run: PrivateRun | None = None
+        self._private_run: PrivateRunLock | None = None
         """The store's private model-call run (:meth:`hold_private_run`); none in a read-only store."""
         if read_only:
             try:
@@ -147,7 +147,7 @@ class DiskcacheStore(Store):
             if formats.decide(format_marker(self._cache), self.path) == "mark":
                 self._cache.set(FORMAT, formats.current().to_text())
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
-            self._private_run = PrivateRun(self._locks, os.path.join(self.path, self.PRIVATE_RUN_FILE))
+            self._private_run = PrivateRunLock(self._locks, os.path.join(self.path, self.PRIVATE_RUN_FILE))
             self._reads = _recent_reads(self.path)
             if COUNTED not in self._cache and layout.first_key(self._cache, ENTRY + "\x00", ENTRY + "\x01") is None:
                 # an empty store: the counters kept from now on count every record
@@ -215,7 +215,7 @@ class DiskcacheStore(Store):
             return counters.apply_now(run, digest, decide)
 
     def hold_private_run(self, run: str) -> str | None:
-        """One byte of the flight-lock file, locked for as long as the store is open (:class:`~.filelock.PrivateRun`)."""
+        """One byte of the flight-lock file, locked for as long as the store is open (:class:`~.filelock.PrivateRunLock`)."""
         if self._private_run is None:
             return None
         return self._private_run.hold(f"process {os.getpid()} (run {run!r}, since {time.strftime('%Y-%m-%d %H:%M:%S')})", log)

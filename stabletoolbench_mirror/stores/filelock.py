@@ -81,11 +81,11 @@ class ByteRangeLocks:
                 self._held.clear()
 
 
-#: the lock name of the one private model-call run a store may have (:class:`PrivateRun`)
+#: the lock name of the one private model-call run a store may have (:class:`PrivateRunLock`)
 PRIVATE_RUN_LOCK = "\x00private model-call run"
 
 
-class PrivateRun:
+class PrivateRunLock:
     """The store's one private model-call run: a byte of its lock file, locked for as long as the store is open
     (the kernel drops it when this process ends, even on ``kill -9``), and a line in ``note`` saying who holds it."""
 
