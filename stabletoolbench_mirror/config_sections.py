@@ -56,7 +56,7 @@ class StoreConfig(Section):
     file lock, dropped when its holder exits.)"""
     timeout_s: float = Field(default=2.0, gt=0, le=HOUR_S)
     """Redis connect and command timeout: how fast a Redis outage becomes an error answer, and the longest a request
-    waits for Redis in all (after a timeout, Redis is not asked again for this long: ``stores.redis_store.Outage``);
+    waits for Redis in all (after a timeout, Redis is not asked again for this long: ``stores.redis_connection.Outage``);
     for either store, the longest a model call (``/v1``) waits for the store (its occurrence counter, its record's read)."""
 
     @field_validator("kind")

@@ -291,9 +291,14 @@ class Store(CacheTier):
     def __iter__(self) -> Iterator[Record]:
         """Every record, in no particular order."""
 
-    @abc.abstractmethod
     def __len__(self) -> int:
-        """The number of records."""
+        """The number of records: the counters' when the backend keeps them (:meth:`counts`), else counted."""
+        counts = self.counts()
+        return counts.entries if counts is not None else self._count_records()
+
+    def _count_records(self) -> int:
+        """The number of records, counted without counters (a backend that keeps none overrides :meth:`__len__`)."""
+        raise NotImplementedError
 
     def __enter__(self) -> Store:
         return self

@@ -4,26 +4,45 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import sqlite3
-import stat
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import diskcache
 
-from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.core.logs import clip
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.stores import diskcache_layout as layout
 from stabletoolbench_mirror.stores import formats, rules
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
-from stabletoolbench_mirror.stores.filelock import ByteRangeLocks
-from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S
+from stabletoolbench_mirror.stores.diskcache_keys import (
+    CANONICAL,
+    CHANGES,
+    COUNT,
+    COUNTED,
+    DELETES,
+    ENTRY,
+    FORMAT,
+    NAMESPACE,
+    api_range,
+    canonical_key,
+    count_key,
+    counted_as,
+    entry_key,
+    failure_shares_a_key,
+    format_marker,
+    stored_int,
+    stored_record,
+    stored_text,
+)
+from stabletoolbench_mirror.stores.filelock import ByteRangeLocks, PrivateRunLock
+from stabletoolbench_mirror.stores.leases import wait_for_lock
 from stabletoolbench_mirror.stores.occurrence_file import OccurrenceFile
 from stabletoolbench_mirror.stores.recent_reads import UNKNOWN, ChangeWatch, RecentReads
 
@@ -33,85 +52,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_ENTRY = "e"
-_CANONICAL = "c"
-_NAMESPACE = "n"
-_COUNT = "s"
-#: present when the counters below were kept since the store was empty (so they count everything)
-_COUNTED = f"{_COUNT}\x00counted"
-#: bumped by every ``delete``: each process then forgets which APIs it knew to have their key
-_DELETES = "g\x00deletes"
-#: bumped by every ``delete`` and ``replace``: an in-process copy of records must be dropped when it moves
-_CHANGES = "g\x00changes"
-#: the store's format marker (:mod:`.formats`)
-_FORMAT = "m\x00format"
-#: written by format 1 (0.2.0) and trusted by its readers; rewritten after each commit while it exists
-_LEGACY_GENERATION = "cache.db-generation"
 _SCAN_PAGE = 1000
-#: the flight-lock file's lock name of the one private model-call run a store may have (:meth:`DiskcacheStore.hold_private_run`)
-_PRIVATE_RUN_LOCK = "\x00private model-call run"
 _MAX_KNOWN_APIS = 100_000
 
 
-def _entry_key(api: str, key: str) -> str:
-    return f"{_ENTRY}\x00{_no_nul(api)}\x00{key}"
+T = TypeVar("T")
+_WRITE_FAILURES = (OSError, sqlite3.Error, diskcache.Timeout)
+_FAILURES = {"read": (OSError, sqlite3.Error), "write": _WRITE_FAILURES, "delete": _WRITE_FAILURES, "lock": (OSError,),
+             "occurrence counter": (sqlite3.Error, ValueError, KeyError)}
 
 
-def _canonical_key(api: str, canonical: str) -> str:
-    return f"{_CANONICAL}\x00{_no_nul(api)}\x00{canonical}"
-
-
-def _no_nul(api: str) -> str:
-    # the first NUL after the kind ends the API, so ``(api, key)`` -> diskcache key is
-    # one-to-one only while APIs hold no NUL (``/virtual`` refuses control characters in names)
-    if "\x00" in api:
-        raise ValueError(f"an API must not contain NUL: {api[:200]!r}")
-    return api
-
-
-def _count_key(*parts: str) -> str:
-    return "\x00".join((_COUNT, *parts))
-
-
-def _counted_as(counts: rules.Counts) -> Counter[str]:
-    """The rules' counter changes under this store's counter keys (``s\x00<name>\x00<value>``)."""
-    return Counter({_count_key(*name): n for name, n in counts.items() if n})
-
-
-def _failure_shares_a_key(items: list[tuple[Record, str | None]], entry_keys: list[str], pointer_keys: list[str | None]) -> bool:
-    """Whether a failure record of the batch shares its key or canonical key with another record of it."""
-    failures = [i for i, (record, _) in enumerate(items) if record.is_failure]
-    if not failures:
-        return False
-    seen = Counter(entry_keys)
-    seen.update(k for k in pointer_keys if k is not None)
-    return any(seen[entry_keys[i]] > 1 or seen[pointer_keys[i] or ""] > 1 for i in failures)
-
-
-def _text(value: object) -> str:
-    """A value this store wrote as text (a record's JSON, a key a canonical pointer names)."""
-    if not isinstance(value, str):
-        raise StoreError(f"diskcache store holds a {type(value).__name__} where text belongs: not a store of this program's")
-    return value
-
-
-def _format_marker(cache: Any) -> formats.Marker | None:
-    value = cache.get(_FORMAT)
-    return formats.parse(None if value is None else _text(value))
-
-
-def _record(value: object) -> Record:
-    """A stored record; :class:`StoreError` for one that cannot be read (a value file truncated beside a live store)."""
+@contextlib.contextmanager
+def _failing(what: str) -> Iterator[None]:
+    """The storage's errors in the block as :class:`StoreError` (``diskcache <what> failed: ...``)."""
     try:
-        return Record.from_json(_text(value))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise StoreError(f"diskcache store holds an unreadable record: {type(exc).__name__}: {exc}") from exc
-
-
-def _int(value: object) -> int:
-    if not isinstance(value, int):
-        raise StoreError(f"diskcache store holds a {type(value).__name__} where a count belongs: not a store of this program's")
-    return value
+        yield
+    except _FAILURES[what] as exc:
+        raise StoreError(f"diskcache {what} failed: {exc}") from exc
 
 
 class DiskcacheStore(Store):
@@ -165,13 +122,13 @@ class DiskcacheStore(Store):
         self._deletes_seen: object = None
         self._occurrence_file: OccurrenceFile | None = None
         """The occurrence counters of model calls, opened at the first claim."""
-        self._private_run: int | None = None
-        """The byte of the flight-lock file held by :meth:`hold_private_run`."""
+        self._private_run: PrivateRunLock | None = None
+        """The store's private model-call run (:meth:`hold_private_run`); none in a read-only store."""
         if read_only:
             try:
                 self._cache: Any = layout.ReadOnlyCache(self.path)
                 layout.check(self._cache)
-                formats.decide(_format_marker(self._cache), self.path)  # refuses a newer format
+                formats.decide(format_marker(self._cache), self.path)  # refuses a newer format
             except (OSError, sqlite3.Error) as exc:
                 raise StoreError(f"cannot open diskcache store at {self.path} for reading: {exc}") from exc
             self._locks: ByteRangeLocks | None = None
@@ -187,49 +144,47 @@ class DiskcacheStore(Store):
                 self.path, eviction_policy="none", size_limit=2**62, cull_limit=0, timeout=60, sqlite_temp_store=2
             )
             layout.check(self._cache)
-            if formats.decide(_format_marker(self._cache), self.path) == "mark":
-                self._cache.set(_FORMAT, formats.current().to_text())
+            if formats.decide(format_marker(self._cache), self.path) == "mark":
+                self._cache.set(FORMAT, formats.current().to_text())
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
+            self._private_run = PrivateRunLock(self._locks, os.path.join(self.path, self.PRIVATE_RUN_FILE))
             self._reads = _recent_reads(self.path)
-            if _COUNTED not in self._cache and self._first_key(_ENTRY) is None:
+            if COUNTED not in self._cache and layout.first_key(self._cache, ENTRY + "\x00", ENTRY + "\x01") is None:
                 # an empty store: the counters kept from now on count every record
-                self._cache.add(_COUNTED, 1)
+                self._cache.add(COUNTED, 1)
         except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
             raise StoreError(f"cannot open diskcache store at {self.path}: {exc}") from exc
-
-    def _first_key(self, kind: str) -> str | None:
-        return layout.first_key(self._cache, kind + "\x00", kind + "\x01")
 
     def get(self, api: str, key: str) -> Record | None:
         reads = self._reads
         if reads is not None:  # a read kept while no process wrote to the store (:mod:`.recent_reads`)
             now = reads.watch.token()
-            kept = reads.get((_ENTRY, api, key), now)
+            kept = reads.get((ENTRY, api, key), now)
             if kept is not UNKNOWN:
                 return kept
         try:
-            raw = self._cache.get(_entry_key(api, key))
+            raw = self._cache.get(entry_key(api, key))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
-        record = None if raw is None else _record(raw)
+        record = None if raw is None else stored_record(raw)
         if reads is not None:
-            reads.put((_ENTRY, api, key), now, record, 0 if record is None else len(record.body))
+            reads.put((ENTRY, api, key), now, record, 0 if record is None else len(record.body))
         return record
 
     def get_canonical(self, api: str, canonical: str) -> Record | None:
         reads = self._reads
         if reads is not None:
             now = reads.watch.token()
-            kept = reads.get((_CANONICAL, api, canonical), now)
+            kept = reads.get((CANONICAL, api, canonical), now)
             if kept is not UNKNOWN:
                 return None if kept is None else self.get(api, kept)
         try:
-            key = self._cache.get(_canonical_key(api, canonical))
+            key = self._cache.get(canonical_key(api, canonical))
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"diskcache read failed: {exc}") from exc
         if reads is not None:
-            reads.put((_CANONICAL, api, canonical), now, None if key is None else _text(key))
-        return None if key is None else self.get(api, _text(key))
+            reads.put((CANONICAL, api, canonical), now, None if key is None else stored_text(key))
+        return None if key is None else self.get(api, stored_text(key))
 
     def change_token(self) -> int | None:
         """SQLite's word on whether the store changed (:class:`~.recent_reads.ChangeWatch`), or ``None`` without a watch."""
@@ -246,7 +201,7 @@ class DiskcacheStore(Store):
         finally:
             if self._reads is not None:
                 self._reads.watch.changed()
-            _touch_legacy_generation(self.path)
+            formats.touch_legacy_generation(self.path)
 
     def _occurrence_now(self, run: str, digest: str, decide: rules.Decide) -> int | None:
         """:meth:`_occurrence` in one short transaction when nobody holds the counters' lock (``None`` otherwise,
@@ -256,36 +211,18 @@ class DiskcacheStore(Store):
             return super()._occurrence(run, digest, decide)
         if counters is None:
             return None
-        try:
+        with _failing("occurrence counter"):
             return counters.apply_now(run, digest, decide)
-        except (sqlite3.Error, ValueError, KeyError) as exc:
-            raise StoreError(f"diskcache occurrence counter failed: {exc}") from exc
 
     def hold_private_run(self, run: str) -> str | None:
-        """One byte of the flight-lock file, locked for as long as the store is open (the kernel drops it when
-        this process ends, even on ``kill -9``), and a line saying who holds it beside."""
-        if self._locks is None:
-            return None
-        if self._private_run is not None:
-            return None
-        self._private_run = self._locks.try_acquire(_PRIVATE_RUN_LOCK)
+        """One byte of the flight-lock file, locked for as long as the store is open (:class:`~.filelock.PrivateRunLock`)."""
         if self._private_run is None:
-            try:
-                with open(os.path.join(self.path, self.PRIVATE_RUN_FILE), encoding="utf-8") as handle:
-                    return handle.read(400).strip() or "another process"
-            except OSError:
-                return "another process"
-        try:
-            with atomic_write(os.path.join(self.path, self.PRIVATE_RUN_FILE)) as handle:
-                handle.write(f"process {os.getpid()} (run {run!r}, since {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
-        except OSError as exc:  # the line is for a message only: the lock is what counts
-            log.info("diskcache store at %s: %s not written (%s)", self.path, self.PRIVATE_RUN_FILE, exc)
-        return None
+            return None
+        return self._private_run.hold(f"process {os.getpid()} (run {run!r}, since {time.strftime('%Y-%m-%d %H:%M:%S')})", log)
 
     def release_private_run(self) -> None:
-        held, self._private_run = self._private_run, None
-        if held is not None and self._locks is not None:
-            self._locks.release(held)
+        if self._private_run is not None:
+            self._private_run.release()
 
     def _occurrence(self, run: str, digest: str, decide: rules.Decide) -> int:
         """One counter's read, decision and write, in the store's occurrence file (:mod:`.occurrence_file`);
@@ -301,52 +238,51 @@ class DiskcacheStore(Store):
                     except sqlite3.Error as exc:
                         raise StoreError(f"diskcache occurrence counters at {self.path} cannot be opened: {exc}") from exc
             counters = self._occurrence_file
-        try:
+        with _failing("occurrence counter"):
             return counters.apply(run, digest, decide)
-        except (sqlite3.Error, ValueError, KeyError) as exc:
-            raise StoreError(f"diskcache occurrence counter failed: {exc}") from exc
 
     def _writable(self) -> None:
         if self.read_only:
             raise StoreError(f"diskcache store at {self.path} was opened read-only")
 
     def add(self, record: Record, canonical: str | None) -> bool:
-        self._writable()
-        # one writer at a time per process: threads queue on a lock instead of on SQLite's busy loop
-        with self._write_lock:
-            return self._add(record, canonical)
+        # the bulk path for one record: one read of its keys and one insert for a new one
+        # (the same rows and counters as _add_in_transaction, in 3 statements instead of 7)
+        return self.add_many([(record, canonical)])[0]
 
-    def _add(self, record: Record, canonical: str | None) -> bool:
-        try:
-            # one transaction: the entry, its canonical pointer and the counters, or nothing
-            with self._transaction():
+    def _written(self, what: str, change: Callable[[], T], apis: Iterable[str] = ()) -> T:
+        """``change`` in one write transaction (the entries, their pointers and the counters, or nothing);
+        one writer at a time per process: threads queue on a lock instead of on SQLite's busy loop.
+        ``apis`` have their key once it committed."""
+        self._writable()
+        with self._write_lock:
+            with _failing(what), self._transaction():
                 self._see_deletes()
-                # the bulk path for one record: one read of its keys and one insert for a new one
-                # (the same rows and counters as _add_in_transaction, in 3 statements instead of 7)
-                added = self._insert_batch([(record, canonical)])[0]
-        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-            raise StoreError(f"diskcache write failed: {exc}") from exc
-        self._remember_apis((record,))
-        return added
+                done = change()
+            self._remember_apis(apis)
+        return done
 
     def _holding(self, record: Record, canonical: str | None) -> rules.Holding:
         """What the store holds for ``record``'s key and canonical key (read inside the write transaction)."""
-        raw = self._cache.get(_entry_key(record.api, record.key))
-        found = None if canonical is None else self._cache.get(_canonical_key(record.api, canonical))
-        target = None if found is None else _text(found)
-        failing = rules.needs_target_record(record, canonical, target) and self._holds_failure(record.api, target or "")
-        return rules.Holding(None if raw is None else _record(raw), target, failing)
+        raw = self._cache.get(entry_key(record.api, record.key))
+        found = None if canonical is None else self._cache.get(canonical_key(record.api, canonical))
+        target = None if found is None else stored_text(found)
+        failing = False
+        if rules.needs_target_record(record, canonical, target):  # whether the target's entry is a failure (or missing)
+            target_raw = self._cache.get(entry_key(record.api, target or ""))
+            failing = target_raw is None or stored_record(target_raw).is_failure
+        return rules.Holding(None if raw is None else stored_record(raw), target, failing)
 
     def _apply(self, record: Record, canonical: str | None, plan: rules.Plan, deltas: Counter[str]) -> None:
         """Apply a plan of :mod:`.rules` (inside the caller's transaction); its counts go into ``deltas``."""
         cache = self._cache
         if plan.write:
-            cache.set(_entry_key(record.api, record.key), record.to_json())
+            cache.set(entry_key(record.api, record.key), record.to_json())
         if plan.point and canonical is not None:
-            cache.set(_canonical_key(record.api, canonical), record.key)
-        deltas.update(_counted_as(plan.counts))
-        if plan.write and record.api not in self._known_apis and cache.add(f"{_NAMESPACE}\x00{record.api}", 1):
-            deltas[_count_key("apis")] += 1
+            cache.set(canonical_key(record.api, canonical), record.key)
+        deltas.update(counted_as(plan.counts))
+        if plan.write and record.api not in self._known_apis and cache.add(f"{NAMESPACE}\x00{record.api}", 1):
+            deltas[count_key("apis")] += 1
 
     def _add_in_transaction(self, record: Record, canonical: str | None, deltas: Counter[str]) -> bool:
         """Add one record by :func:`.rules.add`; its counts go into ``deltas`` (the caller applies them in the same transaction)."""
@@ -354,51 +290,38 @@ class DiskcacheStore(Store):
         self._apply(record, canonical, plan, deltas)
         return plan.write
 
-    def _holds_failure(self, api: str, key: str) -> bool:
-        """Whether ``key``'s entry is a failure record (or missing)."""
-        raw = self._cache.get(_entry_key(api, key))
-        return raw is None or _record(raw).is_failure
-
-    def _count(self, deltas: Counter[str]) -> None:
-        # as diskcache's incr of each, with one read of all the counters (see diskcache_layout.increment)
-        layout.increment(self._cache, deltas)
-
-    def _remember_apis(self, records: Iterable[Record]) -> None:
+    def _remember_apis(self, apis: Iterable[str]) -> None:
         """After a commit: these APIs have their key now (so later adds skip the write that checks it)."""
         if len(self._known_apis) >= _MAX_KNOWN_APIS:
             self._known_apis.clear()
-        self._known_apis.update(r.api for r in records)
+        self._known_apis.update(apis)
 
     def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
         """Add records in one transaction (bulk import): one commit, one lookup of the keys already
         present, one multi-row insert, and each counter updated once.  Same result as ``add`` each."""
-        self._writable()
         items = list(items)
-        with self._write_lock:
-            try:
-                with self._transaction():
-                    self._see_deletes()
-                    added = self._insert_batch(items)
-            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-                raise StoreError(f"diskcache write failed: {exc}") from exc
-            self._remember_apis(record for record, _ in items)
-        return added
+        return self._written("write", lambda: self._insert_batch(items), [record.api for record, _ in items])
 
     def _insert_batch(self, items: list[tuple[Record, str | None]]) -> list[bool]:
-        # rows written exactly as diskcache's own ``add`` writes them (no expiry, no tag), add-if-absent
-        entry_keys = [_entry_key(record.api, record.key) for record, _ in items]
-        pointer_keys = [_canonical_key(record.api, canonical) if canonical is not None else None for record, canonical in items]
-        api_keys = [f"{_NAMESPACE}\x00{api}" for api in {record.api for record, _ in items} - self._known_apis]
+        entry_keys = [entry_key(record.api, record.key) for record, _ in items]
+        pointer_keys = [canonical_key(record.api, canonical) if canonical is not None else None for record, canonical in items]
+        api_keys = [f"{NAMESPACE}\x00{api}" for api in {record.api for record, _ in items} - self._known_apis]
         record_keys = entry_keys + [k for k in pointer_keys if k is not None]
         present = layout.present(self._cache, record_keys + api_keys)
-        if not present.isdisjoint(record_keys) or _failure_shares_a_key(items, entry_keys, pointer_keys):
+        deltas: Counter[str] = Counter()
+        if not present.isdisjoint(record_keys) or failure_shares_a_key(items, entry_keys, pointer_keys):
             # keys already there, or a failure record sharing a key in the batch (an answer may replace
             # a failure, or take its canonical key): one by one
-            deltas: Counter[str] = Counter()
             added = [self._add_in_transaction(record, canonical, deltas) for record, canonical in items]
-            self._count(deltas)
-            return added
-        # nothing of the batch is there yet: the rules decide for the batch as a whole, one insert writes it
+        else:
+            added = self._insert_new(items, entry_keys, pointer_keys, present, deltas)
+        layout.increment(self._cache, deltas)  # as incr of each, with one read of all the counters
+        return added
+
+    def _insert_new(self, items: list[tuple[Record, str | None]], entry_keys: list[str], pointer_keys: list[str | None],
+                    present: set[str], deltas: Counter[str]) -> list[bool]:
+        """Nothing of the batch is there yet: the rules decide for the batch as a whole, one insert writes it
+        (rows written exactly as diskcache's own ``add`` writes them: no expiry, no tag)."""
         now = time.time()
         rows: list[layout.Row] = []
 
@@ -407,34 +330,30 @@ class DiskcacheStore(Store):
             rows.append(layout.row(self._cache, key, value, now))
 
         plans = rules.batch_adds(items, [rules.Holding(None)] * len(items))
-        deltas = Counter()
         for (record, _canonical), entry, pointer, plan in zip(items, entry_keys, pointer_keys, plans):
             if plan.write:
                 row(entry, record.to_json())
-                api_key = f"{_NAMESPACE}\x00{record.api}"
+                api_key = f"{NAMESPACE}\x00{record.api}"
                 if record.api not in self._known_apis and api_key not in present:
                     row(api_key, 1)
-                    deltas[_count_key("apis")] += 1
+                    deltas[count_key("apis")] += 1
             if plan.point and pointer is not None:
                 row(pointer, record.key)
-            deltas.update(_counted_as(plan.counts))
+            deltas.update(counted_as(plan.counts))
         if rows:
             layout.insert(self._cache, rows)
-        self._count(deltas)
         return [plan.write for plan in plans]
 
     def changes(self) -> int:
         """How many ``delete`` and ``replace`` calls changed the store, in any process (one read):
         whoever keeps records in memory drops them when this moves."""
-        try:
-            value = self._cache.get(_CHANGES)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
-        return 0 if value is None else _int(value)
+        with _failing("read"):
+            value = self._cache.get(CHANGES)
+        return 0 if value is None else stored_int(value)
 
     def _see_deletes(self) -> None:
         """Forget the APIs known to have their key when a ``delete`` (in any process) may have removed one."""
-        seen = self._cache.get(_DELETES)
+        seen = self._cache.get(DELETES)
         if seen != self._deletes_seen:
             self._known_apis.clear()
             self._deletes_seen = seen
@@ -442,54 +361,36 @@ class DiskcacheStore(Store):
     def delete(self, api: str, keys: Iterable[str]) -> int:
         self._writable()
         keys = list(dict.fromkeys(keys))
-        if not keys:
-            return 0
-        with self._write_lock:
-            try:
-                with self._transaction():
-                    removed = self._delete_in_transaction(api, keys)
-            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-                raise StoreError(f"diskcache delete failed: {exc}") from exc
-            self._known_apis.discard(api)
-        return removed
+        return self._written("delete", lambda: self._delete_in_transaction(api, keys)) if keys else 0
 
     def _delete_in_transaction(self, api: str, keys: list[str]) -> int:
         cache = self._cache
         removed: list[Record] = []
         for key in keys:
-            entry = _entry_key(api, key)
+            entry = entry_key(api, key)
             raw = cache.get(entry)
             if raw is None:
                 continue
-            removed.append(_record(raw))
+            removed.append(stored_record(raw))
             cache.delete(entry)
         if not removed:
             return 0
-        deltas = _counted_as(rules.delete(removed))
+        deltas = counted_as(rules.delete(removed))
         gone = {record.key for record in removed}
-        low = _canonical_key(api, "")
-        pointers = [k for k, v in layout.scan(cache, low, low[:-1] + "\x01", inclusive=True, page=_SCAN_PAGE) if v in gone]
+        pointers = [k for k, v in layout.scan(cache, *api_range(CANONICAL, api), inclusive=True, page=_SCAN_PAGE) if v in gone]
         for pointer in pointers:
             cache.delete(pointer)
-        low = _entry_key(api, "")
-        if not layout.keys_in_range(cache, low, low[:-1] + "\x01", 1):
-            if cache.delete(f"{_NAMESPACE}\x00{api}"):
-                deltas[_count_key("apis")] -= 1
-        cache.incr(_DELETES, 1)
-        cache.incr(_CHANGES, 1)
-        self._count(deltas)
+        if not layout.keys_in_range(cache, *api_range(ENTRY, api), 1):
+            if cache.delete(f"{NAMESPACE}\x00{api}"):
+                deltas[count_key("apis")] -= 1
+        cache.incr(DELETES, 1)
+        cache.incr(CHANGES, 1)
+        layout.increment(self._cache, deltas)  # as incr of each, with one read of all the counters
+        self._known_apis.discard(api)
         return len(removed)
 
     def replace(self, record: Record, canonical: str | None) -> bool:
-        self._writable()
-        with self._write_lock:
-            try:
-                with self._transaction():
-                    self._see_deletes()
-                    self._replace_in_transaction(record, canonical)
-            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-                raise StoreError(f"diskcache write failed: {exc}") from exc
-        self._remember_apis((record,))
+        self._written("write", lambda: self._replace_in_transaction(record, canonical), [record.api])
         return True
 
     def _replace_in_transaction(self, record: Record, canonical: str | None) -> None:
@@ -497,27 +398,23 @@ class DiskcacheStore(Store):
         deltas: Counter[str] = Counter()
         self._apply(record, canonical, rules.replace(record, canonical, held), deltas)
         if held.current is not None:
-            self._cache.incr(_CHANGES, 1)
-        self._count(deltas)
+            self._cache.incr(CHANGES, 1)
+        layout.increment(self._cache, deltas)  # as incr of each, with one read of all the counters
 
     def counts(self) -> StoreCounts | None:
         """The store's counters (no scan), or ``None`` when they were not kept since the store was empty."""
-        try:
-            if _COUNTED not in self._cache:
+        with _failing("read"):
+            if COUNTED not in self._cache:
                 return None
-            counters = [(tuple(key.split("\x00")[1:]), _int(value)) for key, value in self._scan_values(_COUNT)]
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
+            counters = [(tuple(key.split("\x00")[1:]), stored_int(value)) for key, value in self._scan_values(COUNT)]
         return StoreCounts.of(counters, disk_bytes=self._disk_bytes())
 
     def _disk_bytes(self) -> int:
         total = 0
         for folder, _dirs, files in os.walk(self.path):
             for name in files:
-                try:
+                with contextlib.suppress(OSError):
                     total += os.path.getsize(os.path.join(folder, name))
-                except OSError:
-                    pass
         return total
 
     def _scan_values(self, kind: str) -> Iterator[tuple[str, object]]:
@@ -526,40 +423,25 @@ class DiskcacheStore(Store):
 
     def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
         """``(api, records)`` in api order, one API in memory at a time (a key-range scan)."""
-        current: str | None = None
-        group: list[Record] = []
-        try:
-            for _key, raw in self._scan_values(_ENTRY):
-                record = _record(raw)
-                if record.api != current:
-                    if group:
-                        yield current, _recording_order(group)  # type: ignore[misc]
-                    current, group = record.api, []
-                group.append(record)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
-        if group:
-            yield current, _recording_order(group)  # type: ignore[misc]
+        with _failing("read"):
+            records = (stored_record(raw) for _key, raw in self._scan_values(ENTRY))
+            for api, group in itertools.groupby(records, key=lambda record: record.api):
+                yield api, _recording_order(list(group))
 
     def iter_api(self, api: str) -> Iterator[Record]:
-        low = _entry_key(api, "")
-        try:
-            for _key, raw in layout.scan(self._cache, low, low[:-1] + "\x01", inclusive=True, page=_SCAN_PAGE):
-                yield _record(raw)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
+        low, high = api_range(ENTRY, api)
+        with _failing("read"):
+            for _key, raw in layout.scan(self._cache, low, high, inclusive=True, page=_SCAN_PAGE):
+                yield stored_record(raw)
 
     def sample(self, api: str, limit: int) -> Iterator[Record]:
-        prefix = _entry_key(api, "")
-        try:
+        with _failing("read"):
             # a key-range scan over diskcache's SQLite table (string keys are stored raw)
-            keys = layout.keys_in_range(self._cache, prefix, prefix + "\U0010ffff", limit)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
+            keys = layout.keys_in_range(self._cache, *api_range(ENTRY, api), limit)
         for key in keys:
             raw = self._cache.get(key)
             if raw is not None:
-                yield _record(raw)
+                yield stored_record(raw)
 
     @contextlib.contextmanager
     def flight_lock(self, api: str, canonical: str) -> Iterator[None]:
@@ -573,15 +455,8 @@ class DiskcacheStore(Store):
         locks = self._locks
         assert locks is not None  # a writable store has its lock file
         name = f"{api}\x00{canonical}"
-        deadline = time.monotonic() + MAX_LOCK_WAIT_S
-        try:
-            while (offset := locks.try_acquire(name)) is None:
-                if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(api), MAX_LOCK_WAIT_S)
-                    break
-                time.sleep(self.lock_poll_s)
-        except OSError as exc:
-            raise StoreError(f"diskcache lock failed: {exc}") from exc
+        with _failing("lock"):
+            offset = wait_for_lock(lambda: locks.try_acquire(name), self.lock_poll_s, api, log)
         if self._reads is not None:
             # whoever held the lock may have recorded the answer in another process: look now
             self._reads.watch.check()
@@ -595,20 +470,13 @@ class DiskcacheStore(Store):
                     log.warning("single-flight lock for %s not released: %s", clip(api), exc)
 
     def __iter__(self) -> Iterator[Record]:
-        try:
-            for _key, raw in self._scan_values(_ENTRY):
-                yield _record(raw)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
+        with _failing("read"):
+            for _key, raw in self._scan_values(ENTRY):
+                yield stored_record(raw)
 
-    def __len__(self) -> int:
-        counts = self.counts()
-        if counts is not None:
-            return counts.entries
-        try:
-            return layout.count_range(self._cache, _ENTRY + "\x00", _ENTRY + "\x01")
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"diskcache read failed: {exc}") from exc
+    def _count_records(self) -> int:
+        with _failing("read"):
+            return layout.count_range(self._cache, ENTRY + "\x00", ENTRY + "\x01")
 
     def close(self) -> None:
         if self._locks is not None:
@@ -628,22 +496,3 @@ def _recent_reads(folder: str) -> RecentReads | None:
     except sqlite3.Error as exc:
         log.warning("diskcache store at %s: reads are not kept (no change watch: %s)", folder, exc)
         return None
-
-
-def _touch_legacy_generation(folder: str) -> None:
-    """New bytes in ``cache.db-generation`` when a format-1 version made one: its readers trust it.
-
-    Never created, never followed through a link, only a regular file; a problem with it is
-    ignored (it concerns only a 0.2.0 process beside this one).
-    """
-    try:
-        fd = os.open(os.path.join(folder, _LEGACY_GENERATION), os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            os.pwrite(fd, os.urandom(8), 0)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import struct
 import threading
+
+from stabletoolbench_mirror.core.files import atomic_write
 
 # struct flock on Linux (x86-64, arm64): short l_type, short l_whence, off_t l_start, off_t l_len, pid_t l_pid
 _FLOCK = "hhqqi4x"
@@ -76,3 +79,45 @@ class ByteRangeLocks:
                 os.close(self._fd)
                 self._fd = None
                 self._held.clear()
+
+
+#: the lock name of the one private model-call run a store may have (:class:`PrivateRunLock`)
+PRIVATE_RUN_LOCK = "\x00private model-call run"
+
+
+class PrivateRunLock:
+    """The store's one private model-call run: a byte of its lock file, locked for as long as the store is open
+    (the kernel drops it when this process ends, even on ``kill -9``), and a line in ``note`` saying who holds it."""
+
+    def __init__(self, locks: ByteRangeLocks, note: str) -> None:
+        self._locks = locks
+        self._note = note
+        self._held: int | None = None
+
+    def hold(self, who: str, log: logging.Logger) -> str | None:
+        """``None`` when this process holds it now (``who`` written in the note), else who already does."""
+        if self._held is not None:
+            return None
+        self._held = self._locks.try_acquire(PRIVATE_RUN_LOCK)
+        if self._held is None:
+            return _holder(self._note)
+        try:
+            with atomic_write(self._note) as handle:
+                handle.write(f"{who}\n")
+        except OSError as exc:  # the line is for a message only: the lock is what counts
+            log.info("diskcache store at %s: %s not written (%s)", os.path.dirname(self._note), os.path.basename(self._note), exc)
+        return None
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._locks.release(held)
+
+
+def _holder(note: str) -> str:
+    """Who holds a lock: the line its holder wrote in the file ``note``, else ``another process``."""
+    try:
+        with open(note, encoding="utf-8") as handle:
+            return handle.read(400).strip() or "another process"
+    except OSError:
+        return "another process"

@@ -26,6 +26,8 @@ Formats:
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 from typing import Literal
 
@@ -91,3 +93,25 @@ def decide(found: Marker | None, where: str) -> Decision:
         return "mark"
     return "use"
 
+
+#: written by format 1 (0.2.0) and trusted by its readers; rewritten after each commit while it exists
+LEGACY_GENERATION = "cache.db-generation"
+
+
+def touch_legacy_generation(folder: str) -> None:
+    """New bytes in ``cache.db-generation`` when a format-1 version made one: its readers trust it.
+
+    Never created, never followed through a link, only a regular file; a problem with it is
+    ignored (it concerns only a 0.2.0 process beside this one).
+    """
+    try:
+        fd = os.open(os.path.join(folder, LEGACY_GENERATION), os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.pwrite(fd, os.urandom(8), 0)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

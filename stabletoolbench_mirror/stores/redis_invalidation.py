@@ -113,6 +113,11 @@ class Invalidations:
         self.memory.go_live()
         return pubsub
 
+    def send(self, client: Any, message: str) -> None:
+        """Apply ``message`` (:data:`EVERYTHING` or :func:`forget_message`) here, then publish it to every other instance."""
+        self._apply(message)
+        client.publish(self.channel, message)
+
     def _apply(self, data: Any) -> None:
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
         if text != EVERYTHING:

@@ -13,6 +13,11 @@ Layout under a key prefix ``P`` (see :mod:`.redis_store`): ``P:e:<api>`` (key ->
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stabletoolbench_mirror.core.records import Record
+    from stabletoolbench_mirror.stores import rules
 
 #: what :data:`APPLY` and :data:`DELETE` answer when what the writer read has changed meanwhile
 CHANGED = -1
@@ -100,3 +105,24 @@ return 0
 def sha1(raw: str | None) -> str:
     """What the scripts compare a value with: its SHA-1 as Redis computes it (``""`` for none)."""
     return "" if raw is None else hashlib.sha1(raw.encode("utf-8")).hexdigest()
+
+
+def seen(key: str, raw: str | None, canonical: str | None, target: str | None) -> list[str]:
+    """What a write read, as :data:`APPLY` checks it (the target's key and SHA-1 blank: see :meth:`~.redis_store.RedisStore._read_holding`)."""
+    return [key, sha1(raw), canonical or "", target or "", "", ""]
+
+
+def apply_args(read: list[str], record: Record, plan: rules.Plan) -> list[str]:
+    """:data:`APPLY`'s ARGV: what was read (:func:`seen`), then the plan for ``record``."""
+    write = "1" if plan.write else "0"
+    return [*read, write, record.to_json() if plan.write else "", "1" if plan.point else "0", record.api, *_counts(plan.counts)]
+
+
+def delete_args(api: str, there: list[tuple[str, str]], counts: rules.Counts) -> list[str]:
+    """:data:`DELETE`'s ARGV: the keys found (``(key, value)``), their values' SHA-1s, the counter changes."""
+    return [api, str(len(there)), *[key for key, _ in there], *[sha1(raw) for _, raw in there], *_counts(counts)]
+
+
+def _counts(counts: rules.Counts) -> list[str]:
+    """The rules' counter changes as the scripts take them: ``name``, ``n`` pairs (names joined by ``:``)."""
+    return [part for name, n in counts.items() if n for part in (":".join(name), str(n))]

@@ -15,34 +15,21 @@ script (:mod:`.redis_scripts`) that Redis runs atomically and that applies it on
 read is unchanged (else the write reads and asks again): the first writer of a key wins on every
 host, and nobody ever sees a pointer without its entry.
 
-Every Redis problem (refused or lost connection, timeout, ``OOM``/``READONLY``/``MISCONF``
-answers) becomes a :class:`StoreError` quickly: sockets time out after ``store.timeout_s``, and
-a command whose connection was lost is retried once on a fresh connection (one that timed out is
-not: a Redis that hangs, paused or swapping, would cost twice the timeout), so a Redis restart
-costs at most the requests made while it is down, and service resumes without restarting the
-server.  After Redis failed to answer in time, the store does not ask it again for
-``store.timeout_s`` (:class:`Outage`): a request meanwhile gets the store's error at once (reads
-serve what the memory holds), so no request waits for Redis longer than ``store.timeout_s`` in
-all, however many reads, locks and writes its path makes.
+Every Redis problem becomes a :class:`StoreError` within ``store.timeout_s`` (:mod:`.redis_connection`:
+one retry of a lost connection, no second wait within an outage); reads meanwhile serve what the memory holds.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import hashlib
-import json
+import itertools
 import logging
-import time
-import uuid
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio
-from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
@@ -53,8 +40,15 @@ from stabletoolbench_mirror.stores import formats, rules
 from stabletoolbench_mirror.stores import redis_scripts as scripts
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
 from stabletoolbench_mirror.stores.kinds import StoreSpec, StoreSpecError
-from stabletoolbench_mirror.stores.leases import MAX_LOCK_WAIT_S, LeaseKeeper
-from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, channel, forget_message
+from stabletoolbench_mirror.stores.redis_connection import (
+    AsyncClients,
+    FlightLocks,
+    Outage,
+    client_options,
+    optional_text,
+    text,
+)
+from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, forget_message
 from stabletoolbench_mirror.stores.redis_memory import MEMORY_MAX_AGE_S, RecordMemory
 
 if TYPE_CHECKING:
@@ -66,53 +60,10 @@ log = logging.getLogger(__name__)
 WRITE_TRIES = 16
 
 
-class Unreachable(redis.exceptions.ConnectionError):
-    """Redis was not asked: it failed to answer less than ``store.timeout_s`` ago (see :class:`Outage`)."""
-
-
 def _url(spec: StoreSpec) -> str:
     if not spec.url:
         raise StoreSpecError("store.url: required when store.kind is 'redis' (e.g. redis://127.0.0.1:6379/0)")
     return spec.url
-
-
-class Outage:
-    """When Redis last failed to answer in time, so that it is not waited for again within ``window_s``.
-
-    A timeout (Redis paused, swapping or unreachable: the socket timed out) opens the window; every
-    command meanwhile fails at once with :class:`Unreachable`; the first one after it asks Redis again
-    (and a successful read closes it).  One request in a window may wait ``window_s`` (the socket
-    timeout); the others do not wait.  A refused or lost connection opens nothing: it costs no wait,
-    and a Redis that restarts is used again by the very next command.
-    """
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self._until = 0.0
-        self._why = ""
-
-    def check(self) -> None:
-        """Raise :class:`Unreachable` while the window is open."""
-        until = self._until
-        if until and time.monotonic() < until:
-            raise Unreachable(f"not asked: it failed less than {self.window_s:g} s ago (store.timeout_s): {self._why}")
-
-    def failed(self, exc: BaseException) -> None:
-        if isinstance(exc, (redis.exceptions.TimeoutError, TimeoutError)):
-            self._why = f"{type(exc).__name__}: {exc}"[:300]
-            self._until = time.monotonic() + self.window_s
-
-    def succeeded(self) -> None:
-        self._until = 0.0
-
-
-def _optional_text(value: str | bytes | None) -> str | None:
-    return None if value is None else _text(value)
-
-
-def _text(value: str | bytes) -> str:
-    """A reply's text (the clients decode replies: ``decode_responses``; bytes only as a fallback)."""
-    return value if isinstance(value, str) else value.decode("utf-8")
 
 
 class RedisStore(Store):
@@ -166,27 +117,22 @@ class RedisStore(Store):
         self.prefix = prefix
         self.lock_ttl_s = float(lock_ttl_s)
         self.lock_poll_s = float(lock_poll_s)
-        self._raw_url = url
         self.timeout_s = float(timeout_s)
         self._outage = Outage(self.timeout_s)
-        self._aclient: redis.asyncio.Redis | None = None
-        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._aclients = AsyncClients(url, self.timeout_s)
         try:
-            # the asyncio client (for the server's event loop) is made on first use, from the same URL
-            self._client = redis.Redis.from_url(url, **self._client_options(Retry))
+            self._client = redis.Redis.from_url(url, **client_options(self.timeout_s, Retry))
         except (ValueError, RedisError) as exc:
             raise StoreError(f"invalid redis store URL {self.url}: {exc}") from exc
         self._apply = self._client.register_script(scripts.APPLY)
-        self._renew = self._client.register_script(scripts.RENEW)
-        self._release = self._client.register_script(scripts.RELEASE)
         self._apis_key = f"{prefix}:namespaces"  # the set of APIs (its name predates the word)
         self._counts = f"{prefix}:counts"
         self._delete = self._client.register_script(scripts.DELETE)
         self._memory = RecordMemory(memory_bytes, memory_max_age_s)
         # the memory serves only while this instance hears what other ones delete or replace
         self._memory.live = False
-        self._invalidations = Invalidations(lambda: redis.Redis.from_url(url, **self._client_options(Retry)), prefix, self._memory)
-        self._leases = LeaseKeeper(self.lock_ttl_s)
+        self._invalidations = Invalidations(lambda: redis.Redis.from_url(url, **client_options(self.timeout_s, Retry)), prefix, self._memory)
+        self._locks = FlightLocks(self._client, prefix, self.lock_ttl_s, self.lock_poll_s, log)
         self._format_key = f"{prefix}:format"
         self._format: formats.Decision | None = None
         """What the store's format marker asks (``None``: not read yet, Redis was down)."""
@@ -206,41 +152,17 @@ class RedisStore(Store):
     def _writable(self) -> None:
         """Before a write: Redis is not known to be away (:class:`Outage`), and the format is known to be this
         version's, marked once (a new or older store)."""
-        try:
+        with self._failing("write"):
             self._outage.check()
-        except Unreachable as exc:
-            raise self._failed("write", exc) from exc
-        if self._format == "use":
-            return
-        try:
-            if self._read_format() == "mark":
+            if self._format != "use" and self._read_format() == "mark":
                 self._client.set(self._format_key, formats.current().to_text())
                 self._format = "use"
-        except RedisError as exc:
-            raise self._failed("write", exc) from exc
-
-    def _client_options(self, retry_class: Any) -> dict[str, Any]:
-        return {
-            "decode_responses": True,
-            "socket_timeout": self.timeout_s,
-            "socket_connect_timeout": self.timeout_s,
-            # one retry on a fresh connection, for a lost connection only: a restarted Redis is picked up by the next
-            # command, and a Redis that does not answer costs one timeout, not two
-            "retry": retry_class(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
-            "health_check_interval": 0,
-        }
-
-    # -- keys -------------------------------------------------------------------------------------
 
     def _entries(self, api: str) -> str:
         return f"{self.prefix}:e:{api}"
 
     def _canonicals(self, api: str) -> str:
         return f"{self.prefix}:c:{api}"
-
-    def _lock_name(self, api: str, canonical: str) -> str:
-        digest = hashlib.sha256(f"{api}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
-        return f"{self.prefix}:lock:{digest}"
 
     def _occurrence(self, run: str, digest: str, decide: rules.Decide) -> int:
         """Read a counter, ask the rules, write it back while nobody else did (``WATCH``/``MULTI``): every host counts together."""
@@ -256,12 +178,18 @@ class RedisStore(Store):
                 pipe.set(name, after.to_json(), ex=rules.OCCURRENCE_TTL_S)
             result[:] = [int(number)]
 
-        try:
+        with self._failing("occurrence counter", (RedisError, ValueError, KeyError)):
             self._outage.check()
             self._client.transaction(apply, name)
-        except (RedisError, ValueError, KeyError) as exc:
-            raise self._failed("occurrence counter", exc) from exc
         return result[0]
+
+    @contextlib.contextmanager
+    def _failing(self, what: str, errors: tuple[type[Exception], ...] = (RedisError,)) -> Iterator[None]:
+        """Redis's errors (``errors``) in the block as the store's (:meth:`_failed`)."""
+        try:
+            yield
+        except errors as exc:
+            raise self._failed(what, exc) from exc
 
     def _failed(self, what: str, exc: Exception) -> StoreError:
         self._outage.failed(exc)
@@ -279,13 +207,6 @@ class RedisStore(Store):
     def recall(self, api: str, key: str) -> Record | None:
         """The record of this key if this process has it in memory (no I/O), else ``None``."""
         return self._memory.get((api, key))
-
-    def _async_client(self) -> redis.asyncio.Redis:
-        loop = asyncio.get_running_loop()
-        if self._aclient is None or self._aloop is not loop:
-            self._aclient = redis.asyncio.Redis.from_url(self._raw_url, **self._client_options(AsyncRetry))
-            self._aloop = loop
-        return self._aclient
 
     # Each read has a sync and an async form (the server reads on its event loop); both go
     # through recall / _remember / _point, so the memory-then-Redis order is written once.
@@ -305,14 +226,14 @@ class RedisStore(Store):
     def _remember(self, api: str, key: str, raw: str | bytes | None, epoch: int) -> Record | None:
         if raw is None:
             return None
-        record = self._decode(_text(raw))
+        record = self._decode(text(raw))
         self._memory.put((api, key), record, epoch)
         return record
 
     def _point(self, api: str, canonical: str, found: str | bytes | None, epoch: int) -> str | None:
         if found is None:
             return None
-        key = _text(found)
+        key = text(found)
         self._memory.point((api, canonical), key, epoch)
         return key
 
@@ -336,7 +257,7 @@ class RedisStore(Store):
         epoch = self._epoch(wait=False)
         try:
             self._outage.check()
-            raw = await self._async_client().hget(self._entries(api), key)
+            raw = await self._aclients.get().hget(self._entries(api), key)
         except (TimeoutError, RedisError, OSError) as exc:
             return self._stale((api, key), self._failed("read", exc))
         self._outage.succeeded()
@@ -377,7 +298,7 @@ class RedisStore(Store):
             epoch = self._epoch(wait=False)
             try:
                 self._outage.check()
-                key = self._point(api, canonical, await self._async_client().hget(self._canonicals(api), canonical), epoch)
+                key = self._point(api, canonical, await self._aclients.get().hget(self._canonicals(api), canonical), epoch)
             except (TimeoutError, RedisError, OSError) as exc:
                 key = self._stale_pointer((api, canonical), self._failed("read", exc))
         return self._pointed(api, canonical, None if key is None else await self.aget(api, key))
@@ -392,38 +313,33 @@ class RedisStore(Store):
         if canonical is not None:
             pipe.hget(self._canonicals(api), canonical)
         replies = pipe.execute()
-        raw = _optional_text(replies[0])
-        target = _optional_text(replies[1]) if canonical is not None else None
-        seen = [record.key, scripts.sha1(raw), canonical or "", target or "", "", ""]
+        raw = optional_text(replies[0])
+        target = optional_text(replies[1]) if canonical is not None else None
+        seen = scripts.seen(record.key, raw, canonical, target)
         failing = True
         if target is not None and rules.needs_target_record(record, canonical, target):
-            target_raw = _optional_text(self._client.hget(self._entries(api), target))
+            target_raw = optional_text(self._client.hget(self._entries(api), target))
             failing = target_raw is None or self._decode(target_raw).is_failure
             seen[4:] = [target, scripts.sha1(target_raw)]
         return rules.Holding(None if raw is None else self._decode(raw), target, failing), seen
 
-    def _apply_args(self, record: Record, plan: rules.Plan, seen: list[str]) -> dict[str, Any]:
-        api = record.api
-        counts = [part for name, n in plan.counts.items() if n for part in (":".join(name), str(n))]
-        return {"keys": [self._entries(api), self._canonicals(api), self._apis_key, self._counts],
-                "args": [*seen, "1" if plan.write else "0", record.to_json() if plan.write else "", "1" if plan.point else "0",
-                         api, *counts]}
+    def _script_keys(self, api: str) -> list[str]:
+        """The KEYS of :data:`~.redis_scripts.APPLY` and :data:`~.redis_scripts.DELETE`."""
+        return [self._entries(api), self._canonicals(api), self._apis_key, self._counts]
 
     def _write(self, record: Record, canonical: str | None, decide: Any) -> rules.Plan:
         """Read, plan with ``decide`` (:func:`.rules.add` or :func:`.rules.replace`), apply; again while others changed it."""
         for _ in range(WRITE_TRIES):
             held, seen = self._read_holding(record, canonical)
             plan = decide(record, canonical, held)
-            if not plan.changes or int(self._apply(**self._apply_args(record, plan, seen))) != scripts.CHANGED:
+            if not plan.changes or int(self._apply(keys=self._script_keys(record.api), args=scripts.apply_args(seen, record, plan))) != scripts.CHANGED:
                 return plan
         raise StoreError(f"redis store at {self.url}: the record of {clip(record.api)} changed under {WRITE_TRIES} writes in a row")
 
     def add(self, record: Record, canonical: str | None) -> bool:
         self._writable()
-        try:
+        with self._failing("write"):
             return self._write(record, canonical, rules.add).write
-        except RedisError as exc:
-            raise self._failed("write", exc) from exc
 
     def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
         """Adds read in one pipeline and applied in another (two round trips per batch); an add whose
@@ -432,64 +348,55 @@ class RedisStore(Store):
         if not items:
             return []
         self._writable()
-        try:
-            self._client.script_load(scripts.APPLY)
-            reads = self._client.pipeline(transaction=False)
-            for record, canonical in items:
-                reads.hget(self._entries(record.api), record.key)
-                if canonical is not None:
-                    reads.hget(self._canonicals(record.api), canonical)
-            replies = iter(reads.execute())
-            plans: list[rules.Plan | None] = []
-            writes = self._client.pipeline(transaction=False)
-            for record, canonical in items:
-                raw = _optional_text(next(replies))
-                target = _optional_text(next(replies)) if canonical is not None else None
-                if rules.needs_target_record(record, canonical, target):
-                    plans.append(None)  # it depends on another key's record: done alone
-                    continue
-                held = rules.Holding(None if raw is None else self._decode(raw), target, True)
-                plan = rules.add(record, canonical, held)
-                plans.append(plan)
-                if plan.changes:
-                    seen = [record.key, scripts.sha1(raw), canonical or "", target or "", "", ""]
-                    self._apply(**self._apply_args(record, plan, seen), client=writes)
-            applied = iter(writes.execute())
-            added = []
-            for planned, (record, canonical) in zip(plans, items):
-                if planned is not None and (not planned.changes or int(next(applied)) != scripts.CHANGED):
-                    added.append(planned.write)
-                else:
-                    added.append(self._write(record, canonical, rules.add).write)
-            return added
-        except RedisError as exc:
-            raise self._failed("write", exc) from exc
+        with self._failing("write"):
+            plans = self._add_batch(items)
+            return [self._write(record, canonical, rules.add).write if plan is None else plan.write
+                    for plan, (record, canonical) in zip(plans, items)]
+
+    def _add_batch(self, items: list[tuple[Record, str | None]]) -> list[rules.Plan | None]:
+        """The plans of the batch's adds, applied; ``None`` for an add to do alone (it depends on another
+        key's record, or what it read changed before its plan was applied)."""
+        self._client.script_load(scripts.APPLY)
+        reads = self._client.pipeline(transaction=False)
+        for record, canonical in items:
+            reads.hget(self._entries(record.api), record.key)
+            if canonical is not None:
+                reads.hget(self._canonicals(record.api), canonical)
+        replies = iter(reads.execute())
+        plans: list[rules.Plan | None] = []
+        writes = self._client.pipeline(transaction=False)
+        for record, canonical in items:
+            raw = optional_text(next(replies))
+            target = optional_text(next(replies)) if canonical is not None else None
+            plan = None
+            if not rules.needs_target_record(record, canonical, target):
+                plan = rules.add(record, canonical, rules.Holding(None if raw is None else self._decode(raw), target, True))
+            if plan is not None and plan.changes:
+                seen = scripts.seen(record.key, raw, canonical, target)
+                self._apply(keys=self._script_keys(record.api), args=scripts.apply_args(seen, record, plan), client=writes)
+            plans.append(plan)
+        applied = iter(writes.execute())
+        return [None if plan is None or (plan.changes and int(next(applied)) == scripts.CHANGED) else plan for plan in plans]
 
     def delete(self, api: str, keys: Iterable[str]) -> int:
         """Remove records (one script per 1000 keys) and tell every instance to empty its memory."""
         keys = list(dict.fromkeys(keys))
         self._writable()
-        removed = 0
         try:
-            for i in range(0, len(keys), 1000):
-                removed += self._delete_some(api, keys[i : i + 1000])
-        except RedisError as exc:
-            raise self._failed("delete", exc) from exc
+            with self._failing("delete"):
+                return sum(self._delete_some(api, keys[i : i + 1000]) for i in range(0, len(keys), 1000))
         finally:
             if keys:
                 self._invalidate(EVERYTHING)
-        return removed
 
     def _delete_some(self, api: str, keys: list[str]) -> int:
         for _ in range(WRITE_TRIES):
             raws = self._client.hmget(self._entries(api), keys)
-            there = [(key, _text(raw)) for key, raw in zip(keys, raws) if raw is not None]
+            there = [(key, text(raw)) for key, raw in zip(keys, raws) if raw is not None]
             if not there:
                 return 0
-            counts = rules.delete(self._decode(raw) for _key, raw in there)
-            args = [api, str(len(there)), *[key for key, _ in there], *[scripts.sha1(raw) for _, raw in there],
-                    *[part for name, n in counts.items() if n for part in (":".join(name), str(n))]]
-            done = int(self._delete(keys=[self._entries(api), self._canonicals(api), self._apis_key, self._counts], args=args))
+            args = scripts.delete_args(api, there, rules.delete(self._decode(raw) for _key, raw in there))
+            done = int(self._delete(keys=self._script_keys(api), args=args))
             if done != scripts.CHANGED:
                 return done
         raise StoreError(f"redis store at {self.url}: records of {clip(api)} changed under {WRITE_TRIES} deletes in a row")
@@ -497,161 +404,89 @@ class RedisStore(Store):
     def replace(self, record: Record, canonical: str | None) -> bool:
         self._writable()
         try:
-            self._write(record, canonical, rules.replace)
-        except RedisError as exc:
-            raise self._failed("write", exc) from exc
+            with self._failing("write"):
+                self._write(record, canonical, rules.replace)
         finally:
             self._invalidate(forget_message(record.api, record.key))
         return True
 
     def _invalidate(self, message: str) -> None:
         """Tell every instance (this one too) to forget what changed."""
-        if message == EVERYTHING:
-            self._memory.clear()
-        else:
-            api, key = json.loads(message)
-            self._memory.forget((api, key))
-        try:
-            self._client.publish(channel(self.prefix), message)
-        except RedisError as exc:
-            raise self._failed("invalidate", exc) from exc
+        with self._failing("invalidate"):
+            self._invalidations.send(self._client, message)
 
     def counts(self) -> StoreCounts | None:
-        try:
+        with self._failing("read"):
             raw = self._client.hgetall(self._counts)
             apis = int(self._client.scard(self._apis_key))
             memory = self._client.info("memory").get("used_memory")
-        except RedisError as exc:
-            raise self._failed("read", exc) from exc
         if "counted" not in raw and apis:
             return None  # records written before counters were kept: cache stats scans instead
-        counters = [(tuple(_text(name).split(":", 1)), int(value)) for name, value in raw.items()]
+        counters = [(tuple(text(name).split(":", 1)), int(value)) for name, value in raw.items()]
         return StoreCounts.of([*counters, (("apis",), apis)], memory_bytes=int(memory) if memory else None)
 
     def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
         for ns in self.apis():
-            try:
-                group = [self._decode(raw) for _key, raw in self._client.hscan_iter(self._entries(ns), count=500)]
-            except RedisError as exc:
-                raise self._failed("read", exc) from exc
+            group = [self._decode(raw) for raw in self._raw_records(ns)]
             if group:
                 yield ns, _recording_order(group)
 
     def sample(self, api: str, limit: int) -> Iterator[Record]:
         if limit <= 0:
             return
-        try:
+        with self._failing("read"):
             self._outage.check()
-            values = []
-            for _key, raw in self._client.hscan_iter(self._entries(api), count=max(int(limit), 10)):
-                values.append(raw)
-                if len(values) >= limit:
-                    break
-        except RedisError as exc:
-            raise self._failed("read", exc) from exc
-        for raw in values:
+        for raw in self._raw_records(api, max(int(limit), 10), limit):
             yield self._decode(raw)
 
+    def _raw_records(self, api: str, count: int = 500, limit: int | None = None) -> list[str]:
+        """The JSON of one API's records, read ``count`` at a time (HSCAN), the first ``limit`` of them."""
+        with self._failing("read"):
+            return [raw for _key, raw in itertools.islice(self._client.hscan_iter(self._entries(api), count=count), limit)]
+
     def iter_api(self, api: str) -> Iterator[Record]:
-        try:
+        with self._failing("read"):
             for _key, raw in self._client.hscan_iter(self._entries(api), count=500):
                 yield self._decode(raw)
-        except RedisError as exc:
-            raise self._failed("read", exc) from exc
 
     def apis(self) -> list[str]:
-        try:
-            return sorted(_text(name) for name in self._client.smembers(self._apis_key))
-        except RedisError as exc:
-            raise self._failed("read", exc) from exc
+        with self._failing("read"):
+            return sorted(text(name) for name in self._client.smembers(self._apis_key))
 
     def __iter__(self) -> Iterator[Record]:
         for ns in self.apis():
-            try:
-                rows = list(self._client.hscan_iter(self._entries(ns), count=500))
-            except RedisError as exc:
-                raise self._failed("read", exc) from exc
-            for _key, raw in rows:
+            for raw in self._raw_records(ns):
                 yield self._decode(raw)
 
-    def __len__(self) -> int:
-        counts = self.counts()
-        if counts is not None:
-            return counts.entries
+    def _count_records(self) -> int:
         names = self.apis()
-        try:
+        with self._failing("read"):
             pipe = self._client.pipeline(transaction=False)
             for ns in names:
                 pipe.hlen(self._entries(ns))
             return sum(int(n) for n in pipe.execute()) if names else 0
-        except RedisError as exc:
-            raise self._failed("read", exc) from exc
 
     @contextlib.contextmanager
     def flight_lock(self, api: str, canonical: str) -> Iterator[None]:
-        """Hold a Redis lock (``SET NX PX`` with a random token) while filling a miss.
-
-        Other hosts asking for the same call wait, then find the recorded answer.  The lock
-        is a lease of ``lock_ttl_s``, renewed while held (see :mod:`.leases`), so a holder
-        that dies blocks the others for at most ``lock_ttl_s``; renewal and release check
-        the token, so nobody extends or deletes a lock that another holder has taken since.
-        A waiter goes ahead without the lock after :data:`~.leases.MAX_LOCK_WAIT_S` (the
-        add-if-absent write still keeps one answer).
-        """
-        name = self._lock_name(api, canonical)
-        token = uuid.uuid4().hex
-        ttl_ms = max(1, int(self.lock_ttl_s * 1000))
-        deadline = time.monotonic() + MAX_LOCK_WAIT_S
-        try:
+        """A Redis lock held while filling a miss, shared by every host (:class:`~.redis_connection.FlightLocks`)."""
+        with self._failing("lock"):
             self._outage.check()
-            while not (acquired := bool(self._client.set(name, token, nx=True, px=ttl_ms))):
-                if time.monotonic() >= deadline:
-                    log.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(api), MAX_LOCK_WAIT_S)
-                    break
-                time.sleep(self.lock_poll_s)
-        except RedisError as exc:
-            raise self._failed("lock", exc) from exc
-        if not acquired:
+            held = self._locks.acquire(api, canonical)
+        if held is None:
             yield
             return
-
-        def renew() -> bool:
-            return int(self._renew(keys=[name], args=[token, ttl_ms])) == 1
-
-        def release() -> bool:
-            try:
-                self._release(keys=[name], args=[token])
-            except RedisError:
-                return False
-            return True
-
-        lease = self._leases.hold(renew)
-        try:
+        with self._locks.held(api, *held):
             yield
-        finally:
-            self._leases.drop(lease)
-            if not release():
-                log.warning("single-flight lock for %s not released now (Redis unavailable); retrying in the background", clip(api))
-                self._leases.release_later(release)
 
     def ping(self) -> None:
         """Raise :class:`StoreError` unless Redis answers."""
-        try:
+        with self._failing("ping"):
             self._client.ping()
-        except RedisError as exc:
-            raise self._failed("ping", exc) from exc
 
     def close(self) -> None:
         self._invalidations.close()
-        self._leases.close()
-        aclient, self._aclient = self._aclient, None
-        if aclient is not None:
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is not None and running is self._aloop:
-                running.create_task(aclient.aclose() if hasattr(aclient, "aclose") else aclient.close())
+        self._locks.close()
+        self._aclients.close()
         try:
             self._client.close()
         except RedisError:  # pragma: no cover - closing never matters

@@ -305,24 +305,18 @@ class RedisSessionStore(SessionStore):
     def __init__(self, url: str, ttl_s: float, *, prefix: str = "stm", timeout_s: float = 2.0) -> None:
         super().__init__(ttl_s)
         import redis
-        from redis.backoff import NoBackoff
         from redis.retry import Retry
 
         from stabletoolbench_mirror.core.secrets import public_url
+        from stabletoolbench_mirror.stores.redis_connection import client_options
 
         self.url = public_url(url)
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._prefix = f"{prefix}:session:"
         self._calls_prefix = f"{prefix}:session-calls:"
         try:
-            self._client = redis.Redis.from_url(
-                url,
-                decode_responses=True,
-                socket_timeout=timeout_s,
-                socket_connect_timeout=timeout_s,
-                # a lost connection is tried again once, a timeout is not (a hung Redis would cost twice store.timeout_s)
-                retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
-            )
+            # the store's options: a lost connection is tried again once, a timeout is not
+            self._client = redis.Redis.from_url(url, **client_options(timeout_s, Retry))
         except (ValueError, redis.RedisError) as exc:
             raise StoreError(f"invalid redis URL {self.url}: {exc}") from exc
         self._append = self._client.register_script(_APPEND_LUA)

@@ -491,7 +491,7 @@ def test_with_redis_paused_store_timeout_s_bounds_every_v1_store_wait(paused_red
             while watcher.get(name) not in (None, '{"next":1,"free":[]}'):
                 assert time.monotonic() < deadline, watcher.get(name)
                 time.sleep(0.05)
-            # after a timeout Redis is not asked again for store.timeout_s (stores.redis_store.Outage): then it answers
+            # after a timeout Redis is not asked again for store.timeout_s (stores.redis_connection.Outage): then it answers
             deadline = time.monotonic() + 30
             while (back := requests.post(v1, json=chat("kept"), headers={"X-STM-Run": "r"}, timeout=30)).status_code == 503:
                 assert time.monotonic() < deadline, back.text

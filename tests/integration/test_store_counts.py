@@ -85,12 +85,12 @@ def test_a_store_written_before_counters_is_scanned(tmp_path: Path) -> None:
     """A diskcache folder whose records predate the counters: stats fall back to a scan, still right."""
     import diskcache
 
-    from stabletoolbench_mirror.stores.diskcache_store import _canonical_key, _entry_key
+    from stabletoolbench_mirror.stores.diskcache_keys import canonical_key, entry_key
 
     with diskcache.Cache(str(tmp_path / "old"), eviction_policy="none") as raw:  # written as the old code did
         for record, canonical in records(30):
-            raw.add(_entry_key(record.api, record.key), record.to_json())
-            raw.add(_canonical_key(record.api, canonical), record.key)
+            raw.add(entry_key(record.api, record.key), record.to_json())
+            raw.add(canonical_key(record.api, canonical), record.key)
     with DiskcacheStore(tmp_path / "old") as store:
         assert store.counts() is None
         stats = store_stats(store)
