@@ -14,7 +14,7 @@
 (an ``error`` text is the tool's answer, not an exception).  Problems reaching the server,
 timeouts and HTTP errors raise :class:`MirrorError` with a clear message.
 
-:class:`Mirror` is the layer below, the one every client of the server's API uses (``check --url``,
+:class:`Client` is the layer below, the one every client of the server's API uses (``check --url``,
 ``apibank check --url``, :class:`Session`): any request, its :class:`Reply` as sent (status, body text,
 headers), kept-alive connections shared by threads.  It sends through ``urllib3``'s pool, the HTTP
 layer under ``requests``, without ``requests``' session on top: ``check --url`` sends every call of a
@@ -34,7 +34,7 @@ from typing import Any
 
 import urllib3
 
-__all__ = ["Mirror", "MirrorError", "Reply", "Session"]
+__all__ = ["Client", "MirrorError", "Reply", "Session"]
 
 
 class MirrorError(RuntimeError):
@@ -56,7 +56,7 @@ class Reply:
     headers: Mapping[str, str]
 
 
-class Mirror:
+class Client:
     """A mirror server at ``url`` (``http(s)://host:port[/prefix]``; a trailing ``/virtual`` is accepted).
 
     ``token`` is the server's bearer token when it has one; ``timeout`` bounds each request in seconds
@@ -108,7 +108,7 @@ class Mirror:
     def close(self) -> None:
         self._pool.close()
 
-    def __enter__(self) -> Mirror:
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -141,8 +141,8 @@ class Session:
         toolbench_key: str = "",
         delete_on_exit: bool = False,
     ) -> None:
-        self.mirror = Mirror(url, token=token, timeout=timeout)
-        self.url, self.timeout = self.mirror.url, self.mirror.timeout
+        self.client = Client(url, token=token, timeout=timeout)
+        self.url, self.timeout = self.client.url, self.client.timeout
         self.task = task
         self.id = session_id
         self.toolbench_key = toolbench_key
@@ -151,7 +151,7 @@ class Session:
     def start(self) -> Session:
         """Ask the server for a new session (done by ``with`` and by the first call when needed)."""
         if self.id is None:
-            self.id = self._json(self.mirror.request("POST", "/sessions", {"task": self.task}), "POST /sessions")["id"]
+            self.id = self._json(self.client.request("POST", "/sessions", {"task": self.task}), "POST /sessions")["id"]
         return self
 
     def call(self, category: str, tool: str, api: str, /, **inputs: Any) -> Any:
@@ -165,22 +165,22 @@ class Session:
             "strip": "",
             "toolbench_key": self.toolbench_key,
         }
-        return self._json(self.mirror.call(payload, session=str(self.id)), "POST /virtual")
+        return self._json(self.client.call(payload, session=str(self.id)), "POST /virtual")
 
     def trajectory(self) -> dict[str, Any]:
         """The session as the server keeps it: task, calls with answers and provenance, state."""
         self.start()
         path = session_path(str(self.id))
-        return self._json(self.mirror.request("GET", path), f"GET {path}")
+        return self._json(self.client.request("GET", path), f"GET {path}")
 
     def delete(self) -> None:
         """Delete the session on the server."""
         if self.id is not None:
             path = session_path(str(self.id))
-            self._json(self.mirror.request("DELETE", path), f"DELETE {path}")
+            self._json(self.client.request("DELETE", path), f"DELETE {path}")
 
     def close(self) -> None:
-        self.mirror.close()
+        self.client.close()
 
     def __enter__(self) -> Session:
         return self.start()

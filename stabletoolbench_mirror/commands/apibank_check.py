@@ -26,7 +26,7 @@ from stabletoolbench_mirror.apibank import load_suites
 from stabletoolbench_mirror.apibank.environment import Environment
 from stabletoolbench_mirror.apibank.loader import Suite, folder_of, load_suite
 from stabletoolbench_mirror.apibank.tools import CATEGORY, TOOL_NAMES, state_key
-from stabletoolbench_mirror.client import Mirror, MirrorError, session_path
+from stabletoolbench_mirror.client import Client, MirrorError, session_path
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.outcomes import Outcome
 
@@ -46,16 +46,16 @@ class HttpSessions:
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 120.0) -> None:
         try:
-            self.mirror = Mirror(url, token=token, timeout=timeout_s)
+            self.client = Client(url, token=token, timeout=timeout_s)
         except MirrorError:
             raise ValueError(f"--url must be http://HOST:PORT or https://HOST:PORT (got {url!r})") from None
 
     def _request(self, method: str, path: str, body: Any = None, session: str | None = None) -> tuple[int, str]:
         try:
             if session is None:
-                reply = self.mirror.request(method, path, body)
+                reply = self.client.request(method, path, body)
             else:
-                reply = self.mirror.call(body, session=session)
+                reply = self.client.call(body, session=session)
         except MirrorError as exc:
             raise ValueError(f"cannot reach the server: {exc.reason}") from None
         return reply.status, reply.body
@@ -74,7 +74,7 @@ class HttpSessions:
         return json.loads(text).get("state", {}) if status == 200 else {}
 
     def close(self) -> None:
-        self.mirror.close()
+        self.client.close()
 
 
 class LayerSessions:

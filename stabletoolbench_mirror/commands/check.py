@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.checking.replay import CheckReport, LayerTarget, Target, TargetReply, run_check
-from stabletoolbench_mirror.client import Mirror, MirrorError
+from stabletoolbench_mirror.client import Client, MirrorError
 from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_command, add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.engine.layer import MirrorLayer
@@ -41,20 +41,20 @@ from stabletoolbench_mirror.upstream.expectations import CheckInputError, Expect
 
 
 class UrlTarget:
-    """A running ``/virtual`` server (this project's or upstream's), through :class:`~stabletoolbench_mirror.client.Mirror`."""
+    """A running ``/virtual`` server (this project's or upstream's), through :class:`~stabletoolbench_mirror.client.Client`."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 300.0, with_faults: bool = False,
                  connections: int = 10) -> None:
         try:
-            self.mirror = Mirror(url, token=token, timeout=timeout_s, connections=connections)
+            self.client = Client(url, token=token, timeout=timeout_s, connections=connections)
         except MirrorError:
             raise CheckInputError(f"--url must be http://HOST:PORT or https://HOST:PORT (got {url!r})") from None
-        self.url = self.mirror.url + "/virtual"
+        self.url = self.client.url + "/virtual"
         self.with_faults = with_faults  # else compared with the unfaulted record (this project's server leaves its faults out)
 
     def send(self, payload: dict[str, Any]) -> TargetReply:
         try:
-            reply = self.mirror.call(payload, faults=self.with_faults)
+            reply = self.client.call(payload, faults=self.with_faults)
         except MirrorError as exc:
             raise CheckInputError(f"cannot reach {self.url}: {exc.reason}") from None
         outcome = reply.headers.get("X-STM-Outcome")
@@ -63,7 +63,7 @@ class UrlTarget:
         return TargetReply(reply.status, reply.body, outcome, failure)
 
     def close(self) -> None:
-        self.mirror.close()
+        self.client.close()
 
 
 # -- command line ---------------------------------------------------------------------------------
