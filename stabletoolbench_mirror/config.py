@@ -43,9 +43,9 @@ from stabletoolbench_mirror.config_sections import ApiBankConfig as ApiBankConfi
 from stabletoolbench_mirror.config_sections import FaultsConfig as FaultsConfig
 from stabletoolbench_mirror.config_sections import LimitsConfig as LimitsConfig
 from stabletoolbench_mirror.config_sections import LLMConfig as LLMConfig
-from stabletoolbench_mirror.config_sections import LLMUpstream as LLMUpstream
 from stabletoolbench_mirror.config_sections import McpConfig as McpConfig
 from stabletoolbench_mirror.config_sections import Mode as Mode
+from stabletoolbench_mirror.config_sections import ModelServerConfig as ModelServerConfig
 from stabletoolbench_mirror.config_sections import RealConfig as RealConfig
 from stabletoolbench_mirror.config_sections import RecordConfig as RecordConfig
 from stabletoolbench_mirror.config_sections import RefreshConfig as RefreshConfig

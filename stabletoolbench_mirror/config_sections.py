@@ -328,7 +328,7 @@ class ApiBankConfig(Section):
     """APIs run here although their imports look like they need the internet or a model."""
 
 
-class LLMUpstream(Section):
+class ModelServerConfig(Section):
     """One OpenAI-compatible server that answers model calls (``llm.upstreams[]``)."""
 
     base_url: str
@@ -360,7 +360,7 @@ class LLMUpstream(Section):
 class LLMConfig(Section):
     """The recorded model calls at ``/v1`` (docs/model-calls.md): the agent's and the judge's chat completions."""
 
-    upstreams: list[LLMUpstream] = Field(default_factory=list)
+    upstreams: list[ModelServerConfig] = Field(default_factory=list)
     """Who answers a model call that is not recorded (none: every call must be recorded)."""
     mode: Mode | None = None
     """``record`` / ``replay`` / ``refresh`` for model calls; unset: the server's ``mode``."""

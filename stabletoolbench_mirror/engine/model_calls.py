@@ -55,7 +55,7 @@ from stabletoolbench_mirror.stores.base import CacheTier, Store, StoreError
 log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
-class UpstreamAnswer:
+class ModelServerAnswer:
     """What an upstream sent: its status and body (an error's too), and how long it took."""
 
     status: int
@@ -64,7 +64,7 @@ class UpstreamAnswer:
     content_type: str = "application/json"
 
 
-class UpstreamFailed(Exception):
+class ModelServerFailed(Exception):
     """No answer came back: the status to tell the client (502 or 504) and why (never a key)."""
 
     def __init__(self, status: int, detail: str) -> None:
@@ -72,18 +72,18 @@ class UpstreamFailed(Exception):
         self.status = status
 
 
-class ModelUpstream(Protocol):
+class ModelServer(Protocol):
     url: str
     """Its base URL without credentials (a record's ``origin``)."""
 
     def key(self, client_authorization: str | None) -> str | None: ...
 
     def complete(self, body: Mapping[str, Any], key: str | None, timeout_s: float, endpoint: Endpoint = CHAT, *,
-                 large: bool = False) -> UpstreamAnswer: ...
+                 large: bool = False) -> ModelServerAnswer: ...
 
 
-class ModelUpstreams(Protocol):
-    def for_model(self, model: str) -> ModelUpstream | None: ...
+class ModelServers(Protocol):
+    def for_model(self, model: str) -> ModelServer | None: ...
 
 
 class TokenBudget:
@@ -165,7 +165,7 @@ class ModelCalls:
     every model answer a run used into a second store.  ``None`` (the default): nothing is called."""
 
     def __init__(
-        self, store: Store, frozen: Sequence[CacheTier], upstreams: ModelUpstreams, *, mode: Mode, run: str, private_run: bool = False,
+        self, store: Store, frozen: Sequence[CacheTier], upstreams: ModelServers, *, mode: Mode, run: str, private_run: bool = False,
         secrets: Sequence[str] = (), budget: TokenBudget | None = None, timeout_s: float = 600.0, store_timeout_s: float = 2.0,
         count: Callable[[ModelAnswer, int, int, bool], None] | None = None, limiter: Any = None,
     ) -> None:
@@ -260,7 +260,7 @@ class ModelCalls:
                                 retry=False), _NOTHING
         return await self._from_upstream(request, upstream, key, number, run, authorization)
 
-    async def _from_upstream(self, request: ModelRequest, upstream: ModelUpstream, key: str, number: int, run: str,
+    async def _from_upstream(self, request: ModelRequest, upstream: ModelServer, key: str, number: int, run: str,
                              authorization: str | None) -> tuple[ModelAnswer, tuple[int, int, bool]]:
         reserved = estimate = None
         if self.budget is not None:
@@ -345,14 +345,14 @@ class ModelCalls:
         except Exception:
             log.exception("model call: the served() callback failed for %s %s", record.api[:200], record.key[:80])
 
-    def _ask(self, request: ModelRequest, upstream: ModelUpstream, key: str, number: int, run: str,
+    def _ask(self, request: ModelRequest, upstream: ModelServer, key: str, number: int, run: str,
              authorization: str | None) -> _Asked:
         """The upstream's answer, as a record to write, or the error to pass on (in a worker thread)."""
         client_key = upstream.key(authorization)
         redactor = self.redactor.plus(client_key) if client_key else self.redactor
         try:
             got = upstream.complete(request.body, client_key, self.timeout_s, request.endpoint, large=request.large)
-        except UpstreamFailed as exc:
+        except ModelServerFailed as exc:
             return _Asked(error_answer(exc.status, redactor.text(str(exc)), "upstream_error", "error", request.model))
         if got.status != 200:
             return _Asked(self._upstream_error(got, request.model, redactor))
@@ -381,7 +381,7 @@ class ModelCalls:
         record, outcome = self._write(fresh)
         return _Asked(None, record, prompt, completion_tokens, outcome)
 
-    def _upstream_error(self, got: UpstreamAnswer, model: str, redactor: Redactor) -> ModelAnswer:
+    def _upstream_error(self, got: ModelServerAnswer, model: str, redactor: Redactor) -> ModelAnswer:
         """The upstream's own error, its status kept, its body OpenAI-shaped (and masked)."""
         try:
             parsed = json.loads(got.body)
@@ -397,7 +397,7 @@ class ModelCalls:
             body = encode_answer(mc.error_body(f"the upstream answered HTTP {got.status}", "upstream_error")).encode("utf-8")
         return ModelAnswer(status, body, "error", "upstream", model)
 
-    def _no_answer(self, got: UpstreamAnswer, url: str, endpoint: Endpoint, problem: str, model: str, redactor: Redactor) -> ModelAnswer:
+    def _no_answer(self, got: ModelServerAnswer, url: str, endpoint: Endpoint, problem: str, model: str, redactor: Redactor) -> ModelAnswer:
         """An upstream's HTTP 200 that is no answer of ``endpoint``: its error passed on (HTTP 502), nothing recorded."""
         try:
             parsed = json.loads(got.body)

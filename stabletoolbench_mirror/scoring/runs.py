@@ -166,13 +166,13 @@ def record_settings(settings: Settings, work: Work) -> Settings:
 
 def check_models(settings: Settings, spec: RunSpec) -> list[str]:
     """:class:`SessionError` when the agent's or the judge's model has no upstream to record it from, or no key."""
-    from stabletoolbench_mirror.responders.model_upstream import Upstreams
+    from stabletoolbench_mirror.responders.model_servers import ModelServers
 
     mode = settings.llm.mode or settings.mode
     if mode is Mode.REPLAY:
         return [f"model calls in replay mode (llm.mode): every call of the agent ({spec.agent_model}) and the judge "
                 f"({spec.judge_model}) must be recorded already"]
-    upstreams = Upstreams(settings.llm)
+    upstreams = ModelServers(settings.llm)
     try:
         for role, model in (("agent", spec.agent_model), ("judge", spec.judge_model)):
             upstream = upstreams.for_model(model)

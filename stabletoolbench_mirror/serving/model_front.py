@@ -40,7 +40,7 @@ from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.engine.metrics import multiprocess_dir
 from stabletoolbench_mirror.engine.model_calls import ModelCalls, TokenBudget, new_run_id
 from stabletoolbench_mirror.engine.model_requests import ANSWERED, ON_LOOP_BYTES, ModelAnswer
-from stabletoolbench_mirror.responders.model_upstream import Upstreams
+from stabletoolbench_mirror.responders.model_servers import ModelServers
 from stabletoolbench_mirror.serving.asgi_front import Front, stop_headers
 from stabletoolbench_mirror.stores.base import Store, StoreError
 
@@ -88,7 +88,7 @@ def build_model_calls(settings: Settings, layer: MirrorLayer, limiter: Any = Non
         # with --workers N every worker's settled tokens are read from the shared counts (in a thread)
         budget = TokenBudget(llm.max_upstream_tokens, llm.timeout_s, stats.model_tokens_spent if multiprocess_dir() else None)
     calls = ModelCalls(
-        layer.store, layer.frozen, Upstreams(llm),
+        layer.store, layer.frozen, ModelServers(llm),
         mode=llm.mode or settings.mode, run=run, secrets=settings.secrets(),
         # a run only this process can see: one worker, and no run named in the config (serve names it for workers)
         private_run=llm.run is None and settings.workers == 1,

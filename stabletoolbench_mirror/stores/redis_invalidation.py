@@ -1,28 +1,28 @@
 """Every process using a Redis store forgets at once what ``cache delete`` or a refresh changed.
 
-A :class:`~.redis_store.RedisStore` keeps records it read in an in-process memory (a hit then costs
+A :class:`~.redis_store.RedisStore` keeps the records it read in process (kept reads) (a hit then costs
 no round trip), which is sound only while a recorded answer never changes.  ``cache delete``
 and ``mode: refresh`` change answers, so each publishes what it changed on the channel
 ``<prefix>:invalidate`` (:data:`EVERYTHING`, or the JSON ``[api, key]`` of one replaced record),
 and every store instance listens on it from a thread of its own (:class:`Invalidations`):
 
-* the memory serves nothing until the subscription is confirmed; when the subscription is lost
-  (Redis restarting, say) the memory goes on serving what it holds (answers stay available while
-  Redis is down, and nobody can delete through a Redis that is down), and it is emptied when the
+* the kept reads serve nothing until the subscription is confirmed; when the subscription is lost
+  (Redis restarting, say) the kept reads go on serving what they hold (answers stay available while
+  Redis is down, and nobody can delete through a Redis that is down), and they are emptied when the
   subscription is back, as messages may have been missed meanwhile;
-* each message empties the memory (or forgets one record), and bumps its epoch, so a read that
-  was in flight when the message came is not remembered (:meth:`RecordMemory.put` checks it).
+* each message empties the kept reads (or forgets one record), and bumps their epoch, so a read that
+  was in flight when the message came is not remembered (:meth:`KeptReads.put` checks it).
 
 The listener starts with the store's first read and is the only extra cost: the hit path checks
 one flag.
 
 What bounds staleness: a message is delivered to every confirmed subscription (Redis pub/sub drops
 nothing on a live connection; a subscriber too slow to read is disconnected, which is a lost
-subscription, and the memory is emptied when it is back).  What no message covers (one published
+subscription, and the kept reads are emptied when it is back).  What no message covers (one published
 while the subscription was down, a Redis restarted from an older dump, a key removed with
-``redis-cli``, a writer that does not publish) is bounded by age: the memory serves a record for
-at most :data:`~.redis_memory.MEMORY_MAX_AGE_S` after reading it, then reads Redis again (and
-serves what it holds, whatever its age, only while Redis cannot be read).
+``redis-cli``, a writer that does not publish) is bounded by age: the kept reads serve a record for
+at most :data:`~.redis_kept.KEPT_MAX_AGE_S` after reading it; the store then reads Redis again (and
+serves what is kept, whatever its age, only while Redis cannot be read).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
 
-#: the message that empties every memory (``cache delete``)
+#: the message that empties every process's kept reads (``cache delete``)
 EVERYTHING = "*"
 #: seconds between reconnection attempts after the subscription was lost
 RECONNECT_S = 0.5
@@ -54,25 +54,25 @@ def forget_message(api: str, key: str) -> str:
 
 
 class Invalidations:
-    """A thread subscribed to the store's channel, applying what it hears to ``memory``."""
+    """A thread subscribed to the store's channel, applying what it hears to ``kept``."""
 
-    def __init__(self, make_client: Callable[[], Any], prefix: str, memory: Any) -> None:
+    def __init__(self, make_client: Callable[[], Any], prefix: str, kept: Any) -> None:
         self._make_client = make_client
         self.channel = channel(prefix)
-        self.memory = memory
+        self.kept = kept
         self._stop = threading.Event()
         self._started = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._first = threading.Event()
         """Set once the first subscription was confirmed or failed."""
-        # a forked child has no listening thread: its copy of the memory must not serve until it listens itself
+        # a forked child has no listening thread: its copy of the kept reads must not serve until it listens itself
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _after_fork(ref))
 
     def _forked(self) -> None:
-        self.memory.live = False
-        self.memory.clear()
+        self.kept.live = False
+        self.kept.clear()
         self._started = False
         self._thread = None
         self._lock = threading.Lock()
@@ -80,10 +80,10 @@ class Invalidations:
 
     def start(self, wait_s: float = 0.0) -> bool:
         """Subscribe and listen in a thread of its own; wait at most ``wait_s`` for the first subscription to be
-        confirmed or to fail (the memory serves once it is confirmed).  ``False`` when it was still waiting for
+        confirmed or to fail (the kept reads serve once it is confirmed).  ``False`` when it was still waiting for
         Redis after ``wait_s``: Redis did not answer in time.  The server's event loop passes 0 and never waits
         (a Redis that hangs would hold up every request for the subscription's timeouts); a read in a thread
-        waits, so the memory serves from the first read on."""
+        waits, so the kept reads serve from the first read on."""
         with self._lock:
             if not (self._started or self._stop.is_set()):
                 self._started = True
@@ -94,7 +94,7 @@ class Invalidations:
         return wait_s <= 0 or self._first.wait(wait_s)
 
     def _subscribe(self) -> Any:
-        """A confirmed subscription (the memory is emptied and serves again), or ``None``."""
+        """A confirmed subscription (the kept reads are emptied and serves again), or ``None``."""
         pubsub = None
         try:
             pubsub = self._make_client().pubsub()
@@ -110,7 +110,7 @@ class Invalidations:
             if pubsub is not None:
                 _close(pubsub)
             return None
-        self.memory.go_live()
+        self.kept.go_live()
         return pubsub
 
     def send(self, client: Any, message: str) -> None:
@@ -123,11 +123,11 @@ class Invalidations:
         if text != EVERYTHING:
             try:
                 api, key = json.loads(text)
-                self.memory.forget((str(api), str(key)))
+                self.kept.forget((str(api), str(key)))
                 return
             except (ValueError, TypeError):
                 pass
-        self.memory.clear()
+        self.kept.clear()
 
     def close(self) -> None:
         self._stop.set()
@@ -166,7 +166,7 @@ def _listen(ref: weakref.ReferenceType[Invalidations], stop: threading.Event, pu
         try:
             message = pubsub.get_message(timeout=0.5)
         except (RedisError, OSError, ValueError) as exc:
-            log.warning("redis invalidation channel lost (%s): the record memory is emptied when it is back", exc)
+            log.warning("redis invalidation channel lost (%s): the kept reads are emptied when it is back", exc)
             _close(pubsub)
             pubsub = None
             continue

@@ -16,7 +16,7 @@ read is unchanged (else the write reads and asks again): the first writer of a k
 host, and nobody ever sees a pointer without its entry.
 
 Every Redis problem becomes a :class:`StoreError` within ``store.timeout_s`` (:mod:`.redis_connection`:
-one retry of a lost connection, no second wait within an outage); reads meanwhile serve what the memory holds.
+one retry of a lost connection, no second wait within an outage); reads meanwhile serve what the kept reads hold.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from stabletoolbench_mirror.stores.redis_connection import (
     text,
 )
 from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, forget_message
-from stabletoolbench_mirror.stores.redis_memory import MEMORY_MAX_AGE_S, RecordMemory
+from stabletoolbench_mirror.stores.redis_kept import KEPT_MAX_AGE_S, KeptReads
 
 if TYPE_CHECKING:
     from stabletoolbench_mirror.stores.sessions import SessionStore
@@ -69,7 +69,7 @@ def _url(spec: StoreSpec) -> str:
 class RedisStore(Store):
     """Records as JSON text in Redis hashes, one pair of hashes per API.
 
-    Records already read are also kept in a bounded in-process memory (``memory_bytes``),
+    Records already read are also kept in a bounded in-process store of kept reads (``kept_bytes``),
     so a repeated hit costs no round trip.
     """
 
@@ -79,7 +79,7 @@ class RedisStore(Store):
     def open_spec(cls, spec: StoreSpec, read_only: bool) -> Store:
         # read_only: its reads (HGET, HGETALL, SCARD, INFO) write nothing anyway; a command reads each record once
         return cls(_url(spec), prefix=spec.prefix, lock_ttl_s=spec.lock_ttl_s, timeout_s=spec.timeout_s,
-                   **({"memory_bytes": 0} if read_only else {}))
+                   **({"kept_bytes": 0} if read_only else {}))
 
     @classmethod
     def open_sessions(cls, spec: StoreSpec, ttl_s: float) -> SessionStore:
@@ -108,8 +108,8 @@ class RedisStore(Store):
         lock_ttl_s: float = 15.0,
         timeout_s: float = 2.0,
         lock_poll_s: float = 0.02,
-        memory_bytes: int = 64 * 1024 * 1024,
-        memory_max_age_s: float = MEMORY_MAX_AGE_S,
+        kept_bytes: int = 64 * 1024 * 1024,
+        kept_max_age_s: float = KEPT_MAX_AGE_S,
     ) -> None:
         if lock_ttl_s <= 0 or timeout_s <= 0:
             raise ValueError("lock_ttl_s and timeout_s must be positive")
@@ -128,10 +128,10 @@ class RedisStore(Store):
         self._apis_key = f"{prefix}:namespaces"  # the set of APIs (its name predates the word)
         self._counts = f"{prefix}:counts"
         self._delete = self._client.register_script(scripts.DELETE)
-        self._memory = RecordMemory(memory_bytes, memory_max_age_s)
-        # the memory serves only while this instance hears what other ones delete or replace
-        self._memory.live = False
-        self._invalidations = Invalidations(lambda: redis.Redis.from_url(url, **client_options(self.timeout_s, Retry)), prefix, self._memory)
+        self._kept = KeptReads(kept_bytes, kept_max_age_s)
+        # the kept reads serve only while this instance hears what other ones delete or replace
+        self._kept.live = False
+        self._invalidations = Invalidations(lambda: redis.Redis.from_url(url, **client_options(self.timeout_s, Retry)), prefix, self._kept)
         self._locks = FlightLocks(self._client, prefix, self.lock_ttl_s, self.lock_poll_s, log)
         self._format_key = f"{prefix}:format"
         self._format: formats.Decision | None = None
@@ -205,36 +205,36 @@ class RedisStore(Store):
     # -- Store ------------------------------------------------------------------------------------
 
     def recall(self, api: str, key: str) -> Record | None:
-        """The record of this key if this process has it in memory (no I/O), else ``None``."""
-        return self._memory.get((api, key))
+        """The record of this key if this process keeps it (no I/O), else ``None``."""
+        return self._kept.get((api, key))
 
     # Each read has a sync and an async form (the server reads on its event loop); both go
-    # through recall / _remember / _point, so the memory-then-Redis order is written once.
+    # through recall / _remember / _point, so the kept-then-Redis order is written once.
 
     def _epoch(self, *, wait: bool = True) -> int:
-        """The memory's epoch before a read (the first read also starts hearing invalidations).
+        """The kept reads' epoch before a read (the first read also starts hearing invalidations).
 
-        A read in a thread (``wait``) waits at most ``store.timeout_s`` for the subscription, so the memory serves
+        A read in a thread (``wait``) waits at most ``store.timeout_s`` for the subscription, so the kept reads serve
         from its first read on; when Redis did not confirm it by then, Redis is not asked again within the
         :class:`Outage` window (the read does not wait a second time).  The event loop's reads never wait.
         """
-        if not self._memory.live and self._memory.max_bytes:
+        if not self._kept.live and self._kept.max_bytes:
             if not self._invalidations.start(self.timeout_s if wait else 0.0):
                 self._outage.failed(TimeoutError(f"the invalidation channel was not subscribed within {self.timeout_s:g} s"))
-        return self._memory.epoch
+        return self._kept.epoch
 
     def _remember(self, api: str, key: str, raw: str | bytes | None, epoch: int) -> Record | None:
         if raw is None:
             return None
         record = self._decode(text(raw))
-        self._memory.put((api, key), record, epoch)
+        self._kept.put((api, key), record, epoch)
         return record
 
     def _point(self, api: str, canonical: str, found: str | bytes | None, epoch: int) -> str | None:
         if found is None:
             return None
         key = text(found)
-        self._memory.point((api, canonical), key, epoch)
+        self._kept.point((api, canonical), key, epoch)
         return key
 
     def get(self, api: str, key: str) -> Record | None:
@@ -264,14 +264,14 @@ class RedisStore(Store):
         return self._remember(api, key, raw, epoch)
 
     def _stale(self, where: tuple[str, str], error: StoreError) -> Record:
-        """While Redis cannot be read, what the memory holds for ``where`` at any age; else ``error``."""
-        record = self._memory.get(where, stale=True)
+        """While Redis cannot be read, what the kept reads hold for ``where`` at any age; else ``error``."""
+        record = self._kept.get(where, stale=True)
         if record is None:
             raise error
         return record
 
     def get_canonical(self, api: str, canonical: str) -> Record | None:
-        key = self._memory.pointer((api, canonical))
+        key = self._kept.pointer((api, canonical))
         if key is None:
             epoch = self._epoch()
             try:
@@ -282,18 +282,18 @@ class RedisStore(Store):
         return self._pointed(api, canonical, None if key is None else self.get(api, key))
 
     def _stale_pointer(self, where: tuple[str, str], error: StoreError) -> str:
-        key = self._memory.pointer(where, stale=True)
+        key = self._kept.pointer(where, stale=True)
         if key is None:
             raise error
         return key
 
     def _pointed(self, api: str, canonical: str, record: Record | None) -> Record | None:
         if record is not None and record.is_failure:
-            self._memory.unpoint((api, canonical))
+            self._kept.unpoint((api, canonical))
         return record
 
     async def aget_canonical(self, api: str, canonical: str) -> Record | None:
-        key = self._memory.pointer((api, canonical))
+        key = self._kept.pointer((api, canonical))
         if key is None:
             epoch = self._epoch(wait=False)
             try:
@@ -379,7 +379,7 @@ class RedisStore(Store):
         return [None if plan is None or (plan.changes and int(next(applied)) == scripts.CHANGED) else plan for plan in plans]
 
     def delete(self, api: str, keys: Iterable[str]) -> int:
-        """Remove records (one script per 1000 keys) and tell every instance to empty its memory."""
+        """Remove records (one script per 1000 keys) and tell every instance to empty its kept reads."""
         keys = list(dict.fromkeys(keys))
         self._writable()
         try:

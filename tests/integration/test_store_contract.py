@@ -224,9 +224,9 @@ def test_diskcache_open_failure_is_a_store_error(tmp_path: Path) -> None:
 
 
 def test_redis_record_memory_is_bounded_and_never_remembers_absence() -> None:
-    from stabletoolbench_mirror.stores.redis_memory import RecordMemory
+    from stabletoolbench_mirror.stores.redis_kept import KeptReads
 
-    memory = RecordMemory(max_bytes=20_000)
+    memory = KeptReads(max_bytes=20_000)
     for i in range(200):
         memory.put((NS, str(i)), rec(str(i), "x" * 100))
     assert 0 < len(memory) < 200  # least recently used went first

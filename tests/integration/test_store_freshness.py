@@ -273,7 +273,7 @@ def test_the_docs_name_every_file_of_a_live_store_and_a_truncated_wal_index_kill
 def test_a_redis_record_removed_behind_the_stores_back_is_read_again_within_its_age_bound(tmp_path: Path) -> None:
     import redis as redis_client
 
-    from stabletoolbench_mirror.stores.redis_memory import MEMORY_MAX_AGE_S
+    from stabletoolbench_mirror.stores.redis_kept import KEPT_MAX_AGE_S
     from stabletoolbench_mirror.stores.redis_store import RedisStore
     from tests.helpers.redis_server import RedisServer, require_redis_server
 
@@ -289,7 +289,7 @@ def test_a_redis_record_removed_behind_the_stores_back_is_read_again_within_its_
             raw.close()
             start = time.monotonic()
             while store.get(API, record.key) is not None:
-                assert time.monotonic() - start < MEMORY_MAX_AGE_S + 1.0, "a removed record was served past the memory's age bound"
+                assert time.monotonic() - start < KEPT_MAX_AGE_S + 1.0, "a removed record was served past the memory's age bound"
                 time.sleep(0.02)
         finally:
             store.close()
@@ -304,7 +304,7 @@ def test_while_redis_is_down_the_memory_serves_what_it_holds_at_any_age(tmp_path
     require_redis_server()
     record = Record.from_answer(API, "{'a': 1}", {"error": "", "response": "remembered"}, "simulated", "t")
     with RedisServer(tmp_path / "redis") as server:
-        store = RedisStore(server.url, prefix="p", memory_max_age_s=0.05, timeout_s=0.5)
+        store = RedisStore(server.url, prefix="p", kept_max_age_s=0.05, timeout_s=0.5)
         try:
             store.add(record, "c")
             assert store.get_canonical(API, "c") is not None  # the pointer and the record remembered

@@ -8,14 +8,14 @@ import json
 import pytest
 
 from stabletoolbench_mirror.config import LLMConfig
-from stabletoolbench_mirror.engine.model_calls import UpstreamFailed
+from stabletoolbench_mirror.engine.model_calls import ModelServerFailed
 from stabletoolbench_mirror.responders import http_transport as ht
-from stabletoolbench_mirror.responders.model_upstream import Upstreams
+from stabletoolbench_mirror.responders.model_servers import ModelServers
 from tests.helpers import memory_transport as mt
 
 
-def upstreams(handler, *configs: dict) -> Upstreams:  # type: ignore[no-untyped-def]
-    return Upstreams(LLMConfig(upstreams=list(configs)), mt.MemoryTransport.factory(handler))
+def upstreams(handler, *configs: dict) -> ModelServers:  # type: ignore[no-untyped-def]
+    return ModelServers(LLMConfig(upstreams=list(configs)), mt.MemoryTransport.factory(handler))
 
 
 def ok(request: mt.Request) -> ht.Answer:
@@ -64,6 +64,6 @@ def test_no_answer_is_told_with_a_status_and_the_setting(raised: Exception, stat
 
     upstream = upstreams(fail, {"base_url": "http://a.test/v1"}).for_model("m")
     assert upstream is not None
-    with pytest.raises(UpstreamFailed) as caught:
+    with pytest.raises(ModelServerFailed) as caught:
         upstream.complete({"model": "m", "messages": []}, None, 1.0)
     assert caught.value.status == status and words in str(caught.value)

@@ -1,7 +1,7 @@
-"""The Redis store's in-process memory of the records it read: bounded, invalidated, aged.
+"""The Redis store's kept reads (the records it read, in process): bounded, invalidated, aged.
 
 A hit on a Redis store costs no round trip while the record is remembered here; what keeps the
-memory right is :mod:`.redis_invalidation` (messages) and the age bound below (what no message
+kept reads right is :mod:`.redis_invalidation` (messages) and the age bound below (what no message
 covers).
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 
 from stabletoolbench_mirror.core.records import Record, Source
 
-#: how long a remembered record or pointer is served without asking Redis again (see :class:`RecordMemory`)
-MEMORY_MAX_AGE_S = 1.0
+#: how long a remembered record or pointer is served without asking Redis again (see :class:`KeptReads`)
+KEPT_MAX_AGE_S = 1.0
 
 
-class RecordMemory:
+class KeptReads:
     """A bounded in-process copy of records already read (least recently used ones go first).
 
     Sound because usable answers never change once written (add-if-absent): a key, once
@@ -33,7 +33,7 @@ class RecordMemory:
     as it is only while Redis cannot be read (:meth:`get` with ``stale=True``).
     """
 
-    def __init__(self, max_bytes: int, max_age_s: float = MEMORY_MAX_AGE_S) -> None:
+    def __init__(self, max_bytes: int, max_age_s: float = KEPT_MAX_AGE_S) -> None:
         self.max_bytes = max(0, int(max_bytes))
         self.max_age_s = float(max_age_s)
         # each item: (value, size, monotonic time it was read)
@@ -42,12 +42,12 @@ class RecordMemory:
         self._bytes = 0
         self._lock = threading.Lock()
         self.live = True
-        """Whether the memory serves (a store's memory is live only while it hears invalidations)."""
+        """Whether the kept reads serve (a store's kept reads are live only while it hears invalidations)."""
         self.epoch = 0
         """Bumped by every invalidation: a read begun before one is not remembered (see :meth:`put`)."""
 
     def go_live(self) -> None:
-        """Invalidations are heard from now on: empty the memory (some may have been missed) and serve."""
+        """Invalidations are heard from now on: empty the kept reads (some may have been missed) and serve."""
         self.clear()
         self.live = True
 
@@ -89,9 +89,9 @@ class RecordMemory:
             return item[0]
 
     def put(self, where: tuple[str, str], record: Record, epoch: int | None = None) -> None:
-        """Remember ``record`` (read when the memory's :attr:`epoch` was ``epoch``, if given)."""
+        """Remember ``record`` (read when the kept reads' :attr:`epoch` was ``epoch``, if given)."""
         # kept as a tuple of strings and a float, which Python's garbage collector stops tracking:
-        # a memory of many records then costs the collector (and so the latency tail) nothing
+        # kept reads of many records then cost the collector (and so the latency tail) nothing
         if record.is_failure:
             return
         fields = (record.key, record.body, record.source, record.origin, record.created_at)

@@ -18,10 +18,10 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stabletoolbench_mirror.config import LLMConfig, LLMUpstream
+from stabletoolbench_mirror.config import LLMConfig, ModelServerConfig
 from stabletoolbench_mirror.core.model_calls import CHAT, Endpoint, json_bytes
 from stabletoolbench_mirror.core.secrets import public_url
-from stabletoolbench_mirror.engine.model_calls import UpstreamAnswer, UpstreamFailed
+from stabletoolbench_mirror.engine.model_calls import ModelServerAnswer, ModelServerFailed
 from stabletoolbench_mirror.responders.http_transport import (
     AnswerTimedOut,
     BrokenAnswer,
@@ -35,10 +35,10 @@ from stabletoolbench_mirror.responders.http_transport import (
 )
 
 
-class Upstream:
+class ModelServer:
     """One configured upstream and its transport."""
 
-    def __init__(self, config: LLMUpstream, options: TransportOptions, factory: TransportFactory | None = None) -> None:
+    def __init__(self, config: ModelServerConfig, options: TransportOptions, factory: TransportFactory | None = None) -> None:
         self.config = config
         self.patterns = tuple(config.models)
         self.url = public_url(config.base_url)
@@ -63,9 +63,9 @@ class Upstream:
         return None
 
     def complete(self, body: Mapping[str, Any], key: str | None, timeout_s: float, endpoint: Endpoint = CHAT, *,
-                 large: bool = False) -> UpstreamAnswer:
+                 large: bool = False) -> ModelServerAnswer:
         """POST the request (``stream`` off) to ``endpoint``'s route and return the answer, whatever its status;
-        :class:`UpstreamFailed` when none came.  ``large``: written in pieces (:func:`~stabletoolbench_mirror.core.model_calls.json_bytes`)."""
+        :class:`ModelServerFailed` when none came.  ``large``: written in pieces (:func:`~stabletoolbench_mirror.core.model_calls.json_bytes`)."""
         sent = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         headers = {"content-type": "application/json", "accept": "application/json"}
         if key:
@@ -75,29 +75,29 @@ class Upstream:
             answer = self.transport.post(self._prefix + endpoint.path + self._query, json_bytes(sent, large), headers,
                                          answer_timeout_s=timeout_s)
         except AnswerTimedOut as exc:
-            raise UpstreamFailed(504, f"the upstream {self.url} sent no complete answer within {timeout_s:g} s (llm.timeout_s)") from exc
+            raise ModelServerFailed(504, f"the upstream {self.url} sent no complete answer within {timeout_s:g} s (llm.timeout_s)") from exc
         except (ConnectFailed, SendFailed) as exc:
-            raise UpstreamFailed(502, f"cannot reach the upstream {self.url}: {exc}") from exc
+            raise ModelServerFailed(502, f"cannot reach the upstream {self.url}: {exc}") from exc
         except BrokenAnswer as exc:
-            raise UpstreamFailed(502, f"the upstream {self.url} sent a broken answer: {exc}") from exc
+            raise ModelServerFailed(502, f"the upstream {self.url} sent a broken answer: {exc}") from exc
         except TransportError as exc:  # pragma: no cover - the four kinds above are all there are
-            raise UpstreamFailed(502, f"the upstream {self.url} failed: {exc}") from exc
-        return UpstreamAnswer(answer.status, answer.body, time.monotonic() - started,
+            raise ModelServerFailed(502, f"the upstream {self.url} failed: {exc}") from exc
+        return ModelServerAnswer(answer.status, answer.body, time.monotonic() - started,
                               answer.headers.get("content-type", "application/json"))
 
     def close(self) -> None:
         self.transport.close()
 
 
-class Upstreams:
+class ModelServers:
     """The configured upstreams, in order."""
 
     def __init__(self, config: LLMConfig, factory: TransportFactory | None = None) -> None:
         options = TransportOptions(pool_size=64, connect_timeout_s=config.connect_timeout_s,
                                    answer_timeout_s=config.timeout_s, max_answer_bytes=config.max_answer_bytes)
-        self.items: Sequence[Upstream] = tuple(Upstream(u, options, factory) for u in config.upstreams)
+        self.items: Sequence[ModelServer] = tuple(ModelServer(u, options, factory) for u in config.upstreams)
 
-    def for_model(self, model: str) -> Upstream | None:
+    def for_model(self, model: str) -> ModelServer | None:
         return next((u for u in self.items if u.answers(model)), None)
 
     def close(self) -> None:
