@@ -48,7 +48,7 @@ BOUND_HINTS = {
 }
 
 
-#: keys that are no longer settings -> the value each is fixed at (since 0.3.0; CHANGELOG.md names each constant)
+#: keys that are no longer settings -> the value each is fixed at (CHANGELOG.md names each constant, under the release that made it one)
 REMOVED_KEYS = {
     "limits.header_timeout_s": "10 s", "limits.keep_alive_timeout_s": "5 s", "limits.max_queued_requests": "100,000 requests",
     "store.lock_ttl_s": "15 s", "real.breaker_failures": "5 failures", "real.breaker_reset_s": "60 s",
@@ -207,7 +207,7 @@ def format_error(exc: ValidationError, source: str, model: type[BaseModel]) -> s
         key = _config_key(tuple(err["loc"]), model)
         if err["type"] == "extra_forbidden":
             fixed = REMOVED_KEYS.get(key)
-            lines.setdefault((key, ""), []).append(f"'{key}' is no longer a setting (fixed at {fixed} since 0.3.0); remove it" if fixed
+            lines.setdefault((key, ""), []).append(f"'{key}' is no longer a setting (fixed at {fixed}); remove it" if fixed
                                                    else f"unknown key '{key}'{_did_you_mean(tuple(err['loc']), key, model)}")
             continue
         got = "an empty value" if err.get("input") is None else repr(err.get("input"))
