@@ -21,8 +21,8 @@ Hardening V (issue 32), each a real process on 127.0.0.1 and its figures:
 5. **manifests**: a snapshot of 2 answers and 2 failure records, its ``failure_entries`` emptied, or its
    ``failure_entries_hash`` removed, then ``cache import`` (target: refused, no failure record taken for an answer);
 6. **downloads**: ``cache import`` of a URL with an endless body (stopped at ``download_max_mb``: bytes the
-   server sent, seconds), of a URL sending 1 byte/s (stopped by ``download_min_kb_per_s`` over
-   ``download_low_speed_s``, then by ``download_deadline_s``: seconds), and what is left in ``download_dir``;
+   server sent, seconds), of a URL sending 1 byte/s (stopped by the low-speed limit, 10 KB/s over 60 s, then by
+   a ``download_deadline_s`` below 60 s: seconds), and what is left in ``download_dir``;
 7. **MCP sessions**: 10,000 ``initialize`` from 127.0.0.1 (the defaults, no ``auth_token``), then the seconds
    another client (127.0.0.2) and a new one of 127.0.0.1 take to initialize, list the tools and call one
    with the official SDK (RSS before and after the flood);
@@ -319,7 +319,7 @@ def _amount(n: int) -> str:
     return f"{n / 1e6:,.1f} MB" if n >= 1e6 else f"{n:,} bytes"
 
 
-def downloads(tmp: Path, max_mb: int, low_speed_s: float, deadline_s: float) -> None:
+def downloads(tmp: Path, max_mb: int, deadline_s: float) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Endless)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -328,10 +328,9 @@ def downloads(tmp: Path, max_mb: int, low_speed_s: float, deadline_s: float) -> 
     try:
         for what, path, settings in (
             (f"endless body, download_max_mb {max_mb}", "/endless", {"download_max_mb": max_mb}),
-            (f"1 byte/s, download_low_speed_s {low_speed_s:g} (download_min_kb_per_s 10, the default)", "/trickle",
-             {"download_low_speed_s": low_speed_s}),
-            (f"1 byte/s, download_deadline_s {deadline_s:g} (low-speed limit off)", "/trickle",
-             {"download_deadline_s": deadline_s, "download_min_kb_per_s": 0}),
+            ("1 byte/s, the low-speed limit (10 KB/s over 60 s)", "/trickle", {}),
+            (f"1 byte/s, download_deadline_s {deadline_s:g} (before the low-speed limit's 60 s)", "/trickle",
+             {"download_deadline_s": deadline_s}),
         ):
             _Endless.sent.pop(path, None)
             config, folder = import_config(tmp, f"dl{len(shown)}", **settings)
@@ -576,7 +575,6 @@ def main() -> int:
     parser.add_argument("--member-mib", type=int, default=1024, help="part 4's archive member (default 1,024 MiB)")
     parser.add_argument("--members", type=int, default=100_000, help="part 4's junk members, beside the manifest (default 100,000)")
     parser.add_argument("--download-max-mb", type=int, default=256, help="part 6's download_max_mb (default 256)")
-    parser.add_argument("--low-speed-s", type=float, default=10.0, help="part 6's download_low_speed_s (default 10)")
     parser.add_argument("--deadline-s", type=float, default=15.0, help="part 6's download_deadline_s (default 15)")
     parser.add_argument("--initializes", type=int, default=10_000, help="part 7's flood (default 10,000)")
     parser.add_argument("--tool-timeout-s", type=float, default=5.0, help="part 8's local_tools_timeout_s (default 5)")
@@ -597,7 +595,7 @@ def main() -> int:
         if "5" in parts:
             manifests(Path(tmp))
         if "6" in parts:
-            downloads(Path(tmp), args.download_max_mb, args.low_speed_s, args.deadline_s)
+            downloads(Path(tmp), args.download_max_mb, args.deadline_s)
         if "7" in parts:
             mcp_sessions(Path(tmp), args.initializes)
         if "8" in parts:

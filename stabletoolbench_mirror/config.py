@@ -92,10 +92,6 @@ class Settings(Section):
     ``Content-Length``, else as it arrives) and nothing of it kept."""
     download_deadline_s: float = Field(default=3600, gt=0)
     """The longest one archive download may take, all of it."""
-    download_min_kb_per_s: float = Field(default=10, ge=0)
-    """A download slower than this over ``download_low_speed_s`` is given up (0: never)."""
-    download_low_speed_s: float = Field(default=60, gt=0)
-    """The window ``download_min_kb_per_s`` is measured over (also the longest wait for one read)."""
     archive_max_members: int = Field(default=100_000, gt=0)
     """The most members (files and folders) a snapshot archive may hold; one with more is refused before
     anything is unpacked."""

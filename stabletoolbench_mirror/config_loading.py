@@ -48,6 +48,16 @@ BOUND_HINTS = {
 }
 
 
+#: keys that are no longer settings -> the value each is fixed at (CHANGELOG.md names each constant, under the release that made it one)
+REMOVED_KEYS = {
+    "limits.header_timeout_s": "10 s", "limits.keep_alive_timeout_s": "5 s", "limits.max_queued_requests": "100,000 requests",
+    "store.lock_ttl_s": "15 s", "real.breaker_failures": "5 failures", "real.breaker_reset_s": "60 s",
+    "simulator.backoff_s": "0.5 s, doubled for each next retry", "simulator.examples_budget_chars": "2,048 characters",
+    "sessions.max_state_bytes": "1 MiB", "sessions.max_task_chars": "20,000 characters", "mcp.session_idle_timeout_s": "1,800 s",
+    "llm.connect_timeout_s": "5 s", "llm.max_answer_bytes": "16 MiB", "download_min_kb_per_s": "10 KB/s", "download_low_speed_s": "60 s",
+}
+
+
 class ConfigError(ValueError):
     """A configuration problem, with the offending key in the message."""
 
@@ -190,12 +200,15 @@ def _did_you_mean(loc: tuple[Any, ...], key: str, model: type[BaseModel]) -> str
 
 
 def format_error(exc: ValidationError, source: str, model: type[BaseModel]) -> str:
-    """One line per key of ``model`` (the settings): ``unknown key``, or ``invalid value`` with every reason given (a union gives several)."""
+    """One line per key of ``model`` (the settings): ``unknown key``, a key that ``is no longer a setting`` (:data:`REMOVED_KEYS`),
+    or ``invalid value`` with every reason given (a union gives several)."""
     lines: dict[tuple[str, str], list[str]] = {}
     for err in exc.errors():
         key = _config_key(tuple(err["loc"]), model)
         if err["type"] == "extra_forbidden":
-            lines.setdefault((key, ""), []).append(_did_you_mean(tuple(err["loc"]), key, model))
+            fixed = REMOVED_KEYS.get(key)
+            lines.setdefault((key, ""), []).append(f"'{key}' is no longer a setting (fixed at {fixed}); remove it" if fixed
+                                                   else f"unknown key '{key}'{_did_you_mean(tuple(err['loc']), key, model)}")
             continue
         got = "an empty value" if err.get("input") is None else repr(err.get("input"))
         reasons = lines.setdefault((key, got), [])
@@ -205,7 +218,7 @@ def format_error(exc: ValidationError, source: str, model: type[BaseModel]) -> s
         if msg not in reasons:
             reasons.append(msg)
     return "\n".join(
-        f"{source}: invalid value for '{key}': {', or '.join(reasons)} (got {got})" if got else f"{source}: unknown key '{key}'{reasons[0]}"
+        f"{source}: invalid value for '{key}': {', or '.join(reasons)} (got {got})" if got else f"{source}: {reasons[0]}"
         for (key, got), reasons in lines.items()
     )
 

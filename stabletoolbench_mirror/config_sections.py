@@ -50,10 +50,6 @@ class StoreConfig(Section):
     """Redis URL, e.g. ``redis://127.0.0.1:6379/0`` (``kind: redis``)."""
     prefix: str = "stm"
     """Key prefix in Redis, so that several caches can share one server."""
-    lock_ttl_s: float = Field(default=15.0, gt=0, le=HOUR_S)
-    """Lease of the cross-host single-flight lock (Redis): renewed while its holder works, so a
-    holder that dies blocks the others for at most this long.  (diskcache's lock is a kernel
-    file lock, dropped when its holder exits.)"""
     timeout_s: float = Field(default=2.0, gt=0, le=HOUR_S)
     """Redis connect and command timeout: how fast a Redis outage becomes an error answer, and the longest a request
     waits for Redis in all (after a timeout, Redis is not asked again for this long: ``stores.redis_connection.Outage``);
@@ -85,10 +81,6 @@ class RealConfig(Section):
     deny_tools: list[str] = Field(default_factory=list)
     connect_timeout_s: float = Field(default=3.0, gt=0, le=HOUR_S)
     read_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
-    breaker_failures: int = Field(default=5, ge=1)
-    """Consecutive failures of one host that open its circuit breaker."""
-    breaker_reset_s: float = Field(default=60.0, gt=0, le=DAY_S)
-    """How long an open breaker skips real calls to its host."""
     strict_validity: bool = False
     """Use a stricter validity check than upstream's substring rules."""
     shadow_simulate: bool = False
@@ -113,7 +105,6 @@ class SimulatorConfig(Section):
     connect_timeout_s: float = Field(default=3.0, gt=0, le=HOUR_S)
     read_timeout_s: float = Field(default=120.0, gt=0, le=HOUR_S)
     max_retries: int = Field(default=3, ge=0, le=100)
-    backoff_s: float = Field(default=0.5, ge=0)
     system_prompt_file: str | None = None
     """The system prompt: a text file sent verbatim, StableToolBench's ``server/system_prompts.py``
     (its ``SFT_SYSTEM`` / ``COT_SYSTEM`` constant, read without running the file) or the folder of a
@@ -129,7 +120,6 @@ class SimulatorConfig(Section):
     """Lowest rapidfuzz score at which a slightly-off API name is matched to a tool doc."""
     max_examples: int = Field(default=5, ge=0)
     """``gpt-fewshot``: cached examples of the same API put in the prompt."""
-    examples_budget_chars: int = Field(default=2048, ge=0)
     max_concurrency: int = Field(default=64, ge=1)
     """Simulator calls in flight at once from one process."""
     history: int = Field(default=8, ge=0)
@@ -185,17 +175,10 @@ class LimitsConfig(Section):
     """Misses being filled by the real API or simulator at once in one process; more wait for a turn."""
     queue_timeout_s: float = Field(default=600.0, gt=0, le=DAY_S)
     """Longest wait for a slot or a miss turn; a request still waiting then gets HTTP 503."""
-    max_queued_requests: int = Field(default=100_000, ge=1)
-    """Requests waiting for a slot across all clients; one more gets HTTP 503 at once."""
     max_queued_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
     """Bytes of request bodies waiting for a slot across all clients; more get HTTP 503 at once."""
-    header_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
-    """A connection whose request headers are not complete this long after it opened (or after its
-    previous answer) is closed."""
     body_timeout_s: float = Field(default=10.0, gt=0, le=HOUR_S)
     """A request whose body has not fully arrived this long after its headers gets HTTP 408 and is closed."""
-    keep_alive_timeout_s: float = Field(default=5.0, gt=0, le=HOUR_S)
-    """An idle kept-alive connection is closed after this long."""
     send_timeout_s: float = Field(default=30.0, gt=0)
     """A client that reads nothing of its answer for this long is dropped (its unsent answer freed)."""
     trusted_proxies: list[str] = Field(default_factory=list)
@@ -223,10 +206,6 @@ class SessionsConfig(Section):
     """A session nobody called for this long is forgotten (its recorded answers stay)."""
     max_calls: int = Field(default=500, ge=1)
     """Calls one session may hold; more are refused with an error answer."""
-    max_state_bytes: int = Field(default=1_048_576, ge=2)
-    """Largest local-tool state (as JSON) one session may keep."""
-    max_task_chars: int = Field(default=20_000, ge=0)
-    """Longest ``task`` text accepted by ``POST /sessions``."""
     max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     """Largest size one session may reach in the store (its calls, inputs and answers, and its state);
     a call that would make it larger is refused with an error answer and changes nothing."""
@@ -308,8 +287,6 @@ class McpConfig(Section):
     max_sessions_per_client: int = Field(default=256, ge=1)
     """MCP sessions one client address holds at once.  A new one beyond it closes that client's least recently
     used idle session (its id then answers 404: the client initializes again); with none idle it is refused."""
-    session_idle_timeout_s: float = Field(default=1800.0, gt=0, le=DAY_S)
-    """An MCP session with no request for this long is closed (the SDK's own default, 30 minutes)."""
 
     @property
     def query_paths(self) -> list[str]:
@@ -373,8 +350,5 @@ class LLMConfig(Section):
     run used this many prompt plus completion tokens; unset: no budget."""
     timeout_s: float = Field(default=600.0, gt=0, le=DAY_S)
     """For one upstream call, from the request's first byte to the answer's last."""
-    connect_timeout_s: float = Field(default=5.0, gt=0, le=HOUR_S)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     """The largest request body accepted (an agent's whole conversation)."""
-    max_answer_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
-    """The largest upstream answer read (larger: HTTP 502, nothing recorded)."""

@@ -169,11 +169,7 @@ def build_local_tools(settings: Settings) -> LocalTools | None:
         return None
     from stabletoolbench_mirror.engine.local_tools import LocalTools
 
-    return LocalTools.load(
-        [settings.resolve(p) for p in settings.local_tools],
-        timeout_s=settings.local_tools_timeout_s,
-        max_state_bytes=settings.sessions.max_state_bytes,
-    )
+    return LocalTools.load([settings.resolve(p) for p in settings.local_tools], timeout_s=settings.local_tools_timeout_s)
 
 
 def build_tool_docs(settings: Settings) -> ToolDocs | None:

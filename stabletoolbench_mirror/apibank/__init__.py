@@ -43,12 +43,7 @@ def build_apibank_tools(settings: Settings) -> ApiBankTools:
     from stabletoolbench_mirror.engine.local_tools import LocalTools
 
     user = LocalTools.load([settings.resolve(p) for p in settings.local_tools]).tools if settings.local_tools else {}
-    return ApiBankTools(
-        load_suites(settings),
-        user,
-        timeout_s=settings.local_tools_timeout_s,
-        max_state_bytes=settings.sessions.max_state_bytes,
-    )
+    return ApiBankTools(load_suites(settings), user, timeout_s=settings.local_tools_timeout_s)
 
 
 def register_apibank_docs(settings: Settings, docs: ToolDocs | None) -> ToolDocs:

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 #: local tool threads running (or stuck) at once in one process
 MAX_RUNNING = 32
+MAX_STATE_BYTES = 1_048_576  # the largest local-tool state (as JSON) one session may keep
 
 ToolFunction = Callable[[Any, dict], Any]
 
@@ -121,10 +122,9 @@ def import_tools_file(path: str) -> dict[str, LocalTool]:
 class LocalTools:
     """The local tools of the listed files, and running one with a timeout."""
 
-    def __init__(self, tools: dict[str, LocalTool], *, timeout_s: float = 10.0, max_state_bytes: int = 1_048_576) -> None:
+    def __init__(self, tools: dict[str, LocalTool], *, timeout_s: float = 10.0) -> None:
         self.tools = dict(tools)
         self.timeout_s = float(timeout_s)
-        self.max_state_bytes = int(max_state_bytes)
         self._slots = threading.BoundedSemaphore(MAX_RUNNING)
 
     @classmethod
@@ -173,9 +173,9 @@ class LocalTools:
         except (TypeError, ValueError, RecursionError) as exc:
             log.error("local tool %s left a state that is not JSON: %s", tool.api, exc)
             return LocalResult(None, detail=f"left a state that is not JSON: {exc}"[:300])
-        if not isinstance(work_state, dict) or len(state_text.encode("utf-8", "surrogatepass")) > self.max_state_bytes:
-            log.error("local tool %s left a state over sessions.max_state_bytes=%d", tool.api, self.max_state_bytes)
-            return LocalResult(None, detail=f"left a state over sessions.max_state_bytes={self.max_state_bytes}")
+        if not isinstance(work_state, dict) or len(state_text.encode("utf-8", "surrogatepass")) > MAX_STATE_BYTES:
+            log.error("local tool %s left a state over %d bytes (local_tools.MAX_STATE_BYTES)", tool.api, MAX_STATE_BYTES)
+            return LocalResult(None, detail=f"left a state over {MAX_STATE_BYTES} bytes")
         return LocalResult(json.loads(body), json.loads(state_text))
 
     def in_thread(self, label: str, fn: Callable[[], Any]) -> tuple[bool, Any]:

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 HEADER = "x-stm-session"
 MAX_ID_CHARS = 128
+MAX_TASK_CHARS = 20_000  # the longest ``task`` text ``POST /sessions`` accepts
 #: random bits of an id issued by ``POST /sessions``
 ID_BITS = 128
 #: the record store's lock name space that serialises the calls of one session
@@ -190,8 +191,8 @@ class Sessions:
         self.history = history
 
     def create(self, task: str = "") -> SessionHead:
-        if len(task) > self.config.max_task_chars:
-            raise SessionError(422, f"task: at most {self.config.max_task_chars} characters (got {len(task)})")
+        if len(task) > MAX_TASK_CHARS:
+            raise SessionError(422, f"task: at most {MAX_TASK_CHARS} characters (got {len(task)})")
         head = new_head(new_id(), task)
         if not self.store.create(head):  # pragma: no cover - 128 random bits
             raise SessionError(409, "session id already taken; retry")

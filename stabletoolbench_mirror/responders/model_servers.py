@@ -34,6 +34,8 @@ from stabletoolbench_mirror.responders.http_transport import (
     TransportOptions,
 )
 
+CONNECT_TIMEOUT_S = 5.0  # an upstream's TCP and TLS connection (its answers are bounded by http_transport.MAX_ANSWER_BYTES)
+
 
 class ModelServer:
     """One configured upstream and its transport."""
@@ -93,8 +95,7 @@ class ModelServers:
     """The configured upstreams, in order."""
 
     def __init__(self, config: LLMConfig, factory: TransportFactory | None = None) -> None:
-        options = TransportOptions(pool_size=64, connect_timeout_s=config.connect_timeout_s,
-                                   answer_timeout_s=config.timeout_s, max_answer_bytes=config.max_answer_bytes)
+        options = TransportOptions(pool_size=64, connect_timeout_s=CONNECT_TIMEOUT_S, answer_timeout_s=config.timeout_s)
         self.items: Sequence[ModelServer] = tuple(ModelServer(u, options, factory) for u in config.upstreams)
 
     def for_model(self, model: str) -> ModelServer | None:

@@ -4,7 +4,7 @@ StableToolBench's client has no timeout and turns any answer other than HTTP 200
 error the agent reads, so an overloaded server must make requests *wait*, not refuse them.
 Each client address has ``per_client`` slots; more requests from it wait in that client's own
 FIFO queue (so clients do not wait behind each other), up to ``queue_timeout_s``.  Only a full
-queue (``max_queued`` requests, or ``max_queued_bytes`` across all clients) or a wait past the
+queue (:data:`MAX_QUEUED_REQUESTS` requests, or ``max_queued_bytes`` across all clients) or a wait past the
 timeout is refused.  Runs on one event loop: no locks.
 
 ``max_queued_bytes`` bounds what requests not yet admitted hold: a request reserves (:meth:`reserve`) its
@@ -31,13 +31,23 @@ REQUEST_OVERHEAD = 15 * 1024
 scope, task and buffers), counted against ``max_queued_bytes``."""
 
 
+MAX_QUEUED_REQUESTS = 100_000  # requests waiting for a slot across all clients; one more gets HTTP 503 at once
+
+
 class Refused(Exception):
-    """The request cannot be admitted; ``setting`` names the limit to raise."""
+    """The request cannot be admitted; ``setting`` names the limit: a setting to raise (``limits.*``, ``mcp.*``)
+    or a fixed bound (a name without a dot)."""
 
     def __init__(self, reason: str, setting: str) -> None:
         super().__init__(reason)
         self.reason = reason
         self.setting = setting
+
+    @property
+    def message(self) -> str:
+        """What the refused client reads: the reason, and the setting that bounds it when one does."""
+        bound = f"; the server's {self.setting} setting bounds this" if "." in self.setting else ""
+        return f"stabletoolbench-mirror is overloaded ({self.reason}){bound}"
 
 
 @dataclass
@@ -49,9 +59,8 @@ class _Client:
 class Admission:
     """Per-client slots with fair, bounded waiting (see the module doc)."""
 
-    def __init__(self, per_client: int, *, max_queued: int, max_queued_bytes: int, queue_timeout_s: float) -> None:
+    def __init__(self, per_client: int, *, max_queued_bytes: int, queue_timeout_s: float) -> None:
         self.per_client = per_client
-        self.max_queued = max_queued
         self.max_queued_bytes = max_queued_bytes
         self.queue_timeout_s = queue_timeout_s
         self._clients: dict[str, _Client] = {}
@@ -82,9 +91,9 @@ class Admission:
         if state.in_flight < self.per_client and not state.waiters:
             state.in_flight += 1
             return
-        if self.queued >= self.max_queued:
+        if self.queued >= MAX_QUEUED_REQUESTS:
             self._forget_if_idle(client, state)
-            raise Refused(f"{self.queued} requests are already waiting", "limits.max_queued_requests")
+            raise Refused(f"{self.queued} requests are already waiting, the most this server queues", "max_queued_requests")
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         state.waiters.append(waiter)
         self.queued += 1

@@ -56,6 +56,7 @@ QUERIES = "/mcp/queries/"
 MCP_SESSION_HEADER = "mcp-session-id"
 #: MCP sessions remembered with their server session (the oldest forgotten beyond it)
 MAX_MCP_SESSIONS = 10_000
+SESSION_IDLE_TIMEOUT_S = 1800.0  # an MCP session with no request for this long is closed (the SDK's own default)
 
 
 
@@ -154,10 +155,9 @@ class SessionBound:
     When none is idle the new one is refused with HTTP 503 naming the key.  Runs on the event loop.
     """
 
-    def __init__(self, per_client: int, total: int, idle_timeout_s: float) -> None:
+    def __init__(self, per_client: int, total: int) -> None:
         self.per_client = per_client
         self.total = total
-        self.idle_timeout_s = idle_timeout_s
         self._open: dict[str, _Open] = {}  # in the order of their last use
         self._count: dict[str, int] = {}  # per client: sessions open and being opened
         self._opening = 0
@@ -170,7 +170,7 @@ class SessionBound:
 
     def _expire(self, now: float) -> None:
         """Forget the sessions the SDK has closed for idleness (the same timeout, counted the same way)."""
-        for sid in [sid for sid, s in self._open.items() if not s.busy and now - s.used > self.idle_timeout_s]:
+        for sid in [sid for sid, s in self._open.items() if not s.busy and now - s.used > SESSION_IDLE_TIMEOUT_S]:
             self.closed(sid)
 
     def admit(self, client: str) -> tuple[list[str], str | None]:
@@ -252,7 +252,7 @@ class McpFront:
         self._admission: Admission | None = None
         self._sessions = _SessionMap()
         mcp = settings.mcp
-        self.bound = SessionBound(mcp.max_sessions_per_client, mcp.max_sessions, mcp.session_idle_timeout_s)
+        self.bound = SessionBound(mcp.max_sessions_per_client, mcp.max_sessions)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> McpFront:
@@ -302,8 +302,7 @@ class McpFront:
     @staticmethod
     def _refused(path: _HasAnswer, refusal: Refused) -> Outcome:
         """The counted answer to a call over a limit (as ``/virtual``'s HTTP 503)."""
-        message = f"stabletoolbench-mirror is overloaded ({refusal}); the server's {refusal.setting} setting bounds this"
-        outcome = Outcome.error(503, message, OutcomeKind.REFUSED, refusal.setting)
+        outcome = Outcome.error(503, refusal.message, OutcomeKind.REFUSED, refusal.setting)
         path.layer.stats.count(outcome)
         return outcome
 
@@ -339,7 +338,7 @@ class McpFront:
         mcp = self.settings.mcp
         self._manager = StreamableHTTPSessionManager(
             app=self.server(path), max_request_body_size=self.settings.limits.max_body_bytes,
-            session_idle_timeout=mcp.session_idle_timeout_s, max_sessions=mcp.max_sessions + 64,  # SessionBound bounds them first
+            session_idle_timeout=SESSION_IDLE_TIMEOUT_S, max_sessions=mcp.max_sessions + 64,  # SessionBound bounds them first
         )
         endpoint = _Asgi(self._http)  # an ASGI app, not a function: Starlette hands it the raw request
         app.router.routes.append(Route(PREFIX, endpoint=endpoint, include_in_schema=False))

@@ -108,7 +108,6 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     path = CallPath(layer, threads)
     admission = Admission(
         settings.limits.max_in_flight_per_client,
-        max_queued=settings.limits.max_queued_requests,
         max_queued_bytes=settings.limits.max_queued_bytes,
         queue_timeout_s=settings.limits.queue_timeout_s,
     )

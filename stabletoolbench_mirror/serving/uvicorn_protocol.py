@@ -1,7 +1,7 @@
 """uvicorn's connection layer as the server runs it: its httptools protocol with a header timeout, a send
 timeout and an answer's head joined to its body (:class:`GuardedHttpProtocol`, :class:`JoinedWrites`),
-and the uvicorn options that guard connections (:func:`uvicorn_options`: the ``limits.*`` timeouts,
-no ``X-Forwarded-For`` believed by uvicorn itself).
+and the uvicorn options that guard connections (:func:`uvicorn_options`: the timeouts below and
+``limits.send_timeout_s``, no ``X-Forwarded-For`` believed by uvicorn itself).
 """
 
 from __future__ import annotations
@@ -20,12 +20,16 @@ from stabletoolbench_mirror.config import Settings
 
 log = logging.getLogger(__name__)
 
+HEADER_TIMEOUT_S = 10.0  # a connection whose request headers are not complete this long after it opened (or answered) is closed
+KEEP_ALIVE_TIMEOUT_S = 5.0  # an idle kept-alive connection is closed after this long (uvicorn's timeout_keep_alive)
+
 
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol plus a header timeout and a send timeout.
 
     uvicorn closes idle keep-alive connections (``timeout_keep_alive``) but waits forever for a
-    request whose headers never finish; this closes such a connection after ``header_timeout_s``.
+    request whose headers never finish; this closes such a connection after ``header_timeout_s``
+    (:data:`HEADER_TIMEOUT_S`).
 
     uvicorn hands a whole answer to the transport, which keeps what the socket does not take in
     its write buffer until the client reads it, and closing the connection waits for that buffer to
@@ -34,7 +38,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     that has read nothing for ``send_timeout_s`` is dropped (the connection aborted, its buffer freed).
     """
 
-    def __init__(self, *args: Any, header_timeout_s: float = 10.0, send_timeout_s: float = 30.0, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, header_timeout_s: float = HEADER_TIMEOUT_S, send_timeout_s: float = 30.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.header_timeout_s = header_timeout_s
         self.send_timeout_s = send_timeout_s
@@ -206,8 +210,8 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """The uvicorn settings that guard connections: the header, send and keep-alive timeouts, the trusted proxies."""
     limits = settings.limits
     return {
-        "http": functools.partial(GuardedHttpProtocol, header_timeout_s=limits.header_timeout_s, send_timeout_s=limits.send_timeout_s),
-        "timeout_keep_alive": limits.keep_alive_timeout_s,
+        "http": functools.partial(GuardedHttpProtocol, header_timeout_s=HEADER_TIMEOUT_S, send_timeout_s=limits.send_timeout_s),
+        "timeout_keep_alive": KEEP_ALIVE_TIMEOUT_S,
         # uvicorn believes X-Forwarded-For from 127.0.0.1 by default, and takes a malformed hop as a client:
         # any local client could then pose as others (limits.max_in_flight_per_client, fair sharing).
         # _Front reads it instead, from limits.trusted_proxies only (admission.ForwardedFor)

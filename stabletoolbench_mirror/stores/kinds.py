@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from stabletoolbench_mirror.stores.sessions import SessionStore
 
 
+LOCK_TTL_S = 15.0  # the lease of Redis's single-flight lock, renewed while held: a holder that dies blocks the others this long
+
+
 class StoreSpecError(StoreError, ValueError):
     """A store spec that names no usable backend (unknown kind, a missing extra, a missing setting);
     the message names the setting (``store.kind``, ``store.url``)."""
@@ -55,14 +58,14 @@ class StoreSpec:
     """A server's URL (a network backend)."""
     prefix: str = "stm"
     """The key prefix on a shared server."""
-    lock_ttl_s: float = 15.0
+    lock_ttl_s: float = LOCK_TTL_S
     timeout_s: float = 2.0
 
     @classmethod
     def of(cls, settings: Settings) -> StoreSpec:
         """The configured store (``store.path`` resolved)."""
         cfg = settings.store
-        return cls(cfg.kind, settings.resolve(cfg.path), cfg.url, cfg.prefix, cfg.lock_ttl_s, cfg.timeout_s)
+        return cls(cfg.kind, settings.resolve(cfg.path), cfg.url, cfg.prefix, timeout_s=cfg.timeout_s)
 
     @property
     def backend(self) -> type[Store]:

@@ -39,7 +39,7 @@ from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.stores import formats, rules
 from stabletoolbench_mirror.stores import redis_scripts as scripts
 from stabletoolbench_mirror.stores.base import Store, StoreCounts, StoreError, _recording_order
-from stabletoolbench_mirror.stores.kinds import StoreSpec, StoreSpecError
+from stabletoolbench_mirror.stores.kinds import LOCK_TTL_S, StoreSpec, StoreSpecError
 from stabletoolbench_mirror.stores.redis_connection import (
     AsyncClients,
     FlightLocks,
@@ -105,7 +105,7 @@ class RedisStore(Store):
         url: str,
         *,
         prefix: str = "stm",
-        lock_ttl_s: float = 15.0,
+        lock_ttl_s: float = LOCK_TTL_S,
         timeout_s: float = 2.0,
         lock_poll_s: float = 0.02,
         kept_bytes: int = 64 * 1024 * 1024,

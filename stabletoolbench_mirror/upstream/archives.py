@@ -54,6 +54,8 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
 MARKER = ".stm-unpacked.json"
 _CHUNK = 1 << 20
 _MB = 1024 * 1024
+DOWNLOAD_MIN_BYTES_PER_S = 10 * 1024  # a download slower than this over DOWNLOAD_LOW_SPEED_S has stalled: it is given up
+DOWNLOAD_LOW_SPEED_S = 60.0  # the window that speed is measured over, and the longest wait for one read
 
 
 class ArchiveError(RuntimeError):
@@ -117,7 +119,7 @@ class _Pace:
 
     def read_timeout(self) -> float:
         """The longest one read may wait: the low-speed window, never past the deadline."""
-        return max(0.1, min(self.limits.download_low_speed_s, self.started + self.limits.download_deadline_s - time.monotonic()))
+        return max(0.1, min(DOWNLOAD_LOW_SPEED_S, self.started + self.limits.download_deadline_s - time.monotonic()))
 
     def check_length(self, length: int | None) -> None:
         if length is not None and length > self.limits.download_max_bytes:
@@ -132,11 +134,10 @@ class _Pace:
         if now - self.started > limits.download_deadline_s:
             raise ArchiveError(f"cannot download {self.url}: not done within download_deadline_s ({limits.download_deadline_s:g} s); "
                                "raise download_deadline_s for a slow link")
-        if now - self.window_start >= limits.download_low_speed_s:
-            if self.window_bytes < limits.download_min_bytes_per_s * (now - self.window_start):
-                raise ArchiveError(f"cannot download {self.url}: slower than download_min_kb_per_s "
-                                   f"({limits.download_min_bytes_per_s / 1024:g} KB/s) over download_low_speed_s "
-                                   f"({limits.download_low_speed_s:g} s); lower download_min_kb_per_s for a slow link")
+        if now - self.window_start >= DOWNLOAD_LOW_SPEED_S:
+            if self.window_bytes < DOWNLOAD_MIN_BYTES_PER_S * (now - self.window_start):
+                raise ArchiveError(f"cannot download {self.url}: slower than {DOWNLOAD_MIN_BYTES_PER_S / 1024:g} KB/s "
+                                   f"over {DOWNLOAD_LOW_SPEED_S:g} s: the download has stalled")
             self.window_start, self.window_bytes = now, 0
 
     def _over(self, size: int) -> ArchiveError:
@@ -206,14 +207,11 @@ class ArchiveLimits:
     max_members: int = 100_000
     download_max_bytes: int = 16384 * _MB
     download_deadline_s: float = 3600.0
-    download_min_bytes_per_s: float = 10 * 1024
-    download_low_speed_s: float = 60.0
 
     @classmethod
     def of(cls, settings: Settings) -> ArchiveLimits:
         return cls(int(settings.frozen_max_file_mb * _MB), int(settings.archive_max_total_mb * _MB), settings.archive_max_members,
-                   int(settings.download_max_mb * _MB), settings.download_deadline_s, settings.download_min_kb_per_s * 1024,
-                   settings.download_low_speed_s)
+                   int(settings.download_max_mb * _MB), settings.download_deadline_s)
 
 
 class _Budget:

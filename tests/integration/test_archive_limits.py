@@ -25,6 +25,7 @@ from stabletoolbench_mirror.factory import build_frozen
 from stabletoolbench_mirror.reporting.sources import collect
 from stabletoolbench_mirror.reporting.tally import ReportError
 from stabletoolbench_mirror.stores import DiskcacheStore
+from stabletoolbench_mirror.upstream import archives
 from stabletoolbench_mirror.upstream.archives import ArchiveLimits
 from tests.helpers import paths
 from tests.helpers.live import serve_folder, serve_http
@@ -252,13 +253,15 @@ def slow_server() -> Iterator[str]:
 
 @pytest.mark.parametrize("path, settings, refusal", [
     ("/big", {"download_max_mb": 16}, r"64.0 MB, over download_max_mb \(16 MB\); raise download_max_mb"),
-    ("/trickle", {"download_min_kb_per_s": 1, "download_low_speed_s": 1}, r"slower than download_min_kb_per_s \(1 KB/s\)"),
+    ("/trickle", {}, r"slower than 1 KB/s over 1 s: the download has stalled"),  # the low-speed limit, made 1 s below
     ("/steady", {"download_deadline_s": 1}, r"not done within download_deadline_s \(1 s\)"),
     ("/steady", {"download_max_mb": 1}, r"over download_max_mb \(1 MB\)"),  # no Content-Length: counted as it arrives
     ("/ftp", {}, r"redirects to ftp://127.0.0.1/snap.tar.gz: only http\(s\):// is followed"),
 ])
 def test_downloads_are_bounded_and_nothing_partial_is_kept(slow_server: str, settings_factory, tmp_path: Path, path: str,
-                                                          settings: dict, refusal: str) -> None:
+                                                          settings: dict, refusal: str, monkeypatch) -> None:
+    monkeypatch.setattr(archives, "DOWNLOAD_MIN_BYTES_PER_S", 1024)  # 1 KB/s over 1 s: the others stay far above it
+    monkeypatch.setattr(archives, "DOWNLOAD_LOW_SPEED_S", 1.0)
     downloads = tmp_path / "downloads"
     with pytest.raises(ConfigError, match=refusal):
         build_frozen(settings_factory(mode="replay", frozen_caches=[f"{slow_server}{path}"], download_dir=str(downloads), **settings))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from stabletoolbench_mirror.config import ConfigError, load_settings
+from stabletoolbench_mirror.config_loading import REMOVED_KEYS
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -34,11 +36,11 @@ def test_defaults() -> None:
         ("port: eighty\n", "port"),
         ("store:\n  kind: mongodb\n", "store.kind"),
         ("simulator:\n  style: gpt5\n", "simulator.style"),
-        ("real:\n  breaker_failures: 0\n", "real.breaker_failures"),
+        ("real:\n  connect_timeout_s: 0\n", "real.connect_timeout_s"),
         ("archive_max_members: 0\n", "archive_max_members"),
         ("archive_max_total_mb: -1\n", "archive_max_total_mb"),
         ("download_deadline_s: 0\n", "download_deadline_s"),
-        ("download_min_kb_per_s: -1\n", "download_min_kb_per_s"),
+        ("download_max_mb: -1\n", "download_max_mb"),
     ],
 )
 def test_bad_keys_fail_naming_the_key(tmp_path: Path, text: str, key: str) -> None:
@@ -138,6 +140,37 @@ def test_no_suggestion_when_nothing_is_close(tmp_path: Path) -> None:
     assert str(err.value).endswith("unknown key 'database'")
 
 
+# -- Architecture IV: keys that became constants fail naming the key and the value it is fixed at ------------------
+
+
+@pytest.mark.parametrize("text, environ, added", [
+    ("limits:\n  header_timeout_s: 30\n", {}, ""),
+    ("{}\n", {"STM_LIMITS__HEADER_TIMEOUT_S": "30"}, " + STM_* environment"),
+])
+def test_a_key_that_became_a_constant_is_refused_naming_its_fixed_value(tmp_path: Path, text: str, environ: dict[str, str],
+                                                                        added: str) -> None:
+    cfg = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg, environ=environ)
+    assert str(err.value) == f"{cfg}{added}: 'limits.header_timeout_s' is no longer a setting (fixed at 10 s); remove it"
+
+
+def test_every_removed_key_is_refused_with_its_own_line(tmp_path: Path) -> None:
+    """Each key of the table is refused as removed: none of them is a setting still, and none is named as unknown."""
+    data: dict = {}
+    for key in REMOVED_KEYS:
+        *sections, name = key.split(".")
+        node = data
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = 1
+    cfg = write(tmp_path, json.dumps(data))
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg, environ={})
+    assert sorted(str(err.value).splitlines()) == sorted(
+        f"{cfg}: '{key}' is no longer a setting (fixed at {fixed}); remove it" for key, fixed in REMOVED_KEYS.items())
+
+
 # -- issue 18 item 8: values that cannot work are refused, naming the key and the bound ----------------
 
 
@@ -148,7 +181,7 @@ def test_no_suggestion_when_nothing_is_close(tmp_path: Path) -> None:
         ("simulator:\n  read_timeout_s: 1.0e+10\n", "simulator.read_timeout_s", "at most an hour"),
         ("workers: 100000\n", "workers", "about one per CPU core"),
         ("real:\n  read_timeout_s: .inf\n", "real.read_timeout_s", "at most an hour"),
-        ("store:\n  lock_ttl_s: 1.0e+10\n", "store.lock_ttl_s", "cannot work"),
+        ("store:\n  timeout_s: 1.0e+10\n", "store.timeout_s", "cannot work"),
         ("limits:\n  body_timeout_s: 1.0e+10\n", "limits.body_timeout_s", "cannot work"),
         ("local_tools_timeout_s: 1.0e+10\n", "local_tools_timeout_s", "cannot work"),
         ("sessions:\n  idle_expiry_s: 1.0e+300\n", "sessions.idle_expiry_s", "cannot work"),

@@ -22,6 +22,7 @@ from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.protocol import VirtualRequest
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.fidelity.metrics import JUDGE_SYSTEM_PROMPT, METRICS, Scorer, import_rouge, parse_judge_score
+from stabletoolbench_mirror.responders.simulator import prompts as simulator_prompts
 from stabletoolbench_mirror.stores import DiskcacheStore
 from tests.helpers.openai_stub import OpenAIStub, Reply, letter_embedder
 
@@ -198,8 +199,9 @@ def test_identical_sets_score_exact_one_and_bleu_100(tmp_path, reference_dir, re
     assert all(r["bleu"] == pytest.approx(100.0) and r["exact"] == 1.0 for r in report["calls"])
 
 
-def test_the_calls_own_answer_never_reaches_a_few_shot_prompt(tmp_path, reference_dir, reference_calls) -> None:
+def test_the_calls_own_answer_never_reaches_a_few_shot_prompt(tmp_path, reference_dir, reference_calls, monkeypatch) -> None:
     """gpt-fewshot draws examples from the store and frozen caches, which hold the reference answers themselves."""
+    monkeypatch.setattr(simulator_prompts, "EXAMPLES_BUDGET_CHARS", 100_000)  # room for every other call of an API
     store_path = tmp_path / "store"
     calls = [ToolCall.from_request(VirtualRequest.model_validate(item["payload"])) for item in reference_calls]
     with DiskcacheStore(str(store_path)) as store:
@@ -213,7 +215,7 @@ def test_the_calls_own_answer_never_reaches_a_few_shot_prompt(tmp_path, referenc
             tmp_path,
             tools_folder=str(reference_dir / "toolenv" / "tools"),
             frozen_caches=[str(reference_dir / "cache")],
-            simulator={"enabled": True, "style": "gpt-fewshot", "api_base": sim.api_base, "examples_budget_chars": 100000},
+            simulator={"enabled": True, "style": "gpt-fewshot", "api_base": sim.api_base},
         )
         assert main(["fidelity", "--config", str(config), "--calls", str(reference_dir / "calls.jsonl"), "--concurrency", "1", "--quiet"]) == 0
         prompts = [r["messages"][1]["content"] for r in sim.requests]

@@ -21,6 +21,7 @@ import pytest
 
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.responders import simulator as simulator_module
 from stabletoolbench_mirror.stores.base import StoreError
 
 API = "Tools/t_for_Tools/a"
@@ -90,12 +91,13 @@ def asked(body: bytes) -> str:
 
 
 @pytest.fixture
-def mirror(serve, settings_factory, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+def mirror(serve, settings_factory, tmp_path: Path, monkeypatch) -> Iterator[Callable[..., Any]]:
     started: list[tuple[ScriptedModelServer, MirrorLayer]] = []
+    monkeypatch.setattr(simulator_module, "BACKOFF_S", 0.01)
 
     def start(handler: Handler, **simulator: Any):
         model = ScriptedModelServer(handler)
-        cfg = {"enabled": True, "api_base": model.api_base, "model": "m", "backoff_s": 0.01, "max_retries": 0,
+        cfg = {"enabled": True, "api_base": model.api_base, "model": "m", "max_retries": 0,
                "read_timeout_s": 3.0, "connect_timeout_s": 1.0, "allow_without_docs": True, "validity": "off", **simulator}
         settings = settings_factory(mode="record", simulator=cfg)
         layer = build_layer(settings)

@@ -30,6 +30,7 @@ from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.protocol import VirtualRequest
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.factory import build_store
+from stabletoolbench_mirror.serving import uvicorn_protocol
 from stabletoolbench_mirror.serving.prepared import PreparedCalls
 from stabletoolbench_mirror.serving.server import GuardedHttpProtocol, create_app, uvicorn_options
 from tests.helpers.live import UvicornThread
@@ -198,8 +199,7 @@ def test_an_answer_is_one_write_of_the_same_bytes(settings_factory, tmp_path: Pa
     options = uvicorn_options(settings)
     for name, protocol in (("guarded", _counting(GuardedHttpProtocol, writes)), ("plain", HttpToolsProtocol)):
         if name == "guarded":
-            protocol = functools.partial(protocol, header_timeout_s=settings.limits.header_timeout_s,
-                                         send_timeout_s=settings.limits.send_timeout_s)
+            protocol = functools.partial(protocol, **options["http"].keywords)
         with UvicornThread(create_app(settings), http=protocol, timeout_keep_alive=options["timeout_keep_alive"]) as server:
             for request, head_only in requests_:
                 before = len(writes)
@@ -213,10 +213,11 @@ def test_an_answer_is_one_write_of_the_same_bytes(settings_factory, tmp_path: Pa
     assert b"".join(writes).replace(b"\r\n", b"\n").count(b"HTTP/1.1 ") == len(requests_)
 
 
-def test_one_header_timer_still_closes_a_later_stalled_request(serve, settings_factory) -> None:
-    """A kept-alive connection's timer, armed by its first request, waits for the full header_timeout_s of the next."""
+def test_one_header_timer_still_closes_a_later_stalled_request(serve, settings_factory, monkeypatch) -> None:
+    """A kept-alive connection's timer, armed by its first request, waits for the full header timeout of the next."""
     timeout = 2.0  # wide enough for the steps below to fall where they should on a loaded machine
-    server = serve(settings_factory(limits={"header_timeout_s": timeout}))
+    monkeypatch.setattr(uvicorn_protocol, "HEADER_TIMEOUT_S", timeout)
+    server = serve(settings_factory())
     port = int(server.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -23,6 +23,7 @@ from stabletoolbench_mirror.commands.cli import main
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.responders import simulator as simulator_module
 from stabletoolbench_mirror.responders.simulator.prompts import STYLES
 from tests.helpers.openai_stub import OpenAIStub, Reply
 
@@ -55,8 +56,9 @@ def in_order(*replies: Reply) -> Callable[[dict[str, Any]], Reply]:
 
 
 @pytest.fixture
-def mirror(serve, settings_factory, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+def mirror(serve, settings_factory, tmp_path: Path, monkeypatch) -> Iterator[Callable[..., Any]]:
     """A mirror server whose simulator talks to ``api_base``: (server, layer)."""
+    monkeypatch.setattr(simulator_module, "BACKOFF_S", 0.01)
     root = tmp_path / "tools"
     (root / "Data").mkdir(parents=True)
     (root / "Data" / "keyword_analysis.json").write_text(json.dumps({
@@ -68,7 +70,7 @@ def mirror(serve, settings_factory, tmp_path: Path) -> Iterator[Callable[..., An
     layers: list[MirrorLayer] = []
 
     def start(api_base: str, **simulator: Any):
-        cfg = {"enabled": True, "api_base": api_base, "model": MODEL, "api_key": API_KEY, "backoff_s": 0.01, "max_retries": 1,
+        cfg = {"enabled": True, "api_base": api_base, "model": MODEL, "api_key": API_KEY, "max_retries": 1,
                "read_timeout_s": 5.0, "connect_timeout_s": 1.0, **simulator}  # fmt: skip
         settings = settings_factory(simulator=cfg, tools_folder=str(root))
         layer = build_layer(settings)

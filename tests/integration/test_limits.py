@@ -19,6 +19,7 @@ from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.serving import admission, uvicorn_protocol
 from stabletoolbench_mirror.stores import DiskcacheStore
 from tests.helpers.openai_stub import OpenAIStub, Reply
 from tests.helpers.responders import KeyedResponder
@@ -159,8 +160,9 @@ def test_a_trusted_proxy_that_is_no_address_is_a_config_error(settings_factory) 
         settings_factory(limits={"trusted_proxies": ["localhost"]})
 
 
-def test_a_full_wait_queue_is_refused_at_once_naming_the_setting(tmp_path: Path, serve, settings_factory) -> None:
-    settings = settings_factory(limits={"max_in_flight_per_client": 1, "max_queued_requests": 2})
+def test_a_full_wait_queue_is_refused_at_once_naming_the_bound(tmp_path: Path, serve, settings_factory, monkeypatch) -> None:
+    monkeypatch.setattr(admission, "MAX_QUEUED_REQUESTS", 2)
+    settings = settings_factory(limits={"max_in_flight_per_client": 1})
     responder = KeyedResponder(delay_s=1.0)
     server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[responder]))
     results = post_all(server.url, [payload(i) for i in range(6)])
@@ -168,10 +170,11 @@ def test_a_full_wait_queue_is_refused_at_once_naming_the_setting(tmp_path: Path,
     refused = [r for r in results if r[0] == 503]
     assert len(ok) == 3 and len(refused) == 3, [r[0] for r in results]  # one answered, two waited
     for _status, body, elapsed in refused:
-        assert "limits.max_queued_requests" in body["error"] and body["response"] == ""
+        assert body == {"error": "stabletoolbench-mirror is overloaded (2 requests are already waiting, the most this server queues)",
+                        "response": ""}
         assert elapsed < 0.9, "a full queue refuses at once"
     stats = requests.get(server.url + "/stats", timeout=5).json()
-    assert stats["refused"] == 3 and stats["refusals"] == {"limits.max_queued_requests": 3}
+    assert stats["refused"] == 3 and stats["refusals"] == {"max_queued_requests": 3}
     assert stats["requests"] == 6
     # the slots are given back: the client may send again
     assert [r[0] for r in post_all(server.url, [payload(i) for i in range(20, 22)])] == [200, 200]
@@ -244,11 +247,12 @@ def _closed_by_server(sock: socket.socket, within_s: float) -> bool:
         return True
 
 
-def test_stalled_clients_cannot_lock_an_address_out(tmp_path: Path, serve, settings_factory) -> None:
+def test_stalled_clients_cannot_lock_an_address_out(tmp_path: Path, serve, settings_factory, monkeypatch) -> None:
     """64 half-sent bodies from 127.0.0.1 (the default per-client limit), plus stalled headers and silent
     connections: a normal request still gets through, and the server closes them all."""
     timeout = 2.0
-    settings = settings_factory(limits={"header_timeout_s": timeout, "body_timeout_s": timeout})
+    monkeypatch.setattr(uvicorn_protocol, "HEADER_TIMEOUT_S", timeout)
+    settings = settings_factory(limits={"body_timeout_s": timeout})
     server = serve(settings, MirrorLayer(DiskcacheStore(tmp_path / "s"), responders=[KeyedResponder()]))
     socks = _stalled_connections(server.url, body=64, headers=8, silent=8)
     try:

@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from stabletoolbench_mirror.config import ConfigError
+from stabletoolbench_mirror.engine import local_tools
 from stabletoolbench_mirror.engine.local_tools import LocalTools, answer_of
 from stabletoolbench_mirror.factory import build_store
 from tests.helpers import paths
@@ -180,6 +181,16 @@ def test_a_state_that_is_not_json_is_not_kept(local_server) -> None:
     r = post(server.url, notes("bad_state"), sid)
     assert r.status_code == 200 and "state that is not JSON" in r.json()["response"]
     assert requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()["state"] == {}
+
+
+def test_a_state_over_its_bound_is_not_kept(local_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    server, _ = local_server
+    monkeypatch.setattr(local_tools, "MAX_STATE_BYTES", 40)  # {"items": ["apples"]} fits, one more item does not
+    sid = requests.post(server.url + "/sessions", json={}, timeout=10).json()["id"]
+    assert post(server.url, notes("remember", item="apples"), sid).json()["response"] == '["apples"]'
+    r = post(server.url, notes("remember", item="a longer item than the bound leaves room for"), sid)
+    assert r.status_code == 200 and "left a state over 40 bytes" in r.json()["response"], r.text
+    assert requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()["state"] == {"items": ["apples"]}
 
 
 def test_only_listed_files_are_ever_imported(serve, settings_factory, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.responders import real
 from stabletoolbench_mirror.responders.real import build_real_responder
 from stabletoolbench_mirror.serving.server import create_app
 from tests.conftest import make_settings
@@ -190,13 +191,14 @@ def test_allow_and_deny_lists_keep_calls_away_from_the_relay(tmp_path: Path, ser
 # -- failing fast ----------------------------------------------------------------------------------
 
 
-def test_a_hanging_relay_trips_the_breaker(tmp_path: Path, serve) -> None:
+def test_a_hanging_relay_trips_the_breaker(tmp_path: Path, serve, monkeypatch) -> None:
     read_timeout, k = 0.6, 2
+    monkeypatch.setattr(real, "BREAKER_FAILURES", k)
+    monkeypatch.setattr(real, "BREAKER_RESET_S", 1.5)
     with ApiHost(lambda r: HostReply(hang=True)) as host:
         settings = make_settings(
             tmp_path,
-            real={"enabled": True, "relay_url": host.url + "/relay", "connect_timeout_s": 0.5, "read_timeout_s": read_timeout,
-                  "breaker_failures": k, "breaker_reset_s": 1.5},
+            real={"enabled": True, "relay_url": host.url + "/relay", "connect_timeout_s": 0.5, "read_timeout_s": read_timeout},
         )
         server = serve(settings)
         timings = []
@@ -210,7 +212,7 @@ def test_a_hanging_relay_trips_the_breaker(tmp_path: Path, serve) -> None:
         assert host.count == k  # the open breaker sent nothing
         failures = requests.get(server.url + "/stats", timeout=5).json()["failures"]
         assert any("circuit open" in f for f in failures)
-        # after breaker_reset_s one trial call goes through again
+        # after BREAKER_RESET_S one trial call goes through again
         time.sleep(1.5)
         start = time.monotonic()
         server.post(payload({"trial": 1}))

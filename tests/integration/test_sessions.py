@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from stabletoolbench_mirror.core import protocol
+from stabletoolbench_mirror.engine import sessions as sessions_module
 from stabletoolbench_mirror.factory import build_store
 from tests.helpers import paths
 from tests.helpers.openai_stub import OpenAIStub, Reply
@@ -360,8 +361,9 @@ def test_a_full_session_refuses_more_calls(serve, settings_factory) -> None:
     assert len(requests.get(f"{server.url}/sessions/{sid}", timeout=10).json()["calls"]) == 2
 
 
-def test_bad_session_bodies(serve, settings_factory) -> None:
-    server = serve(settings_factory(sessions={"max_task_chars": 10}))
+def test_bad_session_bodies(serve, settings_factory, monkeypatch) -> None:
+    monkeypatch.setattr(sessions_module, "MAX_TASK_CHARS", 10)
+    server = serve(settings_factory())
     cases = [
         (b"{not json", 400),
         (b'{"task": 3}', 422),

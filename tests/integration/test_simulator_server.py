@@ -22,6 +22,8 @@ from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
+from stabletoolbench_mirror.responders import simulator as simulator_module
+from stabletoolbench_mirror.responders.simulator import prompts
 from stabletoolbench_mirror.responders.simulator.prompts import COT_SYSTEM_PROMPT, SFT_SYSTEM_PROMPT
 from stabletoolbench_mirror.stores import DiskcacheStore
 from tests.helpers.live import free_port
@@ -83,9 +85,10 @@ def tools_folder(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def mirror(serve, settings_factory, tools_folder: Path, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+def mirror(serve, settings_factory, tools_folder: Path, tmp_path: Path, monkeypatch) -> Iterator[Callable[..., Any]]:
     """Start a mirror server whose simulator talks to ``api_base``; returns (server, layer)."""
     layers: list[MirrorLayer] = []
+    monkeypatch.setattr(simulator_module, "BACKOFF_S", 0.01)
 
     def start(api_base: str | list[str], frozen_caches: Sequence[str] = (), **simulator: Any):
         cfg = {
@@ -93,7 +96,6 @@ def mirror(serve, settings_factory, tools_folder: Path, tmp_path: Path) -> Itera
             "api_base": api_base,
             "model": MODEL,
             "api_key": API_KEY,
-            "backoff_s": 0.01,
             "max_retries": 2,
             "read_timeout_s": 5.0,
             "connect_timeout_s": 1.0,
@@ -317,7 +319,7 @@ def test_client_errors_are_not_retried(mirror) -> None:
 def test_retry_after_of_a_429_is_honoured(mirror) -> None:
     ok = Reply(content='{"error": "", "response": "waited"}')
     with OpenAIStub(script(Reply(status=429, headers=(("Retry-After", "0.5"),)), ok)) as stub:
-        server, _layer = mirror(stub.api_base, max_retries=1, backoff_s=0.0)
+        server, _layer = mirror(stub.api_base, max_retries=1)  # a backoff of 0.01 s: the wait is the Retry-After
         start = time.monotonic()
         assert server.post(payload()).json()["response"] == "waited"
         assert time.monotonic() - start >= 0.5
@@ -463,7 +465,7 @@ def test_toolbench_key_inside_tool_input_is_not_sent(mirror) -> None:
 
 def test_gpt_fewshot_uses_the_most_similar_cached_examples(mirror, tmp_path: Path) -> None:
     with OpenAIStub() as stub:
-        server, layer = mirror(stub.api_base, style="gpt-fewshot", max_examples=2, examples_budget_chars=2048)
+        server, layer = mirror(stub.api_base, style="gpt-fewshot", max_examples=2)
         store: DiskcacheStore = layer.store  # type: ignore[assignment]
         for q, answer in [
             ("birthday party ideas for kids", "kids-party.com"),
@@ -486,9 +488,10 @@ def test_gpt_fewshot_uses_the_most_similar_cached_examples(mirror, tmp_path: Pat
         assert user.rstrip().endswith("{'q': 'birthday party ideas!'}")
 
 
-def test_gpt_fewshot_respects_the_character_budget(mirror) -> None:
+def test_gpt_fewshot_respects_the_character_budget(mirror, monkeypatch) -> None:
+    monkeypatch.setattr(prompts, "EXAMPLES_BUDGET_CHARS", 300)
     with OpenAIStub() as stub:
-        server, layer = mirror(stub.api_base, style="gpt-fewshot", max_examples=5, examples_budget_chars=300)
+        server, layer = mirror(stub.api_base, style="gpt-fewshot", max_examples=5)
         for i in range(5):
             layer.store.add(
                 Record.from_answer(API, str({"q": f"query {i}"}), {"error": "", "response": f"answer-{i}-" + "x" * 100}, "real"),

@@ -18,6 +18,9 @@ from stabletoolbench_mirror.upstream.validity import Validity, classify
 
 __all__ = ["RealResponder", "Validity", "build_real_responder", "classify"]
 
+BREAKER_FAILURES = 5  # consecutive failures of one host that open its circuit breaker
+BREAKER_RESET_S = 60.0  # how long an open breaker skips real calls to its host
+
 
 def build_real_responder(settings: Settings, *, docs: ToolDocs | None = None) -> RealResponder:
     """The real-API responder that ``settings.real`` describes (``ConfigError`` when it is incomplete).
@@ -28,7 +31,7 @@ def build_real_responder(settings: Settings, *, docs: ToolDocs | None = None) ->
     transport = Transport(
         connect_timeout_s=cfg.connect_timeout_s,
         read_timeout_s=cfg.read_timeout_s,
-        breakers=BreakerBoard(cfg.breaker_failures, cfg.breaker_reset_s),
+        breakers=BreakerBoard(BREAKER_FAILURES, BREAKER_RESET_S),
         pool_size=max(16, min(256, settings.limits.max_pending_misses)),
     )
     backend: object

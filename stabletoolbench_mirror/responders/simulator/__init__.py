@@ -27,6 +27,8 @@ __all__ = [
     "system_prompt_for",
 ]
 
+BACKOFF_S = 0.5  # the simulator's first wait before a retry, doubled for each next one (at most client.MAX_BACKOFF_S)
+
 
 def build_chat_client(settings: Settings, *, api_base: str | Sequence[str] | None = None) -> ChatClient:
     """The chat client of ``settings.simulator``; ``api_base`` replaces the configured endpoints."""
@@ -50,7 +52,7 @@ def _chat_client(settings: Settings, endpoints: list[str]) -> ChatClient:
         connect_timeout_s=cfg.connect_timeout_s,
         read_timeout_s=cfg.read_timeout_s,
         max_retries=cfg.max_retries,
-        backoff_s=cfg.backoff_s,
+        backoff_s=BACKOFF_S,
         balance=cfg.balance,
         pool_size=cfg.max_concurrency,
     )
@@ -82,7 +84,6 @@ def build_simulator(
         system_prompt=system_prompt_for(settings),
         docs=docs if docs is not None else tool_docs_for(settings),
         max_examples=cfg.max_examples,
-        examples_budget_chars=cfg.examples_budget_chars,
         structured_output=cfg.structured_output,
         structured_max_chars=cfg.structured_max_chars,
         max_concurrency=cfg.max_concurrency,

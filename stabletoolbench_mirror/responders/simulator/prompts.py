@@ -196,6 +196,8 @@ def mirrorapi_messages(system_prompt: str, call: ToolCall, doc: ApiDoc | None, s
 
 # -- gpt-fewshot ------------------------------------------------------------------------------
 
+EXAMPLES_BUDGET_CHARS = 2048  # a gpt-fewshot prompt's cached examples, in characters (input keys and answers' JSON)
+
 
 def choose_examples(call: ToolCall, records: Sequence[Record], max_examples: int, budget_chars: int) -> list[tuple[str, Any]]:
     """Up to ``max_examples`` ``(input key, answer)`` pairs, most similar input first, within the budget.
@@ -260,9 +262,8 @@ def gpt_fewshot_messages(
     records: Sequence[Record],
     *,
     max_examples: int = 5,
-    budget_chars: int = 2048,
 ) -> list[dict[str, str]]:
-    examples = choose_examples(call, records, max_examples, budget_chars)
+    examples = choose_examples(call, records, max_examples, EXAMPLES_BUDGET_CHARS)
     return [
         {"role": "system", "content": system_prompt},
         {"role": "user", "content": gpt_fewshot_user_turn(call, doc, examples)},

@@ -54,7 +54,6 @@ class Simulator:
         system_prompt: str | SystemPrompt | None = None,
         docs: ToolDocs | None = None,
         max_examples: int = 5,
-        examples_budget_chars: int = 2048,
         structured_output: bool = False,
         structured_max_chars: int | None = None,
         max_concurrency: int = 64,
@@ -77,7 +76,6 @@ class Simulator:
         """Further completions asked for when an output cannot be parsed (seed + 1, + 2, ...)."""
         self.docs = docs
         self.max_examples = max_examples
-        self.examples_budget_chars = examples_budget_chars
         self.extra: dict[str, Any] = (
             prompts.structured_output_fields(style == "mirrorapi-cot", structured_max_chars) if structured_output else {}
         )
@@ -111,15 +109,7 @@ class Simulator:
             return history.world_model_messages(self.system_prompt, call, doc)
         if self.style == "gpt-fewshot":
             return history.with_session(
-                call,
-                prompts.gpt_fewshot_messages(
-                    self.system_prompt,
-                    call,
-                    doc,
-                    examples,
-                    max_examples=self.max_examples,
-                    budget_chars=self.examples_budget_chars,
-                ),
+                call, prompts.gpt_fewshot_messages(self.system_prompt, call, doc, examples, max_examples=self.max_examples)
             )
         return prompts.mirrorapi_messages(self.system_prompt, call, doc, self.style)
 
