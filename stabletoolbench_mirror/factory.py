@@ -10,21 +10,19 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from stabletoolbench_mirror.config import ConfigError, Mode, Settings
-from stabletoolbench_mirror.engine.faults import FaultPlan
-from stabletoolbench_mirror.engine.layer import MirrorLayer
-from stabletoolbench_mirror.engine.refresh import RefreshScope
-from stabletoolbench_mirror.engine.responders import Responder
-from stabletoolbench_mirror.engine.served_copies import ServedCopies
-from stabletoolbench_mirror.responders.shadow import SHADOW_SUFFIX, ShadowedResponder
-from stabletoolbench_mirror.responders.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache, Store
 from stabletoolbench_mirror.stores.kinds import StoreSpec, StoreSpecError
-from stabletoolbench_mirror.upstream.tooldocs import ToolDocs, tool_docs_for
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the layer's parts are imported by the functions that build them: a command opening a store only
+    # (``cache stats``, ``snapshot``) starts without the engine, the simulator's client and the tool docs
+    from stabletoolbench_mirror.engine.layer import MirrorLayer
     from stabletoolbench_mirror.engine.local_tools import LocalTools
+    from stabletoolbench_mirror.engine.responders import Responder
+    from stabletoolbench_mirror.engine.served_copies import ServedCopies
     from stabletoolbench_mirror.engine.sessions import Sessions
+    from stabletoolbench_mirror.responders.shadow import ShadowedResponder
     from stabletoolbench_mirror.stores.sessions import SessionStore
+    from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
 
 T = TypeVar("T")
 
@@ -61,6 +59,8 @@ def _frozen_folder(settings: Settings, i: int, configured: str) -> str:
 
 def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> list[Responder]:
     """The miss chain in order: the real API (when enabled), then the simulator (when enabled)."""
+    from stabletoolbench_mirror.responders.simulator import build_simulator
+
     responders: list[Responder] = []
     if not (settings.real.enabled or settings.simulator.enabled):
         return responders
@@ -79,11 +79,16 @@ def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> lis
 
 def build_shadow_store(settings: Settings) -> Store:
     """The shadow store (``real.shadow_simulate``): the main store's settings, moved aside."""
+    from stabletoolbench_mirror.responders.shadow import SHADOW_SUFFIX
+
     return _configured(lambda: StoreSpec.of(settings).aside(SHADOW_SUFFIX).open())
 
 
 def _shadowed(real: Responder, settings: Settings, docs: ToolDocs | None) -> ShadowedResponder:
     """``real`` with shadow simulations, the simulator built from ``simulator.*`` (enabled or not)."""
+    from stabletoolbench_mirror.responders.shadow import ShadowedResponder
+    from stabletoolbench_mirror.responders.simulator import build_simulator
+
     simulator = build_simulator(settings, docs=docs)
     try:
         store = build_shadow_store(settings)
@@ -106,6 +111,10 @@ def build_layer(
     ``responders=[]`` gives a layer that answers from the caches only (``check`` in replay mode,
     ``warm``'s look at what is cached already).
     """
+    from stabletoolbench_mirror.engine.faults import FaultPlan
+    from stabletoolbench_mirror.engine.layer import MirrorLayer
+    from stabletoolbench_mirror.engine.refresh import RefreshScope
+
     owned = store is None
     build_local_tools(settings)  # a local_tools file that cannot be imported stops the start before anything opens
     store = build_store(settings) if store is None else store
@@ -133,6 +142,8 @@ def build_layer(
 
 def build_served_copies(settings: Settings) -> ServedCopies | None:
     """``record.served_store``: the store every served answer is copied into (``None`` when unset)."""
+    from stabletoolbench_mirror.engine.served_copies import ServedCopies
+
     path = settings.record.served_store
     if path is None:
         return None
@@ -174,6 +185,8 @@ def build_local_tools(settings: Settings) -> LocalTools | None:
 
 def build_tool_docs(settings: Settings) -> ToolDocs | None:
     """The tool docs of ``tools_folder`` plus those registered for tools that run here (API-Bank), or ``None``."""
+    from stabletoolbench_mirror.upstream.tooldocs import tool_docs_for
+
     docs = tool_docs_for(settings)
     if settings.apibank is not None:
         from stabletoolbench_mirror.apibank import register_apibank_docs

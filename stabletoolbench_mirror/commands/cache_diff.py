@@ -10,11 +10,12 @@ import json
 import sys
 
 from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
-from stabletoolbench_mirror.snapshots.tree_diff import DiffError, diff, open_side
-from stabletoolbench_mirror.stores import StoreError
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    from stabletoolbench_mirror.snapshots.tree_diff import DiffError, diff, open_side
+    from stabletoolbench_mirror.stores import StoreError
+
     try:
         settings = settings_from_args(args)
         progress = not (args.quiet or args.json)
