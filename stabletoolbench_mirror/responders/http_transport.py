@@ -1,7 +1,7 @@
 """POSTs to a model server: a small typed seam (:class:`Transport`), httpcore behind it.
 
 The simulator's chat client, and whatever else calls a model, sends JSON POSTs to one or a few
-servers through a :class:`Transport`: ``post(path, body, headers)`` gives an :class:`Answer`
+servers through a :class:`Transport`: ``post(path, body, headers)`` gives an :class:`Reply`
 (status, lower-case headers, body) or raises one of four :class:`TransportError` kinds:
 
 * :class:`ConnectFailed` -- no connection (refused, timed out, TLS refused), or it closed before
@@ -105,7 +105,7 @@ class BrokenAnswer(TransportError):
 
 
 @dataclass(frozen=True)
-class Answer:
+class Reply:
     status: int
     headers: Mapping[str, str]
     """Lower-case names; a repeated header keeps its last value."""
@@ -132,7 +132,7 @@ class Transport(Protocol):
     """POSTs to one endpoint."""
 
     def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None, *,
-             answer_timeout_s: float | None = None) -> Answer:
+             answer_timeout_s: float | None = None) -> Reply:
         """POST ``body`` to ``path`` (e.g. ``/v1/chat/completions``); the answer, whatever its status."""
         ...  # pragma: no cover - a protocol
 
@@ -315,7 +315,7 @@ class HttpcoreTransport:
         )
 
     def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None, *,
-             answer_timeout_s: float | None = None) -> Answer:
+             answer_timeout_s: float | None = None) -> Reply:
         if not path.startswith("/") or any(c in path for c in "\r\n "):
             raise ValueError(f"not a request path: {path!r}")
         url = httpcore.URL(scheme=self._scheme, host=self._host, port=self._port, target=path.encode("ascii"))
@@ -326,9 +326,9 @@ class HttpcoreTransport:
         if encoding in ("", "identity"):
             return answer
         # asked for identity; a server that compresses all the same is still understood (within the cap)
-        return Answer(answer.status, answer.headers, _decoded(answer.body, encoding, self.options.max_answer_bytes))
+        return Reply(answer.status, answer.headers, _decoded(answer.body, encoding, self.options.max_answer_bytes))
 
-    def _tries(self, url: httpcore.URL, headers: list[tuple[bytes, bytes]], body: bytes, budget: float) -> Answer:
+    def _tries(self, url: httpcore.URL, headers: list[tuple[bytes, bytes]], body: bytes, budget: float) -> Reply:
         for _ in range(_STALE_TRIES):
             try:
                 return self._exchange(url, headers, body, budget)
@@ -338,7 +338,7 @@ class HttpcoreTransport:
                 continue
         raise ConnectFailed(f"{_STALE_TRIES} kept connections in a row gave no answer")
 
-    def _exchange(self, url: httpcore.URL, headers: list[tuple[bytes, bytes]], body: bytes, budget: float) -> Answer:
+    def _exchange(self, url: httpcore.URL, headers: list[tuple[bytes, bytes]], body: bytes, budget: float) -> Reply:
         exchange = _Exchange(budget)
         timeouts = {"connect": self.options.connect_timeout_s, "read": budget, "write": budget, "pool": None}
         token = _CURRENT.set(exchange)
@@ -355,7 +355,7 @@ class HttpcoreTransport:
             raise _failure(exc, exchange) from None
         finally:
             _CURRENT.reset(token)
-        return Answer(response.status, answer_headers, data)
+        return Reply(response.status, answer_headers, data)
 
     def _body(self, chunks: Iterator[bytes], length: str | None) -> bytes:
         limit = self.options.max_answer_bytes

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from stabletoolbench_mirror.responders.http_transport import Answer, ConnectFailed, TransportFactory, TransportOptions
+from stabletoolbench_mirror.responders.http_transport import ConnectFailed, Reply, TransportFactory, TransportOptions
 
 
 @dataclass(frozen=True)
@@ -24,19 +24,19 @@ class Request:
 class MemoryTransport:
     """Answers from ``handler`` (which may raise a :class:`~stabletoolbench_mirror.responders.http_transport.TransportError`): no sockets."""
 
-    def __init__(self, handler: Callable[[Request], Answer], base: str = "memory://", options: TransportOptions | None = None) -> None:
+    def __init__(self, handler: Callable[[Request], Reply], base: str = "memory://", options: TransportOptions | None = None) -> None:
         self.handler = handler
         self.base = base
         self.options = options or TransportOptions()
         self.closed = False
 
     @classmethod
-    def factory(cls, handler: Callable[[Request], Answer]) -> TransportFactory:
+    def factory(cls, handler: Callable[[Request], Reply]) -> TransportFactory:
         """A factory whose transports, one per endpoint, all answer from ``handler``."""
         return lambda base, options: cls(handler, base, options)
 
     def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None, *,
-             answer_timeout_s: float | None = None) -> Answer:
+             answer_timeout_s: float | None = None) -> Reply:
         if self.closed:
             raise ConnectFailed("the transport is closed")
         return self.handler(Request(self.base, path, body, {**self.options.headers, **(headers or {})}))

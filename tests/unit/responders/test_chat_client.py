@@ -17,23 +17,23 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 KEY = "sk-test-0123456789abcdef"
 
 
-def completion(text: str = "ok", **extra: object) -> ht.Answer:
+def completion(text: str = "ok", **extra: object) -> ht.Reply:
     payload = {"model": "served-model", "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}], **extra}
-    return ht.Answer(200, {"content-type": "application/json"}, json.dumps(payload).encode())
+    return ht.Reply(200, {"content-type": "application/json"}, json.dumps(payload).encode())
 
 
-def error(status: int, message: str = "nope", **headers: str) -> ht.Answer:
-    return ht.Answer(status, headers, json.dumps({"error": {"message": message}}).encode())
+def error(status: int, message: str = "nope", **headers: str) -> ht.Reply:
+    return ht.Reply(status, headers, json.dumps({"error": {"message": message}}).encode())
 
 
 class Script:
     """Answers (or raises) in the order given, recording each request."""
 
-    def __init__(self, *steps: ht.Answer | Exception) -> None:
+    def __init__(self, *steps: ht.Reply | Exception) -> None:
         self.steps = list(steps)
         self.requests: list[mt.Request] = []
 
-    def __call__(self, request: mt.Request) -> ht.Answer:
+    def __call__(self, request: mt.Request) -> ht.Reply:
         self.requests.append(request)
         step = self.steps.pop(0)
         if isinstance(step, Exception):
@@ -49,7 +49,7 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     yield slept
 
 
-def client_for(handler: Callable[[mt.Request], ht.Answer], endpoints: str | list[str] = "http://model.test/v1", **options: object) -> ChatClient:
+def client_for(handler: Callable[[mt.Request], ht.Reply], endpoints: str | list[str] = "http://model.test/v1", **options: object) -> ChatClient:
     settings: dict = {"model": "m", "max_retries": 3, "backoff_s": 0.5, "transport_factory": mt.MemoryTransport.factory(handler)}
     settings.update(options)
     return ChatClient(endpoints, **settings)
@@ -134,7 +134,7 @@ def test_a_broken_answer_keeps_its_status(sleeps: list[float]) -> None:
 
 
 def test_an_answer_that_is_no_completion_is_not_retried(sleeps: list[float]) -> None:
-    script = Script(ht.Answer(200, {}, b'{"choices": []}'))
+    script = Script(ht.Reply(200, {}, b'{"choices": []}'))
     with pytest.raises(ChatError, match="not a chat completion") as caught:
         client_for(script).complete(MESSAGES)
     assert (caught.value.status, caught.value.retryable, len(script.requests)) == (200, False, 1)
@@ -152,7 +152,7 @@ def test_a_retry_goes_to_another_endpoint_first(sleeps: list[float]) -> None:
     # another call meanwhile takes the next endpoint in turn, so the turn is back at the one that failed
     bases: list[str] = []
 
-    def handler(request: mt.Request) -> ht.Answer:
+    def handler(request: mt.Request) -> ht.Reply:
         bases.append(request.base)
         if len(bases) == 1:
             client.complete(MESSAGES)
@@ -202,7 +202,7 @@ def test_credentials_in_an_endpoint_url_are_refused() -> None:
     ],
 )
 def test_a_completions_content_and_finish_reason_are_taken_as_sent(choice: dict, content: str, finish_reason: str) -> None:
-    answer = ht.Answer(200, {}, json.dumps({"choices": [choice]}).encode())
+    answer = ht.Reply(200, {}, json.dumps({"choices": [choice]}).encode())
     result = client_for(Script(answer)).complete(MESSAGES)
     assert (result.content, result.finish_reason, result.model) == (content, finish_reason, "m")  # no model named: the one asked for
 
@@ -235,7 +235,7 @@ def test_token_counts_are_kept_only_when_they_are_counts(usage: object, counts: 
 )
 def test_an_error_names_the_servers_message_cut_short(body: bytes, detail: str) -> None:
     with pytest.raises(ChatError) as caught:
-        client_for(Script(ht.Answer(404, {}, body))).complete(MESSAGES)
+        client_for(Script(ht.Reply(404, {}, body))).complete(MESSAGES)
     assert caught.value.detail == detail and caught.value.status == 404
 
 
@@ -262,7 +262,7 @@ def test_no_retries_means_one_try_and_no_backoff_means_no_sleep(sleeps: list[flo
 def test_least_busy_takes_the_endpoint_with_the_fewest_calls_in_flight() -> None:
     bases: list[str] = []
 
-    def handler(request: mt.Request) -> ht.Answer:
+    def handler(request: mt.Request) -> ht.Reply:
         bases.append(request.base)
         if len(bases) == 1:  # a.test is busy with this call while two more come
             client.complete(MESSAGES)

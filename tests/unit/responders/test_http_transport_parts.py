@@ -21,14 +21,14 @@ def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def test_the_memory_transport_hands_its_handler_the_request_with_the_options_headers_then_its_own() -> None:
     seen: list[mt.Request] = []
 
-    def handler(request: mt.Request) -> ht.Answer:
+    def handler(request: mt.Request) -> ht.Reply:
         seen.append(request)
-        return ht.Answer(201, {"x": "y"}, b"body")
+        return ht.Reply(201, {"x": "y"}, b"body")
 
     options = ht.TransportOptions(headers={"Authorization": "Bearer k", "Accept": "application/json"})
     factory = mt.MemoryTransport.factory(handler)
     a, b = factory("http://a.test/v1", options), factory("http://b.test/v1", options)
-    assert a.post("/v1/x", b"1", {"Accept": "text/plain", "X-Extra": "1"}) == ht.Answer(201, {"x": "y"}, b"body")
+    assert a.post("/v1/x", b"1", {"Accept": "text/plain", "X-Extra": "1"}) == ht.Reply(201, {"x": "y"}, b"body")
     b.post("/v1/y", b"2")
     assert [(r.base, r.path, r.body) for r in seen] == [("http://a.test/v1", "/v1/x", b"1"), ("http://b.test/v1", "/v1/y", b"2")]
     assert seen[0].headers == {"Authorization": "Bearer k", "Accept": "text/plain", "X-Extra": "1"}
@@ -36,7 +36,7 @@ def test_the_memory_transport_hands_its_handler_the_request_with_the_options_hea
 
 
 def test_a_closed_memory_transport_cannot_connect_and_a_handlers_failure_comes_through() -> None:
-    def handler(_request: mt.Request) -> ht.Answer:
+    def handler(_request: mt.Request) -> ht.Reply:
         raise ht.BrokenAnswer("cut", status=200)
 
     transport = mt.MemoryTransport(handler)

@@ -18,8 +18,8 @@ def upstreams(handler, *configs: dict) -> ModelServers:  # type: ignore[no-untyp
     return ModelServers(LLMConfig(upstreams=list(configs)), mt.MemoryTransport.factory(handler))
 
 
-def ok(request: mt.Request) -> ht.Answer:
-    return ht.Answer(200, {"content-type": "application/json"}, json.dumps({"choices": [], "seen": request.path}).encode())
+def ok(request: mt.Request) -> ht.Reply:
+    return ht.Reply(200, {"content-type": "application/json"}, json.dumps({"choices": [], "seen": request.path}).encode())
 
 
 def test_the_first_upstream_whose_pattern_matches_answers() -> None:
@@ -33,7 +33,7 @@ def test_the_first_upstream_whose_pattern_matches_answers() -> None:
 def test_the_key_is_the_variable_s_else_the_client_s(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[mt.Request] = []
 
-    def record(request: mt.Request) -> ht.Answer:
+    def record(request: mt.Request) -> ht.Reply:
         seen.append(request)
         return ok(request)
 
@@ -59,7 +59,7 @@ def test_the_key_is_the_variable_s_else_the_client_s(monkeypatch: pytest.MonkeyP
     (ht.BrokenAnswer("cut off"), 502, "broken answer"),
 ])
 def test_no_answer_is_told_with_a_status_and_the_setting(raised: Exception, status: int, words: str) -> None:
-    def fail(request: mt.Request) -> ht.Answer:
+    def fail(request: mt.Request) -> ht.Reply:
         raise raised
 
     upstream = upstreams(fail, {"base_url": "http://a.test/v1"}).for_model("m")

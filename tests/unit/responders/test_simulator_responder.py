@@ -24,17 +24,17 @@ ANSWER = json.dumps({"error": "", "response": "{'forecast': 'sunny'}"})
 KEY = "sk-simulator-0123456789abcdef"
 
 
-def completion(content: Any = ANSWER, finish_reason: Any = "stop", **extra: Any) -> ht.Answer:
+def completion(content: Any = ANSWER, finish_reason: Any = "stop", **extra: Any) -> ht.Reply:
     choice = {"message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}
-    return ht.Answer(200, {}, json.dumps({"model": "served", "choices": [choice], **extra}).encode())
+    return ht.Reply(200, {}, json.dumps({"model": "served", "choices": [choice], **extra}).encode())
 
 
 class Script:
-    def __init__(self, *steps: ht.Answer | Exception) -> None:
+    def __init__(self, *steps: ht.Reply | Exception) -> None:
         self.steps = list(steps)
         self.bodies: list[dict[str, Any]] = []
 
-    def __call__(self, request: mt.Request) -> ht.Answer:
+    def __call__(self, request: mt.Request) -> ht.Reply:
         self.bodies.append(json.loads(request.body))
         step = self.steps.pop(0)
         if isinstance(step, Exception):
@@ -125,14 +125,14 @@ def test_without_a_seed_a_retry_sends_none_and_retries_end_at_their_bound() -> N
 @pytest.mark.parametrize(
     ("steps", "detail"),
     [
-        ((ht.Answer(503, {}, b'{"error": {"message": "overloaded"}}'),) * 2, "simulator unavailable: HTTP 503: overloaded"),
-        ((ht.Answer(400, {}, b'{"message": "bad"}'),), "simulator unavailable: HTTP 400: bad"),
+        ((ht.Reply(503, {}, b'{"error": {"message": "overloaded"}}'),) * 2, "simulator unavailable: HTTP 503: overloaded"),
+        ((ht.Reply(400, {}, b'{"message": "bad"}'),), "simulator unavailable: HTTP 400: bad"),
         ((ht.ConnectFailed("refused"),) * 2, "simulator unavailable: connection failed: refused"),
         ((ht.AnswerTimedOut("slow"),), "simulator unavailable: no answer within 120 s (read timeout)"),
-        ((ht.Answer(200, {}, b'{"choices": []}'),), "simulator unavailable: the answer is not a chat completion"),
+        ((ht.Reply(200, {}, b'{"choices": []}'),), "simulator unavailable: the answer is not a chat completion"),
     ],
 )
-def test_no_completion_is_no_answer_and_no_fallback(steps: tuple[ht.Answer | Exception, ...], detail: str) -> None:
+def test_no_completion_is_no_answer_and_no_fallback(steps: tuple[ht.Reply | Exception, ...], detail: str) -> None:
     script = Script(*steps)
     attempt = simulator(script).respond(CALL, ())
     assert (attempt.answer, attempt.detail, attempt.fallback) == (None, detail, None)
