@@ -57,11 +57,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(group))
 
 
-ALONE = frozenset({
-    "test_tool_hits_keep_their_latency_beside_large_model_bodies", "test_cache_import_refuses_a_1_gib_member_from_its_header_in_little_memory",
-})
-"""Tests comparing a latency with one measured in the same run, or a whole command's time with a few seconds: no other
-test of the suite runs beside them."""
+ALONE = frozenset({"test_tool_hits_keep_their_latency_beside_large_model_bodies"})
+"""Tests comparing a latency with one measured in the same run: no other test of the suite runs beside them."""
 
 
 @pytest.fixture(autouse=True)

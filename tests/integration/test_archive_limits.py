@@ -42,8 +42,9 @@ def bounded():
 started = time.monotonic()
 done = subprocess.run(sys.argv[1:], capture_output=True, text=True, preexec_fn=bounded)
 elapsed = time.monotonic() - started
+used = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"rc": done.returncode, "stdout": done.stdout, "stderr": done.stderr, "elapsed_s": elapsed,
-                  "maxrss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+                  "cpu_s": used.ru_utime + used.ru_stime, "maxrss_kib": used.ru_maxrss}))
 """
 
 
@@ -112,10 +113,10 @@ def test_cache_import_refuses_a_1_gib_member_from_its_header_in_little_memory(tm
     assert "Data/big_for_Data/lookup.json unpacks to 1,024.0 MB, over frozen_max_file_mb (512 MB)" in result["stderr"]
     assert "raise frozen_max_file_mb" in result["stderr"]
     assert result["maxrss_kib"] <= 300 * 1024, result
-    assert result["elapsed_s"] <= 5, result
+    assert result["cpu_s"] <= 5, result  # CPU, not wall time: a busy machine slows the command, it does not make it work more
     assert _left_in(downloads) == []
     print(f"\ncache import of the 1 GiB-member archive: refused, peak RSS {result['maxrss_kib'] / 1024:.0f} MB, "
-          f"{result['elapsed_s']:.2f} s")
+          f"{result['cpu_s']:.2f} s of CPU, {result['elapsed_s']:.2f} s")
 
 
 def test_an_archive_of_100000_members_is_refused_naming_the_count_key(tmp_path: Path) -> None:
