@@ -269,11 +269,3 @@ def url_secrets(url: str) -> list[str]:
     found += [unquote(f) for f in found if "%" in f]
     found += [value for name, value in parse_qsl(parts.query) if any(word in name.lower() for word in SECRET_QUERY_WORDS)]
     return [f for f in found if f]
-
-
-def url_password(url: str) -> str | None:
-    """The password of ``url`` (``None``: none, or no URL)."""
-    try:
-        return urlsplit(url).password
-    except ValueError:
-        return None

@@ -13,7 +13,7 @@ from stabletoolbench_mirror.core.secrets import (
     mask_fields,
     may_name_a_secret_field,
     public_url,
-    url_password,
+    url_secrets,
     without_secret_fields,
 )
 
@@ -157,6 +157,12 @@ def test_public_url_keeps_no_user_info_query_or_fragment(url: str, public: str, 
     assert public_url(url) == public and public_url(url, keep_path=False) == origin
 
 
-@pytest.mark.parametrize(("url", "password"), [("redis://:pw@h:6379/0", "pw"), ("redis://u@h", None), ("http://[bad", None)])
-def test_url_password(url: str, password: str | None) -> None:
-    assert url_password(url) == password
+@pytest.mark.parametrize(("url", "secrets"), [
+    ("redis://:pw@h:6379/0", ["pw"]),
+    ("redis://u@h", ["u"]),  # a user without a password is a token sent as the user
+    ("https://u:p%40ss@h/v1?api-key=K1&model=m&sig=S2", ["p%40ss", "p@ss", "K1", "S2"]),
+    ("http://h/v1", []),
+    ("http://[bad", []),
+])
+def test_url_secrets_are_the_password_or_user_and_keyed_query_values(url: str, secrets: list[str]) -> None:
+    assert url_secrets(url) == secrets
