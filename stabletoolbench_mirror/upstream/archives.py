@@ -25,6 +25,7 @@ unpacked nor hashed again while the archive is unchanged.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -241,9 +242,13 @@ class _Budget:
 
 
 def _check_headers(archive: Path, limits: ArchiveLimits) -> None:
-    """Every member's header checked (type, path, size, count) as the archive streams by; nothing is unpacked."""
+    """Every member's header checked (type, path, size, count) as the archive streams by; nothing is unpacked.
+
+    The stream is unpacked by :mod:`gzip`, not by tarfile's ``r|gz``: that one keeps what it unpacked in one buffer and
+    copies its rest for every 512-byte header read, which took 19 s (13 of them in the kernel) to refuse an archive of
+    100,000 small members; through :class:`gzip.GzipFile` it takes about 2 s."""
     budget = _Budget(archive, limits)
-    with tarfile.open(archive, "r|gz") as tar:
+    with gzip.open(archive, "rb") as unpacked, tarfile.open(fileobj=unpacked, mode="r|") as tar:
         for member in tar:  # a member's data is skipped, never kept
             budget.admit(member)
             _member_kind(member)
