@@ -60,7 +60,8 @@ def open_store(args: argparse.Namespace, *, read_only: bool = True) -> Store:
 
 def add_command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], *, summary: str, **defaults: Any) -> argparse.ArgumentParser:
     """Command ``name``, run by ``func``: ``summary`` is its line in the list of commands, ``func``'s docstring
-    its ``--help`` description (argparse folds the docstring's lines and indentation into paragraphs of its own)."""
-    parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=func.__doc__)
+    its ``--help`` description (argparse folds the docstring's lines and indentation into paragraphs of its own;
+    under ``python -OO``, which drops docstrings, the summary)."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=func.__doc__ or summary)
     parser.set_defaults(func=func, **defaults)
     return parser

@@ -51,3 +51,13 @@ def test_help_and_an_unknown_command_still_list_every_command(tmp_path: Path) ->
                            text=True, timeout=120, env={"PYTHONPATH": str(paths.REPO), "PATH": "/usr/bin:/bin"})
     assert wrong.returncode == 2 and "invalid choice: 'cahce'" in wrong.stderr
     assert all(repr(name) in wrong.stderr for name in COMMANDS)
+
+
+def test_under_python_OO_each_command_still_says_what_it_does(tmp_path: Path) -> None:
+    """``-OO`` drops docstrings, which are the commands' ``--help`` descriptions: their summary stands in."""
+    for name in ("doctor", "check", "report", "warm", "fidelity", "snapshot", "score"):
+        done = subprocess.run([sys.executable, "-OO", "-m", "stabletoolbench_mirror", name, "--help"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, env={"PYTHONPATH": str(paths.REPO), "PATH": "/usr/bin:/bin"})
+        assert done.returncode == 0, done.stderr
+        described = done.stdout.split("\n\n")[1]  # after the usage block, before the options
+        assert not described.startswith(("options:", "positional arguments:")) and len(described.split()) >= 4, (name, done.stdout[:600])
