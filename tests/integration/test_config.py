@@ -171,6 +171,35 @@ def test_every_removed_key_is_refused_with_its_own_line(tmp_path: Path) -> None:
         f"{cfg}: '{key}' is no longer a setting (fixed at {fixed}); remove it" for key, fixed in REMOVED_KEYS.items())
 
 
+def test_each_removed_key_names_the_value_its_constant_holds() -> None:
+    """The table's words are written beside the constants' values: this keeps the two from drifting apart."""
+    from stabletoolbench_mirror.engine import local_tools, sessions
+    from stabletoolbench_mirror.responders import model_servers, real, simulator
+    from stabletoolbench_mirror.responders.http_transport import MAX_ANSWER_BYTES
+    from stabletoolbench_mirror.responders.simulator.prompts import EXAMPLES_BUDGET_CHARS
+    from stabletoolbench_mirror.serving import admission, mcp_front, uvicorn_protocol
+    from stabletoolbench_mirror.stores.kinds import LOCK_TTL_S
+    from stabletoolbench_mirror.upstream import archives
+
+    constants = {
+        "limits.header_timeout_s": f"{uvicorn_protocol.HEADER_TIMEOUT_S:g} s",
+        "limits.keep_alive_timeout_s": f"{uvicorn_protocol.KEEP_ALIVE_TIMEOUT_S:g} s",
+        "limits.max_queued_requests": f"{admission.MAX_QUEUED_REQUESTS:,} requests",
+        "store.lock_ttl_s": f"{LOCK_TTL_S:g} s",
+        "real.breaker_failures": f"{real.BREAKER_FAILURES} failures", "real.breaker_reset_s": f"{real.BREAKER_RESET_S:g} s",
+        "simulator.backoff_s": f"{simulator.BACKOFF_S:g} s, doubled for each next retry",
+        "simulator.examples_budget_chars": f"{EXAMPLES_BUDGET_CHARS:,} characters",
+        "sessions.max_state_bytes": f"{local_tools.MAX_STATE_BYTES // 2**20} MiB",
+        "sessions.max_task_chars": f"{sessions.MAX_TASK_CHARS:,} characters",
+        "mcp.session_idle_timeout_s": f"{mcp_front.SESSION_IDLE_TIMEOUT_S:,g} s",
+        "llm.connect_timeout_s": f"{model_servers.CONNECT_TIMEOUT_S:g} s", "llm.max_answer_bytes": f"{MAX_ANSWER_BYTES // 2**20} MiB",
+        "download_min_kb_per_s": f"{archives.DOWNLOAD_MIN_BYTES_PER_S // 1024:g} KB/s",
+        "download_low_speed_s": f"{archives.DOWNLOAD_LOW_SPEED_S:g} s",
+    }
+    assert REMOVED_KEYS == constants
+    assert local_tools.MAX_STATE_BYTES % 2**20 == 0 and MAX_ANSWER_BYTES % 2**20 == 0
+
+
 # -- issue 18 item 8: values that cannot work are refused, naming the key and the bound ----------------
 
 
