@@ -3,7 +3,7 @@
 Each command group lives in its own module and registers itself through a
 ``register(subparsers)`` function listed in :data:`COMMANDS`, in the order ``--help`` lists them.  A command line
 naming a command imports that command's module only (a command starts without the imports of the others: about
-0.3 s of CPU for each run of a short command such as ``cache stats``); ``--help``, ``--version`` or an unknown
+0.2 s of CPU for each run of a short command such as ``cache stats``); ``--help``, ``--version`` or an unknown
 command import them all.
 """
 

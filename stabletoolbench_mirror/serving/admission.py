@@ -35,18 +35,18 @@ MAX_QUEUED_REQUESTS = 100_000  # requests waiting for a slot across all clients;
 
 
 class Refused(Exception):
-    """The request cannot be admitted; ``setting`` names the limit: a setting to raise (``limits.*``, ``mcp.*``)
-    or a fixed bound (a name without a dot)."""
+    """The request cannot be admitted; ``limit`` names what refused it: a setting to raise (dotted: ``limits.*``,
+    ``mcp.*``) or a fixed bound (:data:`MAX_QUEUED_REQUESTS`'s ``max_queued_requests``)."""
 
-    def __init__(self, reason: str, setting: str) -> None:
+    def __init__(self, reason: str, limit: str) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.setting = setting
+        self.limit = limit
 
     @property
     def message(self) -> str:
         """What the refused client reads: the reason, and the setting that bounds it when one does."""
-        bound = f"; the server's {self.setting} setting bounds this" if "." in self.setting else ""
+        bound = f"; the server's {self.limit} setting bounds this" if "." in self.limit else ""
         return f"stabletoolbench-mirror is overloaded ({self.reason}){bound}"
 
 

@@ -157,8 +157,8 @@ class Front:
 
     def _refused(self, refusal: Refused) -> Outcome:
         """The HTTP 503 answer to a request over a limit (logged at most once a minute per limit)."""
-        self.refusals.refused(503, str(refusal), refusal.setting)
-        return Outcome.error(503, refusal.message, OutcomeKind.REFUSED, refusal.setting)
+        self.refusals.refused(503, str(refusal), refusal.limit)
+        return Outcome.error(503, refusal.message, OutcomeKind.REFUSED, refusal.limit)
 
     async def _finish(self, send: Send, outcome: Outcome, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         """Send the final answer of a ``/virtual`` request, counted here: once, by its outcome.

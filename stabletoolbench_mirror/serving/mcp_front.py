@@ -302,7 +302,7 @@ class McpFront:
     @staticmethod
     def _refused(path: _HasAnswer, refusal: Refused) -> Outcome:
         """The counted answer to a call over a limit (as ``/virtual``'s HTTP 503)."""
-        outcome = Outcome.error(503, refusal.message, OutcomeKind.REFUSED, refusal.setting)
+        outcome = Outcome.error(503, refusal.message, OutcomeKind.REFUSED, refusal.limit)
         path.layer.stats.count(outcome)
         return outcome
 

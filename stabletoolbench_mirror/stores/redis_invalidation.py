@@ -1,6 +1,6 @@
 """Every process using a Redis store forgets at once what ``cache delete`` or a refresh changed.
 
-A :class:`~.redis_store.RedisStore` keeps the records it read in process (kept reads) (a hit then costs
+A :class:`~.redis_store.RedisStore` keeps the records it read in process, its kept reads (a hit then costs
 no round trip), which is sound only while a recorded answer never changes.  ``cache delete``
 and ``mode: refresh`` change answers, so each publishes what it changed on the channel
 ``<prefix>:invalidate`` (:data:`EVERYTHING`, or the JSON ``[api, key]`` of one replaced record),
@@ -94,7 +94,7 @@ class Invalidations:
         return wait_s <= 0 or self._first.wait(wait_s)
 
     def _subscribe(self) -> Any:
-        """A confirmed subscription (the kept reads are emptied and serves again), or ``None``."""
+        """A confirmed subscription (the kept reads are emptied and serve again), or ``None``."""
         pubsub = None
         try:
             pubsub = self._make_client().pubsub()
