@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_command, add_config_arguments, settings_from_args
-from stabletoolbench_mirror.fidelity.metrics import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_atomically, write_json
+from stabletoolbench_mirror.core.files import write_bytes
+from stabletoolbench_mirror.fidelity.metrics import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_json
 from stabletoolbench_mirror.fidelity.pairs import (
     SimulatorCandidate,
     attach_candidates,
@@ -243,7 +244,7 @@ def _write_reports(args: argparse.Namespace, report: FidelityReport) -> int:
         if args.json:
             write_json(args.json, data)
         if args.html:
-            write_atomically(args.html, report.html().encode("utf-8", "backslashreplace"))
+            write_bytes(args.html, report.html().encode("utf-8", "backslashreplace"), fsync=True)
     except OSError as exc:
         print(f"error: the report cannot be written: {exc}", file=sys.stderr)
         return 1
