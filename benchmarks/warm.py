@@ -27,8 +27,9 @@ from _procs import free_port, process, stub_args  # noqa: E402
 from stabletoolbench_mirror.commands.warm.inputs import add_queries  # noqa: E402
 from stabletoolbench_mirror.commands.warm.plan import WarmPlan  # noqa: E402
 from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes  # noqa: E402
-from stabletoolbench_mirror.commands.warm.runner import run_warm, warm_layer, warm_settings  # noqa: E402
+from stabletoolbench_mirror.commands.warm.runner import run_warm, warm_settings  # noqa: E402
 from stabletoolbench_mirror.config import load_settings  # noqa: E402
+from stabletoolbench_mirror.factory import build_layer  # noqa: E402
 
 
 def run_point(queries: Path, api_base: str, concurrency: int, processes: int | None) -> tuple[dict, int]:
@@ -52,7 +53,7 @@ def run_point(queries: Path, api_base: str, concurrency: int, processes: int | N
         if processes > 1:
             report = run_warm_processes(settings, plan, concurrency=concurrency, processes=processes, progress=False)
         else:
-            layer = warm_layer(settings)
+            layer = build_layer(settings)
             try:
                 report = run_warm(layer, plan, concurrency=concurrency, progress=False)
             finally:

@@ -18,10 +18,11 @@ from stabletoolbench_mirror.commands.cli_common import (
 from stabletoolbench_mirror.commands.warm.inputs import add_answers, add_payloads, add_queries
 from stabletoolbench_mirror.commands.warm.plan import WarmInputError, WarmPlan, WarmReport
 from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes
-from stabletoolbench_mirror.commands.warm.runner import STOP_AFTER_FAILURES, Handler, run_warm, warm_layer, warm_settings
+from stabletoolbench_mirror.commands.warm.runner import STOP_AFTER_FAILURES, Handler, run_warm, warm_settings
 from stabletoolbench_mirror.config import Mode
 from stabletoolbench_mirror.core.logs import setup_logging
 from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.upstream.answers import function_index
 
 
@@ -84,7 +85,7 @@ def _engine(args: argparse.Namespace, settings: Any) -> tuple[MirrorLayer, Handl
     """The layer (and its handler) that makes the calls, and the number of processes to make them in."""
     if args.engine != "vllm-offline":
         processes = default_processes(args.concurrency) if args.processes is None else args.processes
-        return warm_layer(settings), None, processes
+        return build_layer(settings), None, processes
     from stabletoolbench_mirror.commands.warm.offline import OfflineEngineError, offline_layer
 
     try:

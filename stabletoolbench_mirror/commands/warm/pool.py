@@ -21,9 +21,9 @@ import time
 from typing import Any
 
 from stabletoolbench_mirror.commands.warm.plan import WarmItem, WarmPlan, WarmReport
-from stabletoolbench_mirror.commands.warm.runner import SWITCH_INTERVAL_S, Tracker, make_call, split, warm_layer
+from stabletoolbench_mirror.commands.warm.runner import SWITCH_INTERVAL_S, Tracker, make_call, split
 from stabletoolbench_mirror.config import Settings
-from stabletoolbench_mirror.engine.layer import MirrorLayer
+from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.snapshots.interrupts import CtrlC
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def _worker_main(settings: Settings, threads: int, tasks: Any, results: Any, sto
     if os.getppid() != parent_pid:
         return
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    layer = warm_layer(settings)
+    layer = build_layer(settings)
 
     def work() -> None:
         while not stop.is_set():
@@ -79,11 +79,6 @@ def _worker_main(settings: Settings, threads: int, tasks: Any, results: Any, sto
     for t in pool:
         t.join()
     layer.close()
-
-
-def lookup_layer(settings: Settings) -> MirrorLayer:
-    """The store and frozen caches of ``settings``, without responders: what is cached already."""
-    return warm_layer(settings, responders=[])
 
 
 class _Pool:
@@ -185,7 +180,7 @@ def run_warm_processes(
     settings: Settings, plan: WarmPlan, *, concurrency: int, processes: int, progress: bool = True, stop_after_failures: int = 0
 ) -> WarmReport:
     """Like :func:`~.runner.run_warm` with the calls spread over ``processes`` worker processes."""
-    layer = lookup_layer(settings)
+    layer = build_layer(settings, responders=[])  # the caches only: what is cached already
     try:
         counts, todo = split(layer, plan)
     finally:

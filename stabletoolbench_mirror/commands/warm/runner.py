@@ -7,7 +7,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from stabletoolbench_mirror.commands.warm.plan import Failure, KindCounts, WarmInputError, WarmItem, WarmPlan, WarmReport, payload_of
@@ -16,8 +16,6 @@ from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.engine.layer import MirrorLayer
-from stabletoolbench_mirror.engine.responders import Responder
-from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.stores import StoreError
 
 log = logging.getLogger(__name__)
@@ -37,14 +35,6 @@ def warm_settings(settings: Settings, concurrency: int) -> Settings:
     updated = settings.model_copy(update={"mode": Mode.REFRESH if settings.mode is Mode.REFRESH else Mode.RECORD, "limits": limits, "simulator": simulator})
     updated.base_dir = settings.base_dir
     return updated
-
-
-def warm_layer(settings: Settings, *, responders: Sequence[Responder] | None = None) -> MirrorLayer:
-    """The layer ``warm`` uses: the server's chain from ``settings`` (see :func:`warm_settings`).
-
-    ``responders=[]``: the caches only, to find what is cached already.
-    """
-    return build_layer(settings, responders=responders)
 
 
 def split(layer: MirrorLayer, plan: WarmPlan) -> tuple[dict[str, KindCounts], list[WarmItem]]:
@@ -215,21 +205,6 @@ class Tracker:
         )
 
 
-class switch_interval:
-    """Context manager: a shorter GIL switch interval for the duration (``None``: unchanged)."""
-
-    def __init__(self, seconds: float | None) -> None:
-        self.seconds = seconds
-        self.previous = sys.getswitchinterval()
-
-    def __enter__(self) -> None:
-        if self.seconds is not None:
-            sys.setswitchinterval(self.seconds)
-
-    def __exit__(self, *exc: object) -> None:
-        sys.setswitchinterval(self.previous)
-
-
 def run_warm(
     layer: MirrorLayer,
     plan: WarmPlan,
@@ -237,8 +212,6 @@ def run_warm(
     concurrency: int = 8,
     progress: bool = True,
     handler: Handler | None = None,
-    stop: threading.Event | None = None,
-    switch_interval_s: float | None = SWITCH_INTERVAL_S,
     stop_after_failures: int = 0,
 ) -> WarmReport:
     """Make every call of ``plan`` that the layer cannot answer yet, ``concurrency`` at a time, in this process.
@@ -247,7 +220,7 @@ def run_warm(
     """
     handle = handler or layer.handle_call
     counts, todo = split(layer, plan)
-    stop = stop or threading.Event()
+    stop = threading.Event()
     queue_lock = threading.Lock()
     queue = iter(todo)
     tracker = Tracker(counts, len(todo), progress, stop_after_failures=stop_after_failures, stop=stop)
@@ -264,7 +237,9 @@ def run_warm(
 
     threads = [threading.Thread(target=work, name=f"warm-{i}", daemon=True) for i in range(max(1, min(concurrency, len(todo) or 1)))]
     interrupted = False
-    with switch_interval(switch_interval_s):
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
         for t in threads:
             t.start()
         try:
@@ -276,4 +251,6 @@ def run_warm(
             stop.set()
             for t in threads:
                 t.join(timeout=30)
+    finally:
+        sys.setswitchinterval(previous)
     return tracker.report(plan, started, interrupted or (stop.is_set() and tracker.attempted < len(todo)))
