@@ -27,6 +27,7 @@ from stabletoolbench_mirror.apibank.environment import Environment
 from stabletoolbench_mirror.apibank.loader import Suite, folder_of, load_suite
 from stabletoolbench_mirror.apibank.tools import CATEGORY, TOOL_NAMES, state_key
 from stabletoolbench_mirror.client import Client, MirrorError, session_path
+from stabletoolbench_mirror.commands.cli_common import CommandError
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.outcomes import Outcome
 
@@ -246,8 +247,7 @@ def cmd_apibank_check(args: argparse.Namespace, settings: Settings) -> int:
                 raise ValueError("--apibank without --url runs the layer in-process: it needs apibank.path in the settings")
             target = LayerSessions(settings)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     report = ApiBankReport()
     try:
         from stabletoolbench_mirror.core.progress import progress_bar
@@ -255,8 +255,7 @@ def cmd_apibank_check(args: argparse.Namespace, settings: Settings) -> int:
         for path in progress_bar(files, desc="API-Bank dialogues", unit="dialogue", disable=args.quiet or args.json == "-", file=sys.stderr):
             replay_dialogue(target, suite, path, report)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     finally:
         target.close()
     if args.json == "-":

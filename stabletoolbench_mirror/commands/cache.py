@@ -8,7 +8,14 @@ import sys
 import time
 from dataclasses import asdict
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, open_store, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import (
+    CommandError,
+    add_config_arguments,
+    add_json_argument,
+    open_store,
+    print_json,
+    settings_from_args,
+)
 
 
 def cmd_cache_import(args: argparse.Namespace) -> int:
@@ -21,13 +28,11 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
         if is_archive(args.directory):
             args.directory = local_tree(args.directory, settings.resolve(settings.download_dir), progress=not args.quiet, limits=ArchiveLimits.of(settings))
     except ArchiveError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     # a folder with no cache files (often one level above or below the tree) would import nothing
     problem = frozen_cache_problem(os.path.abspath(args.directory)) or manifest_problem(args.directory)
     if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        raise CommandError(problem)
     from stabletoolbench_mirror.factory import build_store
 
     with build_store(settings) as store:
@@ -52,8 +57,7 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
     if args.format == "chat-jsonl":
         return _export_chat(args)
     if args.style or args.source or args.category:
-        print("error: --style, --source and --category belong to --format chat-jsonl", file=sys.stderr)
-        return 2
+        raise CommandError("--style, --source and --category belong to --format chat-jsonl")
     from stabletoolbench_mirror.snapshots.tree_export import export_tree
 
     with open_store(args) as store:
@@ -74,11 +78,9 @@ def _export_chat(args: argparse.Namespace) -> int:
     from stabletoolbench_mirror.snapshots.chat_export import export_chat_jsonl
 
     if not args.style:
-        print("error: --format chat-jsonl needs --style mirrorapi-sft, mirrorapi-cot or mirrorapi-cache", file=sys.stderr)
-        return 2
+        raise CommandError("--format chat-jsonl needs --style mirrorapi-sft, mirrorapi-cot or mirrorapi-cache")
     if os.path.isdir(args.directory):
-        print(f"error: {args.directory} is a folder; chat-jsonl is written to a file (e.g. train.jsonl)", file=sys.stderr)
-        return 2
+        raise CommandError(f"{args.directory} is a folder; chat-jsonl is written to a file (e.g. train.jsonl)")
     settings = settings_from_args(args)
     started = time.perf_counter()
     with build_store(settings, read_only=True) as store:

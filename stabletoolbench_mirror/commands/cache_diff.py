@@ -7,23 +7,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import CommandError, add_config_arguments, settings_from_args
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from stabletoolbench_mirror.snapshots.tree_diff import DiffError, diff, open_side
-    from stabletoolbench_mirror.stores import StoreError
 
     try:
         settings = settings_from_args(args)
         progress = not (args.quiet or args.json)
         with open_side(args.a, settings, progress=progress, desc="A") as a, open_side(args.b, settings, progress=progress, desc="B") as b:
             result = diff(a, b, show=args.show)
-    except (DiffError, StoreError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except DiffError as exc:  # a StoreError is the command line's exit 2
+        raise CommandError(str(exc)) from None
     if args.json:
         print(json.dumps(result.to_json(args.a, args.b), indent=2, ensure_ascii=False))
     else:

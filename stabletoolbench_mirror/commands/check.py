@@ -23,14 +23,19 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.checking.replay import CheckReport, LayerTarget, Target, TargetReply, run_check
 from stabletoolbench_mirror.client import Client, MirrorError
-from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_command, add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import (
+    CommandError,
+    add_answer_file_arguments,
+    add_command,
+    add_config_arguments,
+    settings_from_args,
+)
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
@@ -82,15 +87,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         return cmd_apibank_check(args, settings_from_args(args, mode=args.mode or Mode.REPLAY))
     if not args.calls and not args.answers:
-        print("error: give --calls FILE.jsonl and/or --answers PATH (or --apibank DIALOGUES)", file=sys.stderr)
-        return 2
+        raise CommandError("give --calls FILE.jsonl and/or --answers PATH (or --apibank DIALOGUES)")
     settings = settings_from_args(args, mode=args.mode or Mode.REPLAY)
     report = CheckReport()
     try:
         expectations, total = _expectations(args, settings, report)
     except ValueError as exc:  # CheckInputError, and the answer files' function index
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     if args.url:
         token = settings.auth_token.get_secret_value() if settings.auth_token else None
         target: Target = UrlTarget(args.url, token=token, with_faults=args.with_faults, connections=args.concurrency)
@@ -107,8 +110,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             total=total,
         )
     except CheckInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     finally:
         target.close()
     _print_report(report, args.json)

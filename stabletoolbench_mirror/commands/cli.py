@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from stabletoolbench_mirror.commands.cli_common import CommandError
 from stabletoolbench_mirror.config import ConfigError
 
 #: each command's name and the module whose ``register(subparsers)`` adds it
@@ -87,6 +88,9 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"configuration error:\n{exc}", file=sys.stderr)
         return 2
+    except CommandError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.status
     except RuntimeError as exc:  # a StoreError (imported here: the stores stay out of every command's start)
         from stabletoolbench_mirror.stores.base import StoreError
 

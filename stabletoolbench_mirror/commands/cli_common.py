@@ -18,6 +18,14 @@ if TYPE_CHECKING:
     from stabletoolbench_mirror.stores.base import Store
 
 
+class CommandError(Exception):
+    """What ends a command early: ``error: <message>`` on stderr, exit status ``status`` (2: what the user must fix first)."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", help="config file (default: $STM_CONFIG, ./server_config.yml, else StableToolBench's ./config.yml)")
     parser.add_argument("--mode", choices=[m.value for m in Mode], help="override 'mode'")

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from itertools import groupby
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, open_store, print_json
+from stabletoolbench_mirror.commands.cli_common import CommandError, add_config_arguments, add_json_argument, open_store, print_json
 from stabletoolbench_mirror.core.keys import record_key
 from stabletoolbench_mirror.core.model_calls import model_of
 from stabletoolbench_mirror.core.naming import ApiPath, resolve_names
@@ -194,8 +194,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
                 if args.yes:
                     removed += store.delete(api, keys)
     except StoreError as exc:
-        print(f"error: {exc} ({removed} records were deleted before it)", file=sys.stderr)
-        return 2
+        raise CommandError(f"{exc} ({removed} records were deleted before it)") from None
     if args.json:
         print_json({"yes": bool(args.yes), "matched": found, "deleted": removed, "apis": apis, "by_api": by_api})
     elif args.yes:

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_command, add_json_argument, print_json
+from stabletoolbench_mirror.commands.cli_common import CommandError, add_command, add_json_argument, print_json
 from stabletoolbench_mirror.core.fault_kinds import KIND_OF_ERROR, KINDS
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, iter_cache_spans, read_cache_text
 from stabletoolbench_mirror.upstream.trees import frozen_cache_problem
@@ -123,8 +123,7 @@ def cmd_faults_profile(args: argparse.Namespace) -> int:
     a faults: block with that rate and mix, to paste into server_config.yml."""
     problem = frozen_cache_problem(args.tree, follow_symlinks=args.allow_symlinks)
     if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        raise CommandError(problem)
     profile = profile_tree(args.tree, progress=not args.quiet, allow_symlinks=args.allow_symlinks)
     for path in profile.unreadable[:20]:
         print(f"skipped (cannot be read): {path}", file=sys.stderr)

@@ -13,7 +13,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_answer_file_arguments, add_command, add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import (
+    CommandError,
+    add_answer_file_arguments,
+    add_command,
+    add_config_arguments,
+    settings_from_args,
+)
 from stabletoolbench_mirror.core.files import write_bytes
 from stabletoolbench_mirror.fidelity.metrics import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_json
 from stabletoolbench_mirror.fidelity.pairs import (
@@ -32,9 +38,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     """Score candidate answers against reference (real) answers, per call, per category and overall. References: --calls,
     --answers or --from-store (the store's real records). Candidates: the configured simulator asked directly (default;
     never the cache, nothing recorded unless --record), --candidate-calls, or the shadow store (--from-store --shadow)."""
-    code = _check_arguments(args)
-    if code is not None:
-        return code
+    _check_arguments(args)
     settings = settings_from_args(args)
     progress = not args.quiet
     report = FidelityReport()
@@ -46,8 +50,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
                 return 1
             pairs, candidate = _attach_candidate(args, settings, pairs, store, problems, closers)
         except ValueError as exc:  # CheckInputError, QueryFileError, the answer files' function index
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            raise CommandError(str(exc)) from None
         embeddings, judge = _build_scorers(args, closers)
         report.pairs = score_pairs(
             pairs, candidate=candidate, embeddings=embeddings, judge=judge, concurrency=args.concurrency, progress=progress
@@ -118,32 +121,25 @@ def _snapshot_hashes(settings: Any) -> dict[str, Any]:
     return snapshots
 
 
-def _check_arguments(args: argparse.Namespace) -> int | None:
-    """Exit status 2 (with the message printed) for flags that cannot go together or a missing dependency, else ``None``."""
+def _check_arguments(args: argparse.Namespace) -> None:
+    """:class:`CommandError` (exit status 2) for flags that cannot go together or a missing dependency."""
     if not (args.calls or args.answers or args.from_store):
-        print("error: give the reference answers: --calls FILE.jsonl, --answers PATH or --from-store", file=sys.stderr)
-        return 2
+        raise CommandError("give the reference answers: --calls FILE.jsonl, --answers PATH or --from-store")
     if args.shadow and not args.from_store:
-        print("error: --shadow scores the shadow store against the store's real records: add --from-store", file=sys.stderr)
-        return 2
+        raise CommandError("--shadow scores the shadow store against the store's real records: add --from-store")
     if args.shadow and args.candidate_calls:
-        print("error: --shadow and --candidate-calls are two different candidates: give one", file=sys.stderr)
-        return 2
+        raise CommandError("--shadow and --candidate-calls are two different candidates: give one")
     try:
         import rouge_score  # noqa: F401
         import sacrebleu  # noqa: F401
     except ImportError as exc:
-        print(f"error: fidelity needs sacrebleu and rouge-score: pip install 'stabletoolbench-mirror[fidelity]' ({exc})", file=sys.stderr)
-        return 2
+        raise CommandError(f"fidelity needs sacrebleu and rouge-score: pip install 'stabletoolbench-mirror[fidelity]' ({exc})") from None
     if args.concurrency < 1:
-        print("error: --concurrency must be at least 1", file=sys.stderr)
-        return 2
+        raise CommandError("--concurrency must be at least 1")
     for flag, out in (("--json", args.json), ("--html", args.html)):
         folder = os.path.dirname(os.path.abspath(out)) if out else None
         if folder is not None and not os.path.isdir(folder):
-            print(f"error: {flag} {out}: the folder {folder} does not exist", file=sys.stderr)
-            return 2
-    return None
+            raise CommandError(f"{flag} {out}: the folder {folder} does not exist")
 
 
 def _load_pairs(

@@ -7,10 +7,9 @@ stderr (stdout carries the protocol).
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import CommandError, add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import ConfigError
 
 
@@ -29,16 +28,14 @@ def cmd_mcp(args: Any) -> int:
     if args.query:
         group, _, query_id = args.query.partition("/")
         if not group or not query_id:
-            print(f"error: --query {args.query!r}: give GROUP/QUERY_ID, e.g. G1_instruction/3", file=sys.stderr)
-            return 2
+            raise CommandError(f"--query {args.query!r}: give GROUP/QUERY_ID, e.g. G1_instruction/3")
         query = (group, query_id)
         if not settings.mcp.query_paths:
             raise ConfigError("mcp.queries: --query needs the query files: set mcp.queries in the config")
     setup_logging(settings.log_level, settings.secrets(), settings.resolve(settings.log_file) if settings.log_file else None)
     front = McpFront.from_settings(settings)
     if query is not None and query not in front.catalog.queries:
-        print(f"error: --query {args.query}: no such query in mcp.queries", file=sys.stderr)
-        return 2
+        raise CommandError(f"--query {args.query}: no such query in mcp.queries")
     layer = build_layer(settings)  # a StoreError is the command line's exit 2
     try:
         path = CallPath(layer, FairLimiter(max(40, settings.limits.max_pending_misses + 32), reserve=32))

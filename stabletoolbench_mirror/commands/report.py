@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_command, add_config_arguments, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import CommandError, add_command, add_config_arguments, print_json, settings_from_args
 from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.reporting.server import MAX_MB
@@ -79,13 +79,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     for two bundles where they differ. See docs/report.md."""
     problem = _argument_problem(args)
     if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        raise CommandError(problem)
     try:
         report, page, lines, ok = _gathered(args)
     except (ReportError, ConfigError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     if args.json_out:
         write_text(args.json_out, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     if args.html:

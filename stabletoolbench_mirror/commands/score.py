@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_command, add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import CommandError, add_command, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.config import Settings
 
 EXIT_DIFFERENT = 1
@@ -131,8 +131,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from stabletoolbench_mirror.scoring.upstream_run import MissingRequirements, UpstreamFailed, UpstreamTimeout
 
     if args.replay and args.rescore:
-        print("error: give --replay or --rescore, not both", file=sys.stderr)
-        return EXIT_USAGE
+        raise CommandError("give --replay or --rescore, not both")
     try:
         if args.replay or args.rescore:
             report = _replay(args, args.replay or args.rescore, rescore=bool(args.rescore))
@@ -142,8 +141,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_DIFFERENT if "differ from the bundle's seal" in str(exc) else EXIT_USAGE
     except (CheckoutError, SessionError, MissingRequirements) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        raise CommandError(str(exc)) from None
     except (UpstreamFailed, UpstreamTimeout) as exc:
         print(f"error: {exc}\nthe same command resumes the run from this phase", file=sys.stderr)
         return EXIT_UPSTREAM

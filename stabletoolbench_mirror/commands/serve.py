@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import CommandError, add_config_arguments, settings_from_args
 from stabletoolbench_mirror.config import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -24,8 +24,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"log_file: cannot open {settings.log_file}: {exc}") from None
     problem = listen_problem(settings.host, settings.port)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        raise CommandError(problem)
     # the summary of what was loaded, and the checks that stop a wrong configuration at start
     # (with --launch-vllm the simulator is not up yet: vLLM's launch waits for its first answer)
     if not start_checks(settings, probe_endpoints=not args.launch_vllm, simulator_launched=bool(args.launch_vllm)):
@@ -138,10 +137,9 @@ def run_server(settings: Settings) -> int:
         store = build_store(settings)
         try:
             hold_private_run(settings, store, run)
-        except StoreError as exc:
+        except StoreError:  # the command line's exit 2
             store.close()
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            raise
         if settings.llm.run is None:
             # one run per start of serve: every worker counts identical model calls together (in the store)
             settings.llm.run = run

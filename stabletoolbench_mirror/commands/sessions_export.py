@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import CommandError, add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.engine.sessions import public_view
@@ -35,8 +34,7 @@ def cmd_sessions_export(args: Any) -> int:
     try:
         written = export_sessions(store, args.out, progress=not args.quiet)
     except OSError as exc:
-        print(f"error: cannot write {args.out}: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(f"cannot write {args.out}: {exc}") from None
     finally:
         store.close()
     if args.json:

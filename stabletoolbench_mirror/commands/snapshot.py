@@ -12,7 +12,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_command, add_config_arguments, add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import (
+    CommandError,
+    add_command,
+    add_config_arguments,
+    add_json_argument,
+    print_json,
+    settings_from_args,
+)
 from stabletoolbench_mirror.factory import build_store
 from stabletoolbench_mirror.snapshots.snapshot import SnapshotError, verify_snapshot, write_snapshot
 from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
@@ -31,8 +38,7 @@ def _verify(args: argparse.Namespace, started: float) -> int:
     out = args.out
     problem = _unreadable_snapshot(out)
     if problem is not None:  # nothing to verify: "cannot be read" (exit 2), never a mismatch (1)
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        raise CommandError(problem)
     if is_archive(out):  # an archive or URL: unpacked into download_dir (its content hash checked there too)
         try:
             settings = settings_from_args(args)
@@ -55,8 +61,7 @@ def _write(args: argparse.Namespace, started: float) -> int:
         with build_store(settings, read_only=True) as store, _written(args.out) as folder:  # a mistyped store path: exit 2
             manifest = write_snapshot(store, folder, settings=settings, progress=not args.quiet, exclude_failures=args.exclude_failures)
     except SnapshotError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     incomplete = bool(manifest["left_out"]) and not args.skip_unsafe
     if args.json:
         print_json({"snapshot": args.out, "ok": not incomplete, "elapsed_s": round(time.perf_counter() - started, 3),

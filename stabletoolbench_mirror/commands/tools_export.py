@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import add_config_arguments, add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import CommandError, add_config_arguments, add_json_argument, print_json, settings_from_args
 from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.upstream.functions import ToolsFolderError, UpstreamTools, export_line, iter_query_functions
@@ -45,24 +45,19 @@ def cmd_tools_export(args: Any) -> int:
     if not tools_dir:
         settings = settings_from_args(args)
         if not settings.tools_folder:
-            print("error: no tools folder: give --tools DIR, or set tools_folder in the config", file=sys.stderr)
-            return 2
+            raise CommandError("no tools folder: give --tools DIR, or set tools_folder in the config")
         tools_dir = settings.resolve(settings.tools_folder)
     problem = tools_dir_problem(tools_dir)
     if problem is not None:  # e.g. the folder above the tools folder: the hint names the one to use
-        print(f"error: tools folder: {problem}", file=sys.stderr)
-        return 2
+        raise CommandError(f"tools folder: {problem}")
     if os.path.isdir(args.out):
-        print(f"error: {args.out} is a folder; the export is written to a file (e.g. functions.jsonl)", file=sys.stderr)
-        return 2
+        raise CommandError(f"{args.out} is a folder; the export is written to a file (e.g. functions.jsonl)")
     try:
         written, skipped = export_functions(args.queries, tools_dir, args.out, args.format, progress=not args.quiet)
     except (QueryFileError, ToolsFolderError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     except OSError as exc:
-        print(f"error: cannot write {args.out}: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(f"cannot write {args.out}: {exc}") from None
     if args.json:
         print_json({"out": args.out, "format": args.format, "queries": written, "skipped": skipped})
     else:

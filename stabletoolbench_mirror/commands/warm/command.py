@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from stabletoolbench_mirror.commands.cli_common import (
+    CommandError,
     add_answer_file_arguments,
     add_command,
     add_config_arguments,
@@ -26,29 +26,17 @@ from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.upstream.answers import function_index
 
 
-class UsageError(ValueError):
-    """A command line that cannot work: printed as ``error: ...`` with exit status 2."""
-
-
 def cmd_warm(args: argparse.Namespace) -> int:
     """Make the calls a StableToolBench run will make and record their answers: the default call of every API in query
     files, the calls in answer files, or /virtual payloads. Cached calls are skipped (resumable); the rest go through
     the real API -> simulator chain."""
-    try:
-        return _warm(args)
-    except (UsageError, WarmInputError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-def _warm(args: argparse.Namespace) -> int:
     from stabletoolbench_mirror.startup.checks import start_checks
 
     _check_arguments(args)
     settings = warm_settings(settings_from_args(args), args.concurrency)
     setup_logging("warning" if not args.verbose else "info", settings.secrets())
     if not settings.save:
-        raise UsageError("'save' is false: warming would record nothing")
+        raise CommandError("'save' is false: warming would record nothing")
     # the start-up checks of serve: wrong paths and a simulator without tool docs stop here;
     # endpoints that do not answer are a warning (the first calls then show it: see --stop-after-failures)
     if not start_checks(settings, probe_endpoints=args.engine != "vllm-offline" and not args.dry_run):
@@ -57,7 +45,7 @@ def _warm(args: argparse.Namespace) -> int:
     try:
         plan = build_plan(args, settings, layer.prepare)
         if not layer.responders and not args.dry_run:
-            raise UsageError("neither the real API nor the simulator is enabled: nothing can answer a miss")
+            raise CommandError("neither the real API nor the simulator is enabled: nothing can answer a miss")
         report = _run(args, settings, layer, handler, plan, processes)
     finally:
         layer.close()
@@ -66,19 +54,19 @@ def _warm(args: argparse.Namespace) -> int:
 
 def _check_arguments(args: argparse.Namespace) -> None:
     if not (args.queries or args.answers or args.payloads):
-        raise UsageError("give at least one input: --queries, --answers or --payloads")
+        raise CommandError("give at least one input: --queries, --answers or --payloads")
     if args.concurrency is None:
         args.concurrency = 256 if args.engine == "vllm-offline" else 8
     if args.concurrency < 1:
-        raise UsageError("--concurrency must be at least 1")
+        raise CommandError("--concurrency must be at least 1")
     if args.mode == Mode.REPLAY:
-        raise UsageError("warm records answers; it cannot run in replay mode")
+        raise CommandError("warm records answers; it cannot run in replay mode")
     if args.engine == "vllm-offline" and args.processes not in (None, 1):
-        raise UsageError("--engine vllm-offline runs in one process (vLLM batches the calls)")
+        raise CommandError("--engine vllm-offline runs in one process (vLLM batches the calls)")
     if args.engine != "vllm-offline" and args.model:
-        raise UsageError("--model is for --engine vllm-offline")
+        raise CommandError("--model is for --engine vllm-offline")
     if args.processes is not None and args.processes < 1:
-        raise UsageError("--processes must be at least 1")
+        raise CommandError("--processes must be at least 1")
 
 
 def _engine(args: argparse.Namespace, settings: Any) -> tuple[MirrorLayer, Handler | None, int]:
@@ -91,7 +79,7 @@ def _engine(args: argparse.Namespace, settings: Any) -> tuple[MirrorLayer, Handl
     try:
         layer, handler = offline_layer(settings, model=args.model, concurrency=args.concurrency, llm_options=vllm_options(args.vllm_option or []))
     except (OfflineEngineError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
+        raise CommandError(str(exc)) from None
     return layer, handler, 1
 
 
