@@ -27,7 +27,7 @@ from stabletoolbench_mirror.apibank.environment import Environment
 from stabletoolbench_mirror.apibank.loader import Suite, folder_of, load_suite
 from stabletoolbench_mirror.apibank.tools import CATEGORY, TOOL_NAMES, state_key
 from stabletoolbench_mirror.client import Client, MirrorError, session_path
-from stabletoolbench_mirror.commands.cli_common import CommandError
+from stabletoolbench_mirror.commands.cli_common import CommandError, print_report
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.outcomes import Outcome
 
@@ -258,12 +258,7 @@ def cmd_apibank_check(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError(str(exc)) from None
     finally:
         target.close()
-    if args.json == "-":
-        print(json.dumps(report.to_json(), ensure_ascii=False))
-    else:
-        print("\n".join(report.lines()))
-        if args.json:
-            Path(args.json).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print_report(report, args.json)
     totals = report.totals()
     # the exit-code table (docs/json-output.md): 1 when the check found calls scored wrong (--report-only: 0)
     return 0 if args.report_only or (totals.correct == totals.total and not report.problems) else 1

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from stabletoolbench_mirror.commands.cli_common import (
     add_answer_file_arguments,
     add_command,
     add_config_arguments,
+    print_report,
     settings_from_args,
 )
 from stabletoolbench_mirror.config import Mode, Settings
@@ -113,7 +113,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     finally:
         target.close()
-    _print_report(report, args.json)
+    print_report(report, args.json)
     return 0 if args.report_only or report.ok() else 1
 
 
@@ -133,16 +133,6 @@ def _expectations(args: argparse.Namespace, settings: Settings, report: CheckRep
         total += len(found)
         report.problems.extend(problems)
     return itertools.chain.from_iterable(expectations), total
-
-
-def _print_report(report: CheckReport, json_to: str | None) -> None:
-    """The report as text, and as JSON to the ``--json`` file (``--json`` alone: only the JSON, printed)."""
-    if json_to == "-":
-        print(json.dumps(report.to_json(), ensure_ascii=False))
-        return
-    print("\n".join(report.lines()))
-    if json_to:
-        Path(json_to).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _count_lines(path: str | Path) -> int:

@@ -46,6 +46,20 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
 
 
+def print_report(report: Any, json_to: str | None) -> None:
+    """A check's report (``lines()``, ``to_json()``) as text, and as JSON to the ``--json`` file (``--json`` alone: only
+    the JSON, printed)."""
+    import json
+
+    if json_to == "-":
+        print(json.dumps(report.to_json(), ensure_ascii=False))
+        return
+    print("\n".join(report.lines()))
+    if json_to:
+        with open(json_to, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+
+
 def add_json_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object (see docs/json-output.md)")
 
