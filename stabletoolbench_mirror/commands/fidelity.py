@@ -21,7 +21,7 @@ from stabletoolbench_mirror.commands.cli_common import (
     settings_from_args,
 )
 from stabletoolbench_mirror.core.files import write_bytes
-from stabletoolbench_mirror.fidelity.metrics import EmbeddingClient, FidelityReport, Judge, Pair, score_pairs, write_json
+from stabletoolbench_mirror.fidelity.metrics import EmbeddingClient, FidelityReport, Judge, Pair, render_html, score_pairs, write_json
 from stabletoolbench_mirror.fidelity.pairs import (
     SimulatorCandidate,
     attach_candidates,
@@ -240,7 +240,7 @@ def _write_reports(args: argparse.Namespace, report: FidelityReport) -> int:
         if args.json:
             write_json(args.json, data)
         if args.html:
-            write_bytes(args.html, report.html().encode("utf-8", "backslashreplace"), fsync=True)
+            write_bytes(args.html, render_html(data).encode("utf-8", "backslashreplace"), fsync=True)
     except OSError as exc:
         print(f"error: the report cannot be written: {exc}", file=sys.stderr)
         return 1

@@ -72,21 +72,18 @@ Reply with one JSON object and nothing else: {"score": <an integer from 1 to 5>}
 # -- texts ----------------------------------------------------------------------------------------
 
 
+def _text(value: Any) -> str:
+    """A string itself, else its JSON text (``None``: empty)."""
+    return "" if value is None else value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 def response_text(answer: Any) -> str:
-    """The text of an answer's ``response``: the string itself, else its JSON text."""
-    if not isinstance(answer, Mapping):
-        return "" if answer is None else answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
-    value = answer.get("response", "")
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    """The text of an answer's ``response`` (of the answer itself when it is no object)."""
+    return _text(answer.get("response", "") if isinstance(answer, Mapping) else answer)
 
 
 def error_text(answer: Any) -> str:
-    if not isinstance(answer, Mapping):
-        return ""
-    value = answer.get("error", "")
-    return "" if value is None else value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return _text(answer.get("error", "")) if isinstance(answer, Mapping) else ""
 
 
 def _json_value(answer: Any) -> tuple[bool, Any]:
@@ -340,8 +337,8 @@ class FidelityReport:
             "problems": list(self.problems),
         }
 
-    def lines(self, data: dict[str, Any] | None = None) -> list[str]:
-        data = data or self.to_json()
+    def lines(self, data: dict[str, Any]) -> list[str]:
+        """The summary table of ``data`` (:meth:`to_json`) and the calls that could not be scored."""
         rows = [("all", data["aggregate"])] + list(data["by_category"].items())
         width = max(len(name) for name, _ in rows)
         header = f"{'category':<{width}}  {'n':>5}" + "".join(f"  {m:>15}" for m in METRICS)
@@ -354,9 +351,6 @@ class FidelityReport:
             if len(self.problems) > 20:
                 out.append(f"  ... and {len(self.problems) - 20} more (see --json)")
         return out
-
-    def html(self, title: str = "stabletoolbench-mirror fidelity") -> str:
-        return render_html(self.to_json(), title)
 
 
 def _fmt(value: Any) -> str:
@@ -428,7 +422,8 @@ def _histogram_svg(values: Sequence[float], low: float, high: float, bins: int =
     return "".join(parts)
 
 
-def render_html(data: dict[str, Any], title: str) -> str:
+def render_html(data: dict[str, Any], title: str = "stabletoolbench-mirror fidelity") -> str:
+    """The self-contained page of ``data`` (:meth:`FidelityReport.to_json`)."""
     esc = html.escape
     rows = [("all", data["aggregate"])] + list(data["by_category"].items())
     table = ["<table><tr><th>category</th><th>n</th>" + "".join(f"<th>{m}</th>" for m in METRICS) + "</tr>"]
