@@ -34,7 +34,7 @@ def query_file(tmp_path: Path, apis: int) -> Path:
 
 def warm_offline(settings, tmp_path: Path, apis: int, generate, *, concurrency: int, model: str):
     """Warm the calls of ``apis`` APIs through the offline engine with ``generate``: the report and the plan."""
-    layer, _ = offline_layer(settings, model=model, concurrency=concurrency, generate=generate)
+    layer = offline_layer(settings, model=model, concurrency=concurrency, generate=generate)
     plan = WarmPlan()
     add_queries(plan, [str(query_file(tmp_path, apis))], include_optional=False)
     try:

@@ -18,7 +18,7 @@ from stabletoolbench_mirror.commands.cli_common import (
 from stabletoolbench_mirror.commands.warm.inputs import add_answers, add_payloads, add_queries
 from stabletoolbench_mirror.commands.warm.plan import WarmInputError, WarmPlan, WarmReport
 from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes
-from stabletoolbench_mirror.commands.warm.runner import STOP_AFTER_FAILURES, Handler, run_warm, warm_settings
+from stabletoolbench_mirror.commands.warm.runner import STOP_AFTER_FAILURES, run_warm, warm_settings
 from stabletoolbench_mirror.config import Mode
 from stabletoolbench_mirror.core.logs import setup_logging
 from stabletoolbench_mirror.engine.layer import MirrorLayer
@@ -41,12 +41,12 @@ def cmd_warm(args: argparse.Namespace) -> int:
     # endpoints that do not answer are a warning (the first calls then show it: see --stop-after-failures)
     if not start_checks(settings, probe_endpoints=args.engine != "vllm-offline" and not args.dry_run):
         return 2
-    layer, handler, processes = _engine(args, settings)
+    layer, processes = _engine(args, settings)
     try:
         plan = build_plan(args, settings, layer.prepare)
         if not layer.responders and not args.dry_run:
             raise CommandError("neither the real API nor the simulator is enabled: nothing can answer a miss")
-        report = _run(args, settings, layer, handler, plan, processes)
+        report = _run(args, settings, layer, plan, processes)
     finally:
         layer.close()
     return _print_report(args, report)
@@ -69,18 +69,18 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise CommandError("--processes must be at least 1")
 
 
-def _engine(args: argparse.Namespace, settings: Any) -> tuple[MirrorLayer, Handler | None, int]:
-    """The layer (and its handler) that makes the calls, and the number of processes to make them in."""
+def _engine(args: argparse.Namespace, settings: Any) -> tuple[MirrorLayer, int]:
+    """The layer that makes the calls, and the number of processes to make them in."""
     if args.engine != "vllm-offline":
         processes = default_processes(args.concurrency) if args.processes is None else args.processes
-        return build_layer(settings), None, processes
+        return build_layer(settings), processes
     from stabletoolbench_mirror.commands.warm.offline import OfflineEngineError, offline_layer
 
     try:
-        layer, handler = offline_layer(settings, model=args.model, concurrency=args.concurrency, llm_options=vllm_options(args.vllm_option or []))
+        layer = offline_layer(settings, model=args.model, concurrency=args.concurrency, llm_options=vllm_options(args.vllm_option or []))
     except (OfflineEngineError, ValueError) as exc:
         raise CommandError(str(exc)) from None
-    return layer, handler, 1
+    return layer, 1
 
 
 def build_plan(args: argparse.Namespace, settings: Any, prepare: Callable[[Any], Any]) -> WarmPlan:
@@ -99,7 +99,7 @@ def build_plan(args: argparse.Namespace, settings: Any, prepare: Callable[[Any],
     return plan
 
 
-def _run(args: argparse.Namespace, settings: Any, layer: MirrorLayer, handler: Handler | None, plan: WarmPlan, processes: int) -> WarmReport:
+def _run(args: argparse.Namespace, settings: Any, layer: MirrorLayer, plan: WarmPlan, processes: int) -> WarmReport:
     if args.dry_run:
         return run_warm(layer, cached_only(layer, plan), concurrency=1, progress=False)
     stop_after = args.stop_after_failures
@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace, settings: Any, layer: MirrorLayer, handler: H
         return run_warm_processes(
             settings, plan, concurrency=args.concurrency, processes=processes, progress=not args.quiet, stop_after_failures=stop_after
         )
-    return run_warm(layer, plan, concurrency=args.concurrency, progress=not args.quiet, handler=handler, stop_after_failures=stop_after)
+    return run_warm(layer, plan, concurrency=args.concurrency, progress=not args.quiet, stop_after_failures=stop_after)
 
 
 def _print_report(args: argparse.Namespace, report: WarmReport) -> int:

@@ -257,7 +257,7 @@ def offline_layer(
     concurrency: int,
     llm_options: dict[str, Any] | None = None,
     generate: GenerateFn | None = None,
-) -> tuple[Any, None]:
+) -> Any:
     """A warming layer whose simulator is a :class:`BatchingSimulator` over vLLM (or ``generate``)."""
     from stabletoolbench_mirror.responders.simulator import build_simulator
 
@@ -279,10 +279,9 @@ def offline_layer(
 
         responders.append(build_real_responder(settings, docs=docs))
     responders.append(batcher)
-    layer = build_layer(
+    return build_layer(
         settings,
         mode=Mode.RECORD,
         responders=responders,
         max_pending_misses=max(settings.limits.max_pending_misses, concurrency),
     )
-    return layer, None

@@ -211,14 +211,12 @@ def run_warm(
     *,
     concurrency: int = 8,
     progress: bool = True,
-    handler: Handler | None = None,
     stop_after_failures: int = 0,
 ) -> WarmReport:
     """Make every call of ``plan`` that the layer cannot answer yet, ``concurrency`` at a time, in this process.
 
     ``stop_after_failures``: stop early when the first this many calls all fail for the same cause.
     """
-    handle = handler or layer.handle_call
     counts, todo = split(layer, plan)
     stop = threading.Event()
     queue_lock = threading.Lock()
@@ -232,7 +230,7 @@ def run_warm(
                 item = next(queue, None)
             if item is None:
                 return
-            kind, reason, cause = make_call(handle, item.call)
+            kind, reason, cause = make_call(layer.handle_call, item.call)
             tracker.done(item, kind, reason, cause)
 
     threads = [threading.Thread(target=work, name=f"warm-{i}", daemon=True) for i in range(max(1, min(concurrency, len(todo) or 1)))]
