@@ -219,13 +219,18 @@ def _environment(bundle: Bundle, records_hash: str | None, problems: list[str]) 
     }
 
 
+def _manifest_part(records: Path, part: str) -> Any:
+    """``part`` of the records' manifest (``None`` when the manifest cannot be read or is no object)."""
+    try:
+        manifest = json.loads((records / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest.get(part) if isinstance(manifest, dict) else None
+
+
 def _records_settings(bundle: Bundle) -> dict[str, Any]:
     """The simulator settings in the records' manifest (``snapshot`` writes the store's public settings)."""
-    try:
-        manifest = json.loads((bundle.records / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    settings = manifest.get("settings") if isinstance(manifest, dict) else None
+    settings = _manifest_part(bundle.records, "settings")
     simulator = settings.get("simulator") if isinstance(settings, dict) else None
     return simulator if isinstance(simulator, dict) else {}
 
@@ -310,11 +315,7 @@ def _query_order(qid: str) -> tuple[int, str]:
 
 
 def _api_hashes(root: Path) -> dict[str, str]:
-    try:
-        manifest = json.loads((root / "records" / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    hashes = manifest.get("api_hashes") if isinstance(manifest, dict) else None
+    hashes = _manifest_part(root / "records", "api_hashes")
     return {str(k): str(v) for k, v in hashes.items()} if isinstance(hashes, dict) else {}
 
 
