@@ -40,8 +40,7 @@ def cmd_cache_import(args: argparse.Namespace) -> int:
             summary = import_tree(store, args.directory, progress=not args.quiet, allow_symlinks=settings.allow_symlinks, jobs=args.jobs,
                                   max_file_bytes=int(settings.frozen_max_file_mb * 1024 * 1024))
         except ImportFailed as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+            raise CommandError(str(exc), status=1) from None
         except KeyboardInterrupt:
             print("interrupted: the entries written so far are kept; run the same command again to go on "
                   "(entries already present are skipped)", file=sys.stderr)
@@ -68,8 +67,7 @@ def cmd_cache_export(args: argparse.Namespace) -> int:
     else:
         print("\n".join(summary.lines()))
     if incomplete:
-        print("error: the export is incomplete (--skip-unsafe accepts that)", file=sys.stderr)
-        return 1
+        raise CommandError("the export is incomplete (--skip-unsafe accepts that)", status=1)
     return 0
 
 

@@ -164,8 +164,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 if record is not None:
                     print(json.dumps(shown_record(record), indent=2, ensure_ascii=False))
                     return 0
-    print(f"error: no record of {args.api} under key {args.key!r} (cache ls --api API lists its keys)", file=sys.stderr)
-    return 1
+    raise CommandError(f"no record of {args.api} under key {args.key!r} (cache ls --api API lists its keys)", status=1)
 
 
 NO_FILTER = ("error: name what to delete (--api, --category, --source, --model, --origin, --key, --before, --failures); "

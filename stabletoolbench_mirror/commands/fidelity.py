@@ -242,12 +242,10 @@ def _write_reports(args: argparse.Namespace, report: FidelityReport) -> int:
         if args.html:
             write_bytes(args.html, render_html(data).encode("utf-8", "backslashreplace"), fsync=True)
     except OSError as exc:
-        print(f"error: the report cannot be written: {exc}", file=sys.stderr)
-        return 1
+        raise CommandError(f"the report cannot be written: {exc}", status=1) from None
     if not report.pairs:
-        print(f"error: nothing was scored: none of the {len(report.problems)} calls read could be (see above)" if report.problems
-              else "error: nothing was scored: no reference answer was found or left (--category, --limit)", file=sys.stderr)
-        return 1
+        raise CommandError(f"nothing was scored: none of the {len(report.problems)} calls read could be (see above)" if report.problems
+                           else "nothing was scored: no reference answer was found or left (--category, --limit)", status=1)
     return 0
 
 

@@ -77,9 +77,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     tool, the simulated share of tool answers, the agent's and the judge's model calls with their tokens, failures,
     faults, the slowest APIs and a snapshot's content hash; for a score bundle its score, labels and environment hash;
     for two bundles where they differ. See docs/report.md."""
-    problem = _argument_problem(args)
-    if problem is not None:
-        raise CommandError(problem)
+    _check_arguments(args)
     try:
         report, page, lines, ok = _gathered(args)
     except (ReportError, ConfigError) as exc:
@@ -96,12 +94,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _argument_problem(args: argparse.Namespace) -> str | None:
+def _check_arguments(args: argparse.Namespace) -> None:
     if not (args.html or args.json or args.json_out):
-        return "say where the report goes: --html OUT.html, --json (printed) and/or --json-out OUT.json"
+        raise CommandError("say where the report goes: --html OUT.html, --json (printed) and/or --json-out OUT.json")
     if not (args.timeout > 0 and args.max_mb > 0):
-        return "--timeout and --max-mb must be above 0"
-    return None
+        raise CommandError("--timeout and --max-mb must be above 0")
 
 
 def _gathered(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[str], bool]:

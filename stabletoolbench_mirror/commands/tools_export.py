@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any
 
 from stabletoolbench_mirror.commands.cli_common import CommandError, add_config_arguments, add_json_argument, print_json, settings_from_args
@@ -63,9 +62,8 @@ def cmd_tools_export(args: Any) -> int:
     else:
         _print_summary(args, written, skipped)
     if not written:
-        print(f"error: no query's functions were exported: check that --queries names query files and that "
-              f"{tools_dir} is the tools folder they were made with", file=sys.stderr)
-        return 1
+        raise CommandError(f"no query's functions were exported: check that --queries names query files and that "
+                           f"{tools_dir} is the tools folder they were made with", status=1)
     return 0
 
 

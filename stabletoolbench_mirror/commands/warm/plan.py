@@ -43,11 +43,6 @@ class KindCounts:
     def copy(self) -> KindCounts:
         return KindCounts(**vars(self))
 
-    def __iadd__(self, other: KindCounts) -> KindCounts:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-        return self
-
 
 @dataclass
 class Failure:
@@ -116,10 +111,7 @@ class WarmReport:
 
     @property
     def total(self) -> KindCounts:
-        total = KindCounts()
-        for c in self.counts.values():
-            total += c
-        return total
+        return KindCounts(**{f.name: sum(getattr(c, f.name) for c in self.counts.values()) for f in fields(KindCounts)})
 
     def as_json(self) -> dict[str, Any]:
         """``warm --json``: the table's rows (``by_input``, ``total``), the calls made, every failure and skip."""
