@@ -46,8 +46,6 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     with ExitStack() as closers:
         try:
             pairs, store = _load_pairs(args, settings, problems, closers, progress)
-            if pairs is None:
-                return 1
             pairs, candidate = _attach_candidate(args, settings, pairs, store, problems, closers)
         except ValueError as exc:  # CheckInputError, QueryFileError, the answer files' function index
             raise CommandError(str(exc)) from None
@@ -144,12 +142,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def _load_pairs(
     args: argparse.Namespace, settings: Any, problems: list[str], closers: ExitStack, progress: bool
-) -> tuple[list[Pair] | None, Any]:
+) -> tuple[list[Pair], Any]:
     """The reference pairs (``--calls``, ``--answers``, ``--from-store``, then ``--category`` and ``--limit``)
-    and the store when one is needed (closed by ``closers``).
-
-    The pairs are ``None`` (the error printed) when ``--from-store`` is the only source and gives nothing.
-    """
+    and the store when one is needed (closed by ``closers``)."""
     pairs = _pairs_from_files(args, settings, problems)
     store = None
     if args.from_store or not (args.candidate_calls or args.shadow):
@@ -158,10 +153,7 @@ def _load_pairs(
         store = build_store(settings)
         closers.callback(store.close)
     if args.from_store:
-        from_store = _pairs_from_store(settings, store, problems, progress, have_others=bool(pairs))
-        if from_store is None:
-            return None, store
-        pairs += from_store
+        pairs += _pairs_from_store(settings, store, problems, progress, have_others=bool(pairs))
     if args.category:
         wanted = set(args.category)
         pairs = [p for p in pairs if p.category in wanted]
@@ -183,8 +175,8 @@ def _pairs_from_files(args: argparse.Namespace, settings: Any, problems: list[st
     return pairs
 
 
-def _pairs_from_store(settings: Any, store: Any, problems: list[str], progress: bool, *, have_others: bool) -> list[Pair] | None:
-    """``--from-store``'s pairs; when there are none, a warning, or an error (``None``) without ``have_others``."""
+def _pairs_from_store(settings: Any, store: Any, problems: list[str], progress: bool, *, have_others: bool) -> list[Pair]:
+    """``--from-store``'s pairs; when there are none, a warning, or without ``have_others`` an error (exit status 1)."""
     from stabletoolbench_mirror.upstream.tooldocs import tool_docs_for
 
     seen: Counter[str] = Counter()
@@ -192,8 +184,7 @@ def _pairs_from_store(settings: Any, store: Any, problems: list[str], progress: 
     if not from_store:
         message = no_store_references(str(getattr(store, "path", None) or getattr(store, "url", "?")), seen)
         if not have_others:
-            print(f"error: {message}", file=sys.stderr)
-            return None
+            raise CommandError(message, status=1)
         print(f"warning: {message}", file=sys.stderr)
     return from_store
 
