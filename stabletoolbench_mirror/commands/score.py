@@ -138,13 +138,11 @@ def cmd_score(args: argparse.Namespace) -> int:
         else:
             report = _record(args)
     except BundleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_DIFFERENT if "differ from the bundle's seal" in str(exc) else EXIT_USAGE
+        raise CommandError(str(exc), EXIT_DIFFERENT if "differ from the bundle's seal" in str(exc) else EXIT_USAGE) from None
     except (CheckoutError, SessionError, MissingRequirements) as exc:
         raise CommandError(str(exc)) from None
     except (UpstreamFailed, UpstreamTimeout) as exc:
-        print(f"error: {exc}\nthe same command resumes the run from this phase", file=sys.stderr)
-        return EXIT_UPSTREAM
+        raise CommandError(f"{exc}\nthe same command resumes the run from this phase", EXIT_UPSTREAM) from None
     except KeyboardInterrupt:
         print("interrupted: the phases done are kept in the work folder; run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
