@@ -6,9 +6,8 @@ Exit status: 0 the same, 1 different, 2 an error.
 from __future__ import annotations
 
 import argparse
-import json
 
-from stabletoolbench_mirror.commands.cli_common import CommandError, add_config_arguments, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import CommandError, add_config_arguments, print_json, settings_from_args
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -22,7 +21,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     except DiffError as exc:  # a StoreError is the command line's exit 2
         raise CommandError(str(exc)) from None
     if args.json:
-        print(json.dumps(result.to_json(args.a, args.b), indent=2, ensure_ascii=False))
+        print_json(result.to_json(args.a, args.b))
     else:
         print("\n".join(result.lines(args.a, args.b)))
     return 0 if result.same else 1

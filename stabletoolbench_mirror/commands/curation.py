@@ -162,7 +162,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             for key in show_keys(args.key):
                 record = store.get(api, key)
                 if record is not None:
-                    print(json.dumps(shown_record(record), indent=2, ensure_ascii=False))
+                    print_json(shown_record(record))
                     return 0
     raise CommandError(f"no record of {args.api} under key {args.key!r} (cache ls --api API lists its keys)", status=1)
 
