@@ -84,8 +84,6 @@ class BatchingSimulator:
         self.redactor = redactor or Redactor()
         self.validity = validity
         """``simulator.validity``: the rules a parsed answer must pass to be recorded as usable."""
-        self.batches: list[int] = []
-        """The size of every batch generated (for reports and tests)."""
         self._queue: list[_Pending] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -139,7 +137,6 @@ class BatchingSimulator:
             batch = self._take_batch()
             if batch is None:
                 return
-            self.batches.append(len(batch))
             started = time.monotonic()
             try:
                 outputs = list(self._generate([p.messages for p in batch]))
