@@ -383,18 +383,11 @@ def score_pairs(
         pair.scores["judge"] = judge.score(pair.api, pair.key, ref_text, cand_text) if judge is not None else None
         return pair
 
-    bar = progress_bar(total=len(pairs), desc="fidelity", unit="call", disable=not progress)
-    try:
-        if concurrency <= 1:
-            for pair in pairs:
-                work(pair)
-                bar.update(1)
-        else:
-            with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                for _ in pool.map(work, pairs):
-                    bar.update(1)
-    finally:
-        bar.close()
+    with progress_bar(total=len(pairs), desc="fidelity", unit="call", disable=not progress) as bar, \
+            ThreadPoolExecutor(max_workers=concurrency) as pool:
+        # one pair at a time in this thread (the pool starts no thread then), else ``concurrency`` at a time in the pool
+        for _ in map(work, pairs) if concurrency <= 1 else pool.map(work, pairs):
+            bar.update(1)
     return list(pairs)
 
 

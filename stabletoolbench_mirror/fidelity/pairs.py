@@ -77,7 +77,7 @@ def pairs_from_expectations(expectations: Any, problems: list[str]) -> list[Pair
     return pairs
 
 
-def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: Any = None, seen: Counter[str] | None = None) -> list[Pair]:
+def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: Any, seen: Counter[str]) -> list[Pair]:
     """Pairs (reference only) from the store's ``real`` records, in a stable order.
 
     With ``docs``, a call gets its tool and API names as the docs spell them (as a client sends them).
@@ -86,7 +86,6 @@ def pairs_from_store(store: Any, problems: list[str], *, progress: bool, docs: A
     from stabletoolbench_mirror.core.progress import progress_bar
     from stabletoolbench_mirror.core.record_calls import call_of_record
 
-    seen = seen if seen is not None else Counter()
     pairs = []
     for record in progress_bar(store, desc="read store", unit="entry", disable=not progress):
         seen["real failure records" if record.source == "real" and record.is_failure else record.source] += 1
