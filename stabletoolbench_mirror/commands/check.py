@@ -37,7 +37,6 @@ from stabletoolbench_mirror.commands.cli_common import (
     settings_from_args,
 )
 from stabletoolbench_mirror.config import Mode, Settings
-from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.upstream.answers import DEFAULT_MAX_OBSERVATION_LENGTH, function_index
 from stabletoolbench_mirror.upstream.expectations import CheckInputError, Expectation, iter_calls_jsonl, load_answer_expectations
@@ -74,11 +73,6 @@ class UrlTarget:
 # -- command line ---------------------------------------------------------------------------------
 
 
-def _layer(settings: Settings) -> MirrorLayer:
-    """The in-process layer; in replay mode without responders (nothing may fill a miss anyway)."""
-    return build_layer(settings, responders=[] if settings.mode is Mode.REPLAY else None)
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     """Replay a JSONL of {payload, observed} calls or StableToolBench answer files against a running server (--url) or the
     layer in-process (replay mode), and report per API. Exit status 1 when anything differs or misses."""
@@ -98,7 +92,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         token = settings.auth_token.get_secret_value() if settings.auth_token else None
         target: Target = UrlTarget(args.url, token=token, with_faults=args.with_faults, connections=args.concurrency)
     else:
-        target = LayerTarget(_layer(settings), with_faults=args.with_faults)
+        # in replay mode without responders: nothing may fill a miss anyway
+        layer = build_layer(settings, responders=[] if settings.mode is Mode.REPLAY else None)
+        target = LayerTarget(layer, with_faults=args.with_faults)
     try:
         run_check(
             expectations,

@@ -83,10 +83,6 @@ def is_bundle(folder: str | Path) -> bool:
     return Path(folder, BUNDLE_FILE).is_file()
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def query_id(answer_file: Path) -> str:
     """The query of ``<query_id>_<method>.json`` (``qa_pipeline``'s answer file name)."""
     return answer_file.name.split("_", 1)[0]
@@ -163,7 +159,7 @@ def _check_group(group: str, from_file: dict[str, dict[str, str]], labels: dict[
 
 def _answers(bundle: Bundle) -> dict[str, dict[str, str]]:
     """Per group, ``{query_id: sha256 of its answer file}``."""
-    return {group: {query_id(p): _sha256(p) for p in bundle.answer_files(group)} for group in bundle.groups}
+    return {group: {query_id(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in bundle.answer_files(group)} for group in bundle.groups}
 
 
 def _records(bundle: Bundle, problems: list[str], progress: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:

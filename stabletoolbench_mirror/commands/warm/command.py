@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -120,7 +121,7 @@ def _print_report(args: argparse.Namespace, report: WarmReport) -> int:
     if args.failures:
         with open(args.failures, "w", encoding="utf-8") as fh:
             for failure in report.failures:
-                fh.write(failure.to_json() + "\n")
+                fh.write(json.dumps(failure.as_json(), ensure_ascii=False) + "\n")
     if report.interrupted:
         return 130
     if report.stopped:

@@ -40,9 +40,6 @@ class KindCounts:
     skipped: int = 0
     """Calls that never reach the store: unparsable arguments, ``chat_with_user``, unknown functions."""
 
-    def copy(self) -> KindCounts:
-        return KindCounts(**vars(self))
-
 
 @dataclass
 class Failure:
@@ -52,9 +49,6 @@ class Failure:
     location: str
     reason: str
     payload: dict[str, Any] | None = None
-
-    def to_json(self) -> str:
-        return json.dumps(self.as_json(), ensure_ascii=False)
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"input_kind": self.input_kind, "location": self.location, "reason": self.reason}
@@ -95,7 +89,7 @@ class WarmPlan:
         self.skipped.append(Failure(input_kind, location, reason, payload))
 
     def copy_counts(self) -> dict[str, KindCounts]:
-        return {kind: c.copy() for kind, c in self.counts.items()}
+        return {kind: KindCounts(**vars(c)) for kind, c in self.counts.items()}
 
 
 @dataclass
