@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from stabletoolbench_mirror.core.model_calls import model_endpoint
 from stabletoolbench_mirror.reporting.tally import ReportError, snapshot_tallies
@@ -42,7 +42,6 @@ RUN_FACTS = ("label", "groups", "method", "backbone", "agent_model", "judge_mode
 
 
 class _PassRate(BaseModel):
-    model_config = ConfigDict(extra="ignore")
     solve_rate: float
     std: float
     per_evaluation: list[float] = Field(default_factory=list)
@@ -50,7 +49,6 @@ class _PassRate(BaseModel):
 
 
 class _WinRate(BaseModel):
-    model_config = ConfigDict(extra="ignore")
     win: float
     tie: float
     lose: float
@@ -58,7 +56,6 @@ class _WinRate(BaseModel):
 
 
 class _Labels(BaseModel):
-    model_config = ConfigDict(extra="ignore")
     evaluations: dict[str, str]
     solved: bool | None = None
 
@@ -66,7 +63,6 @@ class _Labels(BaseModel):
 class _Score(BaseModel):
     """``score.json`` (see scoring/bundle.py)."""
 
-    model_config = ConfigDict(extra="ignore")
     pass_rate: dict[str, _PassRate]
     pass_rate_average: float | None = None
     win_rate: dict[str, _WinRate] = Field(default_factory=dict)

@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 from typing import Annotated, Any
 
 import requests
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from stabletoolbench_mirror.reporting.tally import ReportError, category_of, model_row, models_part, nested, sorted_counts, tool_of
 
@@ -39,8 +39,6 @@ Count = Annotated[int, Field(ge=0, strict=True)]
 
 class Stats(BaseModel):
     """The parts of ``/stats`` a report reads (see docs/monitoring.md); other keys are ignored."""
-
-    model_config = ConfigDict(extra="ignore")
 
     requests: Count
     misses: Count = 0
@@ -69,8 +67,6 @@ class Stats(BaseModel):
 
 class Health(BaseModel):
     """The parts of ``/health`` a report reads."""
-
-    model_config = ConfigDict(extra="ignore")
 
     responders: list[str] = Field(default_factory=list)
     simulator_prompt: dict[str, Any] | None = None
