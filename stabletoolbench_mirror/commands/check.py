@@ -90,7 +90,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     if args.url:
         token = settings.auth_token.get_secret_value() if settings.auth_token else None
-        target: Target = UrlTarget(args.url, token=token, with_faults=args.with_faults, connections=args.concurrency)
+        try:
+            target: Target = UrlTarget(args.url, token=token, with_faults=args.with_faults, connections=args.concurrency)
+        except CheckInputError as exc:  # a URL that is not http(s)://HOST:PORT
+            raise CommandError(str(exc)) from None
     else:
         # in replay mode without responders: nothing may fill a miss anyway
         layer = build_layer(settings, responders=[] if settings.mode is Mode.REPLAY else None)

@@ -135,3 +135,11 @@ def test_bad_calls_file_is_a_clear_error(tmp_path: Path) -> None:
     calls.write_text("not json\n")
     assert "not JSON" in cli("check", "--calls", str(calls), cwd=tmp_path).stderr
     assert cli("check", cwd=tmp_path).returncode == 2
+
+
+def test_a_url_that_is_not_http_is_a_clear_error(tmp_path: Path) -> None:
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text("")
+    result = cli("check", "--calls", str(calls), "--url", "ftp://127.0.0.1:1", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "error: --url must be http://HOST:PORT or https://HOST:PORT (got 'ftp://127.0.0.1:1')" in result.stderr
