@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
+import itertools
 import threading
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Iterator
@@ -172,13 +173,7 @@ class Store(CacheTier):
 
     def sample(self, api: str, limit: int) -> Iterator[Record]:
         """Up to ``limit`` records of one API; backends may do better than this scan."""
-        count = 0
-        for record in self:
-            if count >= limit:
-                return
-            if record.api == api:
-                count += 1
-                yield record
+        return itertools.islice(self.iter_api(api), max(limit, 0))
 
     def add_many(self, items: Iterable[tuple[Record, str | None]]) -> list[bool]:
         """:meth:`add` for a batch of ``(record, canonical)`` (bulk import); backends may batch the writes."""

@@ -107,14 +107,13 @@ class DiskcacheStore(Store):
     #: who holds the store's private model-call run (:meth:`hold_private_run`): a line for the refusal's message
     PRIVATE_RUN_FILE = "cache.db-privaterun"
 
-    def __init__(self, path: str | os.PathLike[str], *, lock_poll_s: float = 0.02, read_only: bool = False,
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False,
                  timeout_s: float = 60.0) -> None:
         """``read_only``: open an existing store for reading only (``cache stats``): nothing in the
         folder is written, a store that is not there is an error, and ``add`` raises :class:`StoreError`.
         ``timeout_s``: the longest a model call's occurrence claim waits for another process's lock (``store.timeout_s``)."""
         self.path = os.fspath(path)
         self.timeout_s = float(timeout_s)
-        self.lock_poll_s = float(lock_poll_s)
         self.read_only = read_only
         self._write_lock = threading.Lock()
         self._known_apis: set[str] = set()
@@ -448,7 +447,7 @@ class DiskcacheStore(Store):
         """A byte-range lock on ``cache.db-flightlock`` in the store folder (see :mod:`.filelock`).
 
         Shared by every process that opens this folder on this host; the kernel drops it when
-        its holder exits, even on ``kill -9``.  A waiter polls every ``lock_poll_s`` and goes
+        its holder exits, even on ``kill -9``.  A waiter polls every :data:`~.leases.POLL_S` and goes
         ahead without it after :data:`~.leases.MAX_LOCK_WAIT_S`.
         """
         self._writable()
@@ -456,7 +455,7 @@ class DiskcacheStore(Store):
         assert locks is not None  # a writable store has its lock file
         name = f"{api}\x00{canonical}"
         with _failing("lock"):
-            offset = wait_for_lock(lambda: locks.try_acquire(name), self.lock_poll_s, api, log)
+            offset = wait_for_lock(lambda: locks.try_acquire(name), api, log)
         if self._reads is not None:
             # whoever held the lock may have recorded the answer in another process: look now
             self._reads.watch.check()

@@ -116,23 +116,8 @@ class _Index:
                 pass
 
 
-class _OpenFiles:
-    """How many index files are open, so a huge tree does not run the process out of descriptors."""
-
-    def __init__(self, limit: int) -> None:
-        self._slots = threading.BoundedSemaphore(limit)
-
-    def take(self) -> bool:
-        return self._slots.acquire(blocking=False)
-
-    def release(self) -> None:
-        try:
-            self._slots.release()
-        except ValueError:  # pragma: no cover - more releases than takes cannot happen
-            pass
-
-
-_OPEN_FILES = _OpenFiles(MAX_OPEN_FILES)
+#: how many index files are open, so a huge tree does not run the process out of descriptors
+_OPEN_FILES = threading.BoundedSemaphore(MAX_OPEN_FILES)
 
 
 class _NeedsLoad:
@@ -287,7 +272,7 @@ class FrozenCache(CacheTier):
         except BaseException:
             os.close(fd)
             raise
-        if _OPEN_FILES.take():
+        if _OPEN_FILES.acquire(blocking=False):
             index.fd = fd  # kept for the hits' reads; closed with the index
         else:
             os.close(fd)

@@ -25,17 +25,19 @@ log = logging.getLogger(__name__)
 
 #: a waiter never waits longer than this for another holder; then it fills the miss itself
 MAX_LOCK_WAIT_S = 600.0
+#: how often a waiter tries the lock again
+POLL_S = 0.02
 
 
-def wait_for_lock(try_acquire: Callable[[], T | None], poll_s: float, api: str, where: logging.Logger) -> T | None:
-    """What ``try_acquire`` gives once it gives something, tried every ``poll_s``; ``None`` (logged on ``where``)
+def wait_for_lock(try_acquire: Callable[[], T | None], api: str, where: logging.Logger) -> T | None:
+    """What ``try_acquire`` gives once it gives something, tried every :data:`POLL_S`; ``None`` (logged on ``where``)
     after :data:`MAX_LOCK_WAIT_S`: the waiter then fills the miss without the lock (both backends' flight locks)."""
     deadline = time.monotonic() + MAX_LOCK_WAIT_S
     while (held := try_acquire()) is None:
         if time.monotonic() >= deadline:
             where.warning("single-flight lock for %s not acquired in %.0fs; filling without it", clip(api), MAX_LOCK_WAIT_S)
             return None
-        time.sleep(poll_s)
+        time.sleep(POLL_S)
     return held
 
 

@@ -56,10 +56,10 @@ class ChangeWatch:
     _shared: weakref.WeakValueDictionary[str, ChangeWatch] = weakref.WeakValueDictionary()
     _shared_lock = threading.Lock()
 
-    def __init__(self, path: str, interval_s: float = CHECK_INTERVAL_S) -> None:
+    def __init__(self, path: str) -> None:
         """Watch the database file ``path``; :class:`sqlite3.Error` when it cannot be opened."""
         self.path = path
-        self.interval_s = interval_s
+        self.interval_s = CHECK_INTERVAL_S
         self._lock = threading.Lock()
         self._con: sqlite3.Connection | None = None
         self._pid = 0
@@ -153,11 +153,11 @@ class RecentReads:
 
     __slots__ = ("watch", "_reads", "max_reads", "max_body")
 
-    def __init__(self, watch: ChangeWatch, max_reads: int = MAX_READS, max_body: int = MAX_BODY_CHARS) -> None:
+    def __init__(self, watch: ChangeWatch) -> None:
         self.watch = watch
         self._reads: dict[tuple[str, str, str], tuple[int, Any]] = {}
-        self.max_reads = max_reads
-        self.max_body = max_body
+        self.max_reads = MAX_READS
+        self.max_body = MAX_BODY_CHARS
 
     def get(self, where: tuple[str, str, str], now: int) -> Any:
         """The value kept for ``where`` at token ``now``, else :data:`UNKNOWN`."""

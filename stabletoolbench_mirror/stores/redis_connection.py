@@ -126,11 +126,10 @@ class FlightLocks:
     add-if-absent write still keeps one answer).
     """
 
-    def __init__(self, client: redis.Redis, prefix: str, ttl_s: float, poll_s: float, log: logging.Logger) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, ttl_s: float, log: logging.Logger) -> None:
         self._client = client
         self._prefix = prefix
         self._ttl_ms = max(1, int(ttl_s * 1000))
-        self._poll_s = poll_s
         self._log = log
         self._renew = client.register_script(scripts.RENEW)
         self._release = client.register_script(scripts.RELEASE)
@@ -140,7 +139,7 @@ class FlightLocks:
         """The lock's name and token once it is held; ``None`` when it was not had in time."""
         digest = hashlib.sha256(f"{api}\x00{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
         name, token = f"{self._prefix}:lock:{digest}", uuid.uuid4().hex
-        if wait_for_lock(lambda: self._client.set(name, token, nx=True, px=self._ttl_ms) or None, self._poll_s, api, self._log) is None:
+        if wait_for_lock(lambda: self._client.set(name, token, nx=True, px=self._ttl_ms) or None, api, self._log) is None:
             return None
         return name, token
 

@@ -33,9 +33,9 @@ class KeptReads:
     as it is only while Redis cannot be read (:meth:`get` with ``stale=True``).
     """
 
-    def __init__(self, max_bytes: int, max_age_s: float = KEPT_MAX_AGE_S) -> None:
+    def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max(0, int(max_bytes))
-        self.max_age_s = float(max_age_s)
+        self.max_age_s = KEPT_MAX_AGE_S
         # each item: (value, size, monotonic time it was read)
         self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, Source, str, float], int, float]] = OrderedDict()
         self._pointers: OrderedDict[tuple[str, str], tuple[str, int, float]] = OrderedDict()

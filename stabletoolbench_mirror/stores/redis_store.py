@@ -49,7 +49,7 @@ from stabletoolbench_mirror.stores.redis_connection import (
     text,
 )
 from stabletoolbench_mirror.stores.redis_invalidation import EVERYTHING, Invalidations, forget_message
-from stabletoolbench_mirror.stores.redis_kept import KEPT_MAX_AGE_S, KeptReads
+from stabletoolbench_mirror.stores.redis_kept import KeptReads
 
 if TYPE_CHECKING:
     from stabletoolbench_mirror.stores.sessions import SessionStore
@@ -107,16 +107,13 @@ class RedisStore(Store):
         prefix: str = "stm",
         lock_ttl_s: float = LOCK_TTL_S,
         timeout_s: float = 2.0,
-        lock_poll_s: float = 0.02,
         kept_bytes: int = 64 * 1024 * 1024,
-        kept_max_age_s: float = KEPT_MAX_AGE_S,
     ) -> None:
         if lock_ttl_s <= 0 or timeout_s <= 0:
             raise ValueError("lock_ttl_s and timeout_s must be positive")
         self.url = public_url(url)
         self.prefix = prefix
         self.lock_ttl_s = float(lock_ttl_s)
-        self.lock_poll_s = float(lock_poll_s)
         self.timeout_s = float(timeout_s)
         self._outage = Outage(self.timeout_s)
         self._aclients = AsyncClients(url, self.timeout_s)
@@ -128,11 +125,11 @@ class RedisStore(Store):
         self._apis_key = f"{prefix}:namespaces"  # the set of APIs (its name predates the word)
         self._counts = f"{prefix}:counts"
         self._delete = self._client.register_script(scripts.DELETE)
-        self._kept = KeptReads(kept_bytes, kept_max_age_s)
+        self._kept = KeptReads(kept_bytes)
         # the kept reads serve only while this instance hears what other ones delete or replace
         self._kept.live = False
         self._invalidations = Invalidations(lambda: redis.Redis.from_url(url, **client_options(self.timeout_s, Retry)), prefix, self._kept)
-        self._locks = FlightLocks(self._client, prefix, self.lock_ttl_s, self.lock_poll_s, log)
+        self._locks = FlightLocks(self._client, prefix, self.lock_ttl_s, log)
         self._format_key = f"{prefix}:format"
         self._format: formats.Decision | None = None
         """What the store's format marker asks (``None``: not read yet, Redis was down)."""
@@ -477,11 +474,6 @@ class RedisStore(Store):
             return
         with self._locks.held(api, *held):
             yield
-
-    def ping(self) -> None:
-        """Raise :class:`StoreError` unless Redis answers."""
-        with self._failing("ping"):
-            self._client.ping()
 
     def close(self) -> None:
         self._invalidations.close()

@@ -296,7 +296,8 @@ def test_a_redis_record_removed_behind_the_stores_back_is_read_again_within_its_
 
 
 @pytest.mark.redis
-def test_while_redis_is_down_the_memory_serves_what_it_holds_at_any_age(tmp_path: Path) -> None:
+def test_while_redis_is_down_the_memory_serves_what_it_holds_at_any_age(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stabletoolbench_mirror.stores import redis_kept
     from stabletoolbench_mirror.stores.base import StoreError
     from stabletoolbench_mirror.stores.redis_store import RedisStore
     from tests.helpers.redis_server import RedisServer, require_redis_server
@@ -304,7 +305,8 @@ def test_while_redis_is_down_the_memory_serves_what_it_holds_at_any_age(tmp_path
     require_redis_server()
     record = Record.from_answer(API, "{'a': 1}", {"error": "", "response": "remembered"}, "simulated", "t")
     with RedisServer(tmp_path / "redis") as server:
-        store = RedisStore(server.url, prefix="p", kept_max_age_s=0.05, timeout_s=0.5)
+        monkeypatch.setattr(redis_kept, "KEPT_MAX_AGE_S", 0.05)
+        store = RedisStore(server.url, prefix="p", timeout_s=0.5)
         try:
             store.add(record, "c")
             assert store.get_canonical(API, "c") is not None  # the pointer and the record remembered

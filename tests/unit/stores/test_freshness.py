@@ -16,7 +16,7 @@ import diskcache
 import pytest
 
 from stabletoolbench_mirror.core.records import Record
-from stabletoolbench_mirror.stores import DiskcacheStore
+from stabletoolbench_mirror.stores import DiskcacheStore, recent_reads
 from stabletoolbench_mirror.stores import diskcache_layout as layout
 from stabletoolbench_mirror.stores.recent_reads import UNKNOWN, ChangeWatch, RecentReads
 
@@ -30,9 +30,10 @@ def _db(tmp_path: Path) -> Path:
     return tmp_path / "c" / "cache.db"
 
 
-def test_the_token_moves_when_another_connection_commits_and_only_then(tmp_path: Path) -> None:
+def test_the_token_moves_when_another_connection_commits_and_only_then(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = _db(tmp_path)
-    watch = ChangeWatch(str(db), interval_s=0)
+    monkeypatch.setattr(recent_reads, "CHECK_INTERVAL_S", 0)
+    watch = ChangeWatch(str(db))
     before = watch.token()
     assert watch.token() == before  # nothing written: the same token, asked again
     writer = sqlite3.connect(db, isolation_level=None)
@@ -48,9 +49,10 @@ def test_the_token_moves_when_another_connection_commits_and_only_then(tmp_path:
     writer.close()
 
 
-def test_the_token_is_asked_at_most_once_per_interval_but_own_writes_count_at_once(tmp_path: Path) -> None:
+def test_the_token_is_asked_at_most_once_per_interval_but_own_writes_count_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = _db(tmp_path)
-    watch = ChangeWatch(str(db), interval_s=3600)
+    monkeypatch.setattr(recent_reads, "CHECK_INTERVAL_S", 3600)
+    watch = ChangeWatch(str(db))
     before = watch.token()
     sqlite3.connect(db, isolation_level=None).execute("UPDATE Cache SET access_count = 5")
     assert watch.token() == before  # not asked again within the interval ...
@@ -60,9 +62,10 @@ def test_the_token_is_asked_at_most_once_per_interval_but_own_writes_count_at_on
     assert watch.token() != token
 
 
-def test_a_database_that_cannot_be_asked_vouches_for_nothing(tmp_path: Path) -> None:
+def test_a_database_that_cannot_be_asked_vouches_for_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = _db(tmp_path)
-    watch = ChangeWatch(str(db), interval_s=3600)
+    monkeypatch.setattr(recent_reads, "CHECK_INTERVAL_S", 3600)
+    watch = ChangeWatch(str(db))
     watch._con.close()  # noqa: SLF001 - as if SQLite failed under it
     tokens = {watch.check() for _ in range(3)}
     assert len(tokens) == 3  # a new token each time: nothing kept is served
@@ -106,8 +109,10 @@ def test_a_row_written_by_plain_sqlite_is_read_within_the_interval(tmp_path: Pat
         store.close()
 
 
-def test_kept_reads_are_bounded_by_count_and_size(tmp_path: Path) -> None:
-    reads = RecentReads(ChangeWatch(str(_db(tmp_path))), max_reads=3, max_body=10)
+def test_kept_reads_are_bounded_by_count_and_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recent_reads, "MAX_READS", 3)
+    monkeypatch.setattr(recent_reads, "MAX_BODY_CHARS", 10)
+    reads = RecentReads(ChangeWatch(str(_db(tmp_path))))
     for i in range(4):
         reads.put(("e", API, str(i)), 7, None)
     assert len(reads) == 1  # full: all forgotten, then the new one kept
