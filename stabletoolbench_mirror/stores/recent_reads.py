@@ -144,9 +144,6 @@ class ChangeWatch:
         with self._lock:
             self._token += 1
 
-    def __repr__(self) -> str:
-        return f"ChangeWatch({self.path!r}, token={self._token})"
-
 
 class RecentReads:
     """Recent reads of one store by key, each valid while the token it was read at holds (any thread)."""
@@ -172,6 +169,3 @@ class RecentReads:
         if len(reads) >= self.max_reads:
             reads.clear()
         reads[where] = (at, value)
-
-    def __len__(self) -> int:
-        return len(self._reads)

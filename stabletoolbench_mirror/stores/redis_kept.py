@@ -125,7 +125,3 @@ class KeptReads:
                     break
                 _where, (_value, freed, _at) = victims.popitem(last=False)
                 self._bytes -= freed
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._records)

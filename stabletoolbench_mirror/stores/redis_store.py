@@ -25,8 +25,8 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 import redis.asyncio
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from stabletoolbench_mirror.stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: how many times a write reads, plans and applies while other writers change the same record meanwhile
 WRITE_TRIES = 16
@@ -243,7 +245,7 @@ class RedisStore(Store):
             self._outage.check()
             raw = self._client.hget(self._entries(api), key)
         except RedisError as exc:
-            return self._stale((api, key), self._failed("read", exc))
+            return self._stale(self._kept.get, (api, key), self._failed("read", exc))
         self._outage.succeeded()
         return self._remember(api, key, raw, epoch)
 
@@ -256,16 +258,18 @@ class RedisStore(Store):
             self._outage.check()
             raw = await self._aclients.get().hget(self._entries(api), key)
         except (TimeoutError, RedisError, OSError) as exc:
-            return self._stale((api, key), self._failed("read", exc))
+            return self._stale(self._kept.get, (api, key), self._failed("read", exc))
         self._outage.succeeded()
         return self._remember(api, key, raw, epoch)
 
-    def _stale(self, where: tuple[str, str], error: StoreError) -> Record:
-        """While Redis cannot be read, what the kept reads hold for ``where`` at any age; else ``error``."""
-        record = self._kept.get(where, stale=True)
-        if record is None:
+    @staticmethod
+    def _stale(kept: Callable[..., T | None], where: tuple[str, str], error: StoreError) -> T:
+        """While Redis cannot be read, what the kept reads hold for ``where`` at any age (``kept``: a record or a
+        pointer); else ``error``."""
+        found = kept(where, stale=True)
+        if found is None:
             raise error
-        return record
+        return found
 
     def get_canonical(self, api: str, canonical: str) -> Record | None:
         key = self._kept.pointer((api, canonical))
@@ -275,14 +279,8 @@ class RedisStore(Store):
                 self._outage.check()
                 key = self._point(api, canonical, self._client.hget(self._canonicals(api), canonical), epoch)
             except RedisError as exc:
-                key = self._stale_pointer((api, canonical), self._failed("read", exc))
+                key = self._stale(self._kept.pointer, (api, canonical), self._failed("read", exc))
         return self._pointed(api, canonical, None if key is None else self.get(api, key))
-
-    def _stale_pointer(self, where: tuple[str, str], error: StoreError) -> str:
-        key = self._kept.pointer(where, stale=True)
-        if key is None:
-            raise error
-        return key
 
     def _pointed(self, api: str, canonical: str, record: Record | None) -> Record | None:
         if record is not None and record.is_failure:
@@ -297,7 +295,7 @@ class RedisStore(Store):
                 self._outage.check()
                 key = self._point(api, canonical, await self._aclients.get().hget(self._canonicals(api), canonical), epoch)
             except (TimeoutError, RedisError, OSError) as exc:
-                key = self._stale_pointer((api, canonical), self._failed("read", exc))
+                key = self._stale(self._kept.pointer, (api, canonical), self._failed("read", exc))
         return self._pointed(api, canonical, None if key is None else await self.aget(api, key))
 
     # -- writes: read, ask the rules (:mod:`.rules`), apply while what was read holds -------------
