@@ -2,7 +2,7 @@
 
 :class:`diskcache.Cache` has no prefix query, no multi-row insert and no read-only open, so the
 diskcache store reads and writes its SQLite table ``Cache`` directly for those: key-range scans
-(:func:`scan`, :func:`keys_in_range`, :func:`first_key`, :func:`count_range`), a lookup of many
+(:func:`scan`, :func:`first_key`, :func:`count_range`), a lookup of many
 keys (:func:`present`), the bulk insert (:func:`insert`, rows made by :func:`row`) and
 :class:`ReadOnlyCache`.  Values always go through diskcache's own :class:`diskcache.Disk`
 encoder and decoder.  :func:`check` compares the table with :data:`COLUMNS` when a store opens,
@@ -61,8 +61,8 @@ def check(cache: Any) -> None:
 
 
 def first_key(cache: Any, low: str, high: str) -> str | None:
-    """The first string key strictly between ``low`` and ``high``."""
-    found = _sql(cache, "SELECT key FROM Cache WHERE raw = 1 AND key > ? AND key < ? ORDER BY key LIMIT 1", (low, high)).fetchone()
+    """The first string key from ``low`` (included) to ``high``."""
+    found = _sql(cache, "SELECT key FROM Cache WHERE raw = 1 AND key >= ? AND key < ? ORDER BY key LIMIT 1", (low, high)).fetchone()
     return None if found is None else found[0]
 
 
@@ -70,12 +70,6 @@ def count_range(cache: Any, low: str, high: str) -> int:
     """How many string keys lie strictly between ``low`` and ``high``."""
     (n,) = _sql(cache, "SELECT COUNT(*) FROM Cache WHERE raw = 1 AND key > ? AND key < ?", (low, high)).fetchone()
     return int(n)
-
-
-def keys_in_range(cache: Any, low: str, high: str, limit: int) -> list[str]:
-    """Up to ``limit`` string keys from ``low`` (included) to ``high``."""
-    rows = _sql(cache, "SELECT key FROM Cache WHERE raw = 1 AND key >= ? AND key < ? LIMIT ?", (low, high, int(limit))).fetchall()
-    return [key for (key,) in rows]
 
 
 def scan(cache: Any, low: str, high: str, *, inclusive: bool, page: int) -> Iterator[tuple[str, object]]:

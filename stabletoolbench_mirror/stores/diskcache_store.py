@@ -147,7 +147,11 @@ class DiskcacheStore(Store):
                 self._cache.set(FORMAT, formats.current().to_text())
             self._locks = ByteRangeLocks(os.path.join(self.path, self.LOCK_FILE))
             self._private_run = PrivateRunLock(self._locks, os.path.join(self.path, self.PRIVATE_RUN_FILE))
-            self._reads = _recent_reads(self.path)
+            try:
+                self._reads = RecentReads(ChangeWatch.of(os.path.join(self.path, "cache.db")))
+            except sqlite3.Error as exc:  # no change watch: nothing kept, every read goes to SQLite
+                log.warning("diskcache store at %s: reads are not kept (no change watch: %s)", self.path, exc)
+                self._reads = None
             if COUNTED not in self._cache and layout.first_key(self._cache, ENTRY + "\x00", ENTRY + "\x01") is None:
                 # an empty store: the counters kept from now on count every record
                 self._cache.add(COUNTED, 1)
@@ -379,7 +383,7 @@ class DiskcacheStore(Store):
         pointers = [k for k, v in layout.scan(cache, *api_range(CANONICAL, api), inclusive=True, page=_SCAN_PAGE) if v in gone]
         for pointer in pointers:
             cache.delete(pointer)
-        if not layout.keys_in_range(cache, *api_range(ENTRY, api), 1):
+        if layout.first_key(cache, *api_range(ENTRY, api)) is None:
             if cache.delete(f"{NAMESPACE}\x00{api}"):
                 deltas[count_key("apis")] -= 1
         cache.incr(DELETES, 1)
@@ -434,12 +438,10 @@ class DiskcacheStore(Store):
                 yield stored_record(raw)
 
     def sample(self, api: str, limit: int) -> Iterator[Record]:
+        # a key-range scan over diskcache's SQLite table (string keys are stored raw), one page of ``limit`` rows
+        rows = layout.scan(self._cache, *api_range(ENTRY, api), inclusive=True, page=max(limit, 1))
         with _failing("read"):
-            # a key-range scan over diskcache's SQLite table (string keys are stored raw)
-            keys = layout.keys_in_range(self._cache, *api_range(ENTRY, api), limit)
-        for key in keys:
-            raw = self._cache.get(key)
-            if raw is not None:
+            for _key, raw in itertools.islice(rows, max(limit, 0)):
                 yield stored_record(raw)
 
     @contextlib.contextmanager
@@ -487,11 +489,3 @@ class DiskcacheStore(Store):
             reads.watch.release()  # before SQLite's own connections close (see ChangeWatch)
         self._cache.close()
 
-
-def _recent_reads(folder: str) -> RecentReads | None:
-    """The store's kept reads, or ``None`` (nothing kept, every read goes to SQLite) without a change watch."""
-    try:
-        return RecentReads(ChangeWatch.of(os.path.join(folder, "cache.db")))
-    except sqlite3.Error as exc:
-        log.warning("diskcache store at %s: reads are not kept (no change watch: %s)", folder, exc)
-        return None

@@ -99,8 +99,12 @@ class PrivateRunLock:
         if self._held is not None:
             return None
         self._held = self._locks.try_acquire(PRIVATE_RUN_LOCK)
-        if self._held is None:
-            return _holder(self._note)
+        if self._held is None:  # who holds it: the line its holder wrote in the note
+            try:
+                with open(self._note, encoding="utf-8") as handle:
+                    return handle.read(400).strip() or "another process"
+            except OSError:
+                return "another process"
         try:
             with atomic_write(self._note) as handle:
                 handle.write(f"{who}\n")
@@ -112,12 +116,3 @@ class PrivateRunLock:
         held, self._held = self._held, None
         if held is not None:
             self._locks.release(held)
-
-
-def _holder(note: str) -> str:
-    """Who holds a lock: the line its holder wrote in the file ``note``, else ``another process``."""
-    try:
-        with open(note, encoding="utf-8") as handle:
-            return handle.read(400).strip() or "another process"
-    except OSError:
-        return "another process"

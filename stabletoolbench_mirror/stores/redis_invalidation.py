@@ -45,10 +45,6 @@ EVERYTHING = "*"
 RECONNECT_S = 0.5
 
 
-def channel(prefix: str) -> str:
-    return f"{prefix}:invalidate"
-
-
 def forget_message(api: str, key: str) -> str:
     return json.dumps([api, key], ensure_ascii=False)
 
@@ -58,7 +54,7 @@ class Invalidations:
 
     def __init__(self, make_client: Callable[[], Any], prefix: str, kept: Any) -> None:
         self._make_client = make_client
-        self.channel = channel(prefix)
+        self.channel = f"{prefix}:invalidate"
         self.kept = kept
         self._stop = threading.Event()
         self._started = False

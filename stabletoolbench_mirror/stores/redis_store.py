@@ -422,7 +422,7 @@ class RedisStore(Store):
 
     def iter_groups(self) -> Iterator[tuple[str, list[Record]]]:
         for ns in self.apis():
-            group = [self._decode(raw) for raw in self._raw_records(ns)]
+            group = list(self.iter_api(ns))
             if group:
                 yield ns, _recording_order(group)
 
@@ -431,13 +431,9 @@ class RedisStore(Store):
             return
         with self._failing("read"):
             self._outage.check()
-        for raw in self._raw_records(api, max(int(limit), 10), limit):
+            raws = [raw for _key, raw in itertools.islice(self._client.hscan_iter(self._entries(api), count=max(int(limit), 10)), limit)]
+        for raw in raws:
             yield self._decode(raw)
-
-    def _raw_records(self, api: str, count: int = 500, limit: int | None = None) -> list[str]:
-        """The JSON of one API's records, read ``count`` at a time (HSCAN), the first ``limit`` of them."""
-        with self._failing("read"):
-            return [raw for _key, raw in itertools.islice(self._client.hscan_iter(self._entries(api), count=count), limit)]
 
     def iter_api(self, api: str) -> Iterator[Record]:
         with self._failing("read"):
@@ -450,8 +446,7 @@ class RedisStore(Store):
 
     def __iter__(self) -> Iterator[Record]:
         for ns in self.apis():
-            for raw in self._raw_records(ns):
-                yield self._decode(raw)
+            yield from self.iter_api(ns)
 
     def _count_records(self) -> int:
         names = self.apis()
