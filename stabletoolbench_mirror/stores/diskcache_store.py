@@ -347,13 +347,6 @@ class DiskcacheStore(Store):
             layout.insert(self._cache, rows)
         return [plan.write for plan in plans]
 
-    def changes(self) -> int:
-        """How many ``delete`` and ``replace`` calls changed the store, in any process (one read):
-        whoever keeps records in memory drops them when this moves."""
-        with _failing("read"):
-            value = self._cache.get(CHANGES)
-        return 0 if value is None else stored_int(value)
-
     def _see_deletes(self) -> None:
         """Forget the APIs known to have their key when a ``delete`` (in any process) may have removed one."""
         seen = self._cache.get(DELETES)
