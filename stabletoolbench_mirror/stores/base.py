@@ -60,24 +60,6 @@ def _recording_order(records: list[Record]) -> list[Record]:
     return records
 
 
-class MemoryOccurrences:
-    """Occurrence counters (:func:`.rules.claim_occurrence`) in this process's memory, by any key: a store's
-    default counting (a store no other process opens)."""
-
-    def __init__(self) -> None:
-        self._held: dict[Hashable, rules.Occurrences] = {}
-        self._lock = threading.Lock()
-
-    def apply(self, key: Hashable, decide: rules.Decide) -> int:
-        with self._lock:
-            number, after = decide(self._held.get(key, rules.Occurrences()))
-            if after.at_start:
-                self._held.pop(key, None)
-            else:
-                self._held[key] = after
-            return number
-
-
 class CacheTier(abc.ABC):
     """One place answers may be found: the writable store or a frozen upstream tree.
 
@@ -248,7 +230,14 @@ class Store(CacheTier):
         """One counter's read, decision and write, atomic with every process counting with this store.
 
         The default counts in this process only (a store no other process opens)."""
-        return self._occurrences.apply((run, digest), decide)
+        held, lock = self._occurrences
+        with lock:
+            number, after = decide(held.get((run, digest), rules.Occurrences()))
+            if after.at_start:
+                held.pop((run, digest), None)
+            else:
+                held[run, digest] = after
+            return number
 
     def _occurrence_now(self, run: str, digest: str, decide: rules.Decide) -> int | None:
         """:meth:`_occurrence` when it can be done without waiting; ``None`` (nothing done) when it cannot.
@@ -257,8 +246,9 @@ class Store(CacheTier):
         return None
 
     @functools.cached_property
-    def _occurrences(self) -> MemoryOccurrences:
-        return MemoryOccurrences()
+    def _occurrences(self) -> tuple[dict[tuple[str, str], rules.Occurrences], threading.Lock]:
+        """The default's counters in this process's memory, and their lock."""
+        return {}, threading.Lock()
 
     def hold_private_run(self, run: str) -> str | None:
         """Mark this process as the one that records model calls into this store in a run nobody named

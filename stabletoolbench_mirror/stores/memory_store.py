@@ -125,10 +125,6 @@ class MemoryStore(Store):
             held = [record for records in self._shelf.records.values() for record in records.values()]
         return iter(held)
 
-    def __len__(self) -> int:
-        with self._shelf.lock:
-            return sum(map(len, self._shelf.records.values()))
-
 
 class MemorySessionStore(SessionStore):
     """Sessions on a :class:`_Shelf`: each a head and its calls, expiring ``ttl_s`` after its last write."""
