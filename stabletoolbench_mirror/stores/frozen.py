@@ -42,7 +42,7 @@ from typing import Any
 
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.protocol import encode_answer
-from stabletoolbench_mirror.core.records import FAILURE, Record
+from stabletoolbench_mirror.core.records import ANSWER, FAILURE, Record
 from stabletoolbench_mirror.stores.base import CacheTier
 from stabletoolbench_mirror.upstream.failures import TREE_FAILURE_REASON, UPSTREAM_FAILURE_BODY, manifest_mtime_ns, tree_failure_entries
 from stabletoolbench_mirror.upstream.layout import OutsideTree, api_file_parts, check_inside, iter_cache_spans
@@ -408,12 +408,6 @@ class FrozenCache(CacheTier):
                 (_ns, key), (_ident, dropped) = self._bodies.popitem(last=False)
                 self.bodies_used -= len(dropped) + len(key) + _BODY_OVERHEAD
 
-    def _record(self, api: str, key: str, body: str, failure: bool = False) -> Record:
-        if failure:
-            return Record(api=api, key=key, body=body, source="frozen", origin=self.origin, created_at=0.0,
-                          outcome=FAILURE, reason=TREE_FAILURE_REASON)
-        return Record(api=api, key=key, body=body, source="frozen", origin=self.origin, created_at=0.0)
-
     def _is_failure(self, api: str, index: _Index, key: str) -> bool:
         return key in index.listed_failures or self._body(api, index, key) == UPSTREAM_FAILURE_BODY
 
@@ -423,7 +417,9 @@ class FrozenCache(CacheTier):
         body = self._body(api, index, key)
         if body is None:
             return None
-        return self._record(api, key, body, key in index.listed_failures or body == UPSTREAM_FAILURE_BODY)
+        failure = key in index.listed_failures or body == UPSTREAM_FAILURE_BODY
+        return Record(api=api, key=key, body=body, source="frozen", origin=self.origin, created_at=0.0,
+                      outcome=FAILURE if failure else ANSWER, reason=TREE_FAILURE_REASON if failure else "")
 
     def get(self, api: str, key: str) -> Record | None:
         return self._lookup(api, self._index(api), key)

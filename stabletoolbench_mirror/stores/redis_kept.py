@@ -41,8 +41,8 @@ class KeptReads:
         self._pointers: OrderedDict[tuple[str, str], tuple[str, int, float]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self.live = True
-        """Whether the kept reads serve (a store's kept reads are live only while it hears invalidations)."""
+        self.live = False
+        """Whether the kept reads serve: only while their store hears invalidations (:meth:`go_live`)."""
         self.epoch = 0
         """Bumped by every invalidation: a read begun before one is not remembered (see :meth:`put`)."""
 

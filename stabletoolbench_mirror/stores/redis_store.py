@@ -127,9 +127,7 @@ class RedisStore(Store):
         self._apis_key = f"{prefix}:namespaces"  # the set of APIs (its name predates the word)
         self._counts = f"{prefix}:counts"
         self._delete = self._client.register_script(scripts.DELETE)
-        self._kept = KeptReads(kept_bytes)
-        # the kept reads serve only while this instance hears what other ones delete or replace
-        self._kept.live = False
+        self._kept = KeptReads(kept_bytes)  # serving only while this instance hears what other ones delete or replace
         self._invalidations = Invalidations(lambda: redis.Redis.from_url(url, **client_options(self.timeout_s, Retry)), prefix, self._kept)
         self._locks = FlightLocks(self._client, prefix, self.lock_ttl_s, log)
         self._format_key = f"{prefix}:format"

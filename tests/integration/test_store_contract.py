@@ -229,6 +229,7 @@ def test_redis_record_memory_is_bounded_and_never_remembers_absence() -> None:
     from stabletoolbench_mirror.stores.redis_kept import KeptReads
 
     memory = KeptReads(max_bytes=20_000)
+    memory.go_live()  # as when its store hears invalidations
     for i in range(200):
         memory.put((NS, str(i)), rec(str(i), "x" * 100))
     assert memory.get((NS, "199")) is not None and memory.get((NS, "0")) is None  # least recently used went first
