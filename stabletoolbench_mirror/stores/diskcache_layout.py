@@ -92,14 +92,16 @@ def scan(cache: Any, low: str, high: str, *, inclusive: bool, page: int) -> Iter
         low, inclusive = rows[-1][0], False
 
 
-def present(cache: Any, keys: list[str]) -> set[str]:
-    """Which of ``keys`` the table holds (inside the caller's transaction, if any)."""
-    found: set[str] = set()
+def _rows_of(cache: Any, columns: str, keys: list[str]) -> Iterator[Any]:
+    """``columns`` of the rows of these string keys, 500 keys a query (inside the caller's transaction, if any)."""
     for i in range(0, len(keys), 500):
         chunk = keys[i : i + 500]
-        marks = ",".join("?" * len(chunk))
-        found.update(row[0] for row in _sql(cache, f"SELECT key FROM Cache WHERE raw = 1 AND key IN ({marks})", chunk).fetchall())
-    return found
+        yield from _sql(cache, f"SELECT {columns} FROM Cache WHERE raw = 1 AND key IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+
+
+def present(cache: Any, keys: list[str]) -> set[str]:
+    """Which of ``keys`` the table holds (inside the caller's transaction, if any)."""
+    return {key for (key,) in _rows_of(cache, "key", keys)}
 
 
 def row(cache: Any, key: str, value: object, now: float | None = None) -> Row:
@@ -125,15 +127,10 @@ def increment(cache: Any, deltas: Mapping[str, int]) -> None:
     an integer goes through ``incr`` itself (its row, its errors).  A delta of 0 is applied too, as
     ``incr`` applies it (a missing counter is written as 0).
     """
-    keys = list(deltas)
-    found: dict[str, tuple[int, object]] = {}
-    for i in range(0, len(keys), 500):
-        chunk = keys[i : i + 500]
-        marks = ",".join("?" * len(chunk))
-        # the expiry is checked here, not in the query: with ``expire_time IS NULL`` in it, SQLite 3.40
-        # picks the ``expire_time`` index from five keys on and reads every row of the table
-        query = f"SELECT key, rowid, value, expire_time FROM Cache WHERE raw = 1 AND key IN ({marks})"
-        found.update((key, (rowid, value)) for key, rowid, value, expires in _sql(cache, query, chunk).fetchall() if expires is None)
+    # the expiry is checked here, not in the query: with ``expire_time IS NULL`` in it, SQLite 3.40
+    # picks the ``expire_time`` index from five keys on and reads every row of the table
+    rows = _rows_of(cache, "key, rowid, value, expire_time", list(deltas))
+    found: dict[str, tuple[int, object]] = {key: (rowid, value) for key, rowid, value, expires in rows if expires is None}
     now = time.time()
     updates: list[tuple[float, int, int]] = []
     for key, delta in deltas.items():

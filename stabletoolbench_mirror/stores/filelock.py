@@ -27,11 +27,6 @@ _OFFSET_BITS = 62
 AVAILABLE = hasattr(fcntl, "F_OFD_SETLK")
 
 
-def offset_of(name: str) -> int:
-    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> (64 - _OFFSET_BITS)
-
-
 class ByteRangeLocks:
     """Non-blocking exclusive locks on single bytes of ``path`` (created if missing, never written)."""
 
@@ -57,7 +52,8 @@ class ByteRangeLocks:
 
     def try_acquire(self, name: str) -> int | None:
         """Lock the byte of ``name``; its offset, or ``None`` when another open file holds it."""
-        offset = offset_of(name)
+        digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        offset = int.from_bytes(digest, "big") >> (64 - _OFFSET_BITS)
         with self._guard:
             # threads of one store share its open file (and so its locks): keep them apart here
             if offset in self._held:

@@ -37,9 +37,9 @@ _SCHEMA = ("CREATE TABLE IF NOT EXISTS occurrences (run TEXT NOT NULL, digest TE
 class OccurrenceFile:
     """Occurrence counters in ``<folder>/cache.db-occurrences``; one connection per thread."""
 
-    def __init__(self, folder: str, timeout_s: float = 60.0, file_name: str = FILE_NAME, *, durable: bool = True) -> None:
+    def __init__(self, folder: str, timeout_s: float = 60.0, *, durable: bool = True) -> None:
         """``durable=False``: a file nobody needs after a crash (a private run's spill): written without syncing."""
-        self.path = os.path.join(folder, file_name)
+        self.path = os.path.join(folder, FILE_NAME)
         self.durable = durable
         self.timeout_s = timeout_s
         self._local = threading.local()
