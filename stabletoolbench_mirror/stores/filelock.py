@@ -23,15 +23,12 @@ from stabletoolbench_mirror.core.files import atomic_write
 _FLOCK = "hhqqi4x"
 _OFFSET_BITS = 62
 
-#: whether this platform has open-file-description locks
-AVAILABLE = hasattr(fcntl, "F_OFD_SETLK")
-
 
 class ByteRangeLocks:
     """Non-blocking exclusive locks on single bytes of ``path`` (created if missing, never written)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        if not AVAILABLE:  # pragma: no cover - Linux has them since 3.15
+        if not hasattr(fcntl, "F_OFD_SETLK"):  # pragma: no cover - Linux has open-file-description locks since 3.15
             raise OSError(errno.ENOSYS, "open file description locks are not available")
         self.path = os.fspath(path)
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
