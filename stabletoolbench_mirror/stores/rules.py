@@ -55,14 +55,6 @@ def record_counts(record: Record, sign: int = 1) -> Counts:
     return counts
 
 
-def new_key_counts(record: Record) -> Counts:
-    """What a record written under a key that held nothing adds (the API's own count aside)."""
-    counts = provenance_counts(record)
-    counts["entries",] += 1
-    counts["category", category(record.api)] += 1
-    return counts
-
-
 @dataclass(frozen=True)
 class Holding:
     """What the store holds for one record's key and, when it has one, its canonical key."""
@@ -119,8 +111,10 @@ def add(record: Record, canonical: str | None, held: Holding) -> Plan:
             counts.update(provenance_counts(current, -1))
             counts["outcome", "replaced"] += 1
             counts.update(provenance_counts(record))
-        else:
-            counts.update(new_key_counts(record))
+        else:  # a key that held nothing (the API's own count aside)
+            counts.update(provenance_counts(record))
+            counts["entries",] += 1
+            counts["category", category(record.api)] += 1
     return Plan(write=write, point=_moves_pointer(record, canonical, held), counts=counts,
                 replaced=current if replaces_failure else None)
 
