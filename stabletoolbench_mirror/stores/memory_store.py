@@ -37,13 +37,8 @@ class _Shelf:
     """Session id -> (expires at, head, calls)."""
 
 
-_SHELVES: defaultdict[str, _Shelf] = defaultdict(_Shelf)
-_SHELVES_LOCK = threading.Lock()
-
-
-def _shelf(name: str) -> _Shelf:
-    with _SHELVES_LOCK:
-        return _SHELVES[name]
+_SHELVES: dict[str, _Shelf] = {}
+"""Every store's shelf by name (``setdefault``: one shelf per name, whichever thread comes first)."""
 
 
 class MemoryStore(Store):
@@ -55,7 +50,7 @@ class MemoryStore(Store):
 
     def __init__(self, name: str, *, read_only: bool = False) -> None:
         self.name, self.read_only = name, read_only
-        self._shelf = _shelf(name)
+        self._shelf = _SHELVES.setdefault(name, _Shelf())
 
     @classmethod
     def open_spec(cls, spec: StoreSpec, read_only: bool) -> Store:
@@ -63,7 +58,7 @@ class MemoryStore(Store):
 
     @classmethod
     def open_sessions(cls, spec: StoreSpec, ttl_s: float) -> SessionStore:
-        return MemorySessionStore(_shelf(spec.path), ttl_s)
+        return MemorySessionStore(_SHELVES.setdefault(spec.path, _Shelf()), ttl_s)
 
     def get(self, api: str, key: str) -> Record | None:
         return self._shelf.records.get(api, {}).get(key)
