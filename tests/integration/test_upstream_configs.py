@@ -65,7 +65,7 @@ def test_each_shipped_config_runs_the_style_of_the_server_that_reads_it(upstream
     assert "choose another with STM_SIMULATOR__STYLE=<style>" in settings.style_source
     prompt = system_prompt_for(settings)
     if style == "gpt-fewshot":
-        assert prompt.built_in
+        assert prompt.source == "built-in"
         return
     # the MirrorAPI servers' ``from system_prompts import SFT_SYSTEM``: the file beside the config
     assert prompt.text == upstream_constant(upstream_server / "system_prompts.py", "SFT_SYSTEM")

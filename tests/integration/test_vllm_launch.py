@@ -129,7 +129,7 @@ def test_child_that_exits_raises_with_log_tail(tmp_path: Path) -> None:
     assert (
         "noise line 100" in message and "noise line 50" not in message
     )  # only the tail
-    assert not server.is_running()
+    assert server.pid is None
 
 
 def test_models_ok_but_chat_500_is_not_ready(tmp_path: Path) -> None:
@@ -153,22 +153,17 @@ def test_ready_server_and_stop_kills_process_group(
 ) -> None:
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # an explicit caller setting is kept
+    monkeypatch.setenv("STM_EXTRA", "yes")
     exe, state = fake_python(tmp_path, "ok")
+    structured = json.dumps({"backend": "guidance", "disable_any_whitespace": True})
     server = _make(
         tmp_path,
         exe,
         served_model_name="Mirror-Test",
-        dtype="float32",
-        enforce_eager=True,
-        structured_outputs_config={
-            "backend": "guidance",
-            "disable_any_whitespace": True,
-        },
-        extra_args=["--seed", "0"],
-        env={"STM_EXTRA": "yes"},
+        extra_args=["--dtype", "float32", "--enforce-eager", "--structured-outputs-config", structured, "--seed", "0"],
     )
     with server:
-        assert server.is_running()
+        assert server.pid is not None and _alive(server.pid)
         assert server.api_base == f"http://127.0.0.1:{server.port}/v1"
         record = json.loads(state.read_text())
         assert record["pgid"] == record["pid"] == server.pid  # its own session/group
@@ -192,7 +187,7 @@ def test_ready_server_and_stop_kills_process_group(
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "STM_EXTRA": "yes",
         }
-    assert not server.is_running() and server.pid is None
+    assert server.pid is None
     assert not _alive(record["pid"]) and not _alive(record["child"])
     assert process_group_members(record["pgid"]) == []
     server.stop()  # idempotent
@@ -220,14 +215,15 @@ def test_python_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STM_VLLM_PYTHON", "/opt/x/bin/python")
     assert VllmServer("m", port=1).python == "/opt/x/bin/python"
     assert VllmServer("m", port=1, python="/usr/bin/py").python == "/usr/bin/py"
-    command = VllmServer("m", port=1, host="0.0.0.0").command()
+    command = VllmServer("m", port=1).command()
     assert command[:3] == [
         "/opt/x/bin/python",
         "-m",
         "vllm.entrypoints.openai.api_server",
     ]
     assert "--dtype" not in command and "--enforce-eager" not in command
-    assert VllmServer("m", port=8, host="0.0.0.0").api_base == "http://127.0.0.1:8/v1"
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert VllmServer("m", port=8).api_base == "http://127.0.0.1:8/v1"
 
 
 def test_default_log_file_is_created(tmp_path: Path) -> None:

@@ -40,12 +40,8 @@ def server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPath
         port=find_free_port(),
         served_model_name=SERVED_NAME,
         python=python,
-        dtype="float32",
-        enforce_eager=True,
-        structured_outputs_config={
-            "backend": "guidance",
-            "disable_any_whitespace": True,
-        },
+        extra_args=["--dtype", "float32", "--enforce-eager", "--structured-outputs-config",
+                    json.dumps({"backend": "guidance", "disable_any_whitespace": True})],
         startup_timeout=600,
         log_path=str(work / "vllm-server.log"),
     )

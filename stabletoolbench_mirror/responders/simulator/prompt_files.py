@@ -51,10 +51,6 @@ class SystemPrompt:
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode("utf-8", "surrogatepass")).hexdigest()
 
-    @property
-    def built_in(self) -> bool:
-        return self.source == BUILT_IN
-
     def describe(self) -> dict[str, str]:
         return {"source": self.source, "sha256": self.sha256}
 

@@ -9,7 +9,6 @@ vLLM is never imported here: the server runs under another interpreter (``python
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import signal
 import socket
@@ -31,6 +30,8 @@ __all__ = [
 ]
 
 PYTHON_ENV_VAR = "STM_VLLM_PYTHON"
+#: the server listens on loopback only: the mirror in this process is its one client
+HOST = "127.0.0.1"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 LOG_TAIL_LINES = 40
 # Offline, no telemetry; the KV cache size is required on CPU (see shared notes on vLLM-on-CPU).
@@ -96,32 +97,22 @@ class VllmServer:
         self,
         model_path: str,
         *,
-        host: str = "127.0.0.1",
         port: int,
         served_model_name: str = "MirrorAPI",
         python: str | None = None,
         max_model_len: int = 4096,
-        dtype: str | None = None,
-        enforce_eager: bool = False,
-        structured_outputs_config: Mapping[str, Any] | None = None,
         extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
         startup_timeout: float = 900.0,
         log_path: str | None = None,
         stop_timeout: float = 15.0,
         poll_interval: float = 1.0,
     ) -> None:
         self.model_path = model_path
-        self.host = host
         self.port = port
         self.served_model_name = served_model_name
         self.python = python or os.environ.get(PYTHON_ENV_VAR) or sys.executable
         self.max_model_len = max_model_len
-        self.dtype = dtype
-        self.enforce_eager = enforce_eager
-        self.structured_outputs_config = structured_outputs_config
         self.extra_args = tuple(extra_args)
-        self.env = dict(env or {})
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.poll_interval = poll_interval
@@ -131,8 +122,7 @@ class VllmServer:
     # -- properties -------------------------------------------------------------------------------
     @property
     def api_base(self) -> str:
-        connect_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{connect_host}:{self.port}/v1"
+        return f"http://{HOST}:{self.port}/v1"
 
     @property
     def log_path(self) -> str | None:
@@ -142,36 +132,22 @@ class VllmServer:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
     # -- command and environment -------------------------------------------------------------------
     def command(self) -> list[str]:
         cmd = [
             self.python, "-m", API_SERVER_MODULE,
             "--model", self.model_path,
             "--served-model-name", self.served_model_name,
-            "--host", self.host,
+            "--host", HOST,
             "--port", str(self.port),
             "--max-model-len", str(self.max_model_len),
         ]  # fmt: skip
-        if self.dtype is not None:
-            cmd += ["--dtype", self.dtype]
-        if self.enforce_eager:
-            cmd.append("--enforce-eager")
-        if self.structured_outputs_config is not None:
-            cmd += [
-                "--structured-outputs-config",
-                json.dumps(dict(self.structured_outputs_config)),
-            ]
-        cmd += list(self.extra_args)
-        return cmd
+        return cmd + list(self.extra_args)
 
     def child_env(self) -> dict[str, str]:
         merged = dict(os.environ)
         for key, value in DEFAULT_ENV.items():
             merged.setdefault(key, value)
-        merged.update(self.env)
         return merged
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -263,7 +239,7 @@ class VllmServer:
         except subprocess.TimeoutExpired:
             pass
         # Give the rest of the group (engine workers) the remaining grace, then kill what is left.
-        while self._group_alive(pgid) and time.monotonic() < deadline:
+        while process_group_members(pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
         self._signal_group(pgid, signal.SIGKILL)
         try:
@@ -271,10 +247,6 @@ class VllmServer:
         except subprocess.TimeoutExpired:
             pass
         self._proc = None
-
-    @staticmethod
-    def _group_alive(pgid: int) -> bool:
-        return bool(process_group_members(pgid))
 
     @staticmethod
     def _signal_group(pgid: int, sig: signal.Signals) -> None:
