@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.core.naming import change_name, standardize
-from stabletoolbench_mirror.upstream.queries import CLIENT_TYPE_MAP, FUNCTION_NAME_MAX, function_name, iter_query_files
+from stabletoolbench_mirror.upstream.queries import FUNCTION_NAME_MAX, function_name, iter_query_files, schema_type
+from stabletoolbench_mirror.upstream.tooldocs import doc_text
 
 DESCRIPTION_MAX = 256
 CLASH_HEX = 6
@@ -113,18 +114,10 @@ class Function:
         return str(self.schema["function"]["name"])
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ("" if value is None else str(value))
-
-
-def _param_type(doc_type: Any) -> str:
-    return CLIENT_TYPE_MAP.get(doc_type, "string") if isinstance(doc_type, str) else "string"
-
-
 def _param_prompt(param: dict[str, Any]) -> dict[str, Any]:
     prompt: dict[str, Any] = {
-        "type": _param_type(param.get("type")),
-        "description": _text(param.get("description"))[:DESCRIPTION_MAX],
+        "type": schema_type(param.get("type")),
+        "description": doc_text(param.get("description"))[:DESCRIPTION_MAX],
     }
     default = param.get("default")
     if len(str(default)) != 0:
@@ -136,6 +129,17 @@ def _params(value: Any) -> list[dict[str, Any]]:
     return [p for p in value if isinstance(p, dict) and isinstance(p.get("name"), str)] if isinstance(value, list) else []
 
 
+def api_json(category: str, api: dict[str, Any]) -> dict[str, Any]:
+    """Upstream's ``api_json`` of one ``api_list`` entry of a tool doc (what :func:`openai_function` reads)."""
+    return {
+        "category_name": category,
+        "api_name": api["name"],
+        "api_description": api.get("description"),
+        "required_parameters": api.get("required_parameters") or [],
+        "optional_parameters": api.get("optional_parameters") or [],
+    }
+
+
 def openai_function(api: dict[str, Any], standard_tool_name: str) -> dict[str, Any]:
     """Upstream's ``api_json_to_openai_json``: the ``tools`` entry of one API doc entry.
 
@@ -144,7 +148,7 @@ def openai_function(api: dict[str, Any], standard_tool_name: str) -> dict[str, A
     """
     name = function_name(api["api_name"], standard_tool_name)
     description = f"This is the subfunction for tool \"{standard_tool_name}\", you can use this tool."
-    doc_description = _text(api.get("api_description"))
+    doc_description = doc_text(api.get("api_description"))
     if doc_description.strip() != "":
         cut = doc_description.strip().replace(api["api_name"], name)[:DESCRIPTION_MAX]
         description += f"The description of this function is: \"{cut}\""
@@ -238,27 +242,20 @@ class UpstreamTools:
 
     def fetch_api(self, entry: dict[str, Any]) -> dict[str, Any] | None:
         """Upstream's ``fetch_api_json`` for one ``api_list`` entry: its ``api_json``, or ``None`` without a match."""
-        category = _text(entry.get("category_name"))
-        doc = self.doc(category, standardize(_text(entry.get("tool_name"))))
+        category = doc_text(entry.get("category_name"))
+        doc = self.doc(category, standardize(doc_text(entry.get("tool_name"))))
         if doc is None:
             return None
-        wanted = change_name(standardize(_text(entry.get("api_name"))))
+        wanted = change_name(standardize(doc_text(entry.get("api_name"))))
         for api in doc.get("api_list") or []:
             if isinstance(api, dict) and isinstance(api.get("name"), str) and change_name(standardize(api["name"])) == wanted:
-                return {
-                    "category_name": category,
-                    "api_name": api["name"],
-                    "api_description": api.get("description"),
-                    "required_parameters": api.get("required_parameters") or [],
-                    "optional_parameters": api.get("optional_parameters") or [],
-                    "tool_name": doc.get("tool_name"),
-                }
+                return {**api_json(category, api), "tool_name": doc.get("tool_name")}
         return None
 
     def _stems(self, apis: list[dict[str, Any]]) -> list[str] | None:
         """The white list's tool stem of each API's ``tool_name``; ``None`` when one has none."""
         white = self.white_list()
-        stems = [white.get(standardize(_text(a.get("tool_name")))) for a in apis]
+        stems = [white.get(standardize(doc_text(a.get("tool_name")))) for a in apis]
         found = [stem for stem in stems if stem is not None]
         return found if len(found) == len(stems) else None
 
@@ -294,14 +291,7 @@ def all_functions(tools: Iterable[tuple[str, str, dict[str, Any]]]) -> list[Func
             if pure in seen:  # upstream's lookup takes the first API of a tool with this name
                 continue
             seen.add(pure)
-            api_json = {
-                "category_name": category,
-                "api_name": api["name"],
-                "api_description": api.get("description"),
-                "required_parameters": api.get("required_parameters") or [],
-                "optional_parameters": api.get("optional_parameters") or [],
-            }
-            out.append(Function(openai_function(api_json, stem), Target(category, stem, pure)))
+            out.append(Function(openai_function(api_json(category, api), stem), Target(category, stem, pure)))
     return out
 
 

@@ -96,7 +96,8 @@ class _Tool:
     host: str = ""
 
 
-def _text(value: Any) -> str:
+def doc_text(value: Any) -> str:
+    """A tool doc's field as text (``""`` when missing)."""
     return value if isinstance(value, str) else ("" if value is None else str(value))
 
 
@@ -111,10 +112,10 @@ def parse_tool(data: Mapping[str, Any], stem: str) -> _Tool:
         if isinstance(api, dict) and isinstance(api.get("name"), str):
             apis.setdefault(change_name(standardize(api["name"])), api)
     return _Tool(
-        tool_name=_text(data.get("tool_name")) or stem,
-        tool_description=_text(data.get("tool_description")),
+        tool_name=doc_text(data.get("tool_name")) or stem,
+        tool_description=doc_text(data.get("tool_description")),
         apis=apis,
-        host=_text(data.get("host")),
+        host=doc_text(data.get("host")),
     )
 
 
@@ -387,13 +388,13 @@ class ToolDocs:
             tool_name=loaded.tool_name,
             tool_description=loaded.tool_description,
             name=entry["name"],
-            description=_text(entry.get("description")),
-            method=_text(entry.get("method")),
-            url=_text(entry.get("url")),
+            description=doc_text(entry.get("description")),
+            method=doc_text(entry.get("method")),
+            url=doc_text(entry.get("url")),
             required_parameters=_params(entry.get("required_parameters")),
             optional_parameters=_params(entry.get("optional_parameters")),
             template_response=entry.get("template_response"),
-            host=_text(entry.get("host")) or loaded.host,
+            host=doc_text(entry.get("host")) or loaded.host,
             fuzzy=fuzzy,
         )
 
