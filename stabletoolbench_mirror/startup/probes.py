@@ -78,15 +78,12 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}"
 
 
-def probe(url: str, *, timeout_s: float = 3.0, headers: dict[str, str] | None = None) -> tuple[Probe, Any]:
-    """GET ``url``: any HTTP answer counts as answered.  Returns the probe and the parsed JSON body (or ``None``)."""
+def _ask(method: str, url: str, headers: dict[str, str], timeout_s: float, body: Any = None) -> tuple[int, Any]:
+    """One request, redirects not followed: its status and, for a 200, its JSON body (up to 1 MB; ``None`` when it is
+    not JSON or breaks off: an answer all the same).  ``requests.RequestException`` when nothing answered."""
     import requests
 
-    shown = public_url(url)
-    try:
-        response = requests.get(url, timeout=(timeout_s, timeout_s), headers=headers or {}, allow_redirects=False, stream=True)
-    except requests.RequestException as exc:
-        return Probe(shown, False, detail=_cause(exc)), None
+    response = requests.request(method, url, json=body, headers=headers, timeout=(timeout_s, timeout_s), allow_redirects=False, stream=True)
     try:
         raw = response.raw.read(1024 * 1024, decode_content=True) if response.status_code == 200 else b""
     except Exception:  # noqa: BLE001 - a broken body still proves the endpoint answers
@@ -94,10 +91,20 @@ def probe(url: str, *, timeout_s: float = 3.0, headers: dict[str, str] | None = 
     finally:
         response.close()
     try:
-        body = json.loads(raw) if raw else None
+        return response.status_code, json.loads(raw) if raw else None
     except (ValueError, RecursionError):
-        body = None
-    return Probe(shown, True, response.status_code), body
+        return response.status_code, None
+
+
+def probe(url: str, *, timeout_s: float = 3.0, headers: dict[str, str] | None = None) -> tuple[Probe, Any]:
+    """GET ``url``: any HTTP answer counts as answered.  Returns the probe and the parsed JSON body (or ``None``)."""
+    import requests
+
+    try:
+        status, body = _ask("GET", url, headers or {}, timeout_s)
+    except requests.RequestException as exc:
+        return Probe(public_url(url), False, detail=_cause(exc)), None
+    return Probe(public_url(url), True, status), body
 
 
 def probe_simulator(api_base: str, model: str, api_key: str | None, timeout_s: float, chat_timeout_s: float | None = None) -> Probe:
@@ -134,24 +141,13 @@ def probe_chat(api_base: str, model: str, headers: dict[str, str], timeout_s: fl
     with ``choices``), else the HTTP status, or why nothing came (``connection refused``, ``not a completion``)."""
     import requests
 
-    url = api_base.rstrip("/") + "/chat/completions"
-    body: dict[str, Any] = {"model": model, "messages": PROBE_MESSAGES, "max_tokens": 1, "temperature": 0}
+    body = {"model": model, "messages": PROBE_MESSAGES, "max_tokens": 1, "temperature": 0}
     try:
-        response = requests.post(url, json=body, headers=headers, timeout=(timeout_s, timeout_s), allow_redirects=False, stream=True)
+        status, answer = _ask("POST", api_base.rstrip("/") + "/chat/completions", headers, timeout_s, body)
     except requests.RequestException as exc:
         return _cause(exc)
-    try:
-        raw = response.raw.read(1024 * 1024, decode_content=True) if response.status_code == 200 else b""
-    except Exception:  # noqa: BLE001 - a broken body is no completion
-        raw = b""
-    finally:
-        response.close()
-    if response.status_code != 200:
-        return response.status_code
-    try:
-        answer = json.loads(raw)
-    except (ValueError, RecursionError):
-        answer = None
+    if status != 200:
+        return status
     return 200 if isinstance(answer, dict) and isinstance(answer.get("choices"), list) else "HTTP 200, not a chat completion"
 
 
