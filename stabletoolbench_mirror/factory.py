@@ -57,14 +57,14 @@ def _frozen_folder(settings: Settings, i: int, configured: str) -> str:
         raise ConfigError(f"frozen_caches[{i}]: {exc}") from exc
 
 
-def build_responders(settings: Settings, *, docs: ToolDocs | None = None) -> list[Responder]:
+def build_responders(settings: Settings) -> list[Responder]:
     """The miss chain in order: the real API (when enabled), then the simulator (when enabled)."""
     from stabletoolbench_mirror.responders.simulator import build_simulator
 
     responders: list[Responder] = []
     if not (settings.real.enabled or settings.simulator.enabled):
         return responders
-    shared = docs if docs is not None else build_tool_docs(settings)  # one registry, shared by both
+    shared = build_tool_docs(settings)  # one registry, shared by both
     if settings.real.enabled:
         from stabletoolbench_mirror.responders.real import build_real_responder
 

@@ -30,21 +30,18 @@ MAX_DEPTH = 200
 class TableRoot:
     """One table of one environment: the shared data until the first write, then the environment's own copy."""
 
-    __slots__ = ("name", "data", "owned", "copies")
+    __slots__ = ("name", "data", "owned")
 
     def __init__(self, name: str, data: Any, *, owned: bool = False) -> None:
         self.name = name
         self.data = data
         self.owned = owned
-        self.copies = 0
-        """How many times this table was copied (0 or 1): what a test of "no copy" looks at."""
 
     def own(self) -> None:
         """Make the data this environment's own (a deep copy, once) before a write."""
         if not self.owned:
             self.data = copy.deepcopy(self.data)
             self.owned = True
-            self.copies += 1
 
     def node(self, path: tuple[Any, ...]) -> Any:
         node = self.data

@@ -46,10 +46,8 @@ STATE_FORMAT = 1
 METHODS = re.compile(r"^(CoT@\d+|DFS(_woFilter)?_w\d+)$")
 """The methods upstream's ``method_converter`` runs: ``CoT@n``, ``DFS_w<n>``, ``DFS_woFilter_w<n>``."""
 BACKBONES = ("chatgpt_function", "toolllama_vllm")
-PIPELINES = ("qa_pipeline", "qa_pipeline_multithread")
 CLIENT_KEY = "sk-stm-score"
 """The key upstream's clients send: the server answers with ``llm.upstreams[].api_key_env``'s, never this one."""
-PHASES = ("infer", "convert", "pass_rate", "preference")
 
 
 class SessionError(RuntimeError):

@@ -240,8 +240,8 @@ def test_a_call_copies_no_unchanged_table_whatever_its_size(tmp_path: Path, sett
         assert client.call(sid, "ReadBig", key=f"k{i}")["output"] == f"v{i}"
     client.call(sid, "AddNote", text="x")
     env = layer.local_tools.live("apis", sid)
-    assert env.roots["Big"].copies == 0 and env.roots["Big"].data is env.suite.tables["Big"]
-    assert env.roots["Notes"].copies == 1
+    assert not env.roots["Big"].owned and env.roots["Big"].data is env.suite.tables["Big"]
+    assert env.roots["Notes"].owned and env.roots["Notes"].data is not env.suite.tables["Notes"]
     kept = json.dumps(client.state(sid))
     assert len(kept) < 2_000, "the session keeps the table it wrote, never the 4.6 MB one it read"
 
