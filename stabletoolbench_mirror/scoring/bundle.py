@@ -67,6 +67,7 @@ from typing import Any
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.upstream.archives import MARKER as UNPACKED_MARKER
+from stabletoolbench_mirror.upstream.archives import file_sha256
 
 FORMAT = "stabletoolbench-mirror-score-bundle"
 FORMAT_VERSION = 1
@@ -86,8 +87,6 @@ LOGS_DIR = "logs"
 #: what the content hash leaves out: the seal itself, the steps' output, and the marker an unpacked archive's
 #: folder gets (:data:`..upstream.archives.MARKER`: which archive it came from)
 UNHASHED = frozenset({BUNDLE_FILE, LOGS_DIR, UNPACKED_MARKER})
-
-_CHUNK = 1 << 20
 
 
 class BundleError(RuntimeError):
@@ -123,14 +122,6 @@ def preference_files(reference: str, label: str, group: str) -> tuple[str, str]:
 
 def _hashed(relative: PurePosixPath) -> bool:
     return relative.parts[0] not in UNHASHED
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def iter_hashed_files(root: str | os.PathLike[str]) -> Iterator[tuple[str, Path]]:
