@@ -531,7 +531,7 @@ def test_bad_api_base_is_a_config_error(settings_factory) -> None:
         build_simulator(settings_factory(simulator={"enabled": True, "api_base": "ftp://127.0.0.1/v1"}))
     with pytest.raises(ConfigError, match="system_prompt_file"):
         build_simulator(settings_factory(simulator={"enabled": True, "system_prompt_file": "/nonexistent/prompt.txt"}))
-    sim = build_simulator(settings_factory(simulator={"enabled": True}), api_base="http://127.0.0.1:9/v1")
+    sim = build_simulator(settings_factory(simulator={"enabled": True, "api_base": "http://127.0.0.1:9/v1"}))
     assert sim.client.endpoints == ["http://127.0.0.1:9/v1"] and sim.source == "simulated"
     sim.close()
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from stabletoolbench_mirror.config import ConfigError, Settings
 from stabletoolbench_mirror.core.secrets import redactor_for
 from stabletoolbench_mirror.responders.simulator.client import ChatClient, ChatError, Completion
@@ -30,32 +28,26 @@ __all__ = [
 BACKOFF_S = 0.5  # the simulator's first wait before a retry, doubled for each next one (at most client.MAX_BACKOFF_S)
 
 
-def build_chat_client(settings: Settings, *, api_base: str | Sequence[str] | None = None) -> ChatClient:
-    """The chat client of ``settings.simulator``; ``api_base`` replaces the configured endpoints."""
+def build_chat_client(settings: Settings) -> ChatClient:
+    """The chat client of ``settings.simulator``."""
     cfg = settings.simulator
-    endpoints = cfg.endpoints if api_base is None else ([api_base] if isinstance(api_base, str) else list(api_base))
     try:
-        return _chat_client(settings, endpoints)
+        return ChatClient(
+            cfg.endpoints,
+            model=cfg.model,
+            api_key=cfg.api_key.get_secret_value() if cfg.api_key is not None else None,
+            temperature=cfg.temperature,
+            max_tokens=cfg.max_tokens,
+            seed=cfg.seed,
+            connect_timeout_s=cfg.connect_timeout_s,
+            read_timeout_s=cfg.read_timeout_s,
+            max_retries=cfg.max_retries,
+            backoff_s=BACKOFF_S,
+            balance=cfg.balance,
+            pool_size=cfg.max_concurrency,
+        )
     except ValueError as exc:
         raise ConfigError(f"simulator.api_base: {exc}") from None
-
-
-def _chat_client(settings: Settings, endpoints: list[str]) -> ChatClient:
-    cfg = settings.simulator
-    return ChatClient(
-        endpoints,
-        model=cfg.model,
-        api_key=cfg.api_key.get_secret_value() if cfg.api_key is not None else None,
-        temperature=cfg.temperature,
-        max_tokens=cfg.max_tokens,
-        seed=cfg.seed,
-        connect_timeout_s=cfg.connect_timeout_s,
-        read_timeout_s=cfg.read_timeout_s,
-        max_retries=cfg.max_retries,
-        backoff_s=BACKOFF_S,
-        balance=cfg.balance,
-        pool_size=cfg.max_concurrency,
-    )
 
 
 NO_DOCS_MARK = " [no tool docs]"
@@ -67,19 +59,13 @@ def simulates_without_docs(settings: Settings) -> bool:
     return settings.simulator.enabled and tools_folder_problem(settings) is not None
 
 
-def build_simulator(
-    settings: Settings, *, api_base: str | Sequence[str] | None = None, docs: ToolDocs | None = None
-) -> Simulator:
-    """The simulator responder ``settings.simulator`` describes.
-
-    ``api_base`` overrides ``simulator.api_base`` (e.g. the port of a vLLM server this
-    process started itself); ``docs`` is a tool-doc registry shared with other parts.
-    """
+def build_simulator(settings: Settings, *, docs: ToolDocs | None = None) -> Simulator:
+    """The simulator responder ``settings.simulator`` describes; ``docs`` is a tool-doc registry shared with other parts."""
     cfg = settings.simulator
     # allowed only with simulator.allow_without_docs (the start-up checks refuse it otherwise)
     origin_suffix = NO_DOCS_MARK if cfg.allow_without_docs and simulates_without_docs(settings) else ""
     return Simulator(
-        build_chat_client(settings, api_base=api_base),
+        build_chat_client(settings),
         style=cfg.style,
         system_prompt=system_prompt_for(settings),
         docs=docs if docs is not None else tool_docs_for(settings),

@@ -51,7 +51,7 @@ class Simulator:
         client: ChatClient,
         *,
         style: str = "mirrorapi-sft",
-        system_prompt: str | SystemPrompt | None = None,
+        system_prompt: SystemPrompt | None = None,
         docs: ToolDocs | None = None,
         max_examples: int = 5,
         structured_output: bool = False,
@@ -66,12 +66,8 @@ class Simulator:
             raise ValueError(f"unknown simulator style {style!r}")
         self.client = client
         self.style = style
-        if system_prompt is None:
-            system_prompt = built_in_prompt(style)
-        elif isinstance(system_prompt, str):
-            system_prompt = SystemPrompt(system_prompt, "given")
-        self.prompt: SystemPrompt = system_prompt
-        self.system_prompt = system_prompt.text
+        self.prompt = built_in_prompt(style) if system_prompt is None else system_prompt
+        self.system_prompt = self.prompt.text
         self.parse_retries = max(0, int(parse_retries))
         """Further completions asked for when an output cannot be parsed (seed + 1, + 2, ...)."""
         self.docs = docs
