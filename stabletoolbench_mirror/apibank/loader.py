@@ -94,8 +94,8 @@ def _api_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix == ".py" and p.name not in SKIPPED_FILES and p.is_file())
 
 
-def _import(name: str, path: Path, package: bool = False) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=[str(path.parent)] if package else None)
+def _import(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:  # pragma: no cover - a .py file always has a spec
         raise ImportError(f"{path} cannot be imported")
     module = importlib.util.module_from_spec(spec)
@@ -179,18 +179,17 @@ def imported_modules(source: str) -> set[str]:
     return found
 
 
-def classes_in_source(source: str, base_names: Iterable[str] = ("API",)) -> list[dict[str, Any]]:
-    """The API classes a file defines, read from its source without running it: name and literal attributes."""
+def classes_in_source(source: str) -> list[dict[str, Any]]:
+    """The API classes a file defines (on ``API``), read from its source without running it: name and literal attributes."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    bases = set(base_names)
     found = []
     for node in tree.body:
         if not isinstance(node, ast.ClassDef):
             continue
-        if not any((isinstance(b, ast.Name) and b.id in bases) or (isinstance(b, ast.Attribute) and b.attr in bases) for b in node.bases):
+        if not any((isinstance(b, ast.Name) and b.id == "API") or (isinstance(b, ast.Attribute) and b.attr == "API") for b in node.bases):
             continue
         attrs: dict[str, Any] = {"name": node.name}
         for item in node.body:
