@@ -40,6 +40,7 @@ PIP_NAMES = {"yaml": "pyyaml", "sentence_transformers": "sentence-transformers"}
 """Module names whose package is named otherwise."""
 _DROPPED = frozenset({"API_POOL_FILE", "EVAL_MODEL", "SERVICE_URL", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONBREAKPOINT"})
 _TAIL_CHARS = 4000
+PROBE_TIMEOUT_S = 300  # the import probe of upstream's scripts under --python
 _POLL_S = 0.5
 _PROBED: dict[tuple[str, tuple[str, ...]], list[str]] = {}
 """What :meth:`UpstreamRunner.missing` found, by Python and scripts (a probe imports upstream's modules: seconds)."""
@@ -64,9 +65,9 @@ class MissingRequirements(RuntimeError):
     """``--python`` cannot import what upstream's scripts import (the message names what to install)."""
 
 
-def tail(log: Path, n: int = _TAIL_CHARS) -> str:
+def tail(log: Path) -> str:
     try:
-        return log.read_text(encoding="utf-8", errors="replace")[-n:]
+        return log.read_text(encoding="utf-8", errors="replace")[-_TAIL_CHARS:]
     except OSError:
         return ""
 
@@ -165,7 +166,7 @@ class UpstreamRunner:
             return None
         return done.stdout.strip() or None if done.returncode == 0 else None
 
-    def missing(self, scripts: Sequence[Path], *, timeout_s: float = 300) -> list[str]:
+    def missing(self, scripts: Sequence[Path]) -> list[str]:
         """The top-level modules ``scripts`` import (transitively, through upstream's own modules) that ``--python``
         cannot import, sorted (:class:`MissingRequirements` when the probe itself cannot run).
 
@@ -184,7 +185,7 @@ class UpstreamRunner:
         for folder_scripts in by_folder.values():
             try:
                 done = subprocess.run([self.python, str(DRIVER), "--probe", *folder_scripts], cwd=self.root, env=env, capture_output=True,
-                                      text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+                                      text=True, timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise MissingRequirements(f"--python {self.python} cannot run ({exc})") from None
             try:

@@ -443,9 +443,9 @@ def manifest_problem(folder: str | os.PathLike[str]) -> str | None:
     return f"{path}: {problem}" if problem is not None else None
 
 
-def frozen_folder(settings: Settings, configured: str, *, progress: bool = True) -> str:
+def frozen_folder(settings: Settings, configured: str) -> str:
     """The folder a ``frozen_caches`` entry names: itself, or its archive's checked tree in ``download_dir``."""
-    folder = local_tree(configured, settings.resolve(settings.download_dir), resolve=settings.resolve, progress=progress,
+    folder = local_tree(configured, settings.resolve(settings.download_dir), resolve=settings.resolve,
                         limits=ArchiveLimits.of(settings))
     if not is_archive(configured) and (problem := manifest_problem(folder)) is not None:  # an archive's was checked unpacking it
         raise ArchiveError(problem)

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 MAX_DOC_BYTES = 32 * 1024 * 1024
 #: parsed tool docs kept in memory, also bounded by the total size of their files
 MAX_LOADED_DOC_BYTES = 64 * 1024 * 1024
+MAX_LOADED_TOOLS = 4096
 #: resolutions remembered (hits and misses), so fuzzy matching runs once per distinct name;
 #: the names are client text, so the table is bounded by their total length too
 MAX_REMEMBERED = 50_000
@@ -127,13 +128,11 @@ class ToolDocs:
         root: str | os.PathLike[str] | None,
         *,
         fuzzy_score: float = 85.0,
-        max_loaded_tools: int = 4096,
         allow_symlinks: bool = False,
     ) -> None:
         self.root = Path(root) if root is not None else None
         self.allow_symlinks = allow_symlinks
         self.fuzzy_score = float(fuzzy_score)
-        self.max_loaded_tools = max(1, int(max_loaded_tools))
         self._lock = threading.Lock()
         self._index: dict[str, dict[str, Path]] | None = None
         """std category -> std tool stem -> file."""
@@ -278,7 +277,7 @@ class ToolDocs:
             self._loaded[path] = (tool, size)
             self._loaded_bytes += size
             # the newest stays even when it alone is over the byte bound
-            while len(self._loaded) > 1 and (len(self._loaded) > self.max_loaded_tools or self._loaded_bytes > MAX_LOADED_DOC_BYTES):
+            while len(self._loaded) > 1 and (len(self._loaded) > MAX_LOADED_TOOLS or self._loaded_bytes > MAX_LOADED_DOC_BYTES):
                 _path, (_tool, dropped) = self._loaded.popitem(last=False)
                 self._loaded_bytes -= dropped
         return tool

@@ -49,14 +49,14 @@ class VllmLaunchError(RuntimeError):
     """The vLLM server exited or did not become ready in time."""
 
 
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` right now."""
+def find_free_port() -> int:
+    """Return a TCP port that is free on loopback right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+        sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
 
 
-def _log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+def _log_tail(path: str) -> str:
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -64,7 +64,7 @@ def _log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
             data = handle.read()
     except OSError as exc:
         return f"<log unreadable: {exc}>"
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-LOG_TAIL_LINES:])
 
 
 def process_group_members(pgid: int) -> list[int]:
