@@ -21,7 +21,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
@@ -42,17 +42,6 @@ FORMAT = "stabletoolbench-mirror-snapshot"
 FORMAT_VERSION = 1
 class SnapshotError(RuntimeError):
     """A snapshot cannot be written or read."""
-
-
-# -- the content hash (computed in upstream.content_hash: frozen archives are checked without this module) --
-
-
-def content_hash(entries: Iterable[tuple[str, str, Any]]) -> str:
-    """``sha256:<hex>`` over ``(api, key, answer)`` entries, in any order."""
-    digest = ContentHash()
-    for api, group in groupby(sorted(entries, key=lambda e: (e[0], e[1])), key=lambda e: e[0]):
-        digest.add_api(api, ((key, answer) for _, key, answer in group))
-    return digest.hexdigest()
 
 
 # -- writing --------------------------------------------------------------------------------------

@@ -12,8 +12,10 @@ from pathlib import Path
 from stabletoolbench_mirror.config import load_settings
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.records import Record
-from stabletoolbench_mirror.snapshots.snapshot import content_hash, tree_entries, verify_snapshot, write_snapshot
+from stabletoolbench_mirror.snapshots.snapshot import verify_snapshot, write_snapshot
 from stabletoolbench_mirror.stores import DiskcacheStore, FrozenCache
+from stabletoolbench_mirror.upstream.archives import tree_hash
+from stabletoolbench_mirror.upstream.content_hash import ContentHash
 
 RECORDS = [
     Record.from_answer("Data/theclique_for_Data/transfermarkt_search", "{'name': 'messi'}", {"error": "", "response": "Messi é"}, "real", "relay:http://127.0.0.1:1"),
@@ -50,7 +52,7 @@ def test_same_store_twice_same_hash_and_order_independent(tmp_path: Path) -> Non
     changed = RECORDS[:-1] + [Record.from_answer(RECORDS[-1].api, RECORDS[-1].key, {"error": "", "response": "x"}, "imported")]
     with fill(tmp_path / "s3", changed) as changed_store:
         assert write_snapshot(changed_store, tmp_path / "snap4")["content_hash"] != first["content_hash"]
-    assert content_hash([]) != first["content_hash"]
+    assert ContentHash().hexdigest() != first["content_hash"]  # the hash of no entries
 
 
 def test_manifest_counts_models_and_served_tree(tmp_path: Path) -> None:
@@ -135,8 +137,7 @@ def test_snapshot_cli_of_imported_reference_cache(reference_dir: Path, tmp_path:
     assert first.returncode == 0, first.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     # the hash of the snapshot is the hash of the reference tree itself
-    problems: list[str] = []
-    assert manifest["content_hash"] == content_hash(tree_entries(reference_dir / "cache", problems)) and not problems
+    assert manifest["content_hash"] == tree_hash(reference_dir / "cache", progress=False)
     assert manifest["content_hash"] in first.stdout
     second = cli("snapshot", str(tmp_path / "snap2"), "--store-path", str(store), "-q", cwd=tmp_path)
     assert second.returncode == 0, second.stderr

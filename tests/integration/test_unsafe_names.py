@@ -13,8 +13,8 @@ import requests
 
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.records import Record
-from stabletoolbench_mirror.snapshots.snapshot import content_hash
 from stabletoolbench_mirror.stores import DiskcacheStore
+from stabletoolbench_mirror.upstream.archives import tree_hash
 from stabletoolbench_mirror.upstream.layout import decode_name, encode_name
 from tests.conftest import REPO
 from tests.helpers.openai_stub import OpenAIStub, echo_prompt_responder
@@ -68,7 +68,6 @@ def test_unsafe_names_exported_served_from_a_snapshot_and_imported_back(tmp_path
             served[names] = reply.text
     recorded = store_content(tmp_path / "store")
     assert len(recorded) == len(UNSAFE)
-    expected_hash = content_hash((ns, key, json.loads(b)) for (ns, key), b in recorded.items())
 
     # export: every entry written, the unsafe ones under encoded names inside the export folder
     exported = cli("cache", "export", str(tmp_path / "export"), "--store-path", str(tmp_path / "store"), "-q", cwd=tmp_path)
@@ -80,14 +79,14 @@ def test_unsafe_names_exported_served_from_a_snapshot_and_imported_back(tmp_path
     # import of the export gives back the same store
     imported = cli("cache", "import", str(tmp_path / "export"), "--store-path", str(tmp_path / "again"), "-q", cwd=tmp_path)
     assert imported.returncode == 0, imported.stdout + imported.stderr
-    assert store_content(tmp_path / "again") == recorded
+    assert store_content(tmp_path / "again") == recorded  # the export holds the store's entries, and only them
 
     # snapshot: complete, verifies, same hash as the store's own entries
     snap = cli("snapshot", str(tmp_path / "snap"), "--store-path", str(tmp_path / "store"), "-q", cwd=tmp_path)
     assert snap.returncode == 0, snap.stdout + snap.stderr
     manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
     assert manifest["entries"] == manifest["store_entries"] == len(UNSAFE) and manifest["left_out"] == {}
-    assert manifest["content_hash"] == expected_hash
+    assert manifest["content_hash"] == tree_hash(tmp_path / "export", progress=False)
     verified = cli("snapshot", "--verify", str(tmp_path / "snap"), cwd=tmp_path)
     assert verified.returncode == 0 and "OK" in verified.stdout, verified.stdout
 
