@@ -156,15 +156,10 @@ def load_settings(
     """Load settings: defaults < ``config_file`` < ``STM_*`` env vars < ``overrides`` (CLI flags).
 
     With ``config_file=None``, ``$STM_CONFIG`` or ``./server_config.yml`` is used when present, else
-    StableToolBench's ``./config.yml`` when it holds only known keys (see :func:`discover_config_file`).
+    StableToolBench's ``./config.yml`` when it holds only known keys (see :func:`.config_loading.discover_config_file`).
     The work is :mod:`.config_loading`'s.
     """
     return config_loading.load(Settings, get_args(SimulatorStyle), config_file, overrides=overrides, environ=environ)
-
-
-def discover_config_file(environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """The config file to use when none is given, and a note on how it was chosen (or why none was)."""
-    return config_loading.discover_config_file(environ, Settings)
 
 
 # -- handing settings to another process (``serve --workers N``, ``warm --processes N``) ------------

@@ -20,8 +20,6 @@ import uvicorn
 
 from stabletoolbench_mirror.config import Settings
 
-log = logging.getLogger(__name__)
-
 START_TIMEOUT_S = 60.0
 
 

@@ -121,16 +121,14 @@ def test_unknown_keys_suggest_the_nearest_known_one(tmp_path: Path, text: str, e
 
 
 def test_a_config_yml_left_alone_suggests_too(tmp_path: Path) -> None:
-    from stabletoolbench_mirror.config import discover_config_file
-
     (tmp_path / "config.yml").write_text("cache_foldr: ./tool_response_cache\ndatabase: x\n")
     cwd = Path.cwd()
     os.chdir(tmp_path)
     try:
-        found, note = discover_config_file({})
+        note = load_settings(environ={}).config_source
     finally:
         os.chdir(cwd)
-    assert found is None
+    assert note.startswith("defaults (./config.yml not used: ")  # the built-in defaults: no file was used
     assert "unknown keys cache_foldr (did you mean 'cache_folder'?), database: not StableToolBench's server config" in note
 
 
