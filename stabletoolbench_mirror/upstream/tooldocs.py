@@ -166,11 +166,6 @@ class ToolDocs:
             self._resolved.clear()
             self._resolved_chars = 0
 
-    def registered(self) -> list[tuple[str, dict[str, Any]]]:
-        """``(category, tool doc)`` of each tool given by :meth:`register`, in the order registered."""
-        with self._lock:
-            return [(path.parent.name, json.loads(json.dumps(doc))) for path, (_tool, doc) in self._registered.items()]
-
     def _add_registered(self, index: dict[str, dict[str, Path]], std: str, stem: str, path: Path) -> None:
         index.setdefault(std, {})[stem] = path
         categories = self._tool_categories.setdefault(stem, [])

@@ -188,7 +188,7 @@ def test_the_reference_apis_become_tools_with_docs_and_the_remote_ones_are_liste
     assert {p["name"] for p in doc.optional_parameters} == {"username", "email", "verification_code", "new_password"}
     translate = docs.find_by_names("APIBank", "api_bank", "translate")  # not importable here, documented from its source
     assert translate is not None and "translat" in translate.description.lower()
-    assert [category for category, _doc in docs.registered()] == ["APIBank"]
+    assert [category for category, _stem, _doc in docs.tools()] == ["APIBank"]
 
 
 def test_level3_apis_get_their_own_tool_so_class_names_do_not_clash(tmp_path: Path, settings_factory) -> None:

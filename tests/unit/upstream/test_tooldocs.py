@@ -164,7 +164,7 @@ def test_a_registered_tool_is_found_like_a_files_and_listed(tmp_path: Path) -> N
         docs.register("APIBank", doc)
         found = docs.find_by_names("APIBank", "api_bank", "addagenda")
         assert found is not None and found.name == "AddAgenda" and found.tool_description == "runs here"
-        assert docs.registered() == [("APIBank", doc)]
+        assert list(docs.tools()) == [("APIBank", "api_bank", doc)]
     (tmp_path / "APIBank").mkdir()
     (tmp_path / "APIBank" / "api_bank.json").write_text('{"tool_name": "API-Bank", "api_list": [{"name": "Other"}]}')
     docs = ToolDocs(tmp_path)
