@@ -61,16 +61,15 @@ class Checkout:
         folder = self.root / QUERIES
         return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
 
-    def check_groups(self, groups: list[str], *, evaluation: bool = True) -> None:
+    def check_groups(self, groups: list[str]) -> None:
         """:class:`CheckoutError` naming the groups that have no queries (or no test ids) file, and those that do."""
         known = self.groups()
         unknown = [g for g in groups if g not in known]
         if unknown:
             raise CheckoutError(f"no group {', '.join(unknown)} in {self.root / QUERIES}: the groups are {', '.join(known) or '(none)'}")
-        if evaluation:
-            missing = [g for g in groups if not self.test_ids(g).is_file()]
-            if missing:
-                raise CheckoutError(f"no test ids for {', '.join(missing)} in {self.root / TEST_IDS} (the evaluation's --test_ids)")
+        missing = [g for g in groups if not self.test_ids(g).is_file()]
+        if missing:
+            raise CheckoutError(f"no test ids for {', '.join(missing)} in {self.root / TEST_IDS} (the evaluation's --test_ids)")
 
     def evaluator(self, name: str) -> Path:
         """An evaluator's folder (its ``config.yaml``), :class:`CheckoutError` listing them when there is none."""

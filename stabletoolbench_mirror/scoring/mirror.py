@@ -28,7 +28,8 @@ class MirrorError(RuntimeError):
 
 
 class Mirror:
-    """A running server: ``url`` (``http://127.0.0.1:PORT``), started by :meth:`start` or named by URL."""
+    """A running server: ``url`` (``http://127.0.0.1:PORT``), started by :meth:`start`, or one someone else runs
+    (``score --server URL``: ``Mirror(url)``)."""
 
     def __init__(self, url: str, server: uvicorn.Server | None = None, thread: threading.Thread | None = None, app: Any = None,
                  restore_logging: Callable[[], None] | None = None) -> None:
@@ -37,11 +38,6 @@ class Mirror:
         self._thread = thread
         self.app = app
         self._restore_logging = restore_logging
-
-    @classmethod
-    def named(cls, url: str) -> Mirror:
-        """A server someone else runs (``score --server URL``)."""
-        return cls(url)
 
     @classmethod
     def start(cls, settings: Settings, log_file: Path) -> Mirror:
@@ -103,12 +99,6 @@ class Mirror:
         if self._restore_logging is not None:
             self._restore_logging()
             self._restore_logging = None
-
-    def __enter__(self) -> Mirror:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _log_to(log_file: Path, level: str, secrets: list[str]) -> Callable[[], None]:

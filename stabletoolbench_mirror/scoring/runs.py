@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core.files import write_text
@@ -93,7 +92,7 @@ class RecordRequest:
     progress: bool = True
 
 
-def record(request: RecordRequest, hooks: Hooks, out: TextIO = sys.stderr) -> Report:
+def record(request: RecordRequest, hooks: Hooks) -> Report:
     spec, checkout = request.spec, request.checkout
     work = Work(request.work.resolve())
     notes = _record_checks(request)
@@ -104,8 +103,8 @@ def record(request: RecordRequest, hooks: Hooks, out: TextIO = sys.stderr) -> Re
     settings = record_settings(request.settings, work)
     if request.server_url is None and not hooks.start_checks(settings):
         raise SessionError("the server's start-up checks found errors (above): fix --config")
-    mirror = Mirror.named(request.server_url) if request.server_url else Mirror.start(settings, work.log("server"))
-    session = Session(spec, checkout, request.runner, work, mirror, state, out, request.progress, notes)
+    mirror = Mirror(request.server_url) if request.server_url else Mirror.start(settings, work.log("server"))
+    session = Session(spec, checkout, request.runner, work, mirror, state, progress=request.progress, notes=notes)
     try:
         session.say_notes()
         session.run(phases_of(spec))
@@ -325,7 +324,7 @@ def replay_settings(bundle: layout.Bundle, work: Work) -> Settings:
     return settings
 
 
-def replay(request: ReplayRequest, hooks: Hooks, out: TextIO = sys.stderr) -> Report:
+def replay(request: ReplayRequest, hooks: Hooks) -> Report:
     bundle = request.bundle
     try:
         spec = RunSpec.from_json(bundle.run)
@@ -345,7 +344,7 @@ def replay(request: ReplayRequest, hooks: Hooks, out: TextIO = sys.stderr) -> Re
     if not hooks.start_checks(settings):
         raise SessionError(f"the bundle's records cannot be served (above): {bundle.records}")
     mirror = Mirror.start(settings, work.log("server"))
-    session = Session(spec, request.checkout, request.runner, work, mirror, state, out, request.progress, notes)
+    session = Session(spec, request.checkout, request.runner, work, mirror, state, progress=request.progress, notes=notes)
     try:
         session.say_notes()
         session.run(phases_of(spec, infer=not request.rescore))
