@@ -14,9 +14,8 @@ from stabletoolbench_mirror.responders.real.policy import CallPolicy
 from stabletoolbench_mirror.responders.real.responder import RealResponder
 from stabletoolbench_mirror.responders.real.transport import Transport
 from stabletoolbench_mirror.upstream.tooldocs import ToolDocs, tool_docs_for
-from stabletoolbench_mirror.upstream.validity import Validity, classify
 
-__all__ = ["RealResponder", "Validity", "build_real_responder", "classify"]
+__all__ = ["RealResponder", "build_real_responder"]
 
 BREAKER_FAILURES = 5  # consecutive failures of one host that open its circuit breaker
 BREAKER_RESET_S = 60.0  # how long an open breaker skips real calls to its host

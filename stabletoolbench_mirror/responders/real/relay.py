@@ -37,11 +37,8 @@ class RelayBackend:
         self.default_key = default_key
         self.origin = public_url(relay_url)
 
-    def key_for(self, call: ToolCall) -> str:
-        return call.toolbench_key or self.default_key
-
     def fetch(self, call: ToolCall) -> Fetched:
-        key = self.key_for(call)
+        key = call.toolbench_key or self.default_key
         headers = {"accept": "application/json", "Content-Type": "application/json", "toolbench_key": key}
         reply = self.transport.send(
             "POST", self.relay_url, headers=headers, data=json.dumps(relay_body(call, key)).encode("utf-8")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from stabletoolbench_mirror.config import ConfigError, Settings
 from stabletoolbench_mirror.core.secrets import redactor_for
-from stabletoolbench_mirror.responders.simulator.client import ChatClient, ChatError, Completion
-from stabletoolbench_mirror.responders.simulator.parsing import Parsed, parse_output
+from stabletoolbench_mirror.responders.simulator.client import ChatClient
+from stabletoolbench_mirror.responders.simulator.parsing import parse_output
 from stabletoolbench_mirror.responders.simulator.prompt_files import PromptFileError, SystemPrompt, resolve_system_prompt
 from stabletoolbench_mirror.responders.simulator.prompts import MIRRORAPI_STYLES
 from stabletoolbench_mirror.responders.simulator.responder import Simulator
@@ -13,9 +13,6 @@ from stabletoolbench_mirror.upstream.tooldocs import ToolDocs, tool_docs_for, to
 
 __all__ = [
     "ChatClient",
-    "ChatError",
-    "Completion",
-    "Parsed",
     "Simulator",
     "SystemPrompt",
     "build_chat_client",

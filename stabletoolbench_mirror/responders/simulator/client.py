@@ -130,10 +130,6 @@ class ChatClient:
     def endpoints(self) -> list[str]:
         return [e.name for e in self._endpoints]
 
-    def _redact(self, text: str) -> str:
-        # an error body may echo the key back ("Incorrect API key provided: ...")
-        return self._redactor.text(text)
-
     # -- choosing an endpoint -----------------------------------------------------------------
 
     def _acquire(self, avoid: _Endpoint | None) -> _Endpoint:
@@ -203,7 +199,8 @@ class ChatClient:
         status = response.status
         if status != 200:
             raise ChatError(
-                self._redact(f"HTTP {status}: {_error_message(raw)}"),
+                # an error body may echo the key back ("Incorrect API key provided: ...")
+                self._redactor.text(f"HTTP {status}: {_error_message(raw)}"),
                 endpoint=endpoint.name,
                 status=status,
                 retryable=status == 429 or status >= 500,
