@@ -46,31 +46,10 @@ class StateError(ValueError):
     """A session's API-Bank state that cannot be read back (written by something else)."""
 
 
-class _SeededRandom(random.Random):
-    """The ``random`` module as an API module sees it during a call: the module's functions, seeded."""
-
-    def __getattr__(self, name: str) -> Any:  # Random, SystemRandom, ... from the real module
-        return getattr(random, name)
-
-
-class _SeededUuid(types.SimpleNamespace):
-    """The ``uuid`` module as an API module sees it during a call: ``uuid4`` from the seeded generator."""
-
-    def __init__(self, rng: random.Random) -> None:
-        super().__init__()
-        self._rng = rng
-
-    def uuid4(self) -> uuid.UUID:
-        return uuid.UUID(int=self._rng.getrandbits(128), version=4)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(uuid, name)
-
-
-def call_rng(seed: str, n: int) -> _SeededRandom:
+def call_rng(seed: str, n: int) -> random.Random:
     """The generator of call ``n`` of an environment seeded with ``seed``."""
     digest = hashlib.sha256(f"{seed}\x00{n}".encode("utf-8", "surrogatepass")).digest()
-    return _SeededRandom(int.from_bytes(digest[:16], "big"))
+    return random.Random(int.from_bytes(digest[:16], "big"))
 
 
 _RANDOM_FUNCTIONS = {name: getattr(random, name) for name in dir(random) if callable(getattr(random, name)) and hasattr(random.Random, name)}
@@ -102,7 +81,7 @@ class _ThreadUuid(types.SimpleNamespace):
 
 def _uuid4() -> uuid.UUID:
     rng = _current()
-    return uuid.uuid4() if rng is None else _SeededUuid(rng).uuid4()
+    return uuid.uuid4() if rng is None else uuid.UUID(int=rng.getrandbits(128), version=4)
 
 
 def _thread_function(name: str) -> Any:
@@ -242,6 +221,3 @@ class Environment:
     def matches(self, state: Any) -> bool:
         """Whether this live environment is the one ``state`` was saved from, after its last call."""
         return isinstance(state, dict) and state.get("stamp") == self.stamp and state.get("n") == self.n
-
-    def call_rng(self) -> _SeededRandom:
-        return call_rng(self.seed, self.n)

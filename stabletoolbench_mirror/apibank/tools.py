@@ -21,7 +21,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
-from stabletoolbench_mirror.apibank.environment import Environment, StateError, seeded
+from stabletoolbench_mirror.apibank.environment import Environment, StateError, call_rng, seeded
 from stabletoolbench_mirror.apibank.inputs import InputError, type_inputs
 from stabletoolbench_mirror.apibank.loader import Suite
 from stabletoolbench_mirror.apibank.tables import json_default
@@ -172,7 +172,7 @@ class ApiBankTools(LocalTools):
             except StateError as exc:
                 return LocalResult(None, detail=f"the session's {state_key(suite)} state: {exc}")
             try:
-                with seeded(self._modules(suite), env.call_rng()):
+                with seeded(suite.modules, call_rng(env.seed, env.n)):
                     result = env.instance(name).call(**kwargs)
                     text = json.dumps(result, default=json_default, ensure_ascii=False)
             except Exception as exc:  # noqa: BLE001 - as ToolManager's evaluator, a call that raises is a failed call
@@ -190,10 +190,6 @@ class ApiBankTools(LocalTools):
     @staticmethod
     def _answer(value: dict[str, Any], state: dict) -> LocalResult:
         return LocalResult(protocol.answer("", json.dumps(value, default=json_default, ensure_ascii=False)), dict(state))
-
-    @staticmethod
-    def _modules(suite: Suite) -> list[Any]:
-        return suite.modules
 
 
 def _not_called(tool_input: Any, state: dict) -> Any:  # pragma: no cover - ApiBankTools.run answers these itself
