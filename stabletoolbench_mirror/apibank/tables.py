@@ -8,7 +8,7 @@ and every view of the table then reads and writes the copy.  A table a session o
 never copied, whatever its size; the tables it wrote are the only ones its state keeps.
 
 Views return views for nested dicts and lists (so a nested write is seen too) and plain
-values otherwise; :func:`plain` and :func:`json_default` give back plain data (answers are
+values otherwise; :func:`stored` and :func:`json_default` give back plain data (answers are
 encoded through them).  :func:`encode` / :func:`decode` keep a session's tables and API
 attributes as JSON without losing what JSON cannot say (integer dict keys, tuples, sets,
 dates): API-Bank's ``AddAgenda`` keys its table by ``int``.
@@ -63,7 +63,7 @@ def wrap(root: TableRoot, path: tuple[Any, ...], value: Any) -> Any:
 
 
 def stored(value: Any) -> Any:
-    """What a write puts in a table: plain data, copied out of any view it holds."""
+    """What a write puts in a table (and what a view is compared and joined as): plain data, copied out of any view."""
     if isinstance(value, (DictView, ListView)):
         return copy.deepcopy(value.target)
     if type(value) is dict:
@@ -73,11 +73,6 @@ def stored(value: Any) -> Any:
     if type(value) is tuple:
         return tuple(stored(v) for v in value)
     return value
-
-
-def plain(value: Any) -> Any:
-    """``value`` with every view replaced by plain data (copies of the table's nodes)."""
-    return stored(value)
 
 
 def json_default(value: Any) -> Any:
@@ -106,10 +101,7 @@ class _View:
         return self._root.node(self._path)
 
     def __eq__(self, other: object) -> bool:
-        return bool(plain(self) == plain(other))
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
+        return bool(stored(self) == stored(other))
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like dict and list
 
@@ -177,7 +169,7 @@ class DictView(_View, MutableMapping):
         return self[key]
 
     def __or__(self, other: Any) -> dict[Any, Any]:
-        return {**plain(self), **plain(other)}
+        return {**stored(self), **stored(other)}
 
 
 class ListView(_View, MutableSequence):
@@ -208,7 +200,7 @@ class ListView(_View, MutableSequence):
             i += 1
 
     def __contains__(self, value: object) -> bool:
-        return plain(value) in self.target
+        return stored(value) in self.target
 
     def insert(self, index: int, value: Any) -> None:
         self._writable().insert(index, stored(value))
@@ -223,7 +215,7 @@ class ListView(_View, MutableSequence):
         self._writable().sort(*args, **kwargs)
 
     def __add__(self, other: Any) -> list[Any]:
-        return [*plain(self), *plain(other)]
+        return [*stored(self), *stored(other)]
 
 
 # -- tagged JSON: a session's tables and attributes as JSON, types kept --------------------------

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from stabletoolbench_mirror.apibank.tables import DictView, ListView, TableRoot, decode, encode, json_default, plain
+from stabletoolbench_mirror.apibank.tables import DictView, ListView, TableRoot, decode, encode, json_default, stored
 
 
 def shared() -> dict:
@@ -59,7 +59,7 @@ def test_a_view_stored_in_a_table_is_stored_as_plain_data() -> None:
     assert view["1"]["name"] == "a"
     assert type(root.data["3"]) is dict
     assert json.loads(json.dumps({"out": view["1"]}, default=json_default)) == {"out": {"name": "a", "tags": ["x"]}}
-    assert plain({"v": view["1"]["tags"]}) == {"v": ["x"]}
+    assert stored({"v": view["1"]["tags"]}) == {"v": ["x"]}
 
 
 def test_encode_keeps_what_json_cannot_say() -> None:
