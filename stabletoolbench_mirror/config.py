@@ -13,7 +13,7 @@ folder when there is no file).
 
 This module holds the model (:class:`Settings`; its sections are :mod:`.config_sections`') and its handing to another process;
 reading a file and merging the environment and flags over it is :mod:`.config_loading`'s, StableToolBench's
-own config files are :mod:`.config_upstream`'s.  Their public names are importable from here too.
+own config files are :mod:`.config_upstream`'s.  The names other modules read of theirs are importable from here too.
 """
 
 from __future__ import annotations
@@ -27,15 +27,11 @@ from typing import Any, Literal, get_args
 from pydantic import Field, SecretStr
 
 from stabletoolbench_mirror import config_loading
-from stabletoolbench_mirror.config_loading import BOUND_HINTS as BOUND_HINTS
-from stabletoolbench_mirror.config_loading import DEFAULT_CONFIG_FILE as DEFAULT_CONFIG_FILE
-from stabletoolbench_mirror.config_loading import ENV_PREFIX as ENV_PREFIX
 from stabletoolbench_mirror.config_loading import NO_CONFIG_FILE as NO_CONFIG_FILE
 from stabletoolbench_mirror.config_loading import NOT_SETTINGS_ENV as NOT_SETTINGS_ENV
 from stabletoolbench_mirror.config_loading import NOT_SETTINGS_ENV_PREFIXES as NOT_SETTINGS_ENV_PREFIXES
 from stabletoolbench_mirror.config_loading import ConfigError as ConfigError
 from stabletoolbench_mirror.config_loading import demo_config_file as demo_config_file
-from stabletoolbench_mirror.config_loading import nearest_key as nearest_key
 from stabletoolbench_mirror.config_sections import DAY_S as DAY_S
 from stabletoolbench_mirror.config_sections import HOUR_S as HOUR_S
 from stabletoolbench_mirror.config_sections import MAX_WORKERS as MAX_WORKERS
@@ -56,14 +52,6 @@ from stabletoolbench_mirror.config_sections import SimulatorStyle as SimulatorSt
 from stabletoolbench_mirror.config_sections import StoreConfig as StoreConfig
 from stabletoolbench_mirror.config_upstream import UPSTREAM_CONFIG_FILE as UPSTREAM_CONFIG_FILE
 from stabletoolbench_mirror.config_upstream import UPSTREAM_DEFAULT_API_BASE as UPSTREAM_DEFAULT_API_BASE
-from stabletoolbench_mirror.config_upstream import UPSTREAM_GPT_ONLY_KEYS as UPSTREAM_GPT_ONLY_KEYS
-from stabletoolbench_mirror.config_upstream import UPSTREAM_KEYS as UPSTREAM_KEYS
-from stabletoolbench_mirror.config_upstream import UPSTREAM_MIRRORAPI_MODEL as UPSTREAM_MIRRORAPI_MODEL
-from stabletoolbench_mirror.config_upstream import UPSTREAM_PROMPTS_FILE as UPSTREAM_PROMPTS_FILE
-from stabletoolbench_mirror.config_upstream import UPSTREAM_SERVERS as UPSTREAM_SERVERS
-from stabletoolbench_mirror.config_upstream import UpstreamServer as UpstreamServer
-from stabletoolbench_mirror.config_upstream import clearly_upstream as clearly_upstream
-from stabletoolbench_mirror.config_upstream import upstream_server_for as upstream_server_for
 from stabletoolbench_mirror.core.secrets import url_secrets
 
 

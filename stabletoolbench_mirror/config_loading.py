@@ -5,7 +5,7 @@ Precedence (later wins): built-in defaults < the YAML file < ``STM_*`` environme
 command-line flags (see :mod:`stabletoolbench_mirror.config`).  StableToolBench's own files are read
 through :mod:`.config_upstream`.  The settings model is handed in (``model``):
 :mod:`stabletoolbench_mirror.config` defines it and imports this module, never the other way, and
-re-exports the names here (``ConfigError``, ``DEFAULT_CONFIG_FILE``, ...) from its own path.
+re-exports the names other modules read here (``ConfigError``, ``NO_CONFIG_FILE``, ...) from its own path.
 """
 
 from __future__ import annotations
