@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,67 +28,10 @@ from stabletoolbench_mirror.config import UPSTREAM_CONFIG_FILE, ConfigError, Set
 from stabletoolbench_mirror.core.protocol import MISS_ERROR
 from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.responders.simulator import NO_DOCS_MARK
-from stabletoolbench_mirror.startup.probes import check_endpoints
+from stabletoolbench_mirror.startup.probes import StartupReport, check_endpoints
 from stabletoolbench_mirror.stores.kinds import StoreSpec
 from stabletoolbench_mirror.upstream.tooldocs import tools_folder_problem
 from stabletoolbench_mirror.upstream.trees import TreeCount, count_tools, count_tree, frozen_cache_problem
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem: ``error`` stops the start, ``warning`` is printed."""
-
-    level: str
-    key: str
-    """The configuration key it is about."""
-    message: str
-
-    def line(self) -> str:
-        return f"{self.level}: {self.key}: {self.message}"
-
-
-@dataclass
-class StartupReport:
-    """The summary lines (label, text) and the findings of one run of the checks."""
-
-    lines: list[tuple[str, str]] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    store_entries: int | None = None
-    """Entries of the store when it was opened (or 0 when it does not exist yet), else ``None``."""
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.level == "error"]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        return [f for f in self.findings if f.level == "warning"]
-
-    def add(self, label: str, text: str) -> None:
-        self.lines.append((label, text))
-
-    def error(self, key: str, message: str) -> None:
-        self.findings.append(Finding("error", key, message))
-
-    def warning(self, key: str, message: str) -> None:
-        self.findings.append(Finding("warning", key, message))
-
-    def as_json(self) -> dict[str, Any]:
-        """``doctor --json``: ``ok``, the summary ``lines`` as ``{label, text}``, ``errors`` and ``warnings`` as ``{key, message}``."""
-        return {
-            "ok": not self.errors,
-            "lines": [{"label": label, "text": text} for label, text in self.lines],
-            "errors": [{"key": f.key, "message": f.message} for f in self.errors],
-            "warnings": [{"key": f.key, "message": f.message} for f in self.warnings],
-        }
-
-    def render(self, title: str = "stabletoolbench-mirror") -> str:
-        width = max((len(label) for label, _ in self.lines), default=0) + 1
-        out = [title]
-        out += [f"  {label + ':':<{width}} {text}" for label, text in self.lines]
-        out += [f.line() for f in self.findings]
-        return "\n".join(out)
-
 
 # -- frozen caches ---------------------------------------------------------------------------------
 

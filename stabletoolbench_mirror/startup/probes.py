@@ -5,7 +5,7 @@ timeout; one that does not answer is a warning, never fatal (it may come up late
 simulator endpoint that answers ``/models`` without a models list (some OpenAI-compatible
 servers have no ``/models``) is asked one chat completion of one token, as ``warm`` and the
 server would ask it: when that answers, the endpoint is usable (a note, no error).  The
-results are written to a start-up report (anything with ``add``, ``error`` and ``warning``).
+results are written to the start-up report, :class:`StartupReport` (kept here, below :mod:`.checks`, which writes the rest of it).
 No key is ever printed: URLs are shown without user info or query string.
 """
 
@@ -13,21 +13,67 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.secrets import public_url
 
 
-class Report(Protocol):
-    """Where the checks write: summary lines and findings (``startup.StartupReport``)."""
+@dataclass(frozen=True)
+class Finding:
+    """One problem: ``error`` stops the start, ``warning`` is printed."""
 
-    def add(self, label: str, text: str) -> None: ...
+    level: str
+    key: str
+    """The configuration key it is about."""
+    message: str
 
-    def error(self, key: str, message: str) -> None: ...
+    def line(self) -> str:
+        return f"{self.level}: {self.key}: {self.message}"
 
-    def warning(self, key: str, message: str) -> None: ...
+
+@dataclass
+class StartupReport:
+    """The summary lines (label, text) and the findings of one run of the checks."""
+
+    lines: list[tuple[str, str]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    store_entries: int | None = None
+    """Entries of the store when it was opened (or 0 when it does not exist yet), else ``None``."""
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "warning"]
+
+    def add(self, label: str, text: str) -> None:
+        self.lines.append((label, text))
+
+    def error(self, key: str, message: str) -> None:
+        self.findings.append(Finding("error", key, message))
+
+    def warning(self, key: str, message: str) -> None:
+        self.findings.append(Finding("warning", key, message))
+
+    def as_json(self) -> dict[str, Any]:
+        """``doctor --json``: ``ok``, the summary ``lines`` as ``{label, text}``, ``errors`` and ``warnings`` as ``{key, message}``."""
+        return {
+            "ok": not self.errors,
+            "lines": [{"label": label, "text": text} for label, text in self.lines],
+            "errors": [{"key": f.key, "message": f.message} for f in self.errors],
+            "warnings": [{"key": f.key, "message": f.message} for f in self.warnings],
+        }
+
+    def render(self, title: str = "stabletoolbench-mirror") -> str:
+        width = max((len(label) for label, _ in self.lines), default=0) + 1
+        out = [title]
+        out += [f"  {label + ':':<{width}} {text}" for label, text in self.lines]
+        out += [f.line() for f in self.findings]
+        return "\n".join(out)
 
 
 @dataclass(frozen=True)
@@ -159,7 +205,7 @@ def _probe_timeout(configured: float) -> float:
     return max(0.2, min(configured, 3.0))
 
 
-def check_endpoints(settings: Settings, report: Report, *, probe_endpoints: bool = True, doctor: bool = False) -> dict[str, Probe]:
+def check_endpoints(settings: Settings, report: StartupReport, *, probe_endpoints: bool = True, doctor: bool = False) -> None:
     """Probe the relay and the simulator endpoints (all at once); warnings for those that do not answer.
 
     ``doctor``: a simulator endpoint that answers without a models list (HTTP 404: a wrong path) is an error.
@@ -168,7 +214,7 @@ def check_endpoints(settings: Settings, report: Report, *, probe_endpoints: bool
     if settings.mode == "replay":
         for label, section in (("real API", settings.real), ("simulator", settings.simulator)):
             report.add(label, "not used: replay mode answers from the caches only" if section.enabled else "off")
-        return {}
+        return
     jobs = _probe_jobs(settings, report, probe_endpoints)
     results = _run_probes(jobs)
     _report_real(settings, report, results)
@@ -176,10 +222,9 @@ def check_endpoints(settings: Settings, report: Report, *, probe_endpoints: bool
         _report_simulator(settings, report, results, doctor=doctor)
     else:
         report.add("simulator", "off")
-    return results
 
 
-def _probe_jobs(settings: Settings, report: Report, probe_endpoints: bool) -> dict[str, Any]:
+def _probe_jobs(settings: Settings, report: StartupReport, probe_endpoints: bool) -> dict[str, Any]:
     """The probes to run, by name (``real``, ``simulator<i>``); an error when the relay URL is missing."""
     real, sim = settings.real, settings.simulator
     jobs: dict[str, Any] = {}
@@ -209,7 +254,7 @@ def _run_probes(jobs: dict[str, Any]) -> dict[str, Probe]:
         return {name: f.result() for name, f in futures.items()}
 
 
-def _report_real(settings: Settings, report: Report, results: dict[str, Probe]) -> None:
+def _report_real(settings: Settings, report: StartupReport, results: dict[str, Probe]) -> None:
     """The ``real API`` line, and a warning when its endpoint does not answer."""
     real = settings.real
     if not real.enabled:
@@ -227,7 +272,7 @@ def _report_real(settings: Settings, report: Report, results: dict[str, Probe]) 
         report.warning("real.rapidapi_base_url", f"{found.url} does not answer ({found.detail}): real calls will fail")
 
 
-def _report_simulator(settings: Settings, report: Report, results: dict[str, Probe], *, doctor: bool = False) -> None:
+def _report_simulator(settings: Settings, report: StartupReport, results: dict[str, Probe], *, doctor: bool = False) -> None:
     """The simulator's lines (style, prompt, each endpoint) and a warning for each endpoint that is not usable."""
     sim = settings.simulator
     report.add("simulator", f"{sim.style}, model '{sim.model}'")
@@ -242,7 +287,7 @@ def _report_simulator(settings: Settings, report: Report, results: dict[str, Pro
             _warn_endpoint(sim.model, found, report, doctor=doctor)
 
 
-def _warn_endpoint(model: str, found: Probe, report: Report, *, doctor: bool = False) -> None:
+def _warn_endpoint(model: str, found: Probe, report: StartupReport, *, doctor: bool = False) -> None:
     """A warning when a simulator endpoint does not answer, refuses the key, or does not serve ``model``;
     one that answers neither a models list nor a chat completion is an error in ``doctor`` (a warning at start).
     One that answers a chat completion without a models list is usable: its summary line says so."""
@@ -265,7 +310,7 @@ def _warn_endpoint(model: str, found: Probe, report: Report, *, doctor: bool = F
         report.warning("simulator.model", f"'{model}' is not among the models {found.url} serves ({listed}): set simulator.model")
 
 
-def check_system_prompt(settings: Settings, report: Report) -> None:
+def check_system_prompt(settings: Settings, report: StartupReport) -> None:
     """The simulator's system prompt: where it comes from, or why ``simulator.system_prompt_file`` cannot give it."""
     from stabletoolbench_mirror.config import ConfigError
     from stabletoolbench_mirror.responders.simulator import system_prompt_for
