@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from stabletoolbench_mirror.scoring.driver import PDB_EXIT
@@ -99,7 +99,6 @@ class UpstreamRunner:
     """The longest one script may run (``None``: no limit)."""
     on_pdb: str = "exit"
     """``exit`` (the process ends at upstream's ``pdb.set_trace()``) or ``continue`` (as if ``c`` was typed)."""
-    extra_env: dict[str, str] = field(default_factory=dict)
 
     def environment(self, extra: Mapping[str, str], script_file: Path | None = None) -> dict[str, str]:
         """The subprocess's environment: the caller's, cleaned (see the module's docstring), and the run's own."""
@@ -113,7 +112,6 @@ class UpstreamRunner:
             env["STM_STAND_INS"] = ",".join(HEAVY)
         if script_file is not None:
             env["STM_SCRIPT_FILE"] = str(script_file)
-        env.update(self.extra_env)
         env.update(extra)
         return env
 

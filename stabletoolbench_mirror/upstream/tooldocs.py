@@ -68,7 +68,6 @@ class ApiDoc:
     url: str = ""
     required_parameters: list[Any] = field(default_factory=list)
     optional_parameters: list[Any] = field(default_factory=list)
-    template_response: Any = None
     host: str = ""
     """The RapidAPI host: the API entry's ``host``, else the tool's."""
     fuzzy: bool = False
@@ -387,7 +386,6 @@ class ToolDocs:
             url=doc_text(entry.get("url")),
             required_parameters=_params(entry.get("required_parameters")),
             optional_parameters=_params(entry.get("optional_parameters")),
-            template_response=entry.get("template_response"),
             host=doc_text(entry.get("host")) or loaded.host,
             fuzzy=fuzzy,
         )

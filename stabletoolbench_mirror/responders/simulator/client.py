@@ -61,7 +61,6 @@ class Completion:
     endpoint: str
     model: str
     """The model name the server reported (falls back to the requested one)."""
-    tries: int = 1
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
@@ -179,7 +178,7 @@ class ChatClient:
             endpoint = self._acquire(previous)
             previous = endpoint
             try:
-                return self._once(endpoint, data, attempt + 1)
+                return self._once(endpoint, data)
             except ChatError as exc:
                 last = exc
                 log.info("simulator call to %s failed (try %d/%d): %s", endpoint.name, attempt + 1, self.max_retries + 1, exc.detail)
@@ -190,7 +189,7 @@ class ChatClient:
         assert last is not None
         raise last
 
-    def _once(self, endpoint: _Endpoint, data: bytes, tries: int) -> Completion:
+    def _once(self, endpoint: _Endpoint, data: bytes) -> Completion:
         try:
             response = endpoint.transport.post(endpoint.path, data)
         except transport.TransportError as exc:
@@ -220,7 +219,6 @@ class ChatClient:
             finish_reason=str(choice.get("finish_reason") or ""),
             endpoint=endpoint.name,
             model=str(payload.get("model") or self.model),
-            tries=tries,
             prompt_tokens=_count(usage.get("prompt_tokens")),
             completion_tokens=_count(usage.get("completion_tokens")),
         )

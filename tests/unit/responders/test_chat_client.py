@@ -58,7 +58,7 @@ def client_for(handler: Callable[[mt.Request], ht.Reply], endpoints: str | list[
 def test_a_completion_is_parsed_and_the_request_is_the_chat_body() -> None:
     script = Script(completion("hello", usage={"prompt_tokens": 3, "completion_tokens": 2}))
     result = client_for(script, api_key=KEY, seed=7).complete(MESSAGES, {"response_format": {"type": "json_object"}})
-    assert (result.content, result.finish_reason, result.model, result.tries) == ("hello", "stop", "served-model", 1)
+    assert (result.content, result.finish_reason, result.model) == ("hello", "stop", "served-model")
     assert (result.prompt_tokens, result.completion_tokens, result.endpoint) == (3, 2, "http://model.test/v1")
     (request,) = script.requests
     assert (request.base, request.path) == ("http://model.test/v1", "/v1/chat/completions")
@@ -69,7 +69,7 @@ def test_a_completion_is_parsed_and_the_request_is_the_chat_body() -> None:
 
 def test_server_errors_are_retried_with_exponential_backoff(sleeps: list[float]) -> None:
     script = Script(error(500), error(503), error(502), completion())
-    assert client_for(script).complete(MESSAGES).tries == 4
+    assert client_for(script).complete(MESSAGES).content == "ok" and len(script.requests) == 4
     assert sleeps == [0.5, 1.0, 2.0]
 
 
