@@ -85,7 +85,6 @@ class ApiBankTools(LocalTools):
                 self.bank[api] = (suite, name)
                 merged[api] = LocalTool(api, _not_called, f"apibank:{suite.folder}")
         super().__init__(merged, **options)
-        self.suites = list(suites)
         self._live: LRUCache[tuple[str, str], Environment] = LRUCache(MAX_LIVE)
         self._live_lock = threading.Lock()
         self._session_locks: LRUCache[tuple[str, str], threading.Lock] = LRUCache(MAX_SESSION_LOCKS)
