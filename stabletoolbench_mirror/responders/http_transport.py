@@ -73,23 +73,19 @@ MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 class TransportError(Exception):
-    """A request that got no complete answer."""
+    """A request that got no complete answer (``timed_out``: a connection or a send that ran out of time)."""
+
+    def __init__(self, detail: str, *, timed_out: bool = False) -> None:
+        super().__init__(detail)
+        self.timed_out = timed_out
 
 
 class ConnectFailed(TransportError):
     """No connection to the server, or it closed before any byte of the answer came back."""
 
-    def __init__(self, detail: str, *, timed_out: bool = False) -> None:
-        super().__init__(detail)
-        self.timed_out = timed_out
-
 
 class SendFailed(TransportError):
     """The request could not be sent whole: nothing of an answer came back."""
-
-    def __init__(self, detail: str, *, timed_out: bool = False) -> None:
-        super().__init__(detail)
-        self.timed_out = timed_out
 
 
 class AnswerTimedOut(TransportError):
