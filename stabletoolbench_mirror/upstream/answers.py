@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.upstream.queries import ApiRef, FunctionIndex, QueryFileError, iter_json_files, read_json_file
+from stabletoolbench_mirror.upstream.queries import ApiRef, FunctionIndex, iter_json_files, read_json_file
 
 FINISH = "Finish"
 DEFAULT_MAX_OBSERVATION_LENGTH = 1024
@@ -179,13 +179,6 @@ def answer_payload(ref: ApiRef, arguments: str) -> dict[str, Any]:
     }
 
 
-def iter_answer_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
-    try:
-        yield from iter_json_files(paths)
-    except QueryFileError as exc:
-        raise ValueError(str(exc)) from None
-
-
 @dataclass(frozen=True)
 class FoundCall:
     """A call of an answer file with the ``/virtual`` body the client sends for it, or why there is none."""
@@ -202,10 +195,10 @@ class FoundCall:
 def iter_answer_calls(paths: Iterable[str | os.PathLike[str]], index: FunctionIndex) -> Iterator[FoundCall]:
     """Every call of the answer files under ``paths``, resolved through ``index``, file by file.
 
-    Raises ``ValueError`` for a path that does not exist; a file that is not an answer file
+    Raises :class:`QueryFileError` (a ``ValueError``) for a path that does not exist; a file that is not an answer file
     gives one :class:`FoundCall` with ``file_error``.
     """
-    for path in list(iter_answer_files(paths)):
+    for path in list(iter_json_files(paths)):
         try:
             calls = read_answer_file(path)
         except ValueError as exc:
@@ -225,12 +218,9 @@ def function_index(query_paths: Sequence[str | os.PathLike[str]], tools_folder: 
     ``ValueError`` (naming what to give) when there is neither, or one cannot be read.
     """
     index = FunctionIndex()
-    try:
-        index.add_query_files(query_paths)
-        if tools_folder:
-            index.add_tools_folder(tools_folder)
-    except QueryFileError as exc:
-        raise ValueError(str(exc)) from None
+    index.add_query_files(query_paths)  # QueryFileError, a ValueError, naming what cannot be read
+    if tools_folder:
+        index.add_tools_folder(tools_folder)
     if not len(index):
         raise ValueError(
             "answer files need query files (--queries) or a tools folder (--tools-folder, or 'tools_folder') to map function names to APIs"
