@@ -15,7 +15,7 @@ Who the client is comes from :data:`CLIENT`, a context variable the server sets 
 worker thread sees it too.  Work with no client (``warm``, tests) is one client: FIFO, as before.
 
 :class:`FairLimiter` is for the event loop (a ``limiter`` for ``anyio.to_thread.run_sync``);
-:class:`FairSemaphore` is for threads (a drop-in for ``threading.BoundedSemaphore``).
+:class:`FairSemaphore` is for threads (as ``threading.BoundedSemaphore``: ``with`` one, or ``acquire(timeout=...)``).
 """
 
 from __future__ import annotations
@@ -166,21 +166,6 @@ class FairLimiter:
         self._turns: _Turns[asyncio.Future[None]] = _Turns(total, reserve)
 
     @property
-    def total_tokens(self) -> int:
-        return self._turns.total
-
-    @total_tokens.setter
-    def total_tokens(self, value: int) -> None:
-        if value < 1:
-            raise ValueError("at least one turn is needed")
-        self._turns.total = value
-        self._wake_all()
-
-    @property
-    def reserve(self) -> int:
-        return self._turns.reserve
-
-    @property
     def waiting(self) -> int:
         return self._turns.queued
 
@@ -208,10 +193,6 @@ class FairLimiter:
         if handed is not None:
             handed[1].set_result(None)
 
-    def _wake_all(self) -> None:
-        while (handed := self._turns.hand_on()) is not None:
-            handed[1].set_result(None)
-
 
 class _Waiter:
     __slots__ = ("event", "granted")
@@ -237,22 +218,16 @@ class FairSemaphore:
         return self._turns.in_use
 
     @property
-    def total(self) -> int:
-        return self._turns.total
-
-    @property
     def waiting(self) -> int:
         """Threads waiting for a turn now."""
         with self._lock:
             return self._turns.queued
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+    def acquire(self, timeout: float | None = None) -> bool:
         client = CLIENT.get()
         with self._lock:
             if self._turns.take_now(client):
                 return True
-            if not blocking:
-                return False
             waiter = _Waiter()
             self._turns.wait(client, waiter)
         if waiter.event.wait(timeout):

@@ -106,11 +106,6 @@ def canonical_request(body: Mapping[str, Any]) -> str:
     return _CANONICAL.encode(kept)
 
 
-def request_digest(body: Mapping[str, Any]) -> str:
-    """The SHA-256 (hex) of :func:`canonical_request`: the key of every occurrence of this request."""
-    return hashlib.sha256(canonical_request(body).encode("utf-8", "surrogatepass")).hexdigest()
-
-
 #: a string longer than this is escaped in pieces by :func:`json_parts`
 PIECE_CHARS = 1 << 16
 #: an object or array of at most this many plain values (no container, no string over :data:`PIECE_CHARS`) is one piece

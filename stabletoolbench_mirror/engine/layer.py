@@ -179,11 +179,6 @@ class MirrorLayer:
         except (ToolInputParseError, ValueError):  # ValueError: a secret field too deep to take out
             return Outcome(protocol.encode_answer(protocol.parse_error_answer()), OutcomeKind.REJECTED, api=names.api)
 
-    @property
-    def pending_misses(self) -> int:
-        """Misses of this process waiting for the real API or the simulator now (filling or sharing)."""
-        return self.misses.pending.in_use
-
     def runs_locally(self, call: ToolCall) -> bool:
         """Whether ``call`` is one of the local tools (it always runs: never answered from the cache)."""
         return self.local_tools is not None and self.local_tools.find(call) is not None

@@ -101,11 +101,6 @@ class PrivateRun:
     def __len__(self) -> int:
         return len(self._held)
 
-    @property
-    def spill_folder(self) -> str | None:
-        """The temporary folder of the spill file (``None`` before the first spill)."""
-        return self._folder
-
     # -- on the event loop: never waits ----------------------------------------------------------
 
     def claim_now(self, digest: str) -> int | None:

@@ -101,44 +101,26 @@ class Stats:
         self._failures = _Names(MAX_TRACKED_FAILURES, MAX_TRACKED_FAILURES * MAX_FAILURE_CHARS * 4)
         self._plain: dict[tuple[OutcomeKind, str | None, str | None], tuple[Any, ...]] = {}
 
-    def _api_label(self, api: str) -> str:
-        return self._apis.label(api)
-
     def _model_label(self, model: str, name_it: bool) -> str:
         """``model``'s name in the model table while it has room, when it is there already or ``name_it``; else ``(other)``."""
         if model in self._models or model == _NONE:
             return model
         return self._models.label(model) if name_it else _OTHER
 
-    def _failure_label(self, problem: str) -> str:
-        return self._failures.label(problem[:MAX_FAILURE_CHARS])
-
     def count(self, outcome: Outcome) -> None:
         """Count one finished request by its final outcome (call it exactly once per request)."""
-        if outcome.limit is None and not outcome.problems and not (outcome.retried or outcome.new_failure_record or outcome.failure) and outcome.fault is None:
-            # the usual request (a hit, above all): its three counters, looked up once per (kind, source, api)
-            plain = (outcome.kind, outcome.source, outcome.api)
-            incs = self._plain.get(plain)
-            if incs is None:
-                incs = self._plain_counters(plain)
-            for inc in incs:
-                inc()
-            return
-        self._count_each(outcome)
-
-    def _count_each(self, outcome: Outcome) -> None:
-        """:meth:`count` of a request with a limit, problems, a failure flag or a fault: each counter it adds to."""
-        kind = outcome.kind.value
+        # its three counters (outcome, source, API), looked up once per (kind, source, api)
+        plain = (outcome.kind, outcome.source, outcome.api)
+        incs = self._plain.get(plain)
+        if incs is None:
+            incs = self._plain_counters(plain)
+        for inc in incs:
+            inc()
         counters = self.counters
-        counters.inc("requests", kind)
-        if outcome.source is not None:
-            counters.inc("sources", outcome.source)
         if outcome.limit is not None:
             counters.inc("refusals", outcome.limit)
-        if outcome.api is not None:
-            counters.inc("apis", self._api_label(outcome.api), kind)
         for problem in outcome.problems:
-            counters.inc("failures", self._failure_label(problem))
+            counters.inc("failures", self._failures.label(problem[:MAX_FAILURE_CHARS]))
         if outcome.retried:
             counters.inc("records", "retries")
         if outcome.new_failure_record:
@@ -149,14 +131,14 @@ class Stats:
             counters.inc("faults", outcome.fault)
 
     def _plain_counters(self, plain: tuple[OutcomeKind, str | None, str | None]) -> tuple[Any, ...]:
-        """The ``inc`` of each counter a request without problems, limit or failure flags adds to (kept while there is room)."""
+        """The ``inc`` of each of the three counters every request adds to (kept while there is room)."""
         kind, source, api = plain
         counters = self.counters
         incs = [counters.incrementer("requests", kind.value)]
         if source is not None:
             incs.append(counters.incrementer("sources", source))
         if api is not None:
-            incs.append(counters.incrementer("apis", self._api_label(api), kind.value))
+            incs.append(counters.incrementer("apis", self._apis.label(api), kind.value))
         found = tuple(incs)
         if len(self._plain) < 1024:  # bounded: API names are client text
             self._plain[plain] = found
@@ -231,11 +213,6 @@ class Stats:
         out["by_api"] = _by_api(totals["apis"])
         out["model_calls"] = self.model_snapshot(totals)
         return out
-
-    @property
-    def by_api(self) -> dict[str, dict[str, int]]:
-        """``/stats``'s ``by_api`` table."""
-        return self.snapshot()["by_api"]
 
     def exposition(self) -> bytes:
         """``GET /metrics``: every counter in the Prometheus text format (all workers summed)."""

@@ -331,7 +331,7 @@ def test_a_record_that_is_no_answer_is_refused_whole_when_streamed(tmp_path: Pat
     from stabletoolbench_mirror.core import model_calls as mc
 
     body = chat("old")
-    digest = mc.request_digest(mc.parse_request(json.dumps(body)))
+    digest = mc.canonical_digest(mc.parse_request(json.dumps(body)))[0]
     with DiskcacheStore(tmp_path / "store") as store:
         for n in (1, 2):
             store.add(Record(api="@model/gpt-4o-mini/chat_completions", key=mc.record_key(digest, n), source="imported",
@@ -485,7 +485,7 @@ def test_with_redis_paused_store_timeout_s_bounds_every_v1_store_wait(paused_red
 
             from stabletoolbench_mirror.core import model_calls as mc
 
-            name = f"paused:o:r:{mc.request_digest(chat('kept'))}"
+            name = f"paused:o:r:{mc.canonical_digest(chat('kept'))[0]}"
             watcher = redis.Redis.from_url(redis_server.url, decode_responses=True)
             deadline = time.monotonic() + 30
             while watcher.get(name) not in (None, '{"next":1,"free":[]}'):

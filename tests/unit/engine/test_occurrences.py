@@ -40,7 +40,7 @@ def test_counters_past_the_bound_are_spilled_and_go_on_counting_where_they_were(
         release(run, digest(0), 4)
         assert claim(run, digest(0)) == 4
         assert [claim(run, digest(n)) for n in (1, 20, 39)] == [2, 2, 2]
-        folder = run.spill_folder
+        folder = run._folder  # noqa: SLF001 - the spill file's temporary folder
         assert folder is not None and os.path.isdir(folder)
     finally:
         run.close()
