@@ -72,7 +72,7 @@ class LayerTarget:
         else:
             outcome = self.layer.handle_call(prepared)
             if self.faults is not None:
-                outcome = self.faults.serve_blocking(prepared, outcome, wait=False)
+                outcome = self.faults.serve_blocking(prepared, outcome)
         return TargetReply(outcome.status, outcome.body, outcome.kind, outcome.failure or outcome.fault is not None)
 
     def close(self) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -65,7 +64,6 @@ class FaultPlan:
     """Which calls get which fault (from ``faults:``), and the faulted answers."""
 
     def __init__(self, config: FaultsConfig) -> None:
-        self.config = config
         self.seed = config.seed
         self.rate = config.rate
         self.slow_s = config.slow_s
@@ -141,14 +139,11 @@ class FaultPlan:
             await anyio.sleep(self.slow_s)  # on the event loop: a slow answer holds no worker thread
         return self.apply(outcome, kind)
 
-    def serve_blocking(self, call: ToolCall, outcome: Outcome, *, wait: bool = True) -> Outcome:
-        """:meth:`serve` for a caller without an event loop (``check --with-faults`` in process)."""
+    def serve_blocking(self, call: ToolCall, outcome: Outcome) -> Outcome:
+        """:meth:`serve` without the wait of a ``slow`` fault, for a caller without an event loop (``check --with-faults``
+        in process)."""
         kind = self.fault_for(call, outcome)
-        if kind is None:
-            return outcome
-        if kind == "slow" and wait:
-            time.sleep(self.slow_s)
-        return self.apply(outcome, kind)
+        return outcome if kind is None else self.apply(outcome, kind)
 
     def describe(self) -> str:
         """One line for the start-up summary."""

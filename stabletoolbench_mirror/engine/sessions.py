@@ -29,12 +29,13 @@ import unicodedata
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Any, Protocol, TypedDict, cast
+from typing import Any, TypedDict, cast
 
 from stabletoolbench_mirror.config import SessionsConfig
 from stabletoolbench_mirror.core.call import HistoryItem, SessionContext, ToolCall
 from stabletoolbench_mirror.core.keys import history_next, history_start
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.engine.store_health import StoreHealth
 from stabletoolbench_mirror.stores.base import StoreError
 from stabletoolbench_mirror.stores.sessions import DOC_VERSION, SessionStore
 
@@ -127,12 +128,6 @@ class SessionCall(TypedDict):
     at: float
 
 
-def as_head(raw: dict[str, Any]) -> SessionHead:
-    """A head the store read: written by :func:`new_head` and :meth:`Sessions.run` (or split from an
-    older document by the store, which fills the same fields)."""
-    return cast(SessionHead, raw)
-
-
 def new_head(session_id: str, task: str = "") -> SessionHead:
     """A new session's head (see :mod:`.stores.sessions`): no calls yet."""
     now = time.time()
@@ -162,14 +157,6 @@ def size_of(head: SessionHead) -> int:
 # -- the session logic ----------------------------------------------------------------------------
 
 
-class Health(Protocol):
-    """Where store trouble is reported (the layer's :class:`~.store_health.StoreHealth`)."""
-
-    def failed(self, op: str, exc: BaseException, *, unrecorded: bool) -> None: ...
-
-    def succeeded(self, op: str) -> None: ...
-
-
 Answer = Callable[[ToolCall, dict], Outcome]
 """Answers a call inside a session; may change the state dict it is given (local tools)."""
 
@@ -181,13 +168,13 @@ class Sessions:
         self,
         store: SessionStore,
         lock: Callable[[str], AbstractContextManager[None]],
-        config: SessionsConfig | None = None,
+        config: SessionsConfig,
         *,
-        history: int = 8,
+        history: int,
     ) -> None:
         self.store = store
         self.lock = lock
-        self.config = config or SessionsConfig()
+        self.config = config
         self.history = history
 
     def create(self, task: str = "") -> SessionHead:
@@ -216,13 +203,13 @@ class Sessions:
             "(start a new session with POST /sessions, or raise sessions.max_bytes)",
         )
 
-    def run(self, session_id: str, call: ToolCall, answer: Answer, health: Health | None = None) -> Outcome:
+    def run(self, session_id: str, call: ToolCall, answer: Answer, health: StoreHealth) -> Outcome:
         """Answer ``call`` inside the session and add it to the trajectory.
 
         :class:`SessionError` when the session is unknown (and ``sessions.allow_client_ids`` is
         off) or full; :class:`~.stores.StoreError` when the store cannot be read.  When only
-        the call's entry cannot be written (a full disk) and ``health`` is given, the answer is
-        served as ``unrecorded`` and ``health`` told.
+        the call's entry cannot be written (a full disk), the answer is served as ``unrecorded``
+        and ``health`` told.
         """
         check_id(session_id)
         with self.lock(session_id):
@@ -259,15 +246,17 @@ class Sessions:
 
     def _head(self, session_id: str) -> SessionHead:
         """The session's head, read; a new one for an unknown id when ``sessions.allow_client_ids`` is on."""
+        # a head the store read: written by new_head and run (or split from an older document by the store, which fills
+        # the same fields)
         raw = self.store.load_head(session_id)
         if raw is not None:
-            return as_head(raw)
+            return cast(SessionHead, raw)
         if not self.config.allow_client_ids:
             raise unknown(session_id)
         head = new_head(session_id)
         if not self.store.create(head):  # started by another process meanwhile
             raw = self.store.load_head(session_id)
-            head = as_head(raw) if raw is not None else head
+            head = cast(SessionHead, raw) if raw is not None else head
         return head
 
     def _context(self, session_id: str, head: SessionHead) -> SessionContext:
@@ -280,19 +269,16 @@ class Sessions:
             id=session_id,
         )
 
-    def _keep(self, session_id: str, head: SessionHead, entry: SessionCall, outcome: Outcome, health: Health | None) -> Outcome:
+    def _keep(self, session_id: str, head: SessionHead, entry: SessionCall, outcome: Outcome, health: StoreHealth) -> Outcome:
         """Write the call's entry and the new head; the outcome served (``unrecorded`` when only that write failed)."""
         try:
             kept = self.store.append(head, entry)
         except StoreError as exc:
-            if health is None:
-                raise
             # a full disk: the answer is served as a plain miss's would be (unrecorded, /health degraded)
             health.failed("session write", exc, unrecorded=outcome.kind != OutcomeKind.UNRECORDED)
             log.warning("session %r: the call's answer is served but not kept in the session: %s", session_id, exc)
             return replace(outcome, kind=OutcomeKind.UNRECORDED)
-        if health is not None:
-            health.succeeded("session write")
+        health.succeeded("session write")
         if not kept:
             log.info("session %r was deleted while a call ran; its answer is served, not kept", session_id)
         return outcome

@@ -21,7 +21,6 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stabletoolbench_mirror.core import fair
-from stabletoolbench_mirror.core.fair import FairLimiter
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.engine import sessions
 from stabletoolbench_mirror.engine.faults import wants_no_faults
@@ -63,8 +62,7 @@ async def _send(send: Send, outcome: Outcome, extra_headers: tuple[tuple[bytes, 
 class _RefusalLog:
     """Logs the first refusal for each limit, then at most one summary a minute: never a line per request."""
 
-    def __init__(self, interval_s: float = 60.0) -> None:
-        self.interval_s = interval_s
+    def __init__(self) -> None:
         self._last: dict[str, float] = {}
         self._since: dict[str, int] = {}
 
@@ -72,7 +70,7 @@ class _RefusalLog:
         now = time.monotonic()
         self._since[setting] = self._since.get(setting, 0) + 1
         last = self._last.get(setting)
-        if last is None or now - last >= self.interval_s:
+        if last is None or now - last >= 60.0:
             count = self._since.pop(setting)
             self._last[setting] = now
             log.warning(
@@ -86,18 +84,16 @@ class Front:
 
     def __init__(
         self, app: ASGIApp, layer: MirrorLayer, token: bytes | None, admission: Admission, max_body: int, body_timeout_s: float,
-        threads: FairLimiter | None = None, path: CallPath | None = None, proxies: ForwardedFor | None = None,
-        models: ASGIApp | None = None,
+        path: CallPath, proxies: ForwardedFor | None = None,
     ) -> None:
         self.app = app
-        self.models = models
+        self.models: ASGIApp | None = None
         """``/v1``'s handler (:class:`~.model_front.ModelFront`), ahead of the app as ``/virtual`` is."""
         self.proxies = proxies
         """``limits.trusted_proxies``: who the client behind them is (``None``: the connecting address)."""
         self.layer = layer
-        self.path = path or CallPath(layer, threads or FairLimiter(40))
+        self.path = path
         """The path from a parsed payload to its counted answer (shared with the MCP front)."""
-        self.threads = self.path.threads
         self.token = token
         self.admission = admission
         self.max_body = max_body

@@ -87,7 +87,7 @@ def test_only_answers_to_tool_calls_are_faulted() -> None:
     assert p.fault_for(call, Outcome(CLEAN, OutcomeKind.HIT, status=503)) is None
     # inside a session: the key the call was answered under, and none without one
     assert p.fault_for(call, Outcome(CLEAN, OutcomeKind.HIT), in_session=True) is None
-    served = p.serve_blocking(call, Outcome(CLEAN, OutcomeKind.HIT), wait=False)
+    served = p.serve_blocking(call, Outcome(CLEAN, OutcomeKind.HIT))
     assert served.fault in KINDS and served.kind is OutcomeKind.HIT
 
 
