@@ -17,23 +17,12 @@ MAX_CALLS = 2048
 MAX_BODY_BYTES = 4096
 
 
-class PreparedCalls:
+class PreparedCalls(FIFOCache[bytes, ToolCall]):
     """A bounded map from a body's bytes to its call (event-loop use: no lock)."""
 
-    __slots__ = ("_calls", "max_calls", "max_body")
-
-    def __init__(self, max_calls: int = MAX_CALLS, max_body: int = MAX_BODY_BYTES) -> None:
-        self._calls: FIFOCache[bytes, ToolCall] = FIFOCache(max(max_calls, 1))
-        self.max_calls = max_calls
-        self.max_body = max_body
-
-    def get(self, body: bytes) -> ToolCall | None:
-        return self._calls.get(body)
+    def __init__(self) -> None:
+        super().__init__(MAX_CALLS)
 
     def put(self, body: bytes, call: ToolCall) -> None:
-        if len(body) > self.max_body or self.max_calls <= 0:
-            return
-        self._calls[body] = call
-
-    def __len__(self) -> int:
-        return len(self._calls)
+        if len(body) <= MAX_BODY_BYTES:
+            self[body] = call

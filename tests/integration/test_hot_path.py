@@ -30,7 +30,7 @@ from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.protocol import VirtualRequest
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.factory import build_store
-from stabletoolbench_mirror.serving import uvicorn_protocol
+from stabletoolbench_mirror.serving import prepared, uvicorn_protocol
 from stabletoolbench_mirror.serving.prepared import PreparedCalls
 from stabletoolbench_mirror.serving.server import GuardedHttpProtocol, create_app, uvicorn_options
 from tests.helpers.live import UvicornThread
@@ -85,8 +85,10 @@ def call(i: int) -> ToolCall:
     return ToolCall.of("Tools", "t", "a", {"i": i})
 
 
-def test_the_kept_calls_are_bounded_oldest_first() -> None:
-    kept = PreparedCalls(max_calls=3, max_body=100)
+def test_the_kept_calls_are_bounded_oldest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prepared, "MAX_CALLS", 3)
+    monkeypatch.setattr(prepared, "MAX_BODY_BYTES", 100)
+    kept = PreparedCalls()
     for i in range(5):
         kept.put(b"body %d" % i, call(i))
     assert len(kept) == 3
@@ -94,9 +96,6 @@ def test_the_kept_calls_are_bounded_oldest_first() -> None:
     assert kept.get(b"body 4") == call(4)
     kept.put(b"x" * 101, call(9))
     assert kept.get(b"x" * 101) is None and len(kept) == 3
-    off = PreparedCalls(max_calls=0)
-    off.put(b"b", call(1))
-    assert len(off) == 0
 
 
 @pytest.mark.parametrize("field", ["category", "tool_name", "api_name", "strip", "toolbench_key", "tool_input", "tool_input_dict"])
