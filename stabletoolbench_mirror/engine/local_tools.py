@@ -140,11 +140,6 @@ class LocalTools:
     def __len__(self) -> int:
         return len(self.tools)
 
-    @property
-    def running(self) -> int:
-        """Local tool threads running (or stuck) now: the slots taken of :data:`MAX_RUNNING`."""
-        return MAX_RUNNING - self._slots._value  # noqa: SLF001 - the semaphore's own count
-
     def find(self, call: ToolCall) -> LocalTool | None:
         return self.tools.get(call.api)
 

@@ -339,12 +339,19 @@ def test_deep_inputs_get_an_error_answer_and_never_switch_local_tools_off(local_
     assert post(server.url, notes("remember", item="b"), sid).json() == {"error": "", "response": '["b"]'}
 
 
+def _running(tools: LocalTools) -> int:
+    """Local tool threads running (or stuck) now: the slots taken of MAX_RUNNING."""
+    from stabletoolbench_mirror.engine.local_tools import MAX_RUNNING
+
+    return MAX_RUNNING - tools._slots._value  # noqa: SLF001 - the semaphore's own count
+
+
 def _wait_until_idle(tools: LocalTools, timeout_s: float = 5.0) -> int:
     # a tool thread gives its slot back just after it returns
     deadline = time.monotonic() + timeout_s
-    while tools.running and time.monotonic() < deadline:
+    while _running(tools) and time.monotonic() < deadline:
         time.sleep(0.01)
-    return tools.running
+    return _running(tools)
 
 
 def test_every_path_of_a_run_gives_its_slot_back(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -378,7 +385,7 @@ def test_every_path_of_a_run_gives_its_slot_back(monkeypatch: pytest.MonkeyPatch
         return result.detail
 
     assert "nested too deeply" in run(fine, json.loads(DEEP_INPUT))  # deepcopy raises
-    assert tools.running == 0
+    assert _running(tools) == 0
     assert "raised ValueError: broken on purpose" in run(boom)
     assert _wait_until_idle(tools) == 0
     assert "returned a value that is not JSON" in run(not_json)
@@ -387,7 +394,7 @@ def test_every_path_of_a_run_gives_its_slot_back(monkeypatch: pytest.MonkeyPatch
     assert _wait_until_idle(tools) == 0
     # a tool past its timeout keeps its slot while it runs, and gives it back when it returns
     assert "did not answer within 0.1s" in run(stuck)
-    assert tools.running == 1
+    assert _running(tools) == 1
     release.set()
     assert _wait_until_idle(tools) == 0
 
@@ -396,7 +403,7 @@ def test_every_path_of_a_run_gives_its_slot_back(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(threading.Thread, "start", no_thread)
     assert "can't start new thread" in run(fine)
-    assert tools.running == 0
+    assert _running(tools) == 0
     monkeypatch.undo()
     # after all that, every slot is free: MAX_RUNNING stuck tools still fit, one more is refused
     release.clear()
