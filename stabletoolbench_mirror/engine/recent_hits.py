@@ -36,14 +36,13 @@ class RecentHits:
     """The answers of recent hits by call, each with the token of what it was looked up in (the event loop's: no lock,
     a cachetools cache is not thread-safe)."""
 
-    __slots__ = ("_store_token", "_frozen", "_hits", "max_hits")
+    __slots__ = ("_store_token", "_frozen", "_hits")
 
-    def __init__(self, store_token: Callable[[], Hashable | None], frozen: Sequence[Any], max_hits: int = MAX_HITS) -> None:
+    def __init__(self, store_token: Callable[[], Hashable | None], frozen: Sequence[Any]) -> None:
         """``store_token``: the store's change token (``None``: keep nothing now); ``frozen``: the frozen caches (``state_token``)."""
         self._store_token = store_token
         self._frozen = tuple(f.state_token for f in frozen)
-        self._hits: LRUCache[tuple[str, str, str, str], tuple[Token, Outcome]] = LRUCache(max(max_hits, 1))
-        self.max_hits = max_hits
+        self._hits: LRUCache[tuple[str, str, str, str], tuple[Token, Outcome]] = LRUCache(MAX_HITS)
 
     def token(self, api: str) -> Token | None:
         """What a hit of ``api`` now depends on, or ``None`` when nothing can be kept now."""
@@ -57,7 +56,7 @@ class RecentHits:
         return kept[1] if kept is not None and kept[0] == token else None
 
     def put(self, call: ToolCall, token: Token, outcome: Outcome) -> None:
-        if len(outcome.body) > MAX_BODY_CHARS or self.max_hits <= 0:
+        if len(outcome.body) > MAX_BODY_CHARS:
             return
         self._hits[(call.api, call.key, call.upstream, call.canonical)] = (token, outcome)
 

@@ -13,7 +13,6 @@ found, never an answer of the same run.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stabletoolbench_mirror.config import DAY_S, RefreshConfig
@@ -29,7 +28,6 @@ class RefreshScope:
     categories: frozenset[str] = frozenset()
     sources: frozenset[str] = frozenset()
     older_than_s: float | None = None
-    clock: Callable[[], float] = time.time
     since: float = field(default_factory=time.time)
     """When this run started: records written since are its own answers, never asked again."""
 
@@ -48,4 +46,4 @@ class RefreshScope:
             return False
         if self.sources and record.source not in self.sources:
             return False
-        return self.older_than_s is None or record.created_at < self.clock() - self.older_than_s
+        return self.older_than_s is None or record.created_at < time.time() - self.older_than_s

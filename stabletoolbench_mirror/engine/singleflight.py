@@ -45,7 +45,3 @@ class SingleFlight(Generic[T]):
         finally:
             with self._lock:
                 self._in_flight.pop(key, None)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._in_flight)

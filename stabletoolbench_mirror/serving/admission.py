@@ -66,8 +66,6 @@ class Admission:
         self._clients: dict[str, _Client] = {}
         self.queued = 0
         self.queued_bytes = 0
-        self.waited = 0
-        """Requests admitted after waiting (for /stats)."""
 
     def reserve(self, size: int) -> None:
         """Count ``size`` more bytes against ``max_queued_bytes``; :class:`Refused` (nothing counted) when they
@@ -112,7 +110,6 @@ class Admission:
             raise Refused(f"waited {self.queue_timeout_s:g} s for a slot", "limits.queue_timeout_s") from None
         finally:
             self.queued -= 1
-        self.waited += 1
 
     def leave(self, client: str) -> None:
         """Give back a slot: to the next waiting request of the same client, else free it."""
@@ -128,10 +125,6 @@ class Admission:
     def _forget_if_idle(self, client: str, state: _Client) -> None:
         if state.in_flight <= 0 and not state.waiters:
             self._clients.pop(client, None)
-
-    def in_flight(self, client: str) -> int:
-        state = self._clients.get(client)
-        return state.in_flight if state else 0
 
 
 class ForwardedFor:

@@ -313,11 +313,13 @@ def test_a_kept_hit_gives_way_to_a_file_that_appears_in_an_earlier_tree(serve, s
     assert stats["hits"] == 6  # kept hits are counted like any hit
 
 
-def test_kept_hits_are_bounded() -> None:
+def test_kept_hits_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+    from stabletoolbench_mirror.engine import recent_hits
     from stabletoolbench_mirror.engine.recent_hits import MAX_BODY_CHARS, RecentHits
 
-    hits = RecentHits(lambda: b"g", [], max_hits=2)
+    monkeypatch.setattr(recent_hits, "MAX_HITS", 2)
+    hits = RecentHits(lambda: b"g", [])
     token = hits.token(API)
     assert token == (b"g",)
     for i in range(3):
