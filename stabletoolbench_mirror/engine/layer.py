@@ -81,17 +81,13 @@ class MirrorLayer:
         retry_failures: bool = True,
         max_pending_misses: int = 256,
         pending_timeout_s: float = 600.0,
-        stats: Stats | None = None,
         sessions: Sessions | None = None,
         local_tools: LocalTools | None = None,
         faults: FaultPlan | None = None,
         refresh: RefreshScope | None = None,
         served: ServedCopies | None = None,
     ) -> None:
-        try:
-            self.mode = Mode(mode)
-        except ValueError:
-            raise ValueError(f"unknown mode {mode!r}") from None
+        self.mode = Mode(mode)
         self.store = store
         self.frozen = tuple(frozen)
         self.tiers: tuple[CacheTier, ...] = (store, *self.frozen)
@@ -104,7 +100,7 @@ class MirrorLayer:
         """``mode: refresh``: the usable records asked again (see :mod:`.refresh`)."""
         self.health = StoreHealth()
         """Whether the store can be read and written now (``/health``)."""
-        self.stats = stats or Stats()
+        self.stats = Stats()
         """The server's counters (the server counts each request's final outcome here)."""
         self.event_counters = [r for r in self.responders if isinstance(r, CountsEvents)]
         """The responders with counters of their own (parse retries, shadow answers), for ``/stats``."""

@@ -39,7 +39,6 @@ from stabletoolbench_mirror.serving.call_path import CallPath as CallPath
 from stabletoolbench_mirror.serving.memory import tune_malloc
 from stabletoolbench_mirror.serving.model_front import ModelFront, add_model_routes, build_model_calls
 from stabletoolbench_mirror.serving.uvicorn_protocol import GuardedHttpProtocol as GuardedHttpProtocol
-from stabletoolbench_mirror.serving.uvicorn_protocol import JoinedWrites as JoinedWrites
 from stabletoolbench_mirror.serving.uvicorn_protocol import uvicorn_options as uvicorn_options
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol plus a header timeout and a send timeout.
 
     uvicorn closes idle keep-alive connections (``timeout_keep_alive``) but waits forever for a
-    request whose headers never finish; this closes such a connection after ``header_timeout_s``
-    (:data:`HEADER_TIMEOUT_S`).
+    request whose headers never finish; this closes such a connection after :data:`HEADER_TIMEOUT_S`.
 
     uvicorn hands a whole answer to the transport, which keeps what the socket does not take in
     its write buffer until the client reads it, and closing the connection waits for that buffer to
@@ -38,9 +37,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     that has read nothing for ``send_timeout_s`` is dropped (the connection aborted, its buffer freed).
     """
 
-    def __init__(self, *args: Any, header_timeout_s: float = HEADER_TIMEOUT_S, send_timeout_s: float = 30.0, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, send_timeout_s: float = 30.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.header_timeout_s = header_timeout_s
+        self.header_timeout_s = HEADER_TIMEOUT_S
         self.send_timeout_s = send_timeout_s
         self._header_timer: asyncio.TimerHandle | None = None
         self._headers_since: float | None = None
@@ -55,9 +54,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._headers_since = self.loop.time()
         if self._header_timer is None:
             self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_check)
-
-    def _disarm_header_timer(self) -> None:
-        self._headers_since = None
 
     def _header_check(self) -> None:
         self._header_timer = None
@@ -117,7 +113,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._arm_header_timer()  # the next request on a kept-alive connection
 
     def on_headers_complete(self) -> None:
-        self._disarm_header_timer()
+        self._headers_since = None
         existing = self.cycle
         super().on_headers_complete()
         if self.cycle is not None and self.cycle is not existing:
@@ -137,7 +133,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_timer()
+        self._headers_since = None
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
@@ -210,7 +206,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """The uvicorn settings that guard connections: the header, send and keep-alive timeouts, the trusted proxies."""
     limits = settings.limits
     return {
-        "http": functools.partial(GuardedHttpProtocol, header_timeout_s=HEADER_TIMEOUT_S, send_timeout_s=limits.send_timeout_s),
+        "http": functools.partial(GuardedHttpProtocol, send_timeout_s=limits.send_timeout_s),
         "timeout_keep_alive": KEEP_ALIVE_TIMEOUT_S,
         # uvicorn believes X-Forwarded-For from 127.0.0.1 by default, and takes a malformed hop as a client:
         # any local client could then pose as others (limits.max_in_flight_per_client, fair sharing).
