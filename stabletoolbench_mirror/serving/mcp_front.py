@@ -30,7 +30,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
     from stabletoolbench_mirror.engine.layer import MirrorLayer
+    from stabletoolbench_mirror.serving.call_path import CallPath
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +59,6 @@ MCP_SESSION_HEADER = "mcp-session-id"
 MAX_MCP_SESSIONS = 10_000
 SESSION_IDLE_TIMEOUT_S = 1800.0  # an MCP session with no request for this long is closed (the SDK's own default)
 
-
-
-class _HasAnswer(Protocol):
-    """What the front needs of ``serving.call_path.CallPath`` (typed here: this module does not import it)."""
-
-    @property
-    def layer(self) -> MirrorLayer: ...
-
-    async def answer(self, payload: Any, session: str | None | Outcome = None) -> Outcome: ...
 
 
 def query_of(path: str) -> QueryKey | None | bool:
@@ -265,7 +257,7 @@ class McpFront:
 
     # -- the MCP server --------------------------------------------------------------------------
 
-    def server(self, path: _HasAnswer, *, query: QueryKey | None = None, session: str | None = None) -> Server[Any]:
+    def server(self, path: CallPath, *, query: QueryKey | None = None, session: str | None = None) -> Server[Any]:
         """The SDK's server: for HTTP the scope comes from each request's path, for stdio it is ``query`` and ``session``."""
         from mcp.server.lowlevel import Server
 
@@ -300,7 +292,7 @@ class McpFront:
         return Server("stabletoolbench-mirror", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
 
     @staticmethod
-    def _refused(path: _HasAnswer, refusal: Refused) -> Outcome:
+    def _refused(path: CallPath, refusal: Refused) -> Outcome:
         """The counted answer to a call over a limit (as ``/virtual``'s HTTP 503)."""
         outcome = Outcome.error(503, refusal.message, OutcomeKind.REFUSED, refusal.limit)
         path.layer.stats.count(outcome)
@@ -326,7 +318,7 @@ class McpFront:
 
     # -- HTTP ----------------------------------------------------------------------------------
 
-    def mount(self, app: Any, path: _HasAnswer, admission: Admission | None = None) -> None:
+    def mount(self, app: Any, path: CallPath, admission: Admission | None = None) -> None:
         """Add ``/mcp`` and ``/mcp/queries/<group>/<query_id>`` to ``app`` (run :meth:`running` in its lifespan).
 
         ``admission``: ``/virtual``'s, so a client's MCP calls take slots among its in-flight requests too.
@@ -422,7 +414,7 @@ class McpFront:
 
     # -- stdio ---------------------------------------------------------------------------------
 
-    async def serve_stdio(self, path: _HasAnswer, query: QueryKey | None = None) -> None:
+    async def serve_stdio(self, path: CallPath, query: QueryKey | None = None) -> None:
         """Serve MCP on this process's stdin and stdout until the client closes them (one server session)."""
         from mcp.server.stdio import stdio_server
 
