@@ -63,6 +63,13 @@ class ModelServerAnswer:
     latency_s: float
     content_type: str = "application/json"
 
+    def parsed(self) -> Any:
+        """The body as JSON; ``None`` when it is none."""
+        try:
+            return json.loads(self.body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return None
+
 
 class ModelServerFailed(Exception):
     """No answer came back: the status to tell the client (502 or 504) and why (never a key)."""
@@ -246,8 +253,7 @@ class ModelCalls:
                 return error_answer(503, f"the store cannot be read now ({found}); nothing else holds {key}", "server_error", "error",
                                     model), _NOTHING
             if found is not None:
-                if self.served is not None:
-                    await self._hand_over_async(found)
+                await self._hand_over_async(found)
                 return self._served(found, "hit", model, key, run), _NOTHING
         if self.mode is Mode.REPLAY:
             used_up = number > 1 and isinstance(await self._lookup(api, mc.record_key(request.digest, number - 1)), Record)
@@ -338,8 +344,7 @@ class ModelCalls:
 
     def _hand_over(self, record: Record) -> None:
         """:attr:`served`, called with ``record``; its failure is logged, never the request's."""
-        if self.served is None:
-            return
+        assert self.served is not None
         try:
             self.served(record)
         except Exception:
@@ -356,10 +361,7 @@ class ModelCalls:
             return _Asked(error_answer(exc.status, redactor.text(str(exc)), "upstream_error", "error", request.model))
         if got.status != 200:
             return _Asked(self._upstream_error(got, request.model, redactor))
-        try:
-            completion = json.loads(got.body)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            completion = None
+        completion = got.parsed()
         problem = request.endpoint.answer_problem(completion)
         if problem is not None:
             return _Asked(self._no_answer(got, upstream.url, request.endpoint, problem, request.model, redactor))
@@ -383,10 +385,7 @@ class ModelCalls:
 
     def _upstream_error(self, got: ModelServerAnswer, model: str, redactor: Redactor) -> ModelAnswer:
         """The upstream's own error, its status kept, its body OpenAI-shaped (and masked)."""
-        try:
-            parsed = json.loads(got.body)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            parsed = None
+        parsed = got.parsed()
         if not (isinstance(parsed, dict) and isinstance(parsed.get("error"), (dict, str))):
             text = got.body[:500].decode("utf-8", "replace")
             parsed = mc.error_body(f"the upstream answered HTTP {got.status}: {text}", "upstream_error")
@@ -399,10 +398,7 @@ class ModelCalls:
 
     def _no_answer(self, got: ModelServerAnswer, url: str, endpoint: Endpoint, problem: str, model: str, redactor: Redactor) -> ModelAnswer:
         """An upstream's HTTP 200 that is no answer of ``endpoint``: its error passed on (HTTP 502), nothing recorded."""
-        try:
-            parsed = json.loads(got.body)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            parsed = None
+        parsed = got.parsed()
         error = parsed.get("error") if isinstance(parsed, dict) else None
         message = f"the upstream {url} answered HTTP 200 without a {endpoint.name} answer ({problem})"
         if isinstance(error, dict) and isinstance(error.get("message"), str):
