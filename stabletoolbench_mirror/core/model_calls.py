@@ -57,13 +57,9 @@ def model_api(model: str, endpoint: str = CHAT_COMPLETIONS) -> str:
     return f"{MODEL_CATEGORY}/{model}/{endpoint}"
 
 
-def is_model_api(api: str) -> bool:
-    return api.startswith(MODEL_CATEGORY + "/")
-
-
 def model_endpoint(api: str) -> tuple[str, str] | None:
     """``(model, endpoint)`` of ``@model/<model>/<endpoint>`` (a model may hold ``/``); ``None`` for a tool's API."""
-    if not is_model_api(api):
+    if not api.startswith(MODEL_CATEGORY + "/"):
         return None
     model, _, endpoint = api[len(MODEL_CATEGORY) + 1:].rpartition("/")
     return (model, endpoint) if model and endpoint else None

@@ -67,7 +67,6 @@ class SharedCountsFolder:
 
     def __init__(self) -> None:
         self.path = tempfile.mkdtemp(prefix="stm-metrics-")
-        os.chmod(self.path, 0o700)
 
     def __enter__(self) -> SharedCountsFolder:
         os.environ[MULTIPROC_ENV] = self.path

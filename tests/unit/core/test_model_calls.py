@@ -28,8 +28,9 @@ def test_key_order_spacing_and_transport_fields_never_change_the_digest() -> Non
 
 def test_names_and_keys_round_trip() -> None:
     api = mc.model_api("Qwen/Qwen2.5-7B")
-    assert api == "@model/Qwen/Qwen2.5-7B/chat_completions" and mc.is_model_api(api) and mc.model_of(api) == "Qwen/Qwen2.5-7B"
-    assert mc.model_of("Data/t_for_Data/a") is None and not mc.is_model_api("Data/t_for_Data/a")
+    assert api == "@model/Qwen/Qwen2.5-7B/chat_completions" and mc.model_endpoint(api) == ("Qwen/Qwen2.5-7B", "chat_completions")
+    assert mc.model_of(api) == "Qwen/Qwen2.5-7B"
+    assert mc.model_of("Data/t_for_Data/a") is None and mc.model_endpoint("Data/t_for_Data/a") is None
     key = mc.record_key("a" * 64, 3)
     assert mc.split_key(key) == ("a" * 64, 3)
     assert mc.split_key("{'a': 1}") is None and mc.split_key("abc#1") is None
