@@ -115,7 +115,9 @@ class MirrorLayer:
         self.sessions = sessions
         self.local_tools = local_tools if local_tools is not None and len(local_tools) else None
         self._probes = tuple(lookup_order(self.tiers))
-        self._hits = _recent_hits(store, self.frozen)
+        # a store that can tell when it changed (diskcache) and frozen caches that give state tokens: else none kept
+        keeps = store.change_token() is not None and all(callable(getattr(f, "state_token", None)) for f in self.frozen)
+        self._hits = RecentHits(store.change_token, self.frozen) if keeps else None
         """Recent hits, served again while the store's change token and the frozen files are unchanged (:mod:`.recent_hits`)."""
         self.faults = faults
         """Injected faults (``faults:``), applied by :meth:`answer_async` to what the server serves; ``None`` when off."""
@@ -387,13 +389,6 @@ class Looked:
 
     record: Record | None
     error: StoreError | None = None
-
-
-def _recent_hits(store: Store, frozen: Sequence[FrozenCache]) -> RecentHits | None:
-    """Recent hits for a store that can tell when it changed (diskcache) and frozen caches that give state tokens, else ``None``."""
-    if store.change_token() is None or not all(callable(getattr(f, "state_token", None)) for f in frozen):
-        return None
-    return RecentHits(store.change_token, frozen)
 
 
 def _served(call: ToolCall, record: Record, kind: OutcomeKind) -> Outcome:

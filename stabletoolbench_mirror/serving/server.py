@@ -146,7 +146,10 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     async def stats() -> JSONResponse:
         # with --workers N the counts of every worker are read from their shared files: off the loop
         snapshot = await anyio.to_thread.run_sync(layer.stats.snapshot)
-        return JSONResponse({**snapshot, **_responder_stats(layer)}, headers=worker)
+        # the responders' own counters (simulator: parse retries; shadow: shadow answers)
+        for responder in layer.event_counters:
+            snapshot.update(responder.stats())
+        return JSONResponse(snapshot, headers=worker)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -158,14 +161,6 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     add_model_routes(app, settings, layer)
     _answer_unknown_routes(app)
     return app
-
-
-def _responder_stats(layer: MirrorLayer) -> dict[str, Any]:
-    """The responders' own counters (``simulator``: parse retries; ``shadow``: shadow answers)."""
-    out: dict[str, Any] = {}
-    for responder in layer.event_counters:
-        out.update(responder.stats())
-    return out
 
 
 def _simulator_prompt(layer: MirrorLayer) -> dict[str, str] | None:
