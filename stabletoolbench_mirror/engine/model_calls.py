@@ -270,7 +270,7 @@ class ModelCalls:
                              authorization: str | None) -> tuple[ModelAnswer, tuple[int, int, bool]]:
         reserved = estimate = None
         if self.budget is not None:
-            estimate = request.estimate()
+            estimate = mc.token_estimate(request.body, request.size)
             reserved = await self.budget.reserve(estimate)
             if reserved is None:
                 return self._budget_spent(request.model), _NOTHING

@@ -56,13 +56,9 @@ class ModelRequest:
     model: str
     digest: str
     size: int
-    """Its canonical JSON's size in bytes (its prompt's part of :meth:`estimate`)."""
+    """Its canonical JSON's size in bytes (its prompt's part of :func:`~stabletoolbench_mirror.core.model_calls.token_estimate`)."""
     large: bool = False
     """Over :data:`ON_LOOP_BYTES`: written in pieces for the upstream too (:func:`~stabletoolbench_mirror.core.model_calls.json_bytes`)."""
-
-    def estimate(self) -> int:
-        """The tokens its upstream call may cost at most (:func:`~stabletoolbench_mirror.core.model_calls.token_estimate`)."""
-        return mc.token_estimate(self.body, self.size)
 
 
 def prepare(raw: bytes, endpoint: Endpoint) -> ModelRequest | ModelAnswer:

@@ -78,11 +78,6 @@ def check_id(value: str) -> str:
     return value
 
 
-def new_id() -> str:
-    """A new session id: :data:`ID_BITS` random bits as hex."""
-    return secrets.token_hex(ID_BITS // 8)
-
-
 def unknown(session_id: str) -> SessionError:
     return SessionError(404, f"no session {session_id!r} (unknown, deleted or expired): session ids are issued by POST /sessions")
 
@@ -180,7 +175,7 @@ class Sessions:
     def create(self, task: str = "") -> SessionHead:
         if len(task) > MAX_TASK_CHARS:
             raise SessionError(422, f"task: at most {MAX_TASK_CHARS} characters (got {len(task)})")
-        head = new_head(new_id(), task)
+        head = new_head(secrets.token_hex(ID_BITS // 8), task)  # a new id: ID_BITS random bits as hex
         if not self.store.create(head):  # pragma: no cover - 128 random bits
             raise SessionError(409, "session id already taken; retry")
         return head

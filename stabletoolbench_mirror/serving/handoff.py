@@ -48,7 +48,8 @@ class SettingsHandoff:
 
     def __enter__(self) -> SettingsHandoff:
         os.environ[ENV] = str(self.path)
-        for name in [n for n in os.environ if _is_settings_variable(n)]:
+        for name in [n for n in os.environ if n.startswith("STM_") and n not in NOT_SETTINGS_ENV and n != ENV
+                     and not n.startswith(NOT_SETTINGS_ENV_PREFIXES)]:
             self._hidden[name] = os.environ.pop(name)
         self._thread.start()
         return self
@@ -99,10 +100,6 @@ def read_settings_file(path: str | os.PathLike[str], *, timeout_s: float = READ_
     ack = target.parent / f"read-{os.getpid()}"
     os.close(os.open(ack, os.O_WRONLY | os.O_CREAT, 0o600))
     return settings
-
-
-def _is_settings_variable(name: str) -> bool:
-    return name.startswith("STM_") and name not in NOT_SETTINGS_ENV and name != ENV and not name.startswith(NOT_SETTINGS_ENV_PREFIXES)
 
 
 def _spawned_children() -> list[int] | None:

@@ -47,11 +47,6 @@ from stabletoolbench_mirror.stores.base import Store, StoreError
 MAX_RUN_CHARS = 200
 
 
-def records_unnamed_run(settings: Settings) -> bool:
-    """Whether a server of ``settings`` records model calls (an upstream, ``llm.mode`` not replay) in a run nobody named."""
-    return settings.llm.run is None and bool(settings.llm.upstreams) and (settings.llm.mode or settings.mode) is not Mode.REPLAY
-
-
 def hold_private_run(settings: Settings, store: Store, run: str) -> bool:
     """Refuse to start a second server recording model calls into one store, each in a run of its own.
 
@@ -62,7 +57,8 @@ def hold_private_run(settings: Settings, store: Store, run: str) -> bool:
     (:class:`StoreError`, naming the fixes) while the first runs.  ``serve --workers N`` names one run
     for its workers and holds this in its first process.
     """
-    if not records_unnamed_run(settings):
+    # only a server recording model calls (an upstream, llm.mode not replay) in a run nobody named
+    if settings.llm.run is not None or not settings.llm.upstreams or (settings.llm.mode or settings.mode) is Mode.REPLAY:
         return False
     holder = store.hold_private_run(run)
     if holder is not None:
