@@ -21,8 +21,6 @@ ERROR_KINDS: dict[str, str] = {
     "rate_limit_per_minute": protocol.RATE_LIMIT_PER_MINUTE,
     "message_error": protocol.MESSAGE_ERROR,
 }
-#: the status code StableToolBench's client (``rapidapi.py`` ``_step``) gives each error kind
-CLIENT_STATUS: dict[str, int] = {kind: code for code, kind in enumerate(ERROR_KINDS, start=6)}
 #: broken answers
 BROKEN_KINDS: tuple[str, ...] = ("empty", "truncated", "malformed", "slow")
 #: every kind, in the fixed order a fault's kind is drawn in (whatever order a config lists them)

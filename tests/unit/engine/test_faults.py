@@ -10,7 +10,7 @@ import pytest
 
 from stabletoolbench_mirror.config import ConfigError, FaultsConfig, load_settings
 from stabletoolbench_mirror.core.call import ToolCall
-from stabletoolbench_mirror.core.fault_kinds import CLIENT_STATUS, ERROR_KINDS, KINDS
+from stabletoolbench_mirror.core.fault_kinds import ERROR_KINDS, KINDS
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.engine.faults import FaultPlan, faulted_body
@@ -28,7 +28,9 @@ def test_error_kinds_are_upstreams_exact_texts_in_the_clients_status_order() -> 
         "unsubscribed": "Unsubscribed error...", "too_many_requests": "Too many requests error...",
         "rate_limit_per_minute": "Rate limit per minute error...", "message_error": "Message error...",
     }
-    assert list(CLIENT_STATUS.values()) == [6, 7, 8, 9, 10, 11]
+    # in the order of the status codes StableToolBench's client (rapidapi.py _step) gives them, 6 to 11
+    assert list(ERROR_KINDS) == ["api_not_working", "unauthorized", "unsubscribed", "too_many_requests", "rate_limit_per_minute",
+                                 "message_error"]
     for kind, text in ERROR_KINDS.items():
         assert json.loads(faulted_body(CLEAN, kind)) == {"error": text, "response": ""}
 
