@@ -98,9 +98,6 @@ class PrivateRun:
         self._folder: str | None = None
         self._file: OccurrenceFile | None = None
 
-    def __len__(self) -> int:
-        return len(self._held)
-
     # -- on the event loop: never waits ----------------------------------------------------------
 
     def claim_now(self, digest: str) -> int | None:

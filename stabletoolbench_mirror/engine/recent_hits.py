@@ -59,6 +59,3 @@ class RecentHits:
         if len(outcome.body) > MAX_BODY_CHARS:
             return
         self._hits[(call.api, call.key, call.upstream, call.canonical)] = (token, outcome)
-
-    def __len__(self) -> int:
-        return len(self._hits)

@@ -324,11 +324,11 @@ def test_kept_hits_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert token == (b"g",)
     for i in range(3):
         hits.put(call(i), token, Outcome("{}", OutcomeKind.HIT))
-    assert len(hits) == 2 and hits.get(call(0), token) is None  # the least recently used is forgotten first
+    assert len(hits._hits) == 2 and hits.get(call(0), token) is None  # noqa: SLF001 - the least recently used is forgotten first
     assert hits.get(call(2), token) is not None and hits.get(call(2), (b"h",)) is None
     assert hits.get(call(1), token) is not None  # used now: call(2) is the least recent
     hits.put(call(3), token, Outcome("{}", OutcomeKind.HIT))
-    assert len(hits) == 2 and hits.get(call(2), token) is None and hits.get(call(1), token) is not None
+    assert len(hits._hits) == 2 and hits.get(call(2), token) is None and hits.get(call(1), token) is not None  # noqa: SLF001
     hits.put(call(5), token, Outcome("x" * (MAX_BODY_CHARS + 1), OutcomeKind.HIT))
     assert hits.get(call(5), token) is None
     assert RecentHits(lambda: None, []).token(API) is None  # no generation now: nothing kept
