@@ -165,10 +165,6 @@ class FairLimiter:
         turn); a freed reserve turn is never handed to a waiter, so the reserve fills up again."""
         self._turns: _Turns[asyncio.Future[None]] = _Turns(total, reserve)
 
-    @property
-    def waiting(self) -> int:
-        return self._turns.queued
-
     async def __aenter__(self) -> None:
         client = CLIENT.get()
         turns = self._turns
@@ -211,17 +207,6 @@ class FairSemaphore:
     def __init__(self, total: int) -> None:
         self._turns: _Turns[_Waiter] = _Turns(total)
         self._lock = threading.Lock()
-
-    @property
-    def in_use(self) -> int:
-        """Turns held now."""
-        return self._turns.in_use
-
-    @property
-    def waiting(self) -> int:
-        """Threads waiting for a turn now."""
-        with self._lock:
-            return self._turns.queued
 
     def acquire(self, timeout: float | None = None) -> bool:
         client = CLIENT.get()

@@ -49,7 +49,7 @@ class GatedResponder:
         self.calls += 1
         deadline = time.monotonic() + 60
         # only the first call waits (a later one, if any, must not wait for requests that are gone)
-        while self.calls == 1 and sum(x.misses.pending.in_use for x in self.layers) < self.waiting and time.monotonic() < deadline:
+        while self.calls == 1 and sum(x.misses.pending._turns.in_use for x in self.layers) < self.waiting and time.monotonic() < deadline:  # noqa: SLF001
             time.sleep(0.005)
         if not self.usable:
             return Attempt(None, "gated", "not usable on purpose")

@@ -4,6 +4,7 @@ Moved from tests/integration/test_fairness.py (no sockets); each step waits for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 import time
@@ -44,6 +45,16 @@ class Counted:
         await self.limiter.__aexit__(*exc)
 
 
+def _waiting(turns: Any) -> int:
+    """Waiters queued now (under the semaphore's lock, where it has one: its threads change the queues)."""
+    with getattr(turns, "_lock", None) or contextlib.nullcontext():
+        return int(turns._turns.queued)  # noqa: SLF001 - the turns' own bookkeeping
+
+
+def _in_use(turns: FairSemaphore) -> int:
+    return turns._turns.in_use  # noqa: SLF001 - the turns' own bookkeeping
+
+
 def _until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -76,11 +87,11 @@ def test_a_freed_turn_goes_to_the_client_holding_the_fewest_then_in_turn() -> No
     threads = [threading.Thread(target=work, args=("busy", busy_go)) for _ in range(10)]
     for t in threads:
         t.start()
-    _until(lambda: turns.in_use == 2 and turns.waiting == 8, '"busy" queues 8 behind its 2 running')
+    _until(lambda: _in_use(turns) == 2 and _waiting(turns) == 8, '"busy" queues 8 behind its 2 running')
     late = [threading.Thread(target=work, args=(c, late_go)) for c in ("a", "b")]
     for t in late:
         t.start()
-    _until(lambda: turns.waiting == 10, "a and b queue behind busy's 8")
+    _until(lambda: _waiting(turns) == 10, "a and b queue behind busy's 8")
     busy_go.set()  # busy's two turns are freed; a and b keep the turns they get until late_go
     _until(lambda: len(order) == 4, "the two freed turns are taken")
     late_go.set()
@@ -88,7 +99,7 @@ def test_a_freed_turn_goes_to_the_client_holding_the_fewest_then_in_turn() -> No
         t.join(10)
     # a and b hold nothing: they get the next two turns, not the 8 queued before them
     assert order[:2] == ["busy", "busy"] and sorted(order[2:4]) == ["a", "b"], order
-    assert turns.in_use == 0 and turns.waiting == 0 and len(order) == 12
+    assert _in_use(turns) == 0 and _waiting(turns) == 0 and len(order) == 12
 
 
 def test_clients_with_queues_share_turns_equally_fifo_within_each() -> None:
@@ -104,10 +115,10 @@ def test_clients_with_queues_share_turns_equally_fifo_within_each() -> None:
                 done.append((client, n))
 
         tasks = [asyncio.create_task(one(c, n)) for c in ("x", "y", "z") for n in range(3)]
-        await _until_async(lambda: limiter.held == 1 and limiter.waiting == 8, "one runs, eight wait")
+        await _until_async(lambda: limiter.held == 1 and _waiting(limiter) == 8, "one runs, eight wait")
         gate.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
-        assert limiter.held == 0 and limiter.waiting == 0
+        assert limiter.held == 0 and _waiting(limiter) == 0
         return done
 
     done = asyncio.run(main())
@@ -118,20 +129,20 @@ def test_a_wait_that_times_out_or_is_cancelled_leaves_no_turn_behind() -> None:
     turns = FairSemaphore(1)
     assert run_as("a", turns.acquire)
     assert run_as("b", turns.acquire, 0.05) is False  # timed out
-    assert turns.waiting == 0
+    assert _waiting(turns) == 0
     run_as("a", turns.release)
-    assert turns.in_use == 0 and run_as("b", turns.acquire, 0.05)
+    assert _in_use(turns) == 0 and run_as("b", turns.acquire, 0.05)
     run_as("b", turns.release)
 
     async def main() -> None:
         limiter = Counted(1)
         await limiter.__aenter__()
         waiter = asyncio.create_task(limiter.__aenter__())
-        await _until_async(lambda: limiter.waiting == 1, "the second enter waits")
+        await _until_async(lambda: _waiting(limiter) == 1, "the second enter waits")
         waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
         await limiter.__aexit__(None, None, None)
-        assert limiter.held == 0 and limiter.waiting == 0
+        assert limiter.held == 0 and _waiting(limiter) == 0
         async with limiter:
             pass
 
@@ -154,9 +165,9 @@ def test_among_clients_never_served_the_one_with_the_least_work_goes_first() -> 
         tasks = [asyncio.create_task(one("holder"))]
         await _until_async(lambda: limiter.held == 1, "the holder holds the turn")
         tasks += [asyncio.create_task(one("crowd")) for _ in range(8)]  # queued first, 8 of them
-        await _until_async(lambda: limiter.waiting == 8, "the crowd queues")
+        await _until_async(lambda: _waiting(limiter) == 8, "the crowd queues")
         tasks.append(asyncio.create_task(one("newcomer")))
-        await _until_async(lambda: limiter.waiting == 9, "the newcomer queues")
+        await _until_async(lambda: _waiting(limiter) == 9, "the newcomer queues")
         gate.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         return done
@@ -170,7 +181,7 @@ def test_a_reserve_turn_serves_a_client_holding_none_at_once_and_is_never_handed
         CLIENT.set("busy")
         await limiter.__aenter__()  # busy fills the one turn
         second = asyncio.create_task(limiter.__aenter__())  # busy's second call waits
-        await _until_async(lambda: limiter.waiting == 1, "busy's second call waits")
+        await _until_async(lambda: _waiting(limiter) == 1, "busy's second call waits")
 
         async def newcomer() -> int:
             CLIENT.set("new")
@@ -178,10 +189,10 @@ def test_a_reserve_turn_serves_a_client_holding_none_at_once_and_is_never_handed
                 return limiter.held
 
         assert await asyncio.wait_for(newcomer(), 10) == 2
-        assert limiter.waiting == 1 and limiter.held == 1  # the freed reserve turn went to nobody
+        assert _waiting(limiter) == 1 and limiter.held == 1  # the freed reserve turn went to nobody
         await limiter.__aexit__(None, None, None)  # busy's first turn is handed to its second call
         await asyncio.wait_for(second, 10)
-        assert limiter.held == 1 and limiter.waiting == 0
+        assert limiter.held == 1 and _waiting(limiter) == 0
         await limiter.__aexit__(None, None, None)
         assert limiter.held == 0
 
@@ -203,7 +214,7 @@ def test_a_thread_releasing_a_turn_it_does_not_hold_is_refused() -> None:
     with pytest.raises(ValueError, match="no client releases"):
         turns.release()
     run_as("a", turns.release)
-    assert turns.in_use == 0
+    assert _in_use(turns) == 0
 
 
 def test_work_without_a_client_is_one_client_first_come_first_served() -> None:
@@ -219,7 +230,7 @@ def test_work_without_a_client_is_one_client_first_come_first_served() -> None:
     for n in range(5):
         threads.append(threading.Thread(target=one, args=(n,)))
         threads[-1].start()
-        _until(lambda n=n: turns.waiting == n + 1, f"thread {n} waits")
+        _until(lambda n=n: _waiting(turns) == n + 1, f"thread {n} waits")
     turns.release()
     for t in threads:
         t.join(10)
