@@ -56,10 +56,6 @@ class _Turns(Generic[W]):
         self._since: dict[str, int] = {}
         self._seq = itertools.count()
 
-    @property
-    def queued(self) -> int:
-        return sum(len(q) for q in self.waiting.values())
-
     def take_now(self, client: str) -> bool:
         """Take a turn at once when one is free and nobody waits; else ``False`` (then :meth:`wait`)."""
         if (self.in_use < self.total and not self.waiting) or self._may_reserve(client):

@@ -48,7 +48,7 @@ class Counted:
 def _waiting(turns: Any) -> int:
     """Waiters queued now (under the semaphore's lock, where it has one: its threads change the queues)."""
     with getattr(turns, "_lock", None) or contextlib.nullcontext():
-        return int(turns._turns.queued)  # noqa: SLF001 - the turns' own bookkeeping
+        return sum(len(q) for q in turns._turns.waiting.values())  # noqa: SLF001 - the turns' own bookkeeping
 
 
 def _in_use(turns: FairSemaphore) -> int:
