@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,11 +58,13 @@ def send_all(
     *,
     concurrency: int = 64,
     timeout_s: float = 60.0,
-    stop_after_s: float | None = None,
+    stop: threading.Event | None = None,
+    seen: list[Answer] | None = None,
 ) -> list[Answer]:
     """POST every payload (JSON) once, ``concurrency`` at a time, spread round robin over ``urls``.
 
-    With ``stop_after_s``, requests not started by then are skipped (their answers are absent).
+    With ``stop``, requests not started once it is set are skipped (their answers are absent).  ``seen`` gets each
+    answer as it completes, so another thread can watch the progress (and set ``stop``) without timing guesses.
     """
     targets = [urls] if isinstance(urls, str) else list(urls)
     parsed = [urlsplit(u) for u in targets]
@@ -70,7 +73,7 @@ def send_all(
     bodies = [json.dumps(p).encode() for p in payloads]
     answers: list[Answer | None] = [None] * len(bodies)
 
-    async def worker(wid: int, queue: asyncio.Queue[int], deadline: float | None) -> None:
+    async def worker(wid: int, queue: asyncio.Queue[int]) -> None:
         target = parsed[wid % len(parsed)]
         host, port = target.hostname or "127.0.0.1", target.port or 80
         reader = writer = None
@@ -79,7 +82,7 @@ def send_all(
                 i = queue.get_nowait()
             except asyncio.QueueEmpty:
                 break
-            if deadline is not None and time.monotonic() > deadline:
+            if stop is not None and stop.is_set():
                 continue
             body = bodies[i]
             head = (f"POST {target.path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
@@ -90,6 +93,8 @@ def send_all(
                 writer.write(head + body)
                 status, headers, data = await asyncio.wait_for(_read_answer(reader), timeout_s)  # type: ignore[arg-type]
                 answers[i] = Answer(i, status, headers.get("x-stm-outcome", ""), data, finished_at=time.monotonic())
+                if seen is not None:
+                    seen.append(answers[i])  # type: ignore[arg-type]
                 if headers.get("connection", "").lower() == "close":
                     writer.close()
                     reader = writer = None
@@ -105,8 +110,7 @@ def send_all(
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(len(bodies)):
             queue.put_nowait(i)
-        deadline = None if stop_after_s is None else time.monotonic() + stop_after_s
-        await asyncio.gather(*(worker(w, queue, deadline) for w in range(concurrency)))
+        await asyncio.gather(*(worker(w, queue) for w in range(concurrency)))
 
     asyncio.run(main())
     return [a for a in answers if a is not None]

@@ -13,7 +13,7 @@ import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,13 @@ def test_two_servers_simulate_each_call_once(kind: str, tmp_path: Path, expect: 
 # -- a worker killed mid-request -----------------------------------------------------------------
 
 
+def wait_for(done: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s"
+        time.sleep(0.05)
+
+
 def test_kill_9_of_a_worker_under_load_loses_no_acknowledged_answer(tmp_path: Path, expect: Expectations) -> None:
     import os
     import signal
@@ -185,13 +192,19 @@ def test_kill_9_of_a_worker_under_load_loses_no_acknowledged_answer(tmp_path: Pa
         with ServeProcess(tmp_path, config, workers=2) as server:
             victim = server.worker_pids()[0]
             results: list[Answer] = []
+            seen: list[Answer] = []
+            stop = threading.Event()
             loader = threading.Thread(
-                target=lambda: results.extend(send_all(server.url + "/virtual", sent, concurrency=48, stop_after_s=5.0))
+                target=lambda: results.extend(send_all(server.url + "/virtual", sent, concurrency=48, stop=stop, seen=seen))
             )
             loader.start()
-            time.sleep(1.5)
+            # the kill and the end of the load follow the answers seen, not the clock: a busy machine only slows them
+            wait_for(lambda: sum(a.ok for a in seen) >= 100 or not loader.is_alive(), "100 answers before the kill")
             os.kill(victim, signal.SIGKILL)
             killed_at = time.monotonic()
+            wait_for(lambda: sum(a.ok and a.finished_at > killed_at for a in seen) >= 100 or not loader.is_alive(),
+                     "100 answers after the kill")
+            stop.set()
             loader.join(60)
             assert not loader.is_alive()
             # the master replaces the dead worker; the server keeps answering
