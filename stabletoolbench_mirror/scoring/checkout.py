@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stabletoolbench_mirror.upstream.nearby import nearby
+
 SCRIPTS = {
     "qa_pipeline": "toolbench/inference/qa_pipeline.py",
     "qa_pipeline_multithread": "toolbench/inference/qa_pipeline_multithread.py",
@@ -118,21 +120,6 @@ def _is_checkout(path: Path) -> bool:
     return (path / _MARK).is_file()
 
 
-def _near(path: Path) -> Path | None:
-    """A checkout just below (one or two levels) or above (up to three levels) ``path``."""
-    for parent in list(path.parents)[:3]:
-        if _is_checkout(parent):
-            return parent
-    if path.is_dir():
-        for child in sorted(p for p in path.iterdir() if p.is_dir()):
-            if _is_checkout(child):
-                return child
-            for grandchild in sorted(p for p in child.iterdir() if p.is_dir()) if os.access(child, os.R_OK) else ():
-                if _is_checkout(grandchild):
-                    return grandchild
-    return None
-
-
 def find_checkout(path: str | os.PathLike[str], tools: str | os.PathLike[str] | None = None) -> Checkout:
     """The checkout at ``path``, its tools folder (``tools``, else the first of :data:`TOOLS_FOLDERS` there).
 
@@ -143,8 +130,8 @@ def find_checkout(path: str | os.PathLike[str], tools: str | os.PathLike[str] | 
     if not root.exists():
         raise CheckoutError(f"--stabletoolbench {root}: no such folder (a clone of https://github.com/THUNLP-MT/StableToolBench)")
     if not _is_checkout(root):
-        near = _near(root)
-        hint = f"; {near} is one: use --stabletoolbench {near}" if near is not None else ""
+        near = nearby(root, lambda folder, _budget: _is_checkout(Path(folder)), prefer="StableToolBench")
+        hint = f"; {near[1]} is one: use --stabletoolbench {near[1]}" if near is not None else ""
         raise CheckoutError(f"--stabletoolbench {root}: not a StableToolBench checkout (no {_MARK}){hint}")
     missing = [rel for rel in SCRIPTS.values() if not (root / rel).is_file()]
     if missing:
