@@ -52,8 +52,11 @@ class RecentHits:
         return (store, *[state(api) for state in self._frozen])
 
     def get(self, call: ToolCall, token: Token) -> Outcome | None:
-        kept = self._hits.get((call.api, call.key, call.upstream, call.canonical))
-        return kept[1] if kept is not None and kept[0] == token else None
+        try:  # one lookup: LRUCache.get looks twice (a hit is the common case here)
+            kept = self._hits[(call.api, call.key, call.upstream, call.canonical)]
+        except KeyError:
+            return None
+        return kept[1] if kept[0] == token else None
 
     def put(self, call: ToolCall, token: Token, outcome: Outcome) -> None:
         if len(outcome.body) > MAX_BODY_CHARS:
