@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from typing import Any
 
-from stabletoolbench_mirror.core.records import Record, Source
+from cachetools import LRUCache
+
+from stabletoolbench_mirror.core.records import Record
 
 #: how long a remembered record or pointer is served without asking Redis again (see :class:`KeptReads`)
 KEPT_MAX_AGE_S = 1.0
 
+RECORD, POINTER = "record", "pointer"
+
 
 class KeptReads:
-    """A bounded in-process copy of records already read (least recently used ones go first).
+    """A bounded in-process copy of records and canonical pointers already read (least recently used ones
+    go first, from one byte budget).
 
     Sound because usable answers never change once written (add-if-absent): a key, once
     found, names the same answer for good on every host.  Absent keys and failure records
@@ -36,10 +40,9 @@ class KeptReads:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max(0, int(max_bytes))
         self.max_age_s = KEPT_MAX_AGE_S
-        # each item: (value, size, monotonic time it was read)
-        self._records: OrderedDict[tuple[str, str], tuple[tuple[str, str, Source, str, float], int, float]] = OrderedDict()
-        self._pointers: OrderedDict[tuple[str, str], tuple[str, int, float]] = OrderedDict()
-        self._bytes = 0
+        # one bounded map for records and pointers: ("record" | "pointer", api, key) -> (value, size, monotonic time read)
+        self._items: LRUCache[tuple[str, str, str], tuple[Any, int, float]] = LRUCache(max(1, self.max_bytes),
+                                                                                  getsizeof=lambda item: item[1])
         self._lock = threading.Lock()
         self.live = False
         """Whether the kept reads serve: only while their store hears invalidations (:meth:`go_live`)."""
@@ -54,39 +57,34 @@ class KeptReads:
     def clear(self) -> None:
         with self._lock:
             self.epoch += 1
-            self._records.clear()
-            self._pointers.clear()
-            self._bytes = 0
+            self._items.clear()
 
     def forget(self, where: tuple[str, str]) -> None:
         """Forget one record (it was replaced); pointers stay right, as they name keys."""
         with self._lock:
             self.epoch += 1
-            item = self._records.pop(where, None)
-            if item is not None:
-                self._bytes -= item[1]
+            self._items.pop((RECORD, *where), None)
+
+    def _get(self, kind: str, where: tuple[str, str], stale: bool) -> Any:
+        if not self.live:
+            return None
+        with self._lock:
+            item = self._items.get((kind, *where))
+        if item is None or (not stale and time.monotonic() - item[2] >= self.max_age_s):
+            return None
+        return item[0]
 
     def get(self, where: tuple[str, str], *, stale: bool = False) -> Record | None:
         """The record remembered for ``where`` if read within ``max_age_s`` (any age with ``stale``)."""
-        if not self.live:
+        fields = self._get(RECORD, where, stale)
+        if fields is None:
             return None
-        with self._lock:
-            item = self._records.get(where)
-            if item is None or (not stale and time.monotonic() - item[2] >= self.max_age_s):
-                return None
-            self._records.move_to_end(where)
-        key, body, source, origin, created_at = item[0]
+        key, body, source, origin, created_at = fields
         return Record(api=where[0], key=key, body=body, source=source, origin=origin, created_at=created_at)
 
     def pointer(self, where: tuple[str, str], *, stale: bool = False) -> str | None:
-        if not self.live:
-            return None
-        with self._lock:
-            item = self._pointers.get(where)
-            if item is None or (not stale and time.monotonic() - item[2] >= self.max_age_s):
-                return None
-            self._pointers.move_to_end(where)
-            return item[0]
+        key: str | None = self._get(POINTER, where, stale)
+        return key
 
     def put(self, where: tuple[str, str], record: Record, epoch: int | None = None) -> None:
         """Remember ``record`` (read when the kept reads' :attr:`epoch` was ``epoch``, if given)."""
@@ -95,33 +93,20 @@ class KeptReads:
         if record.is_failure:
             return
         fields = (record.key, record.body, record.source, record.origin, record.created_at)
-        self._insert(self._records, where, fields, len(record.body) + len(record.key) + len(record.origin) + 200, epoch)
+        self._insert(RECORD, where, fields, len(record.body) + len(record.key) + len(record.origin) + 200, epoch)
 
     def unpoint(self, where: tuple[str, str]) -> None:
         """Forget a canonical pointer (it names a failure record, so it may move)."""
         with self._lock:
-            item = self._pointers.pop(where, None)
-            if item is not None:
-                self._bytes -= item[1]
+            self._items.pop((POINTER, *where), None)
 
     def point(self, where: tuple[str, str], key: str, epoch: int | None = None) -> None:
-        self._insert(self._pointers, where, key, len(key) + len(where[1]) + 100, epoch)
+        self._insert(POINTER, where, key, len(key) + len(where[1]) + 100, epoch)
 
-    def _insert(self, table: OrderedDict[tuple[str, str], Any], where: tuple[str, str], value: Any, size: int,
-                epoch: int | None = None) -> None:
+    def _insert(self, kind: str, where: tuple[str, str], value: Any, size: int, epoch: int | None) -> None:
         if size > self.max_bytes // 4 or not self.live:
             return
         with self._lock:
-            if epoch is not None and epoch != self.epoch:
-                return
-            old = table.pop(where, None)  # read again (it had aged): the new read's time counts
-            if old is not None:
-                self._bytes -= old[1]
-            table[where] = (value, size, time.monotonic())
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                victims = self._records if len(self._records) >= len(self._pointers) else self._pointers
-                if not victims:
-                    break
-                _where, (_value, freed, _at) = victims.popitem(last=False)
-                self._bytes -= freed
+            if epoch is None or epoch == self.epoch:
+                # read again (it had aged): the new read's time counts
+                self._items[(kind, *where)] = (value, size, time.monotonic())
