@@ -22,12 +22,12 @@ import json
 import logging
 import os
 import threading
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from cachetools import LRUCache
 from rapidfuzz import fuzz, process
 
 from stabletoolbench_mirror.core.logs import clip
@@ -50,6 +50,23 @@ MAX_REMEMBERED = 50_000
 MAX_REMEMBERED_CHARS = 8 * 1024 * 1024
 #: where tools given by :meth:`ToolDocs.register` are filed (no file holds them)
 REGISTERED_ROOT = Path("<registered>")
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class _Bounded(LRUCache[K, tuple[V, int]], Generic[K, V]):
+    """``(value, size)`` pairs, least recently used dropped first, within a count and a total size: each
+    pair is charged its size, and at least ``max_size // max_items``, so neither bound is passed."""
+
+    def __init__(self, max_items: int, max_size: int) -> None:
+        floor = max_size // max(1, max_items)
+        super().__init__(max(1, max_size), getsizeof=lambda pair: max(pair[1], floor))
+
+    def keep(self, key: K, value: V, size: int) -> None:
+        """Keep ``value`` under ``key`` unless it alone is over the size bound."""
+        if self.getsizeof((value, size)) <= self.maxsize:
+            self[key] = (value, size)
 
 
 @dataclass(frozen=True)
@@ -137,11 +154,10 @@ class ToolDocs:
         """std category -> std tool stem -> file."""
         self._tool_categories: dict[str, list[str]] = {}
         """std tool stem -> the categories that have it (for a call filed under another category)."""
-        self._loaded: OrderedDict[Path, tuple[_Tool | None, int]] = OrderedDict()
-        """file -> (parsed tool, file size), least recently used first."""
-        self._loaded_bytes = 0
-        self._resolved: dict[tuple[str, str, str], tuple[Path, str, bool] | None] = {}
-        self._resolved_chars = 0
+        self._loaded: _Bounded[Path, _Tool | None] = _Bounded(MAX_LOADED_TOOLS, MAX_LOADED_DOC_BYTES)
+        """file -> (parsed tool, file size)."""
+        self._resolved: _Bounded[tuple[str, str, str], tuple[Path, str, bool] | None] = _Bounded(MAX_REMEMBERED, MAX_REMEMBERED_CHARS)
+        """names -> (what they resolved to, their length)."""
         self._registered: dict[Path, tuple[_Tool, dict[str, Any]]] = {}
         """Tools given by :meth:`register`, by their place in the index (under :data:`REGISTERED_ROOT`)."""
 
@@ -163,7 +179,6 @@ class ToolDocs:
             if self._index is not None:
                 self._add_registered(self._index, std, stem, path)
             self._resolved.clear()
-            self._resolved_chars = 0
 
     def _add_registered(self, index: dict[str, dict[str, Path]], std: str, stem: str, path: Path) -> None:
         index.setdefault(std, {})[stem] = path
@@ -260,20 +275,12 @@ class ToolDocs:
         with self._lock:
             if path in self._registered:
                 return self._registered[path][0]
-            if path in self._loaded:
-                self._loaded.move_to_end(path)
-                return self._loaded[path][0]
+            loaded = self._loaded.get(path)
+            if loaded is not None:
+                return loaded[0]
         tool, size = self._read(path)
         with self._lock:
-            old = self._loaded.pop(path, None)
-            if old is not None:
-                self._loaded_bytes -= old[1]
-            self._loaded[path] = (tool, size)
-            self._loaded_bytes += size
-            # the newest stays even when it alone is over the byte bound
-            while len(self._loaded) > 1 and (len(self._loaded) > MAX_LOADED_TOOLS or self._loaded_bytes > MAX_LOADED_DOC_BYTES):
-                _path, (_tool, dropped) = self._loaded.popitem(last=False)
-                self._loaded_bytes -= dropped
+            self._loaded.keep(path, tool, size)
         return tool
 
     def _read(self, path: Path) -> tuple[_Tool | None, int]:
@@ -355,20 +362,16 @@ class ToolDocs:
     def find_by_names(self, category: str, tool: str, api: str) -> ApiDoc | None:
         """Look up by standardised category, tool (without ``_for_...``) and API names."""
         key = (category, tool, api)
-        if key in self._resolved:
-            resolved = self._resolved[key]
+        with self._lock:
+            remembered = self._resolved.get(key)
+        if remembered is not None:
+            resolved = remembered[0]
         else:
             resolved = self._resolve(category, tool, api)
             if resolved is None:
                 log.info("tool doc: no doc for %s/%s/%s", clip(category), clip(tool), clip(api))
-            chars = len(category) + len(tool) + len(api)
             with self._lock:
-                if key not in self._resolved:
-                    if len(self._resolved) >= MAX_REMEMBERED or self._resolved_chars + chars > MAX_REMEMBERED_CHARS:
-                        self._resolved.clear()
-                        self._resolved_chars = 0
-                    self._resolved_chars += chars
-                self._resolved[key] = resolved
+                self._resolved.keep(key, resolved, len(category) + len(tool) + len(api))
         if resolved is None:
             return None
         path, api_key, fuzzy = resolved

@@ -170,7 +170,7 @@ def test_tool_doc_lookup_memory_is_bounded_by_size(tmp_path: Path, monkeypatch: 
     docs = ToolDocs(root)
     for i in range(200):
         assert docs.find_by_names("Data", f"{i:04d}" + "t" * MAX_NAME_CHARS, "api") is None
-        assert docs._resolved_chars <= 50_000  # noqa: SLF001
+        assert docs._resolved.currsize <= 50_000  # noqa: SLF001
     assert sum(len(c) + len(t) + len(a) for c, t, a in docs._resolved) <= 50_000  # noqa: SLF001
     for i in range(10):
         assert docs.find_by_names("Data", f"tool_{i}", "api") is not None
