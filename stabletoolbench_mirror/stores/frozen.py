@@ -19,6 +19,12 @@ A tree of any size is served with bounded memory:
 
 The canonical index of a file is built only when a canonical lookup needs it.
 
+The kept answers are a cachetools ``LRUCache``.  The file indexes are an ``OrderedDict`` kept by hand,
+because cachetools' maps fit them in none of three ways: an index grows after it is kept (its canonical
+index is added on demand, and counted against the budget then), the file just parsed stays even when it
+alone is over the budget (cachetools refuses such an item), and every hit reads the map without a lock
+(the order is touched only when the file is not already the most recent one).
+
 An entry is a failure record when the tree's snapshot ``manifest.json`` lists it in
 ``failure_entries``, or when it is upstream's own failed answer (``Failed to generate fake
 response``, which upstream's server saves like any answer): it is served as recorded, but a
@@ -39,6 +45,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from cachetools import LRUCache
 
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
 from stabletoolbench_mirror.core.protocol import encode_answer
@@ -163,9 +171,10 @@ class FrozenCache(CacheTier):
         self._threads: Any = None
         """The limiter of the threads that parse files (:meth:`use_threads`; anyio's default until then)."""
         self._files: OrderedDict[str, _Index] = OrderedDict()
-        self._bodies: OrderedDict[tuple[str, str], tuple[tuple[int, int, int], str]] = OrderedDict()
         self.bodies_budget = self.memory_budget // 5
-        self.bodies_used = 0
+        self._bodies: LRUCache[tuple[str, str], tuple[tuple[int, int, int], str, int]] = LRUCache(
+            max(1, self.bodies_budget), getsizeof=lambda kept: kept[2])
+        """(api, key) -> (the file's identity, the answer, its estimated bytes)."""
         self._refused: dict[str, tuple[int, int, int]] = {}
         self._lock = threading.Lock()
         self._loading = _KeyLocks()
@@ -183,7 +192,7 @@ class FrozenCache(CacheTier):
 
     def memory(self) -> dict[str, int]:
         """Indexed files, estimated bytes used, the budget, loads and evictions so far."""
-        return {"files": len(self._files), "bytes": self.memory_used + self.bodies_used, "budget": self.memory_budget,
+        return {"files": len(self._files), "bytes": self.memory_used + int(self._bodies.currsize), "budget": self.memory_budget,
                 "answers_kept": len(self._bodies), "loads": self.loads, "evictions": self.evictions}
 
     def _path(self, api: str) -> str | None:
@@ -359,11 +368,9 @@ class FrozenCache(CacheTier):
         if number is None:
             return None
         where = (api, key)
-        kept = self._bodies.get(where)
+        with self._lock:
+            kept = self._bodies.get(where)
         if kept is not None and kept[0] == index.ident:
-            with self._lock:
-                if where in self._bodies:
-                    self._bodies.move_to_end(where)
             return kept[1]
         raw = self._read(index, number)
         if raw is None:
@@ -396,17 +403,9 @@ class FrozenCache(CacheTier):
 
     def _keep(self, where: tuple[str, str], ident: tuple[int, int, int], body: str) -> None:
         size = len(body) + len(where[1]) + _BODY_OVERHEAD
-        if size > self.bodies_budget // 8:
-            return
-        with self._lock:
-            old = self._bodies.pop(where, None)
-            if old is not None:
-                self.bodies_used -= len(old[1]) + len(where[1]) + _BODY_OVERHEAD
-            self._bodies[where] = (ident, body)
-            self.bodies_used += size
-            while self.bodies_used > self.bodies_budget and self._bodies:
-                (_ns, key), (_ident, dropped) = self._bodies.popitem(last=False)
-                self.bodies_used -= len(dropped) + len(key) + _BODY_OVERHEAD
+        if size <= self.bodies_budget // 8:
+            with self._lock:
+                self._bodies[where] = (ident, body, size)
 
     def _is_failure(self, api: str, index: _Index, key: str) -> bool:
         return key in index.listed_failures or self._body(api, index, key) == UPSTREAM_FAILURE_BODY

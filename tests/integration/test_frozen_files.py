@@ -211,6 +211,9 @@ def test_memory_budget_evicts_and_reloads_byte_identical(tmp_path: Path) -> None
             record = cache.get(api, key)
             assert record is not None and record.body == body
             assert cache.memory_used <= cache.memory_budget + per_file
+            kept = cache.memory()  # the answers kept besides the indexes stay within their fifth of the budget
+            assert kept["bytes"] - cache.memory_used <= cache.bodies_budget
+    assert 0 < kept["answers_kept"] < len(expected)
     assert cache.evictions >= 12  # every pass over 12 files with room for 3 evicts
     assert len(cache.memory()) and cache.memory()["files"] <= 4
     # canonical lookups after eviction: same bytes
