@@ -22,7 +22,7 @@ from typing import Any
 from stabletoolbench_mirror.commands.cli_common import CommandError, add_config_arguments, add_json_argument, open_store, print_json
 from stabletoolbench_mirror.core.keys import record_key
 from stabletoolbench_mirror.core.model_calls import model_of
-from stabletoolbench_mirror.core.naming import ApiPath, resolve_names
+from stabletoolbench_mirror.core.naming import ApiPath, category_of, resolve_names
 from stabletoolbench_mirror.core.protocol import ToolInputParseError, parse_tool_input
 from stabletoolbench_mirror.core.records import Record, origin_key
 from stabletoolbench_mirror.stores import Store, StoreError
@@ -80,7 +80,7 @@ class RecordFilter:
     def matches(self, record: Record) -> bool:
         checks = (
             not self.apis or record.api in self.apis,
-            not self.categories or record.api.split("/", 1)[0] in self.categories,
+            not self.categories or category_of(record.api) in self.categories,
             not self.sources or record.source in self.sources,
             not self.origins or record.origin in self.origins or origin_key(record) in self.origins,
             not self.keys or record.key in self.keys,

@@ -42,6 +42,7 @@ from typing import Any
 from rapidfuzz.distance import LCSseq
 
 from stabletoolbench_mirror.core.files import write_bytes
+from stabletoolbench_mirror.core.naming import category_of
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +295,7 @@ class Pair:
 
     @property
     def category(self) -> str:
-        return self.api.split("/", 1)[0]
+        return category_of(self.api)
 
     def to_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {

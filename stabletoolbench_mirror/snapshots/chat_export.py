@@ -20,6 +20,7 @@ from typing import Any
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
+from stabletoolbench_mirror.core.naming import category_of
 from stabletoolbench_mirror.core.records import Record
 
 CHAT_STYLES = ("mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache")
@@ -65,7 +66,7 @@ def unique_records(records: Iterable[Record], summary: ChatExportSummary, *, sou
         if record.is_failure:
             summary.failures += 1
             continue
-        if (source is not None and record.source != source) or (categories and record.api.split("/", 1)[0] not in categories):
+        if (source is not None and record.source != source) or (categories and category_of(record.api) not in categories):
             summary.filtered += 1
             continue
         identity = (record.api, canonical_from_upstream_key(record.key) or record.key)

@@ -30,6 +30,7 @@ from typing import Any
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.files import write_text
+from stabletoolbench_mirror.core.naming import category_of
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.core.secrets import public_settings
 from stabletoolbench_mirror.snapshots.tree_export import ExportSummary, Tally, count, iter_export
@@ -236,7 +237,7 @@ def _scan_tree(root: Path, listed_apis: set[str], problems: list[str], progress:
         scan.digest.add_api(api, items)
         scan.files += 1
         scan.entries += len(items)
-        scan.by_category[api.split("/", 1)[0]] += len(items)
+        scan.by_category[category_of(api)] += len(items)
     return scan
 
 

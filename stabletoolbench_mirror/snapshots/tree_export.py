@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stabletoolbench_mirror.core.naming import category_of
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.snapshots.tree_import import rate
@@ -133,7 +134,7 @@ class Tally:
         elif record.replaced is not None:
             self.replaced += 1
         self.by_source[record.source] += 1
-        self.by_category[record.api.split("/", 1)[0]] += 1
+        self.by_category[category_of(record.api)] += 1
         self.apis.add(record.api)
         self.origins[f"{record.source}:{_origin_group(record)}"] += 1
         if record.source == "simulated":

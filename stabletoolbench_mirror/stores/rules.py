@@ -28,13 +28,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from stabletoolbench_mirror.core.naming import category_of
 from stabletoolbench_mirror.core.records import Record, origin_key
 
 Counts = Counter[tuple[str, ...]]
-
-
-def category(api: str) -> str:
-    return api.split("/", 1)[0]
 
 
 def provenance_counts(record: Record, sign: int = 1) -> Counts:
@@ -114,7 +111,7 @@ def add(record: Record, canonical: str | None, held: Holding) -> Plan:
         else:  # a key that held nothing (the API's own count aside)
             counts.update(provenance_counts(record))
             counts["entries",] += 1
-            counts["category", category(record.api)] += 1
+            counts["category", category_of(record.api)] += 1
     return Plan(write=write, point=_moves_pointer(record, canonical, held), counts=counts,
                 replaced=current if replaces_failure else None)
 
@@ -135,7 +132,7 @@ def delete(removed: Iterable[Record]) -> Counts:
     counts: Counts = Counter()
     for record in removed:
         counts["entries",] -= 1
-        counts["category", category(record.api)] -= 1
+        counts["category", category_of(record.api)] -= 1
         counts.update(record_counts(record, -1))
     return counts
 
