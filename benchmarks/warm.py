@@ -24,12 +24,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _procs import free_port, process, stub_args  # noqa: E402
 
-from stabletoolbench_mirror.commands.warm.inputs import add_queries  # noqa: E402
-from stabletoolbench_mirror.commands.warm.plan import WarmPlan  # noqa: E402
-from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes  # noqa: E402
-from stabletoolbench_mirror.commands.warm.runner import run_warm, warm_settings  # noqa: E402
 from stabletoolbench_mirror.config import load_settings  # noqa: E402
 from stabletoolbench_mirror.factory import build_layer  # noqa: E402
+from stabletoolbench_mirror.warming.inputs import add_queries  # noqa: E402
+from stabletoolbench_mirror.warming.plan import WarmPlan  # noqa: E402
+from stabletoolbench_mirror.warming.pool import default_processes, run_warm_processes  # noqa: E402
+from stabletoolbench_mirror.warming.runner import run_warm, warm_settings  # noqa: E402
 
 
 def run_point(queries: Path, api_base: str, concurrency: int, processes: int | None) -> tuple[dict, int]:

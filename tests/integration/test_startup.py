@@ -605,7 +605,7 @@ def test_warm_goes_on_when_a_first_call_succeeds_and_failed_lines_carry_the_caus
 
 
 def test_first_calls_stop_only_when_all_failed_alike() -> None:
-    from stabletoolbench_mirror.commands.warm.runner import FirstCalls
+    from stabletoolbench_mirror.warming.runner import FirstCalls
 
     watch = FirstCalls(3)
     assert [watch.see(False, f"refused <conn object at 0x{i:x}>") for i in range(3)] == [None, None, "refused <conn object at 0x2>"]

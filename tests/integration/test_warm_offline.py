@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from stabletoolbench_mirror.commands.warm.inputs import add_queries
-from stabletoolbench_mirror.commands.warm.offline import BatchingSimulator, offline_layer
-from stabletoolbench_mirror.commands.warm.plan import WarmPlan
-from stabletoolbench_mirror.commands.warm.runner import run_warm, warm_settings
 from stabletoolbench_mirror.responders.simulator import build_simulator
 from stabletoolbench_mirror.stores import DiskcacheStore
+from stabletoolbench_mirror.warming.inputs import add_queries
+from stabletoolbench_mirror.warming.offline import BatchingSimulator, offline_layer
+from stabletoolbench_mirror.warming.plan import WarmPlan
+from stabletoolbench_mirror.warming.runner import run_warm, warm_settings
 from tests.helpers.answer_files import api, param, query
 
 

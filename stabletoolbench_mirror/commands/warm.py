@@ -1,4 +1,4 @@
-"""``stabletoolbench-mirror warm``: the command line over the plan, the runners and the report."""
+"""``stabletoolbench-mirror warm``: the command line over :mod:`stabletoolbench_mirror.warming` (the plan, the runners and the report)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ from stabletoolbench_mirror.commands.cli_common import (
     print_json,
     settings_from_args,
 )
-from stabletoolbench_mirror.commands.warm.inputs import add_answers, add_payloads, add_queries
-from stabletoolbench_mirror.commands.warm.plan import WarmInputError, WarmPlan, WarmReport
-from stabletoolbench_mirror.commands.warm.pool import default_processes, run_warm_processes
-from stabletoolbench_mirror.commands.warm.runner import STOP_AFTER_FAILURES, run_warm, warm_settings
 from stabletoolbench_mirror.config import Mode
 from stabletoolbench_mirror.core.logs import setup_logging
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.upstream.answers import function_index
+from stabletoolbench_mirror.warming.inputs import add_answers, add_payloads, add_queries
+from stabletoolbench_mirror.warming.plan import WarmInputError, WarmPlan, WarmReport
+from stabletoolbench_mirror.warming.pool import default_processes, run_warm_processes
+from stabletoolbench_mirror.warming.runner import STOP_AFTER_FAILURES, run_warm, warm_settings
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
@@ -48,6 +48,8 @@ def cmd_warm(args: argparse.Namespace) -> int:
         if not layer.responders and not args.dry_run:
             raise CommandError("neither the real API nor the simulator is enabled: nothing can answer a miss")
         report = _run(args, settings, layer, plan, processes)
+    except WarmInputError as exc:
+        raise CommandError(str(exc)) from None
     finally:
         layer.close()
     return _print_report(args, report)
@@ -75,7 +77,7 @@ def _engine(args: argparse.Namespace, settings: Any) -> tuple[MirrorLayer, int]:
     if args.engine != "vllm-offline":
         processes = default_processes(args.concurrency) if args.processes is None else args.processes
         return build_layer(settings), processes
-    from stabletoolbench_mirror.commands.warm.offline import OfflineEngineError, offline_layer
+    from stabletoolbench_mirror.warming.offline import OfflineEngineError, offline_layer
 
     try:
         layer = offline_layer(settings, model=args.model, concurrency=args.concurrency, llm_options=vllm_options(args.vllm_option or []))

@@ -10,13 +10,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stabletoolbench_mirror.commands.warm.plan import Failure, KindCounts, WarmInputError, WarmItem, WarmPlan, WarmReport, payload_of
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.stores import StoreError
+from stabletoolbench_mirror.warming.plan import Failure, KindCounts, WarmInputError, WarmItem, WarmPlan, WarmReport, payload_of
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stabletoolbench_mirror.commands.warm.plan import WarmInputError, WarmPlan
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.core.outcomes import OutcomeKind
 from stabletoolbench_mirror.upstream.answers import iter_answer_calls
 from stabletoolbench_mirror.upstream.queries import FunctionIndex, QueryFileError, default_calls, iter_jsonl
+from stabletoolbench_mirror.warming.plan import WarmInputError, WarmPlan
 
 #: a decoded ``/virtual`` body -> its call, or the final answer the server gives it without the cache
 Prepare = Callable[[Any], Any]

@@ -6,7 +6,6 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import CommandError
 from stabletoolbench_mirror.core.call import ToolCall
 from stabletoolbench_mirror.upstream.answers import answer_payload
 from stabletoolbench_mirror.upstream.queries import ApiRef
@@ -15,8 +14,8 @@ from stabletoolbench_mirror.upstream.queries import ApiRef
 INPUT_KINDS = ("queries", "answers", "payloads")
 
 
-class WarmInputError(CommandError):
-    """An input that cannot be read, or a store that cannot be: the run cannot start."""
+class WarmInputError(ValueError):
+    """An input that cannot be read, or a store that cannot be: the run cannot start (the command exits with 2)."""
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ import threading
 import time
 from typing import Any
 
-from stabletoolbench_mirror.commands.warm.plan import WarmItem, WarmPlan, WarmReport
-from stabletoolbench_mirror.commands.warm.runner import SWITCH_INTERVAL_S, Tracker, make_call, split
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.snapshots.interrupts import CtrlC
+from stabletoolbench_mirror.warming.plan import WarmItem, WarmPlan, WarmReport
+from stabletoolbench_mirror.warming.runner import SWITCH_INTERVAL_S, Tracker, make_call, split
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,5 @@ simulator chain) with ``--concurrency`` calls in flight, in threads of this proc
 (:mod:`.runner`) or of ``--processes`` worker processes (:mod:`.pool`); with
 ``--engine vllm-offline`` the simulator's prompts go to vLLM's in-process engine in batches
 (:mod:`.offline`, imported only then).  Failures are listed (and written with ``--failures``),
-never recorded.  :mod:`.command` is the CLI.
+never recorded.  The command line is :mod:`stabletoolbench_mirror.commands.warm`.
 """
-
-from stabletoolbench_mirror.commands.warm.command import register
-
-__all__ = ["register"]
