@@ -3,7 +3,7 @@
 ``apibank: {path: DIR}`` in the settings: :mod:`.loader` imports ``DIR/apis`` once at start,
 :mod:`.docs` makes ToolBench docs for it, :mod:`.tools` runs a call in the session's
 :mod:`.environment` with its inputs typed by :mod:`.inputs` over the tables of :mod:`.tables`,
-and ``check --apibank`` (:mod:`stabletoolbench_mirror.commands.apibank_check`) replays API-Bank's
+and ``check --apibank`` (:mod:`stabletoolbench_mirror.checking.apibank`) replays API-Bank's
 dialogues and scores each call with the API's own check.  See docs/apibank.md.
 """
 

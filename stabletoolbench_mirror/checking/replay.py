@@ -1,6 +1,6 @@
 """Replaying recorded calls and judging the answers: what ``check`` computes (the command is :mod:`stabletoolbench_mirror.commands.check`).
 
-Each call is sent to a target (the layer in this process, :class:`LayerTarget`, or a running server), the answer
+Each call is sent to a target (the layer in this process, :class:`LayerTarget`, or a running server, :class:`UrlTarget`), the answer
 compared with what was observed as the StableToolBench client would see it, and counted per API as **identical**,
 **different** or a **miss**; of the identical ones, how many are failures (``identical_failure``).
 """
@@ -16,12 +16,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from stabletoolbench_mirror.client import Client, MirrorError
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import answer as make_answer
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.upstream.answers import DEFAULT_MAX_OBSERVATION_LENGTH, observation_text
-from stabletoolbench_mirror.upstream.expectations import Expectation
+from stabletoolbench_mirror.upstream.expectations import CheckInputError, Expectation
 
 
 class Verdict(enum.StrEnum):
@@ -255,3 +256,29 @@ def _judge(report: CheckReport, expectation: Expectation, reply: TargetReply, ma
             got=observation_text(got, max_observation_length) if expectation.text else json.dumps(got, ensure_ascii=False),
         )
     )
+
+
+class UrlTarget:
+    """A running ``/virtual`` server (this project's or upstream's), through :class:`~stabletoolbench_mirror.client.Client`."""
+
+    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 300.0, with_faults: bool = False,
+                 connections: int = 10) -> None:
+        try:
+            self.client = Client(url, token=token, timeout=timeout_s, connections=connections)
+        except MirrorError:
+            raise CheckInputError(f"--url must be http://HOST:PORT or https://HOST:PORT (got {url!r})") from None
+        self.url = self.client.url + "/virtual"
+        self.with_faults = with_faults  # else compared with the unfaulted record (this project's server leaves its faults out)
+
+    def send(self, payload: dict[str, Any]) -> TargetReply:
+        try:
+            reply = self.client.call(payload, faults=self.with_faults)
+        except MirrorError as exc:
+            raise CheckInputError(f"cannot reach {self.url}: {exc.reason}") from None
+        outcome = reply.headers.get("X-STM-Outcome")
+        # this project's server says whether an answer is a failure; another's is judged by content
+        failure = None if outcome is None else reply.headers.get("X-STM-Failure") == "true" or bool(reply.headers.get("X-STM-Fault"))
+        return TargetReply(reply.status, reply.body, outcome, failure)
+
+    def close(self) -> None:
+        self.client.close()

@@ -16,18 +16,20 @@ The exit status is 1 when anything differs or misses (unless ``--report-only``):
 report a user attaches to a score.  Injected faults (``faults:``) are left out, so the answers are
 compared with the unfaulted record (a server is asked with ``X-STM-Faults: off``);
 ``--with-faults`` compares with the faulted answers instead.
+
+``check --apibank DIALOGUES`` replays API-Bank's dialogues instead, each call scored with the API's own check
+(:mod:`stabletoolbench_mirror.checking.apibank`).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
-from stabletoolbench_mirror.checking.replay import CheckReport, LayerTarget, Target, TargetReply, run_check
-from stabletoolbench_mirror.client import Client, MirrorError
+from stabletoolbench_mirror.checking.replay import CheckReport, LayerTarget, Target, UrlTarget, run_check
 from stabletoolbench_mirror.commands.cli_common import (
     CommandError,
     add_answer_file_arguments,
@@ -41,45 +43,12 @@ from stabletoolbench_mirror.factory import build_layer
 from stabletoolbench_mirror.upstream.answers import DEFAULT_MAX_OBSERVATION_LENGTH, function_index
 from stabletoolbench_mirror.upstream.expectations import CheckInputError, Expectation, iter_calls_jsonl, load_answer_expectations
 
-# -- targets --------------------------------------------------------------------------------------
-
-
-class UrlTarget:
-    """A running ``/virtual`` server (this project's or upstream's), through :class:`~stabletoolbench_mirror.client.Client`."""
-
-    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 300.0, with_faults: bool = False,
-                 connections: int = 10) -> None:
-        try:
-            self.client = Client(url, token=token, timeout=timeout_s, connections=connections)
-        except MirrorError:
-            raise CheckInputError(f"--url must be http://HOST:PORT or https://HOST:PORT (got {url!r})") from None
-        self.url = self.client.url + "/virtual"
-        self.with_faults = with_faults  # else compared with the unfaulted record (this project's server leaves its faults out)
-
-    def send(self, payload: dict[str, Any]) -> TargetReply:
-        try:
-            reply = self.client.call(payload, faults=self.with_faults)
-        except MirrorError as exc:
-            raise CheckInputError(f"cannot reach {self.url}: {exc.reason}") from None
-        outcome = reply.headers.get("X-STM-Outcome")
-        # this project's server says whether an answer is a failure; another's is judged by content
-        failure = None if outcome is None else reply.headers.get("X-STM-Failure") == "true" or bool(reply.headers.get("X-STM-Fault"))
-        return TargetReply(reply.status, reply.body, outcome, failure)
-
-    def close(self) -> None:
-        self.client.close()
-
-
-# -- command line ---------------------------------------------------------------------------------
-
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Replay a JSONL of {payload, observed} calls or StableToolBench answer files against a running server (--url) or the
     layer in-process (replay mode), and report per API. Exit status 1 when anything differs or misses."""
     if args.apibank:
-        from stabletoolbench_mirror.commands.apibank_check import cmd_apibank_check
-
-        return cmd_apibank_check(args, settings_from_args(args, mode=args.mode or Mode.REPLAY))
+        return _cmd_apibank_check(args, settings_from_args(args, mode=args.mode or Mode.REPLAY))
     if not args.calls and not args.answers:
         raise CommandError("give --calls FILE.jsonl and/or --answers PATH (or --apibank DIALOGUES)")
     settings = settings_from_args(args, mode=args.mode or Mode.REPLAY)
@@ -160,3 +129,42 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="compare the answers with the configured faults applied (default: the unfaulted record, see docs/faults.md)",
     )
     add_config_arguments(parser)
+
+
+def _cmd_apibank_check(args: argparse.Namespace, settings: Settings) -> int:
+    """``check --apibank DIALOGUES`` (see :mod:`stabletoolbench_mirror.checking.apibank`); imported only then."""
+    from stabletoolbench_mirror.checking.apibank import (
+        ApiBankReport,
+        HttpSessions,
+        LayerSessions,
+        SessionTarget,
+        dialogue_files,
+        replay_dialogue,
+        suite_for,
+    )
+    from stabletoolbench_mirror.core.progress import progress_bar
+
+    try:
+        files = dialogue_files(Path(args.apibank))
+        suite = suite_for(settings, Path(args.apibank))
+        if args.url:
+            token = settings.auth_token.get_secret_value() if settings.auth_token else None
+            target: SessionTarget = HttpSessions(args.url, token=token)
+        else:
+            if settings.apibank is None:
+                raise ValueError("--apibank without --url runs the layer in-process: it needs apibank.path in the settings")
+            target = LayerSessions(settings)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    report = ApiBankReport()
+    try:
+        for path in progress_bar(files, desc="API-Bank dialogues", unit="dialogue", disable=args.quiet or args.json == "-", file=sys.stderr):
+            replay_dialogue(target, suite, path, report)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    finally:
+        target.close()
+    print_report(report, args.json)
+    totals = report.totals()
+    # the exit-code table (docs/json-output.md): 1 when the check found calls scored wrong (--report-only: 0)
+    return 0 if args.report_only or (totals.correct == totals.total and not report.problems) else 1

@@ -1,21 +1,20 @@
-"""``check --apibank DIALOGUES``: replay API-Bank's dialogues and score each call with the API's own check.
+"""What ``check --apibank DIALOGUES`` computes (the command is :mod:`stabletoolbench_mirror.commands.check`): API-Bank's
+dialogues replayed and each call scored with the API's own check.
 
 Each dialogue (a ``.jsonl`` file of turns; API turns carry ``api_name``, ``param_dict`` and the
 expected ``result``) runs in a session of its own (``POST /sessions`` with the task
 ``apibank:<file name>``, so its ids and tokens are the same every run), its API calls in order,
-against a running server (``--url``) or the layer in-process.  Each answer is scored with the
-API class's own ``check_api_call_correctness(answer, expected)`` (the class loaded from
+against a running server (:class:`HttpSessions`) or the layer in-process (:class:`LayerSessions`).  Each answer
+is scored with the API class's own ``check_api_call_correctness(answer, expected)`` (the class loaded from
 ``apibank.path``, or from the API-Bank folder above ``DIALOGUES``), as API-Bank's evaluator does
 (a check that raises counts as incorrect); **identical** counts answers equal to the recorded
-result.  Printed per API; ``--json`` prints ``{"correct", "total", "identical", "by_api", ...}``.
+result.  :class:`ApiBankReport` holds the counts per API.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,7 +26,6 @@ from stabletoolbench_mirror.apibank.environment import Environment
 from stabletoolbench_mirror.apibank.loader import Suite, folder_of, load_suite
 from stabletoolbench_mirror.apibank.tools import CATEGORY, TOOL_NAMES, state_key
 from stabletoolbench_mirror.client import Client, MirrorError, session_path
-from stabletoolbench_mirror.commands.cli_common import CommandError, print_report
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.outcomes import Outcome
 
@@ -233,32 +231,3 @@ def replay_dialogue(target: SessionTarget, suite: Suite, path: Path, report: Api
     kept = json.dumps(target.state(session).get(state_key(suite), {}), ensure_ascii=False).encode("utf-8", "surrogatepass")
     if len(kept) > report.largest_state_bytes:
         report.largest_state_bytes, report.largest_state_dialogue = len(kept), path.name
-
-
-def cmd_apibank_check(args: argparse.Namespace, settings: Settings) -> int:
-    try:
-        files = dialogue_files(Path(args.apibank))
-        suite = suite_for(settings, Path(args.apibank))
-        if args.url:
-            token = settings.auth_token.get_secret_value() if settings.auth_token else None
-            target: SessionTarget = HttpSessions(args.url, token=token)
-        else:
-            if settings.apibank is None:
-                raise ValueError("--apibank without --url runs the layer in-process: it needs apibank.path in the settings")
-            target = LayerSessions(settings)
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
-    report = ApiBankReport()
-    try:
-        from stabletoolbench_mirror.core.progress import progress_bar
-
-        for path in progress_bar(files, desc="API-Bank dialogues", unit="dialogue", disable=args.quiet or args.json == "-", file=sys.stderr):
-            replay_dialogue(target, suite, path, report)
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
-    finally:
-        target.close()
-    print_report(report, args.json)
-    totals = report.totals()
-    # the exit-code table (docs/json-output.md): 1 when the check found calls scored wrong (--report-only: 0)
-    return 0 if args.report_only or (totals.correct == totals.total and not report.problems) else 1
