@@ -39,15 +39,6 @@ from stabletoolbench_mirror.upstream.tooldocs import ApiDoc
 MIRRORAPI_STYLES = ("mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache")
 STYLES = (*MIRRORAPI_STYLES, "gpt-fewshot", "world-model")
 MIRRORAPI_USER_TEMPLATE = "API doc:\n{api_doc}\n\nRequest:\n{request}"
-API_DOC_KEYS = (
-    "api_name",
-    "api_description",
-    "required_parameters",
-    "optional_parameters",
-    "tool_description",
-    "tool_name",
-    "tool_category",
-)
 
 SFT_SYSTEM_PROMPT = """\
 You act as the server behind one API of a tool. You are given the API's documentation \
@@ -148,22 +139,12 @@ def api_doc_dict(call: ToolCall, doc: ApiDoc | None, style: str = "mirrorapi-sft
         api_name = standardize(call.names.api_name)
     else:
         api_name = doc.name if doc is not None else call.api_name
-    if doc is None:
-        return {
-            "api_name": api_name,
-            "api_description": "",
-            "required_parameters": [],
-            "optional_parameters": [],
-            "tool_description": "",
-            "tool_name": _tool_name(call),
-            "tool_category": call.names.category,
-        }
     return {
         "api_name": api_name,
-        "api_description": doc.description,
-        "required_parameters": doc.required_parameters,
-        "optional_parameters": doc.optional_parameters,
-        "tool_description": doc.tool_description,
+        "api_description": doc.description if doc is not None else "",
+        "required_parameters": doc.required_parameters if doc is not None else [],
+        "optional_parameters": doc.optional_parameters if doc is not None else [],
+        "tool_description": doc.tool_description if doc is not None else "",
         "tool_name": _tool_name(call),
         "tool_category": call.names.category,
     }

@@ -13,7 +13,7 @@ from stabletoolbench_mirror.core.naming import change_name, standardize
 from stabletoolbench_mirror.core.protocol import VirtualRequest
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.responders.simulator import prompts
-from stabletoolbench_mirror.upstream.tooldocs import ToolDocs
+from stabletoolbench_mirror.upstream.tooldocs import ApiDoc, ToolDocs
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,9 @@ def expected_user_turn(layout: dict[str, Any], tools: Path, request: dict[str, A
 
 def test_layout_constants_match_the_reference(layout: dict[str, Any]) -> None:
     assert prompts.MIRRORAPI_USER_TEMPLATE == layout["user_template"]
-    assert list(prompts.API_DOC_KEYS) == layout["api_doc_keys_in_order"]
+    call = ToolCall.of("Data", "Some Tool", "Some API", {})
+    for doc in (None, ApiDoc(category="Data", tool_name="Some Tool", tool_description="t", name="Some API", description="d")):
+        assert list(prompts.api_doc_dict(call, doc)) == layout["api_doc_keys_in_order"]
 
 
 def test_user_turn_matches_reference_layout_byte_for_byte(layout, reference_dir: Path, reference_calls) -> None:
