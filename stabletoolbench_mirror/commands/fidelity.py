@@ -5,12 +5,10 @@ What a pair is and how it is scored: :mod:`stabletoolbench_mirror.fidelity`."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections import Counter
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.commands.cli_common import (
@@ -30,6 +28,7 @@ from stabletoolbench_mirror.fidelity.pairs import (
     no_store_references,
     pairs_from_expectations,
     pairs_from_store,
+    what_was_scored,
 )
 from stabletoolbench_mirror.upstream.expectations import load_answer_expectations, load_calls_jsonl
 
@@ -53,70 +52,11 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         report.pairs = score_pairs(
             pairs, candidate=candidate, embeddings=embeddings, judge=judge, concurrency=args.concurrency, progress=progress
         )
-        report.scored = what_was_scored(args, settings, report.pairs, store)
+        references = [*(f"calls: {p}" for p in args.calls or []), *(f"answers: {p}" for p in args.answers or []),
+                      *(["the store's real answers"] if args.from_store else [])]
+        report.scored = what_was_scored(settings, report.pairs, store, references=references,
+                                        candidate_calls=args.candidate_calls or [], shadow=args.shadow)
     return _write_reports(args, report)
-
-
-def what_was_scored(args: argparse.Namespace, settings: Any, pairs: list[Pair], store: Any) -> dict[str, Any]:
-    """The report's ``scored`` block: the candidate (simulator style, model, endpoints, system prompt's sha256,
-    or the recorded candidates), the references (where from, the sha256 of every scored reference answer,
-    the store, each frozen snapshot's content hash) and the date (UTC)."""
-    import time
-
-    from stabletoolbench_mirror.stores.kinds import StoreSpec
-
-    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **_candidate(args, settings)}
-    out["references"] = [*(f"calls: {p}" for p in args.calls or []), *(f"answers: {p}" for p in args.answers or []),
-                         *(["the store's real answers"] if args.from_store else [])]
-    out["references_sha256"] = _references_sha256(pairs)
-    if store is not None:
-        spec = StoreSpec.of(settings)
-        out["store"] = f"{spec.kind} at {spec.where}"
-    snapshots = _snapshot_hashes(settings)
-    if snapshots:
-        out["snapshots"] = snapshots
-    return out
-
-
-def _candidate(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
-    """What answered: the recorded candidates, the shadow store or the simulator (and its system prompt's sha256)."""
-    from stabletoolbench_mirror.config import ConfigError
-    from stabletoolbench_mirror.core.secrets import public_url
-    from stabletoolbench_mirror.responders.simulator import system_prompt_for
-
-    if args.candidate_calls:
-        return {"candidate": "recorded calls: " + ", ".join(args.candidate_calls)}
-    sim = settings.simulator
-    out: dict[str, Any] = {"candidate": "the shadow store (shadow simulations)"} if args.shadow else {
-        "candidate": "simulator", "simulator": sim.style, "model": sim.model, "endpoints": [public_url(e) for e in sim.endpoints]}
-    try:
-        out["prompt_sha256"] = system_prompt_for(settings).sha256
-    except ConfigError:
-        out["prompt_sha256"] = None
-    return out
-
-
-def _references_sha256(pairs: list[Pair]) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    for pair in sorted(pairs, key=lambda p: (p.api, p.key)):
-        digest.update(json.dumps([pair.api, pair.key, pair.reference], sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()
-
-
-def _snapshot_hashes(settings: Any) -> dict[str, Any]:
-    """The content hash of each frozen cache that is a snapshot (has a readable manifest)."""
-    from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
-
-    snapshots = {}
-    for tree in settings.frozen_caches:
-        try:
-            manifest = json.loads((Path(settings.resolve(tree)) / MANIFEST_NAME).read_text(encoding="utf-8"))
-            snapshots[tree] = manifest.get("content_hash")
-        except (OSError, ValueError, AttributeError):
-            continue
-    return snapshots
 
 
 def _check_arguments(args: argparse.Namespace) -> None:

@@ -324,7 +324,7 @@ class FidelityReport:
     problems: list[str] = field(default_factory=list)
     scored: dict[str, Any] = field(default_factory=dict)
     """What was scored (the candidate, its model and prompt, the references and their hash, the date):
-    see ``commands.fidelity.what_was_scored``."""
+    see :func:`.pairs.what_was_scored`."""
 
     def to_json(self) -> dict[str, Any]:
         by_category: dict[str, list[Pair]] = defaultdict(list)

@@ -1,10 +1,13 @@
 """The pairs ``fidelity`` scores: reference answers from calls files, answer files or the store's real records, and
-their candidates from a second calls file, the shadow store or the configured simulator asked directly."""
+their candidates from a second calls file, the shadow store or the configured simulator asked directly; and what was
+scored, written in the report (:func:`what_was_scored`: the candidate, the references' sources and hash, the store, the
+snapshots)."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.core import protocol
@@ -167,3 +170,66 @@ class SimulatorCandidate:
         if attempt.fallback is not None:
             return attempt.fallback
         return protocol.miss_answer(call.api, "the simulator gave no usable answer")
+
+
+def what_was_scored(settings: Any, pairs: list[Pair], store: Any, *, references: list[str], candidate_calls: list[str],
+                    shadow: bool) -> dict[str, Any]:
+    """The report's ``scored`` block: the candidate (simulator style, model, endpoints, system prompt's sha256,
+    or the recorded candidates, ``candidate_calls``, or the shadow store), the references (where from, as
+    ``references`` names them, the sha256 of every scored reference answer, the store, each frozen snapshot's
+    content hash) and the date (UTC)."""
+    import time
+
+    from stabletoolbench_mirror.stores.kinds import StoreSpec
+
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **_candidate(settings, candidate_calls, shadow)}
+    out["references"] = references
+    out["references_sha256"] = _references_sha256(pairs)
+    if store is not None:
+        spec = StoreSpec.of(settings)
+        out["store"] = f"{spec.kind} at {spec.where}"
+    snapshots = _snapshot_hashes(settings)
+    if snapshots:
+        out["snapshots"] = snapshots
+    return out
+
+
+def _candidate(settings: Any, candidate_calls: list[str], shadow: bool) -> dict[str, Any]:
+    """What answered: the recorded candidates, the shadow store or the simulator (and its system prompt's sha256)."""
+    from stabletoolbench_mirror.config import ConfigError
+    from stabletoolbench_mirror.core.secrets import public_url
+    from stabletoolbench_mirror.responders.simulator import system_prompt_for
+
+    if candidate_calls:
+        return {"candidate": "recorded calls: " + ", ".join(candidate_calls)}
+    sim = settings.simulator
+    out: dict[str, Any] = {"candidate": "the shadow store (shadow simulations)"} if shadow else {
+        "candidate": "simulator", "simulator": sim.style, "model": sim.model, "endpoints": [public_url(e) for e in sim.endpoints]}
+    try:
+        out["prompt_sha256"] = system_prompt_for(settings).sha256
+    except ConfigError:
+        out["prompt_sha256"] = None
+    return out
+
+
+def _references_sha256(pairs: list[Pair]) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for pair in sorted(pairs, key=lambda p: (p.api, p.key)):
+        digest.update(json.dumps([pair.api, pair.key, pair.reference], sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def _snapshot_hashes(settings: Any) -> dict[str, Any]:
+    """The content hash of each frozen cache that is a snapshot (has a readable manifest)."""
+    from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
+
+    snapshots = {}
+    for tree in settings.frozen_caches:
+        try:
+            manifest = json.loads((Path(settings.resolve(tree)) / MANIFEST_NAME).read_text(encoding="utf-8"))
+            snapshots[tree] = manifest.get("content_hash")
+        except (OSError, ValueError, AttributeError):
+            continue
+    return snapshots
