@@ -19,6 +19,10 @@ another process's answer reads it).
 Bounded: at most :data:`MAX_READS` reads (all forgotten when full), and only records whose body
 is up to :data:`MAX_BODY_CHARS` characters are kept (a miss always is).  When SQLite cannot be
 asked, the token moves at every request and nothing kept is served.
+
+Why a plain dict cleared when full, not a cachetools map like the other bounded maps: every hit of a frozen tree reads
+it first.  On the development machine (timeit, a map of 8,192 reads) ``dict.get`` takes 60 ns, cachetools'
+``FIFOCache.get`` 173 ns and ``LRUCache.get`` 281 ns.
 """
 
 from __future__ import annotations
