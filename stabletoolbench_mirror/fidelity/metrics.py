@@ -29,7 +29,6 @@ Aggregates are means over the pairs where a metric has a value (``null`` when no
 
 from __future__ import annotations
 
-import html
 import json
 import logging
 import math
@@ -43,6 +42,7 @@ from rapidfuzz.distance import LCSseq
 
 from stabletoolbench_mirror.core.files import write_bytes
 from stabletoolbench_mirror.core.naming import category_of
+from stabletoolbench_mirror.reporting.page import bar_chart, esc, page, table
 
 log = logging.getLogger(__name__)
 
@@ -395,63 +395,34 @@ def score_pairs(
 # -- HTML ------------------------------------------------------------------------------------------------
 
 
-def _histogram_svg(values: Sequence[float], low: float, high: float, bins: int = 10) -> str:
+def _histogram(metric: str, values: Sequence[float], low: float, high: float, bins: int = 10) -> str:
+    """The calls' values of ``metric`` counted in ``bins`` equal ranges from ``low`` to ``high``, drawn as bars."""
     counts = [0] * bins
     span = (high - low) or 1.0
     for value in values:
-        index = min(bins - 1, max(0, int((value - low) / span * bins)))
-        counts[index] += 1
-    tallest = max(counts) or 1
-    bar_w, height = 28, 120
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{bins * bar_w + 20}" height="{height + 40}" role="img">']
-    for i, count in enumerate(counts):
-        h = round(count / tallest * height)
-        x = 10 + i * bar_w
-        parts.append(f'<rect x="{x}" y="{10 + height - h}" width="{bar_w - 4}" height="{h}" fill="#4a7bd0"><title>{count}</title></rect>')
-        if count:
-            parts.append(f'<text x="{x + (bar_w - 4) / 2}" y="{8 + height - h}" font-size="9" text-anchor="middle">{count}</text>')
-    parts.append(f'<text x="10" y="{height + 25}" font-size="10">{low:g}</text>')
-    parts.append(f'<text x="{bins * bar_w + 10}" y="{height + 25}" font-size="10" text-anchor="end">{high:g}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+        counts[min(bins - 1, max(0, int((value - low) / span * bins)))] += 1
+    rows = [(f"{low + span * i / bins:g} to {low + span * (i + 1) / bins:g}", float(n), "#4c78a8") for i, n in enumerate(counts)]
+    return bar_chart(f"histogram-{metric}", f"{metric}: calls per range of values", rows)
 
 
 def render_html(data: dict[str, Any], title: str = "stabletoolbench-mirror fidelity") -> str:
-    """The self-contained page of ``data`` (:meth:`FidelityReport.to_json`)."""
-    esc = html.escape
-    rows = [("all", data["aggregate"])] + list(data["by_category"].items())
-    table = ["<table><tr><th>category</th><th>n</th>" + "".join(f"<th>{m}</th>" for m in METRICS) + "</tr>"]
-    for name, agg in rows:
-        table.append(f"<tr><td>{esc(name)}</td><td>{agg['n']}</td>" + "".join(f"<td>{_fmt(agg[m])}</td>" for m in METRICS) + "</tr>")
-    table.append("</table>")
-    charts = []
+    """The self-contained page of ``data`` (:meth:`FidelityReport.to_json`), drawn by :mod:`..reporting.page`."""
+    scored = [(k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) for k, v in data.get("scored", {}).items()]
+    means = [[name, agg["n"], *(_fmt(agg[m]) for m in METRICS)]
+             for name, agg in [("all", data["aggregate"]), *data["by_category"].items()]]
+    parts = [f"<h1>{esc(title)}</h1><h2>What was scored</h2>", table("scored", ["", ""], scored, [False, False]),
+             "<h2>Means</h2>", table("means", ["category", "n", *METRICS], means, [False, True, *([False] * len(METRICS))]),
+             "<h2>Distributions</h2>"]
     for metric in METRICS:
         values = [c[metric] for c in data["calls"] if c.get(metric) is not None]
-        if not values:
-            charts.append(f'<div class="chart"><h3>{metric}</h3><p>not computed</p></div>')
-            continue
         low, high = RANGES.get(metric, (0.0, 1.0))
-        charts.append(f'<div class="chart"><h3>{metric}</h3>{_histogram_svg(values, low, high)}</div>')
+        parts.append(_histogram(metric, values, low, high) if values else f'<p class="note">{esc(metric)}: not computed</p>')
     worst = sorted(data["calls"], key=lambda c: (c.get("bleu") is None, c.get("bleu") or 0.0))[:50]
-    calls = ["<table><tr><th>api</th><th>input</th><th>bleu</th><th>rouge_l</th><th>reference</th><th>candidate</th></tr>"]
-    for c in worst:
-        calls.append(
-            f"<tr><td>{esc(c['api'])}</td><td>{esc(c['key'][:200])}</td><td>{_fmt(c.get('bleu'))}</td><td>{_fmt(c.get('rouge_l'))}</td>"
-            f"<td>{esc(response_text(c['reference'])[:300])}</td><td>{esc(response_text(c['candidate'])[:300])}</td></tr>"
-        )
-    calls.append("</table>")
-    scored = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))}</td></tr>"
-                     for k, v in data.get("scored", {}).items())
-    style = (
-        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
-        "td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}"
-        ".chart{display:inline-block;margin:0 1.5em 1em 0}h3{margin:.3em 0}"
-    )
-    return (
-        f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{esc(title)}</title><style>{style}</style></head><body>"
-        f"<h1>{esc(title)}</h1><h2>What was scored</h2><table>{scored}</table><h2>Means</h2>{''.join(table)}<h2>Distributions</h2>{''.join(charts)}"
-        f"<h2>Lowest BLEU (up to 50 calls)</h2>{''.join(calls)}</body></html>\n"
-    )
+    rows = [[c["api"], c["key"][:200], _fmt(c.get("bleu")), _fmt(c.get("rouge_l")), response_text(c["reference"])[:300],
+             response_text(c["candidate"])[:300]] for c in worst]
+    parts += ["<h2>Lowest BLEU (up to 50 calls)</h2>",
+              table("lowest", ["api", "input", "bleu", "rouge_l", "reference", "candidate"], rows, [False] * 6)]
+    return page(title, parts, note="The same figures as JSON: <code>stabletoolbench-mirror fidelity --json FILE</code>.")
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:

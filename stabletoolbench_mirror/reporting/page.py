@@ -1,4 +1,5 @@
-"""The ``report`` page: one self-contained HTML file of a report's figures (see :mod:`.sources`).
+"""The ``report`` page: one self-contained HTML file of a report's figures (see :mod:`.sources`); its charts, tables
+and page also draw ``fidelity``'s (:func:`stabletoolbench_mirror.fidelity.metrics.render_html`).
 
 Charts are plain inline SVG written here: horizontal bars, and stacked bars per category.  The
 page loads nothing: no script, no external style sheet, font or image, so it reads the same
@@ -377,17 +378,19 @@ def render_run(report: dict[str, Any]) -> str:
     return page(f"stabletoolbench-mirror report: {kind}", parts)
 
 
-def page(title: str, parts: list[str]) -> str:
-    """A whole page: ``parts`` in a document that loads nothing from anywhere (its CSP says so to the browser too)."""
+#: the last line of a report's page
+REPORT_NOTE = ('The same figures as JSON: <code>stabletoolbench-mirror report SOURCE --json</code> (or '
+               "<code>--json-out FILE</code>); what each one means: docs/report.md of stabletoolbench-mirror.")
+
+
+def page(title: str, parts: list[str], *, note: str = REPORT_NOTE) -> str:
+    """A whole page: ``parts`` in a document that loads nothing from anywhere (its CSP says so to the browser too),
+    ``note`` (HTML) last."""
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         # nothing outside the page may be loaded, whatever a name in it says
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">"
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{esc(title)}</title>'
-        f"<style>{CSS}</style></head><body>{''.join(parts)}"
-        '<p class="note">The same figures as JSON: <code>stabletoolbench-mirror report SOURCE --json</code> (or '
-        "<code>--json-out FILE</code>); "
-        "what each one means: docs/report.md of stabletoolbench-mirror.</p>"
-        "</body></html>\n"
+        f'<style>{CSS}</style></head><body>{"".join(parts)}<p class="note">{note}</p></body></html>\n'
     )

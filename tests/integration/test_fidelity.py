@@ -167,6 +167,7 @@ def test_fidelity_metrics_match_sacrebleu_and_rouge(tmp_path, reference_dir, ref
     assert "bleu" in table and "rouge_l" in table and "Data" in table
     html = page.read_text()
     assert html.count("<svg") == len(METRICS)
+    assert 'id="histogram-judge"' in html and "3.8 to 4.2: 16" in html  # the 16 judge scores of 4.0, in their range
     # both reports name what was scored: simulator, model, prompt hash, date, the references' hash
     from stabletoolbench_mirror.config import load_settings
     from stabletoolbench_mirror.responders.simulator import system_prompt_for
