@@ -4,6 +4,12 @@ After ``failures`` consecutive failures a host's breaker *opens*: calls to it ar
 refused at once for ``reset_s`` seconds.  Then it is *half-open*: one trial call
 goes through (others are still refused); its success closes the breaker, its
 failure opens it again for another ``reset_s``.
+
+Written here, not taken from pybreaker or circuitbreaker: those wrap a call and count the exceptions it raises,
+while the real API's transport judges a call after it returned (an HTTP 5xx is a failure, an answer over the size
+bound is not: :meth:`~.transport.Transport.send`) and answers a refused call with a failed reply, not an
+exception.  The breaker is the three methods that judgement needs (:meth:`CircuitBreaker.allow`, ``success``,
+``failure``).
 """
 
 from __future__ import annotations
