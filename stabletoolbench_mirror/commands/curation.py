@@ -9,35 +9,22 @@ canonical pointers stay right and every server using the store stops serving the
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import groupby
 from typing import Any
 
 from stabletoolbench_mirror.commands.cli_common import CommandError, add_config_arguments, add_json_argument, open_store, print_json
 from stabletoolbench_mirror.core.keys import record_key
-from stabletoolbench_mirror.core.model_calls import model_of
-from stabletoolbench_mirror.core.naming import ApiPath, category_of, resolve_names
 from stabletoolbench_mirror.core.protocol import ToolInputParseError, parse_tool_input
-from stabletoolbench_mirror.core.records import Record, origin_key
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.core.selection import RecordFilter, api_names
 from stabletoolbench_mirror.stores import Store, StoreError
 
 SOURCES = ("real", "simulated", "imported", "local", "model")
-
-
-def api_names(text: str) -> set[str]:
-    """The API names ``text`` may mean: itself (``Category/tool_for_Category/api``, as ``/stats`` prints
-    it), and the standardised name of raw upstream names ``category/tool/api``."""
-    names = {text}
-    path = ApiPath.parse(text)
-    if path is not None and all((path.category, path.tool, path.name)):
-        names.add(resolve_names(path.category, path.tool, path.name).api)
-    return names
 
 
 def parse_date(text: str) -> float:
@@ -51,54 +38,19 @@ def parse_date(text: str) -> float:
     return when.timestamp()
 
 
-@dataclass(frozen=True)
-class RecordFilter:
-    """What ``cache ls`` and ``cache delete`` select: every option given must match."""
-
-    apis: frozenset[str] = frozenset()
-    categories: frozenset[str] = frozenset()
-    sources: frozenset[str] = frozenset()
-    origins: frozenset[str] = frozenset()
-    """A record's origin as recorded, or as ``cache stats`` counts it (``<source>:<origin>``)."""
-    keys: frozenset[str] = frozenset()
-    failures: bool = False
-    before: float | None = None
-    models: tuple[str, ...] = ()
-    """``fnmatch`` patterns of models: recorded model calls of a matching model only (``--model``)."""
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> RecordFilter:
-        apis = frozenset(name for given in args.api or () for name in api_names(given))
-        return cls(apis, frozenset(args.category or ()), frozenset(args.source or ()), frozenset(getattr(args, "origin", None) or ()),
-                   frozenset(getattr(args, "key", None) or ()), bool(args.failures), getattr(args, "before", None),
-                   tuple(getattr(args, "model", None) or ()))
-
-    @property
-    def empty(self) -> bool:
-        return self == RecordFilter()
-
-    def matches(self, record: Record) -> bool:
-        checks = (
-            not self.apis or record.api in self.apis,
-            not self.categories or category_of(record.api) in self.categories,
-            not self.sources or record.source in self.sources,
-            not self.origins or record.origin in self.origins or origin_key(record) in self.origins,
-            not self.keys or record.key in self.keys,
-            not self.failures or record.is_failure,
-            self.before is None or record.created_at < self.before,
-            not self.models or _is_model_of(record.api, self.models),
-        )
-        return all(checks)
-
-    def select(self, store: Store) -> Iterator[Record]:
-        """The matching records, streamed, grouped by API (only the named APIs are read when ``--api`` is given)."""
-        source = (r for api in sorted(self.apis) for r in store.iter_api(api)) if self.apis else iter(store)
-        return (record for record in source if self.matches(record))
+def _filter_of(args: argparse.Namespace) -> RecordFilter:
+    """The records the command line names (``--api``, ``--category``, ``--source``, ``--origin``, ``--key``, ``--failures``,
+    ``--before``, ``--model``)."""
+    apis = frozenset(name for given in args.api or () for name in api_names(given))
+    return RecordFilter(apis, frozenset(args.category or ()), frozenset(args.source or ()), frozenset(getattr(args, "origin", None) or ()),
+                        frozenset(getattr(args, "key", None) or ()), bool(args.failures), getattr(args, "before", None),
+                        tuple(getattr(args, "model", None) or ()))
 
 
-def _is_model_of(api: str, patterns: tuple[str, ...]) -> bool:
-    model = model_of(api)
-    return model is not None and any(fnmatch.fnmatchcase(model, p) for p in patterns)
+def _select(chosen: RecordFilter, store: Store) -> Iterator[Record]:
+    """The matching records, streamed, grouped by API (only the named APIs are read when ``--api`` is given)."""
+    source = (r for api in sorted(chosen.apis) for r in store.iter_api(api)) if chosen.apis else iter(store)
+    return (record for record in source if chosen.matches(record))
 
 
 def _when(created_at: float) -> str:
@@ -121,12 +73,12 @@ def record_summary(record: Record) -> dict[str, Any]:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    chosen = RecordFilter.from_args(args)
+    chosen = _filter_of(args)
     with open_store(args) as store:  # a StoreError is the command line's exit 2
         n = 0
         if not args.json:
             print(LS_HEADER)
-        for record in chosen.select(store):
+        for record in _select(chosen, store):
             n += 1
             print(json.dumps(record_summary(record), ensure_ascii=False) if args.json else record_line(record))
     if not args.json:
@@ -172,7 +124,7 @@ NO_FILTER = ("error: name what to delete (--api, --category, --source, --model, 
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    chosen = RecordFilter.from_args(args)
+    chosen = _filter_of(args)
     if chosen.empty:
         print(NO_FILTER, file=sys.stderr)
         return 2
@@ -181,7 +133,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     listing = not args.quiet and not args.json
     try:
         with open_store(args, read_only=not args.yes) as store:
-            for api, group in groupby(chosen.select(store), key=lambda r: r.api):
+            for api, group in groupby(_select(chosen, store), key=lambda r: r.api):
                 keys = []
                 for record in group:
                     if listing:

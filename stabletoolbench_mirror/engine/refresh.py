@@ -16,17 +16,16 @@ import time
 from dataclasses import dataclass, field
 
 from stabletoolbench_mirror.config import DAY_S, RefreshConfig
-from stabletoolbench_mirror.core.naming import category_of
 from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.core.selection import RecordFilter
 
 
 @dataclass(frozen=True)
 class RefreshScope:
-    """The records ``refresh`` names: every key set must match (an empty one matches everything)."""
+    """The records ``refresh`` names (``refresh.apis``, ``categories``, ``sources``, ``older_than_days``), written in this run
+    or not."""
 
-    apis: frozenset[str] = frozenset()
-    categories: frozenset[str] = frozenset()
-    sources: frozenset[str] = frozenset()
+    chosen: RecordFilter = RecordFilter()
     older_than_s: float | None = None
     since: float = field(default_factory=time.time)
     """When this run started: records written since are its own answers, never asked again."""
@@ -34,16 +33,10 @@ class RefreshScope:
     @classmethod
     def from_config(cls, config: RefreshConfig) -> RefreshScope:
         older = None if config.older_than_days is None else config.older_than_days * DAY_S
-        return cls(frozenset(config.apis), frozenset(config.categories), frozenset(config.sources), older)
+        return cls(RecordFilter(apis=frozenset(config.apis), categories=frozenset(config.categories), sources=frozenset(config.sources)), older)
 
     def covers(self, record: Record) -> bool:
         """Whether ``record`` (a usable answer) is to be asked again (never one written in this run)."""
-        if record.created_at >= self.since:
-            return False
-        if self.apis and record.api not in self.apis:
-            return False
-        if self.categories and category_of(record.api) not in self.categories:
-            return False
-        if self.sources and record.source not in self.sources:
+        if record.created_at >= self.since or not self.chosen.matches(record):
             return False
         return self.older_than_s is None or record.created_at < time.time() - self.older_than_s

@@ -20,8 +20,8 @@ from typing import Any
 from stabletoolbench_mirror.config import Settings
 from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.core.keys import canonical_from_upstream_key
-from stabletoolbench_mirror.core.naming import category_of
 from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.core.selection import RecordFilter
 
 CHAT_STYLES = ("mirrorapi-sft", "mirrorapi-cot", "mirrorapi-cache")
 
@@ -59,14 +59,14 @@ def assistant_turn(answer: Any, meta: Mapping[str, Any] | None, style: str) -> s
     return json.dumps({"mechanism_of_the_api": rationale, "error": error, "response": response}, ensure_ascii=False)
 
 
-def unique_records(records: Iterable[Record], summary: ChatExportSummary, *, source: str | None, categories: set[str] | None) -> list[Record]:
+def unique_records(records: Iterable[Record], summary: ChatExportSummary, wanted: RecordFilter) -> list[Record]:
     """The records that pass the filters, one per API and canonical input (the earliest), in a stable order."""
     chosen: dict[tuple[str, str], Record] = {}
     for record in records:
         if record.is_failure:
             summary.failures += 1
             continue
-        if (source is not None and record.source != source) or (categories and category_of(record.api) not in categories):
+        if not wanted.matches(record):
             summary.filtered += 1
             continue
         identity = (record.api, canonical_from_upstream_key(record.key) or record.key)
@@ -101,8 +101,8 @@ def export_chat_jsonl(
     system = system_prompt_for(settings, style).text
     docs = tool_docs_for(settings)
     summary = ChatExportSummary()
-    wanted = set(categories) if categories else None
-    records = unique_records(progress_bar(store, desc="read store", unit="entry", disable=not progress), summary, source=source, categories=wanted)
+    wanted = RecordFilter(sources=frozenset([source] if source is not None else ()), categories=frozenset(categories or ()))
+    records = unique_records(progress_bar(store, desc="read store", unit="entry", disable=not progress), summary, wanted)
     with atomic_write(out, newline="\n") as handle:
         for record in progress_bar(records, desc="export", unit="record", disable=not progress):
             call = call_of_record(record, docs)

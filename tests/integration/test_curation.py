@@ -364,7 +364,7 @@ def test_a_redis_store_dropped_without_close_stops_listening(redis_server: Redis
 def test_a_raw_api_name_is_split_as_an_api_path() -> None:
     """``--api``'s raw names are split under the API path's one rule (core.naming.ApiPath): a fourth part is
     the tool name's slash, as upstream reads it (a three-way split once matched the text only)."""
-    from stabletoolbench_mirror.commands.curation import api_names
+    from stabletoolbench_mirror.core.selection import api_names
 
     assert api_names("Data/movies/Get Title") == {"Data/movies/Get Title", "Data/movies_for_Data/get_title"}
     assert api_names("Data/x/y/get") == {"Data/x/y/get", "Data/x_y_for_Data/get"}
