@@ -42,17 +42,17 @@ class RecordFilter:
         return self == RecordFilter()
 
     def matches(self, record: Record) -> bool:
-        """Whether ``record`` passes every part given (the first that fails ends the test)."""
-        return (
-            (not self.apis or record.api in self.apis)
-            and (not self.categories or category_of(record.api) in self.categories)
-            and (not self.sources or record.source in self.sources)
-            and (not self.origins or record.origin in self.origins or origin_key(record) in self.origins)
-            and (not self.keys or record.key in self.keys)
-            and (not self.failures or record.is_failure)
-            and (self.before is None or record.created_at < self.before)
-            and (not self.models or _is_model_of(record.api, self.models))
+        checks = (
+            not self.apis or record.api in self.apis,
+            not self.categories or category_of(record.api) in self.categories,
+            not self.sources or record.source in self.sources,
+            not self.origins or record.origin in self.origins or origin_key(record) in self.origins,
+            not self.keys or record.key in self.keys,
+            not self.failures or record.is_failure,
+            self.before is None or record.created_at < self.before,
+            not self.models or _is_model_of(record.api, self.models),
         )
+        return all(checks)
 
 
 def _is_model_of(api: str, patterns: tuple[str, ...]) -> bool:
