@@ -21,8 +21,9 @@ Then measures
 
 With ``--before CHECKOUT``, the same servers from another checkout (its own code through
 ``PYTHONPATH``) against the same stubs, so before and after come from one run: the c=1 misses in
-chunks and the c=32 rounds interleaved between the checkouts (each meets the same swings of the
-machine's load), the throughput runs one after the other.
+chunks, the c=32 rounds and the throughput in rounds too, interleaved between the checkouts, each
+round in the other order than the last (before, after, after, before, ...), so that each checkout
+meets the same swings of the machine's load and neither always runs first.
 
 Run from the repository root::
 
@@ -179,6 +180,12 @@ def _summary(direct: list[float], through: list[float]) -> dict[str, float]:
     }
 
 
+def _in_turn(servers: list[Mirror], round_: int) -> list[tuple[int, Mirror]]:
+    """``(index, server)`` in the order of this round: as given in even rounds, reversed in odd ones."""
+    order = list(enumerate(servers))
+    return order[::-1] if round_ % 2 else order
+
+
 def latency_many(servers: list[Mirror], api_base: str, n: int, chunks: int = 5) -> list[tuple[dict[str, float], float | None]]:
     """:func:`latency` for several servers in interleaved chunks (each server's chunk, then the next's), with
     each server's CPU per miss (its chunks' CPU over their misses, warm-ups included)."""
@@ -189,7 +196,7 @@ def latency_many(servers: list[Mirror], api_base: str, n: int, chunks: int = 5) 
     size = max(1, n // chunks)
     warmup = 50
     for c in range(chunks):
-        for k, server in enumerate(servers):
+        for k, server in _in_turn(servers, c):
             before = cpu_seconds(server.pid)
             d, t = latency_samples(server, api_base, size, base=10_000_000 + c * 100_000, warmup=warmup)
             after = cpu_seconds(server.pid)
@@ -220,7 +227,7 @@ def concurrent_added_many(servers: list[Mirror], api_base: str, seconds: float, 
     cpu = [0.0 for _ in servers]
     calls = [0 for _ in servers]
     for r in range(rounds):
-        for n, server in enumerate(servers):
+        for n, server in _in_turn(servers, r):
             base = r * 10**8 + n * 10**7
             res = run_load(api_base + "/chat/completions", lambda i, b=base: json.dumps(direct_body(10**13 + b + i)).encode(),
                            concurrency=concurrency, duration_s=seconds / rounds)
@@ -244,26 +251,39 @@ def concurrent_added_many(servers: list[Mirror], api_base: str, seconds: float, 
     } for d, t, c, k in zip(direct, through, cpu, calls)]
 
 
-def throughput(server: str, seconds: float, base: int, concurrency: int = CONCURRENCY) -> dict[str, float]:
-    """Simulated misses per second with ``concurrency`` keep-alive connections (the lean load generator)."""
-    before = requests.get(server + "/stats", timeout=10).json()
-    result = run_load(
-        server + "/virtual",
-        lambda i: json.dumps(virtual_body(base + i)).encode(),  # every call a new input: a miss
-        concurrency=concurrency,
-        duration_s=seconds,
-    )
-    after = requests.get(server + "/stats", timeout=10).json()
-    recorded = after["recorded"] - before["recorded"]
-    return {
-        "calls_per_s": recorded / result.elapsed_s,
-        "calls": result.requests,
-        "recorded": recorded,
-        "errors": result.errors + (result.requests - recorded),
-        "seconds": result.elapsed_s,
-        "p50_ms": result.p50_ms,
-        "p99_ms": result.p99_ms,
-    }
+def throughput_many(servers: list[Mirror], seconds: float, base: int, rounds: int = 1,
+                    concurrency: int = CONCURRENCY) -> list[dict[str, float]]:
+    """Simulated misses per second with ``concurrency`` keep-alive connections (the lean load generator),
+    each server for ``seconds`` in all, in ``rounds`` interleaved rounds; with its process's CPU per miss."""
+    recorded = [0 for _ in servers]
+    errors = [0 for _ in servers]
+    elapsed = [0.0 for _ in servers]
+    cpu: list[float | None] = [0.0 for _ in servers]
+    latencies: list[list[float]] = [[] for _ in servers]
+    for r in range(rounds):
+        for n, server in _in_turn(servers, r):
+            first = base + (r * len(servers) + n) * 10**9
+            before, cpu_before = requests.get(server + "/stats", timeout=10).json(), cpu_seconds(server.pid)
+            result = run_load(
+                server + "/virtual",
+                lambda i, b=first: json.dumps(virtual_body(b + i)).encode(),  # every call a new input: a miss
+                concurrency=concurrency,
+                duration_s=seconds / rounds,
+            )
+            cpu_after, after = cpu_seconds(server.pid), requests.get(server + "/stats", timeout=10).json()
+            done = after["recorded"] - before["recorded"]
+            recorded[n] += done
+            errors[n] += result.errors + (result.requests - done)
+            elapsed[n] += result.elapsed_s
+            latencies[n] += result.latencies_s
+            cpu_n = cpu[n]
+            cpu[n] = None if cpu_n is None or cpu_before is None or cpu_after is None else cpu_n + cpu_after - cpu_before
+    ms = 1000.0
+    return [{
+        "calls_per_s": k / e, "calls": len(lat), "recorded": k, "errors": err, "seconds": e,
+        "p50_ms": statistics.median(lat) * ms, "p99_ms": percentile(lat, 99) * ms,
+        "cpu_s": float("nan") if c is None else c,
+    } for k, err, e, lat, c in zip(recorded, errors, elapsed, latencies, cpu)]
 
 
 def main() -> int:
@@ -287,14 +307,14 @@ def main() -> int:
         # the checkouts' chunks interleaved: each meets the same swings of the machine's load
         for (label, _fast, _slow), (lat, cpu) in zip(servers, latency_many([fast for _l, fast, _s in servers], fast_stub, samples)):
             report_c1(label if args.before else "", lat, cpu, samples)
-        for _label, _fast, slow_server in servers:
-            throughput(slow_server, 1.0, base=0)  # warm-up
+        throughput_many([slow for _l, _f, slow in servers], 1.0, base=0)  # warm-up
         # the checkouts' rounds interleaved: each meets the same swings of the machine's load
         results = concurrent_added_many([slow for _l, _f, slow in servers], slow_stub, seconds, rounds=5)
         for (label, _fast, _slow), conc in zip(servers, results):
             report_c32(label if args.before else "", conc)
-        for label, _fast, slow_server in servers:
-            report_throughput(label if args.before else "", slow_server, seconds)
+        rounds = 5 if args.before else 1
+        for (label, _fast, _slow), tp in zip(servers, throughput_many([slow for _l, _f, slow in servers], seconds, 10**12, rounds)):
+            report_throughput(label if args.before else "", tp, rounds)
         if hasattr(os, "getloadavg"):
             print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other processes compete for the same cores)")
     return 0
@@ -324,23 +344,20 @@ def report_c32(label: str, conc: dict[str, float]) -> None:
           f"server CPU per miss {conc['cpu_ms_per_miss']:.2f} ms")
 
 
-def report_throughput(label: str, server: Mirror, seconds: float) -> None:
+def report_throughput(label: str, tp: dict[str, float], rounds: int) -> None:
     ceiling = CONCURRENCY / (STUB_LATENCY_MS / 1000.0)
-    cpu_before = cpu_seconds(server.pid)
-    tp = throughput(server, seconds, base=10**12)
-    cpu_after = cpu_seconds(server.pid)
     share = tp["calls_per_s"] / ceiling
     verdict = "ok" if share >= 0.8 else "MISSED"
-    print(f"{_tag(label)}throughput at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms ({tp['seconds']:.1f} s):")
+    how = f"{tp['seconds']:.1f} s" + (f" in {rounds} interleaved rounds" if rounds > 1 else "")
+    print(f"{_tag(label)}throughput at concurrency {CONCURRENCY}, stub latency {STUB_LATENCY_MS:.0f} ms ({how}):")
     print(
         f"  {tp['calls_per_s']:.0f} simulated misses/s = {share:.0%} of the {ceiling:.0f}/s ceiling "
         f"({tp['recorded']} recorded, {tp['errors']} errors; p50 {tp['p50_ms']:.1f} ms, p99 {tp['p99_ms']:.1f} ms)   (target >= 80%: {verdict})"
     )
-    if cpu_before is not None and cpu_after is not None and tp["calls"]:
-        used = cpu_after - cpu_before
-        per_call = used / tp["calls"]
+    if tp["calls"] and tp["cpu_s"] == tp["cpu_s"]:  # not NaN: the process's CPU could be read
+        per_call = tp["cpu_s"] / tp["calls"]
         print(
-            f"  server process: {used / tp['seconds']:.2f} cores busy, {per_call * 1000:.2f} ms CPU per miss "
+            f"  server process: {tp['cpu_s'] / tp['seconds']:.2f} cores busy, {per_call * 1000:.2f} ms CPU per miss "
             f"(one core would sustain ~{1 / per_call:.0f} misses/s)"
         )
 
