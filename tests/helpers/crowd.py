@@ -1,6 +1,6 @@
 """Crowds of misbehaving clients on real sockets (127.0.0.1 only), and a process's resident memory.
 
-Used by the memory tests and ``benchmarks/memory_bounds.py``.
+Used by the memory tests and ``benchmarks/hardening.py``.
 """
 
 from __future__ import annotations
