@@ -21,9 +21,12 @@ Then measures
 
 With ``--before CHECKOUT``, the same servers from another checkout (its own code through
 ``PYTHONPATH``) against the same stubs, so before and after come from one run: the c=1 misses in
-chunks, the c=32 rounds and the throughput in rounds too, interleaved between the checkouts, each
-round in the other order than the last (before, after, after, before, ...), so that each checkout
-meets the same swings of the machine's load and neither always runs first.
+chunks, the c=32 rounds and the throughput in rounds too, interleaved between the servers, each
+round in the other order than the last, so that each checkout meets the same swings of the
+machine's load and neither always runs first.  Each checkout runs two servers of each kind, started
+after, before, before, after, and its figures pool both: on the 2-core development machine the
+server started first spent 2-5 % more CPU per miss at c=32 than the one started after it, whichever
+checkout each ran (one run with each order), which made one checkout look slower than the other.
 
 Run from the repository root::
 
@@ -137,10 +140,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def latency(server: str, api_base: str, n: int) -> dict[str, float]:
-    return _summary(*latency_samples(server, api_base, n))
-
-
 def latency_samples(server: str, api_base: str, n: int, base: int = 10_000_000, warmup: int = 50) -> tuple[list[float], list[float]]:
     """``n`` sequential misses through the server and as many direct calls, alternated (after ``warmup`` rounds)."""
     direct_s, virtual_s = requests.Session(), requests.Session()
@@ -180,25 +179,29 @@ def _summary(direct: list[float], through: list[float]) -> dict[str, float]:
     }
 
 
-def _in_turn(servers: list[Mirror], round_: int) -> list[tuple[int, Mirror]]:
-    """``(index, server)`` in the order of this round: as given in even rounds, reversed in odd ones."""
-    order = list(enumerate(servers))
+Groups = list[list[Mirror]]
+"""Servers by checkout: each checkout's figures are pooled from its group's servers."""
+
+
+def _in_turn(groups: Groups, round_: int) -> list[tuple[int, Mirror]]:
+    """``(group, server)`` for every server, in the order of this round: as given in even rounds, reversed in odd ones."""
+    order = [(g, server) for g, group in enumerate(groups) for server in group]
     return order[::-1] if round_ % 2 else order
 
 
-def latency_many(servers: list[Mirror], api_base: str, n: int, chunks: int = 5) -> list[tuple[dict[str, float], float | None]]:
-    """:func:`latency` for several servers in interleaved chunks (each server's chunk, then the next's), with
-    each server's CPU per miss (its chunks' CPU over their misses, warm-ups included)."""
-    direct: list[list[float]] = [[] for _ in servers]
-    through: list[list[float]] = [[] for _ in servers]
-    cpu: list[float | None] = [0.0 for _ in servers]
-    calls = [0 for _ in servers]
-    size = max(1, n // chunks)
+def latency_many(groups: Groups, api_base: str, n: int, chunks: int = 5) -> list[tuple[dict[str, float], float | None]]:
+    """``n`` sequential misses per group (:func:`latency_samples`) in interleaved chunks (each server's chunk, then
+    the next's), with each group's CPU per miss (its chunks' CPU over their misses, warm-ups included)."""
+    direct: list[list[float]] = [[] for _ in groups]
+    through: list[list[float]] = [[] for _ in groups]
+    cpu: list[float | None] = [0.0 for _ in groups]
+    calls = [0 for _ in groups]
     warmup = 50
     for c in range(chunks):
-        for k, server in _in_turn(servers, c):
+        for k, server in _in_turn(groups, c):
+            size = max(1, n // chunks // len(groups[k]))
             before = cpu_seconds(server.pid)
-            d, t = latency_samples(server, api_base, size, base=10_000_000 + c * 100_000, warmup=warmup)
+            d, t = latency_samples(server, api_base, size, base=10_000_000 + c * 100_000 + server.pid * 10**9, warmup=warmup)
             after = cpu_seconds(server.pid)
             direct[k] += d
             through[k] += t
@@ -209,32 +212,27 @@ def latency_many(servers: list[Mirror], api_base: str, n: int, chunks: int = 5) 
     return [(_summary(d, t), None if c_ is None else c_ / k_) for d, t, c_, k_ in zip(direct, through, cpu, calls)]
 
 
-def concurrent_added(server: Mirror, api_base: str, seconds: float, rounds: int, concurrency: int = CONCURRENCY) -> dict[str, float]:
-    """Misses at ``concurrency`` through the server vs the same number of direct calls to the stub at once.
-
-    Short runs alternated (direct, through, direct, ...) so a busy machine's swings land on both
-    sides; every call a new input.  The server's CPU is read around its runs only.
-    """
-    return concurrent_added_many([server], api_base, seconds, rounds, concurrency)[0]
-
-
-def concurrent_added_many(servers: list[Mirror], api_base: str, seconds: float, rounds: int,
+def concurrent_added_many(groups: Groups, api_base: str, seconds: float, rounds: int,
                           concurrency: int = CONCURRENCY) -> list[dict[str, float]]:
-    """:func:`concurrent_added` for several servers, their rounds interleaved (direct, server 1, direct,
-    server 2, ... in each round), so each server's runs meet the same swings of the machine's load."""
-    direct: list[list[float]] = [[] for _ in servers]
-    through: list[list[float]] = [[] for _ in servers]
-    cpu = [0.0 for _ in servers]
-    calls = [0 for _ in servers]
+    """Misses at ``concurrency`` through each group's servers vs the same number of direct calls to the stub at once.
+
+    Short runs alternated (direct, server 1, direct, server 2, ... in each round) so that a busy machine's swings
+    land on every side; every call a new input.  A server's CPU is read around its runs only; each group's
+    servers share its ``seconds``.
+    """
+    direct: list[list[float]] = [[] for _ in groups]
+    through: list[list[float]] = [[] for _ in groups]
+    cpu = [0.0 for _ in groups]
+    calls = [0 for _ in groups]
     for r in range(rounds):
-        for n, server in _in_turn(servers, r):
-            base = r * 10**8 + n * 10**7
+        for n, server in _in_turn(groups, r):
+            base, span = r * 10**8 + server.pid * 10**9, seconds / rounds / len(groups[n])
             res = run_load(api_base + "/chat/completions", lambda i, b=base: json.dumps(direct_body(10**13 + b + i)).encode(),
-                           concurrency=concurrency, duration_s=seconds / rounds)
+                           concurrency=concurrency, duration_s=span)
             direct[n] += res.latencies_s
             before = cpu_seconds(server.pid)
             res = run_load(server + "/virtual", lambda i, b=base: json.dumps(virtual_body(2 * 10**13 + b + i)).encode(),
-                           concurrency=concurrency, duration_s=seconds / rounds)
+                           concurrency=concurrency, duration_s=span)
             after = cpu_seconds(server.pid)
             if res.errors:
                 raise RuntimeError(f"{res.errors} errors through the server ({res.statuses})")
@@ -251,24 +249,24 @@ def concurrent_added_many(servers: list[Mirror], api_base: str, seconds: float, 
     } for d, t, c, k in zip(direct, through, cpu, calls)]
 
 
-def throughput_many(servers: list[Mirror], seconds: float, base: int, rounds: int = 1,
+def throughput_many(groups: Groups, seconds: float, base: int, rounds: int = 1,
                     concurrency: int = CONCURRENCY) -> list[dict[str, float]]:
     """Simulated misses per second with ``concurrency`` keep-alive connections (the lean load generator),
-    each server for ``seconds`` in all, in ``rounds`` interleaved rounds; with its process's CPU per miss."""
-    recorded = [0 for _ in servers]
-    errors = [0 for _ in servers]
-    elapsed = [0.0 for _ in servers]
-    cpu: list[float | None] = [0.0 for _ in servers]
-    latencies: list[list[float]] = [[] for _ in servers]
+    each group's servers for ``seconds`` in all, in ``rounds`` interleaved rounds; with their CPU per miss."""
+    recorded = [0 for _ in groups]
+    errors = [0 for _ in groups]
+    elapsed = [0.0 for _ in groups]
+    cpu: list[float | None] = [0.0 for _ in groups]
+    latencies: list[list[float]] = [[] for _ in groups]
     for r in range(rounds):
-        for n, server in _in_turn(servers, r):
-            first = base + (r * len(servers) + n) * 10**9
+        for n, server in _in_turn(groups, r):
+            first = base + r * 10**8 + server.pid * 10**9
             before, cpu_before = requests.get(server + "/stats", timeout=10).json(), cpu_seconds(server.pid)
             result = run_load(
                 server + "/virtual",
                 lambda i, b=first: json.dumps(virtual_body(b + i)).encode(),  # every call a new input: a miss
                 concurrency=concurrency,
-                duration_s=seconds / rounds,
+                duration_s=seconds / rounds / len(groups[n]),
             )
             cpu_after, after = cpu_seconds(server.pid), requests.get(server + "/stats", timeout=10).json()
             done = after["recorded"] - before["recorded"]
@@ -292,7 +290,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=None, help="sequential misses for the latency part (default 1000)")
     parser.add_argument("--seconds", type=float, default=None, help="length of the throughput run (default 15)")
     parser.add_argument("--before", help="another checkout (its repository root): its servers measured in the same run, "
-                                         "against the same stubs, each figure right after this checkout's")
+                                         "against the same stubs, their runs interleaved with this checkout's")
     args = parser.parse_args()
     samples = args.samples or (200 if args.quick else 1000)
     seconds = args.seconds or (5.0 if args.quick else 15.0)
@@ -302,19 +300,23 @@ def main() -> int:
         work = Path(tmp)
         fast_stub = stack.enter_context(stub(0.0))
         slow_stub = stack.enter_context(stub(STUB_LATENCY_MS))
-        servers = [(label, stack.enter_context(mirror(fast_stub, work, checkout)), stack.enter_context(mirror(slow_stub, work, checkout)))
-                   for label, checkout in checkouts]
-        # the checkouts' chunks interleaved: each meets the same swings of the machine's load
-        for (label, _fast, _slow), (lat, cpu) in zip(servers, latency_many([fast for _l, fast, _s in servers], fast_stub, samples)):
-            report_c1(label if args.before else "", lat, cpu, samples)
-        throughput_many([slow for _l, _f, slow in servers], 1.0, base=0)  # warm-up
-        # the checkouts' rounds interleaved: each meets the same swings of the machine's load
-        results = concurrent_added_many([slow for _l, _f, slow in servers], slow_stub, seconds, rounds=5)
-        for (label, _fast, _slow), conc in zip(servers, results):
-            report_c32(label if args.before else "", conc)
+        fast: Groups = [[] for _ in checkouts]
+        slow: Groups = [[] for _ in checkouts]
+        # with --before, two servers of each kind per checkout, started after, before, before, after: where a
+        # server stands in the start order changes its figures, so each checkout pools one started early and one late
+        for k in [0, 1, 1, 0] if args.before else [0]:
+            fast[k].append(stack.enter_context(mirror(fast_stub, work, checkouts[k][1])))
+            slow[k].append(stack.enter_context(mirror(slow_stub, work, checkouts[k][1])))
+        labels = [label if args.before else "" for label, _checkout in checkouts]
+        # the checkouts' chunks and rounds interleaved: each meets the same swings of the machine's load
+        for label, (lat, cpu) in zip(labels, latency_many(fast, fast_stub, samples)):
+            report_c1(label, lat, cpu, samples)
+        throughput_many(slow, 1.0, base=0)  # warm-up
+        for label, conc in zip(labels, concurrent_added_many(slow, slow_stub, seconds, rounds=5)):
+            report_c32(label, conc)
         rounds = 5 if args.before else 1
-        for (label, _fast, _slow), tp in zip(servers, throughput_many([slow for _l, _f, slow in servers], seconds, 10**12, rounds)):
-            report_throughput(label if args.before else "", tp, rounds)
+        for label, tp in zip(labels, throughput_many(slow, seconds, 10**12, rounds)):
+            report_throughput(label, tp, rounds)
         if hasattr(os, "getloadavg"):
             print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other processes compete for the same cores)")
     return 0
