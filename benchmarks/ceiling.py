@@ -8,7 +8,9 @@ Starts, each in its own process on 127.0.0.1:
 * ``stabletoolbench-mirror serve`` of this checkout (``replay`` mode) over an upstream-layout
   frozen cache whose one API file holds 10 and 10,000 entries (as ``benchmarks/hit_path.py``);
 * with ``--before CHECKOUT``, the same servers from another checkout (its own code through
-  ``PYTHONPATH``), so before and after are measured in one run.
+  ``PYTHONPATH``), so before and after are measured in one run: two servers per checkout and size,
+  started after, before, before, after, each checkout's rounds taking its two in turn (where a server
+  stands in the start order can change its figures: ``benchmarks/miss_path.py`` says how much).
 
 The hits cycle through 2,000 bodies (random inputs of the file); at the largest size each server
 is also driven with every body new (``distinct``: an extra field the server ignores, so the call is
@@ -22,7 +24,7 @@ the bare run just before it).  Issue 24: hit rps at 10,000 entries >= 0.5 x the 
 
 wrk must be installed (``apt-get install wrk``); without it this refuses to run.
 
-    python benchmarks/ceiling.py [--before /path/to/old/checkout] [--rounds 5] [--duration 4]
+    python benchmarks/ceiling.py [--before /path/to/old/checkout] [--rounds 6] [--duration 4]
                                  [--connections 8] [--threads 1] [--sizes 10 10000] [--no-distinct]
 """
 
@@ -85,7 +87,8 @@ end
 @dataclass
 class Target:
     name: str
-    url: str
+    urls: list[str]
+    """Its servers' URLs, taken in turn by the rounds."""
     bodies: Path
     distinct: bool = False
     runs: list[dict] = field(default_factory=list)
@@ -133,7 +136,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", help="another checkout (its repository root) measured in the same run")
     ap.add_argument("--sizes", type=int, nargs="+", default=[10, 10_000], help="entries in the one API file")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=6, help="an even number gives each server of a checkout as many rounds")
     ap.add_argument("--duration", type=float, default=4.0, help="seconds per wrk run")
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="wrk threads (1 leaves the other core of a 2-core machine to the server)")
@@ -157,24 +160,28 @@ def main() -> int:
             inputs = make_tree(work / f"frozen-{size}", size)
             bodies = hit_bodies(work / f"bodies-{size}.txt", inputs)
             bare_bodies = bare_bodies or bodies
-            for label, checkout in checkouts:
-                folder = work / f"{label}-{size}"
+            urls: list[list[str]] = [[] for _ in checkouts]
+            for n, k in enumerate([0, 1, 1, 0] if args.before else [0]):
+                label, checkout = checkouts[k]
+                folder = work / f"{label}-{size}-{n}"
                 folder.mkdir()
                 server_port = free_port()
                 cfg = server_config(folder, work / f"frozen-{size}", server_port)
                 stack.enter_context(serve_checkout(checkout, cfg, server_port))
-                url = f"http://127.0.0.1:{server_port}/virtual"
-                check_hit(url, bodies)
-                targets.append(Target(f"{label} {size:>6} entries", url, bodies))
+                urls[k].append(f"http://127.0.0.1:{server_port}/virtual")
+                check_hit(urls[k][-1], bodies)
+            for (label, _checkout), mine in zip(checkouts, urls):
+                targets.append(Target(f"{label} {size:>6} entries", mine, bodies))
                 if args.distinct and size == max(args.sizes):
-                    targets.append(Target(f"{label} {size:>6} distinct", url, bodies, distinct=True))
-        bare = Target("bare ASGI app", f"http://127.0.0.1:{port}/virtual", bare_bodies or Path())
+                    targets.append(Target(f"{label} {size:>6} distinct", mine, bodies, distinct=True))
+        bare = Target("bare ASGI app", [f"http://127.0.0.1:{port}/virtual"], bare_bodies or Path())
         for target in [bare, *targets]:  # warm-up: loads the files, fills caches
-            wrk(target.url, script, target.bodies, threads=args.threads, connections=args.connections, duration=1, distinct=target.distinct)
+            for url in target.urls:
+                wrk(url, script, target.bodies, threads=args.threads, connections=args.connections, duration=1, distinct=target.distinct)
         for round_ in range(args.rounds):
             for target in targets:
-                bare.runs.append(wrk(bare.url, script, bare.bodies, threads=args.threads, connections=args.connections, duration=args.duration))
-                run = wrk(target.url, script, target.bodies, threads=args.threads, connections=args.connections, duration=args.duration,
+                bare.runs.append(wrk(bare.urls[0], script, bare.bodies, threads=args.threads, connections=args.connections, duration=args.duration))
+                run = wrk(target.urls[round_ % len(target.urls)], script, target.bodies, threads=args.threads, connections=args.connections, duration=args.duration,
                           distinct=target.distinct)
                 target.runs.append(run)
                 target.ratios.append(run["rps"] / bare.runs[-1]["rps"])
