@@ -5,7 +5,9 @@ snapshots)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -178,8 +180,6 @@ def what_was_scored(settings: Any, pairs: list[Pair], store: Any, *, references:
     or the recorded candidates, ``candidate_calls``, or the shadow store), the references (where from, as
     ``references`` names them, the sha256 of every scored reference answer, the store, each frozen snapshot's
     content hash) and the date (UTC)."""
-    import time
-
     from stabletoolbench_mirror.stores.kinds import StoreSpec
 
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **_candidate(settings, candidate_calls, shadow)}
@@ -213,8 +213,6 @@ def _candidate(settings: Any, candidate_calls: list[str], shadow: bool) -> dict[
 
 
 def _references_sha256(pairs: list[Pair]) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     for pair in sorted(pairs, key=lambda p: (p.api, p.key)):
         digest.update(json.dumps([pair.api, pair.key, pair.reference], sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass"))
