@@ -83,6 +83,9 @@ class Settings(Section):
     archive_max_members: int = Field(default=100_000, gt=0)
     """The most members (files and folders) a snapshot archive may hold; one with more is refused before
     anything is unpacked."""
+    archive_max_ratio: float = Field(default=100, gt=1)
+    """The most bytes an archive may unpack to per byte of it, counted as it is unpacked (past 16 MiB); more
+    is an archive bomb, refused before it is written."""
     allow_symlinks: bool = False
     """Follow symbolic links that lead out of a frozen cache tree or the tools folder (refused otherwise)."""
     tools_folder: str | None = None

@@ -13,7 +13,9 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -61,8 +63,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     tune_malloc()  # bulk commands and servers alike: freed file texts go back to the system
     # a name read from a store, a tree or a file may hold ESC sequences: every command's output shows them escaped
     # (the servers' logs are escaped by their filter; the stdio MCP server's stdout is its protocol)
-    with contextlib.nullcontext() if getattr(args, "raw_output", False) else printable_output():
+    with contextlib.nullcontext() if getattr(args, "raw_output", False) else printable_output(), terminate_as_exception():
         return _run(args)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread (as Ctrl-C is): ``finally`` blocks run, so what a command was writing (a
+    download's ``.part``, a half-unpacked folder, a temporary work folder) is removed.  A ``BaseException``, as
+    ``KeyboardInterrupt`` is: no ``except Exception`` takes it for a failure to recover from."""
+
+
+@contextlib.contextmanager
+def terminate_as_exception() -> Iterator[None]:
+    """SIGTERM as :class:`Terminated` in this process meanwhile; a second SIGTERM, or one in a forked child (which
+    inherits the handler), ends the process at once as SIGTERM does.  An inherited "ignore", and a command run off the
+    main thread (where no handler can be set), keep their own."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        yield
+        return
+    owner = os.getpid()
+    raised = False
+
+    def handle(signum: int, _frame: Any) -> None:
+        nonlocal raised
+        if raised or os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raised = True
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -101,6 +136,9 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
 
 
 def closed_pipe() -> int:

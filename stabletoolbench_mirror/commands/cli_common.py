@@ -16,6 +16,10 @@ from stabletoolbench_mirror.config import Mode, Settings, load_settings
 
 if TYPE_CHECKING:
     from stabletoolbench_mirror.stores.base import Store
+    from stabletoolbench_mirror.upstream.archive_limits import ArchiveLimits
+
+#: what ``score`` and ``report`` let a bundle or archive they fetch be by default: unpacked, downloaded (MiB), unpacked per byte
+MAX_UNPACKED_MB, MAX_DOWNLOAD_MB, MAX_RATIO = 4096.0, 2048.0, 100.0
 
 
 class CommandError(Exception):
@@ -37,6 +41,40 @@ def add_answer_file_arguments(parser: Any, *, queries: str = "query files or fol
     parser.add_argument("--answers", action="append", metavar="PATH", help="StableToolBench answer files or folders (repeatable)")
     parser.add_argument("--queries", action="append", metavar="PATH", help=f"{queries} (repeatable)")
     parser.add_argument("--tools-folder", help="a ToolBench tools folder, also used to map answer-file function names (default: 'tools_folder')")
+
+
+def _above_zero(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be above 0")
+    return value
+
+
+def add_archive_limit_arguments(parser: Any) -> None:
+    """``--max-unpacked-mb``, ``--max-download-mb`` and ``--max-ratio``: how large a bundle or archive a command fetches may be."""
+    parser.add_argument("--max-unpacked-mb", type=_above_zero, default=MAX_UNPACKED_MB,
+                        help="the most an archive (.tar.gz, or a URL to one) may unpack to, MiB; a larger one is refused and nothing "
+                             "of it kept (default: %(default)g, 4 GiB)")
+    parser.add_argument("--max-download-mb", type=_above_zero, default=MAX_DOWNLOAD_MB,
+                        help="the largest archive downloaded from a URL, MiB; a larger one is stopped and nothing of it kept "
+                             "(default: %(default)g, 2 GiB)")
+    parser.add_argument("--max-ratio", type=_above_zero, default=MAX_RATIO,
+                        help="the most an archive may unpack to per byte of it, counted as it unpacks (past 16 MiB): more is "
+                             "refused as an archive bomb (default: %(default)g)")
+
+
+def archive_limits(args: argparse.Namespace, settings: Settings | None = None) -> ArchiveLimits:
+    """The :class:`~stabletoolbench_mirror.upstream.archive_limits.ArchiveLimits` of :func:`add_archive_limit_arguments`'s
+    flags (the settings' others, when given), each refusal naming its flag."""
+    import dataclasses
+
+    from stabletoolbench_mirror.upstream.archive_limits import ArchiveLimits, LimitNames
+
+    unpacked = int(args.max_unpacked_mb * 2**20)
+    names = LimitNames(member="--max-unpacked-mb", total="--max-unpacked-mb", ratio="--max-ratio", download="--max-download-mb")
+    return dataclasses.replace(ArchiveLimits() if settings is None else ArchiveLimits.of(settings), max_member_bytes=unpacked,
+                               max_total_bytes=unpacked, download_max_bytes=int(args.max_download_mb * 2**20),
+                               max_ratio=args.max_ratio, names=names)
 
 
 def print_json(data: Any) -> None:

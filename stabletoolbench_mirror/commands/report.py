@@ -14,7 +14,15 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import CommandError, add_command, add_config_arguments, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import (
+    CommandError,
+    add_archive_limit_arguments,
+    add_command,
+    add_config_arguments,
+    archive_limits,
+    print_json,
+    settings_from_args,
+)
 from stabletoolbench_mirror.config import ConfigError
 from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.reporting.server import MAX_MB
@@ -106,10 +114,12 @@ def _gathered(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[str],
     from stabletoolbench_mirror.reporting.score_page import render, render_pair
 
     settings = settings_from_args(args)
+    limits = archive_limits(args, settings)
     if args.source_b is not None:
-        pair = collect_pair(args.source, args.source_b, settings, progress=not args.quiet)
+        pair = collect_pair(args.source, args.source_b, settings, progress=not args.quiet, limits=limits)
         return pair, render_pair(pair), list(pair_lines(pair)), pair["comparison"]["same"]
-    report = collect(args.source, settings, timeout_s=args.timeout, max_bytes=int(args.max_mb * 2**20), progress=not args.quiet)
+    report = collect(args.source, settings, timeout_s=args.timeout, max_bytes=int(args.max_mb * 2**20), progress=not args.quiet,
+                     limits=limits)
     return report, render(report), list(summary_lines(report)), not report["problems"]
 
 
@@ -127,4 +137,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-mb", type=float, default=MAX_MB,
                         help=f"the most a server's /stats (or /health) may be, MiB; larger is refused (default {MAX_MB:g})")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_archive_limit_arguments(parser)
     add_config_arguments(parser)

@@ -5,8 +5,9 @@ The command line only: the run, the bundle and the score are :mod:`stabletoolben
 Exit status: 0 when a record run wrote its bundle, or a replay / re-score gave every file identical; 1 when a
 replay or re-score differs from its bundle (each file named) or the bundle's seal does not hold; 2 for what the
 user must fix first (a checkout, a group, a missing requirement, a judge with no key, a config, a bundle that
-cannot be read); 3 when one of StableToolBench's scripts failed or ran past ``--timeout`` (its log named);
-130 when interrupted (the same command resumes).
+cannot be read, or one over ``--max-unpacked-mb`` / ``--max-download-mb`` / ``--max-ratio``); 3 when one of StableToolBench's
+scripts failed or ran past ``--timeout`` (its log named); 130 when interrupted (the same command resumes; a replay's
+temporary work folder is removed however it ends, ``--work`` keeps one).
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.commands.cli_common import CommandError, add_command, add_json_argument, print_json, settings_from_args
+from stabletoolbench_mirror.commands.cli_common import (
+    CommandError,
+    add_archive_limit_arguments,
+    add_command,
+    add_json_argument,
+    archive_limits,
+    print_json,
+    settings_from_args,
+)
 from stabletoolbench_mirror.config import Settings
 
 EXIT_DIFFERENT = 1
@@ -90,7 +99,7 @@ def _record(args: argparse.Namespace) -> Any:
             raise SessionError(f"--{flag.replace('_', '-')} is needed to record a run (or give --replay BUNDLE / --rescore BUNDLE)")
     checkout = find_checkout(args.stabletoolbench, args.tools)
     work = Path(args.work) if args.work else _default_work(args.out)
-    reference = open_bundle(args.reference, work / "downloads", progress=not args.quiet) if args.reference else None
+    reference = open_bundle(args.reference, work / "downloads", progress=not args.quiet, limits=archive_limits(args)) if args.reference else None
     settings = settings_from_args(args)
     spec = _spec(args, checkout, reference)
     runner = _runner(args, checkout.root, skip_sleeps=not (args.keep_sleeps or settings.real.enabled))
@@ -106,18 +115,25 @@ def _replay(args: argparse.Namespace, spec_text: str, rescore: bool) -> Any:
     checkout = find_checkout(args.stabletoolbench, args.tools)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="stm-score-"))
     try:
-        bundle = open_bundle(spec_text, work / "downloads", progress=not args.quiet)
+        bundle = open_bundle(spec_text, work / "downloads", progress=not args.quiet, limits=archive_limits(args))
         runner = _runner(args, checkout.root, skip_sleeps=not args.keep_sleeps)
         report = replay(ReplayRequest(bundle, checkout, runner, work, rescore, progress=not args.quiet), _hooks(args.quiet))
-    except BaseException:
-        if not args.work:
-            print(f"the work folder is kept: {work}", file=sys.stderr)
-        raise
+    finally:
+        if not args.work:  # a temporary folder, however the run ended: removed (--work keeps one, to look at or resume)
+            shutil.rmtree(work, ignore_errors=True)
     report.bundle = spec_text
-    if not args.work and report.identical:  # a temporary folder, nothing to look at: removed
-        shutil.rmtree(work, ignore_errors=True)
+    if not args.work:
         report.work = None
+        if not report.identical:
+            report.notes.append("the temporary work folder is removed: give --work DIR to keep the replayed files")
     return report
+
+
+def _resume(args: argparse.Namespace, how: str) -> str:
+    """How to go on after a stop: ``how``, unless the run's work folder was a temporary one (removed)."""
+    if args.work or not (args.replay or args.rescore):
+        return how
+    return "the temporary work folder is removed: give --work DIR to keep one, and the same command resumes from there"
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -125,7 +141,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     server this command starts, and seal everything into one bundle; --replay BUNDLE runs it again with no model and no
     key and exits 0 only when every answer and label file is identical; --rescore BUNDLE re-runs the evaluation only.
     See docs/reproduce-a-score.md."""
-    from stabletoolbench_mirror.scoring.bundle import BundleError
+    from stabletoolbench_mirror.scoring.bundle import BundleError, SealError
     from stabletoolbench_mirror.scoring.checkout import CheckoutError
     from stabletoolbench_mirror.scoring.session import SessionError
     from stabletoolbench_mirror.scoring.upstream_run import MissingRequirements, UpstreamFailed, UpstreamTimeout
@@ -137,14 +153,17 @@ def cmd_score(args: argparse.Namespace) -> int:
             report = _replay(args, args.replay or args.rescore, rescore=bool(args.rescore))
         else:
             report = _record(args)
+    except SealError as exc:  # a folder or an archive changed since it was sealed
+        raise CommandError(str(exc), EXIT_DIFFERENT) from None
     except BundleError as exc:
-        raise CommandError(str(exc), EXIT_DIFFERENT if "differ from the bundle's seal" in str(exc) else EXIT_USAGE) from None
+        raise CommandError(str(exc), EXIT_USAGE) from None
     except (CheckoutError, SessionError, MissingRequirements) as exc:
         raise CommandError(str(exc)) from None
     except (UpstreamFailed, UpstreamTimeout) as exc:
-        raise CommandError(f"{exc}\nthe same command resumes the run from this phase", EXIT_UPSTREAM) from None
+        raise CommandError(f"{exc}\n{_resume(args, 'the same command resumes the run from this phase')}", EXIT_UPSTREAM) from None
     except KeyboardInterrupt:
-        print("interrupted: the phases done are kept in the work folder; run the same command again to resume", file=sys.stderr)
+        print(f"interrupted: {_resume(args, 'the phases done are kept in the work folder; run the same command again to resume')}",
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     if args.json:
         print_json(report.as_json())
@@ -215,6 +234,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     how.add_argument("--seed", type=int, default=42, help="random.seed and PYTHONHASHSEED of upstream's processes (default: %(default)s; a replay uses the bundle's)")
     how.add_argument("--keep-sleeps", action="store_true", help="keep upstream's own sleeps (skipped unless the real API is enabled)")
     how.add_argument("--timeout", type=float, help="the longest one upstream script may run, in seconds (default: no limit)")
-    how.add_argument("--work", help="the work folder (default: BUNDLE.work beside --out; a temporary one for --replay/--rescore)")
+    how.add_argument("--work", help="the work folder (default: BUNDLE.work beside --out; for --replay/--rescore a temporary one, "
+                                    "removed however the run ends)")
     how.add_argument("--quiet", "-q", action="store_true", help="no progress bars or start-up summary")
+    add_archive_limit_arguments(how)
     add_json_argument(parser)

@@ -76,8 +76,10 @@ def base(report_source: dict[str, Any]) -> dict[str, Any]:
             **{part: None for part in PARTS}, "problems": []}
 
 
-def collect(spec: str, settings: Settings, *, timeout_s: float = 30.0, max_bytes: int = 64 << 20, progress: bool = False) -> dict[str, Any]:
-    """The report of ``spec`` (see the module docstring), as the JSON object ``--json`` prints."""
+def collect(spec: str, settings: Settings, *, timeout_s: float = 30.0, max_bytes: int = 64 << 20, progress: bool = False,
+            limits: ArchiveLimits | None = None) -> dict[str, Any]:
+    """The report of ``spec`` (see the module docstring), as the JSON object ``--json`` prints; an archive is fetched and
+    unpacked within ``limits`` (default: the settings')."""
     if is_server_url(spec):
         location = spec.rstrip("/").removesuffix("/stats").removesuffix("/virtual")
         report = base({"kind": "server", "location": location})
@@ -88,7 +90,7 @@ def collect(spec: str, settings: Settings, *, timeout_s: float = 30.0, max_bytes
     if is_archive(spec):
         try:
             root = Path(local_tree(spec, settings.resolve(settings.download_dir), progress=progress,
-                                   limits=ArchiveLimits.of(settings), kind=BUNDLE_OR_SNAPSHOT))
+                                   limits=limits or ArchiveLimits.of(settings), kind=BUNDLE_OR_SNAPSHOT))
         except ArchiveError as exc:
             raise ReportError(str(exc)) from exc
         kind = "bundle" if is_bundle(root) else "archive"
@@ -103,11 +105,12 @@ def collect(spec: str, settings: Settings, *, timeout_s: float = 30.0, max_bytes
     return report
 
 
-def collect_pair(spec_a: str, spec_b: str, settings: Settings, *, progress: bool = False) -> dict[str, Any]:
+def collect_pair(spec_a: str, spec_b: str, settings: Settings, *, progress: bool = False,
+                 limits: ArchiveLimits | None = None) -> dict[str, Any]:
     """Two bundles side by side: each one's report and where they differ (:func:`.bundles.compare`)."""
     sides = []
     for spec in (spec_a, spec_b):
-        report = collect(spec, settings, progress=progress)
+        report = collect(spec, settings, progress=progress, limits=limits)
         if report["source"]["kind"] != "bundle":
             raise ReportError(f"{spec}: a {report['source']['kind']}, not a score bundle: `report A B` compares two bundles "
                               "(folders with bundle.json, or their .tar.gz)")

@@ -62,12 +62,15 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.core.files import atomic_write
 from stabletoolbench_mirror.upstream.archives import MARKER as UNPACKED_MARKER
 from stabletoolbench_mirror.upstream.archives import file_sha256
+
+if TYPE_CHECKING:
+    from stabletoolbench_mirror.upstream.archive_limits import ArchiveLimits
 
 FORMAT = "stabletoolbench-mirror-score-bundle"
 FORMAT_VERSION = 1
@@ -91,6 +94,10 @@ UNHASHED = frozenset({BUNDLE_FILE, LOGS_DIR, UNPACKED_MARKER})
 
 class BundleError(RuntimeError):
     """A bundle cannot be read or trusted (the message names the file and the fix)."""
+
+
+class SealError(BundleError):
+    """A bundle whose files are not as its seal says (a folder or an archive changed since it was sealed)."""
 
 
 # -- where each file of a run lives --------------------------------------------------------------------
@@ -306,34 +313,37 @@ def reference_pass_rate_file(reference: str, group: str) -> str:
 
 
 def _check_archive(root: Path, progress: bool) -> str:
-    from stabletoolbench_mirror.upstream.archives import ArchiveError
+    from stabletoolbench_mirror.upstream.archive_limits import ArchiveChanged, ArchiveError
 
     try:
         differences = verify(root)
     except BundleError as exc:
         raise ArchiveError(str(exc)) from exc
     if differences:
-        raise ArchiveError("the files do not match the seal: " + "; ".join(str(d) for d in differences[:20]))
+        raise ArchiveChanged("the files do not match the seal: " + "; ".join(str(d) for d in differences[:20]))
     return str(read_manifest(root)["content_hash"])
 
 
-def open_bundle(spec: str, download_dir: str | os.PathLike[str], *, progress: bool = False) -> Bundle:
+def open_bundle(spec: str, download_dir: str | os.PathLike[str], *, progress: bool = False, limits: ArchiveLimits | None = None) -> Bundle:
     """The bundle ``spec`` names (a folder, a ``.tar.gz``, or an ``http(s)://`` URL, optionally with
-    ``#sha256=<hex>``), its seal checked: :class:`BundleError` naming every file changed since it was sealed.
+    ``#sha256=<hex>``), its seal checked: :class:`SealError` naming every file changed since it was sealed,
+    :class:`BundleError` for one that cannot be read.
 
-    An archive is fetched, limited and unpacked safely into ``download_dir`` by :mod:`..upstream.archives`
+    An archive is fetched, limited (``limits``) and unpacked safely into ``download_dir`` by :mod:`..upstream.archives`
     (the code that reads snapshot archives).
     """
-    from stabletoolbench_mirror.upstream.archives import ArchiveError, ArchiveKind, local_tree
+    from stabletoolbench_mirror.upstream.archives import ArchiveChanged, ArchiveError, ArchiveKind, local_tree
 
     kind = ArchiveKind((BUNDLE_FILE,), "a score bundle", "stabletoolbench-mirror score ... --out BUNDLE.tar.gz", _check_archive)
     try:
-        root = local_tree(spec, download_dir, progress=progress, kind=kind)
+        root = local_tree(spec, download_dir, progress=progress, limits=limits, kind=kind)
+    except ArchiveChanged as exc:
+        raise SealError(str(exc)) from exc
     except ArchiveError as exc:
         raise BundleError(str(exc)) from exc
     differences = verify(root)
     if differences:
         shown = "\n  ".join(str(d) for d in differences[:50])
         more = f"\n  ... and {len(differences) - 50} more" if len(differences) > 50 else ""
-        raise BundleError(f"{root}: {len(differences)} file(s) differ from the bundle's seal:\n  {shown}{more}")
+        raise SealError(f"{root}: {len(differences)} file(s) differ from the bundle's seal:\n  {shown}{more}")
     return read_bundle(root)

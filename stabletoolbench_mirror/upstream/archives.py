@@ -10,13 +10,19 @@ one, optionally ending in ``#sha256=<hex>`` (the archive file's SHA-256).  :func
    the size bound are checked chunk by chunk);
 2. reads the archive's tar headers, without unpacking anything, and refuses it (naming the key to
    raise) when a member is larger than ``frozen_max_file_mb``, the members together larger than
-   ``archive_max_total_mb`` or more than ``archive_max_members`` (:class:`ArchiveLimits`);
+   ``archive_max_total_mb`` or more than ``archive_max_members`` (:class:`ArchiveLimits`); a tar member's
+   data is exactly its header's size, so these are the bytes that would be written;
 3. unpacks the archive into ``download_dir`` safely: only folders and regular files, none outside
-   the target (no absolute paths, no ``..``, no links or devices);
+   the target (no absolute paths, no ``..``, no links or devices); both reads count the unpacked bytes
+   as they stream by against the bytes of the archive read so far, and refuse an archive bomb (more than
+   ``archive_max_ratio`` times as many, once past :data:`RATIO_FLOOR_BYTES`) before it is written;
 4. recomputes the tree's content hash and compares it with the manifest's; a mismatch is an
    :class:`ArchiveError` naming both hashes, and the unpacked copy is removed.
 
-Whatever was unpacked (or, for a URL, downloaded) for a refused archive is removed from ``download_dir``.
+Whatever was unpacked (or, for a URL, downloaded) for a refused archive is removed from ``download_dir``; so is a
+partial download or unpack that ends otherwise (an error, Ctrl-C, or SIGTERM, which the command line turns into an
+exception so that these ``finally`` blocks run).  Each refusal names what to raise: the settings' key, or a command's
+flag (``score`` and ``report`` give their own, :class:`LimitNames`).
 
 A second start uses the local copies: the download is kept, and the unpacked folder carries a
 marker naming the archive it came from (size, modification time, SHA-256), so it is neither
@@ -25,7 +31,6 @@ unpacked nor hashed again while the archive is unchanged.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -43,12 +48,23 @@ import requests
 import urllib3
 
 from stabletoolbench_mirror.core.progress import progress_bar
+from stabletoolbench_mirror.upstream.archive_limits import (
+    ArchiveChanged,
+    ArchiveError,
+    ArchiveLimits,
+    LimitNames,
+    check_headers,
+    member_kind,
+    stream,
+)
 from stabletoolbench_mirror.upstream.content_hash import ContentHash
 from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME, failure_entries_problem
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
 
 if TYPE_CHECKING:
     from stabletoolbench_mirror.config import Settings
+
+__all__ = ["ArchiveChanged", "ArchiveError", "ArchiveLimits", "LimitNames"]  # their home is archive_limits; read here by every caller
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
 #: the file in an unpacked folder naming the archive it was unpacked from (and that it was checked)
@@ -57,10 +73,6 @@ _CHUNK = 1 << 20
 _MB = 1024 * 1024
 DOWNLOAD_MIN_BYTES_PER_S = 10 * 1024  # a download slower than this over DOWNLOAD_LOW_SPEED_S has stalled: it is given up
 DOWNLOAD_LOW_SPEED_S = 60.0  # the window that speed is measured over, and the longest wait for one read
-
-
-class ArchiveError(RuntimeError):
-    """An archive cannot be fetched, unpacked or trusted (the message says which and why)."""
 
 
 def is_url(spec: str) -> bool:
@@ -133,8 +145,8 @@ class _Pace:
         if self.size > limits.download_max_bytes:
             raise self._over(self.size)
         if now - self.started > limits.download_deadline_s:
-            raise ArchiveError(f"cannot download {self.url}: not done within download_deadline_s ({limits.download_deadline_s:g} s); "
-                               "raise download_deadline_s for a slow link")
+            raise ArchiveError(f"cannot download {self.url}: not done within {limits.names.deadline} ({limits.download_deadline_s:g} s); "
+                               f"raise {limits.names.deadline} for a slow link")
         if now - self.window_start >= DOWNLOAD_LOW_SPEED_S:
             if self.window_bytes < DOWNLOAD_MIN_BYTES_PER_S * (now - self.window_start):
                 raise ArchiveError(f"cannot download {self.url}: slower than {DOWNLOAD_MIN_BYTES_PER_S / 1024:g} KB/s "
@@ -142,8 +154,9 @@ class _Pace:
             self.window_start, self.window_bytes = now, 0
 
     def _over(self, size: int) -> ArchiveError:
-        return ArchiveError(f"cannot download {self.url}: {size / _MB:,.1f} MB, over download_max_mb "
-                            f"({self.limits.download_max_bytes / _MB:g} MB); raise download_max_mb to download it")
+        name = self.limits.names.download
+        return ArchiveError(f"cannot download {self.url}: {size / _MB:,.1f} MB, over {name} "
+                            f"({self.limits.download_max_bytes / _MB:g} MB); raise {name} to download it")
 
 
 def download(url: str, download_dir: Path, sha256: str | None, *, progress: bool = True, limits: ArchiveLimits | None = None) -> Path:
@@ -196,75 +209,9 @@ def _fetch(url: str, fd: int, pace: _Pace, progress: bool) -> str:
     return digest.hexdigest()
 
 
-@dataclass(frozen=True)
-class ArchiveLimits:
-    """What an archive may unpack to, checked on its tar headers before anything is unpacked.
-
-    The defaults are the settings' (``frozen_max_file_mb``, ``archive_max_total_mb``, ``archive_max_members``).
-    """
-
-    max_member_bytes: int = 512 * _MB
-    max_total_bytes: int = 16384 * _MB
-    max_members: int = 100_000
-    download_max_bytes: int = 16384 * _MB
-    download_deadline_s: float = 3600.0
-
-    @classmethod
-    def of(cls, settings: Settings) -> ArchiveLimits:
-        return cls(int(settings.frozen_max_file_mb * _MB), int(settings.archive_max_total_mb * _MB), settings.archive_max_members,
-                   int(settings.download_max_mb * _MB), settings.download_deadline_s)
-
-
-class _Budget:
-    """The members of one archive counted against :class:`ArchiveLimits`, one tar header at a time."""
-
-    def __init__(self, archive: Path, limits: ArchiveLimits) -> None:
-        self.archive, self.limits = archive, limits
-        self.members = 0
-        self.total = 0
-
-    def admit(self, member: tarfile.TarInfo) -> None:
-        """Raise :class:`ArchiveError` naming the key when ``member`` takes the archive over a limit."""
-        limits = self.limits
-        self.members += 1
-        if self.members > limits.max_members:
-            raise ArchiveError(f"{self.archive}: more than {limits.max_members:,} members, over archive_max_members "
-                               f"({limits.max_members:,}): not unpacked; raise archive_max_members to unpack it")
-        if not member.isfile():
-            return
-        if member.size > limits.max_member_bytes:
-            raise ArchiveError(f"{self.archive}: {member.name} unpacks to {member.size / _MB:,.1f} MB, over frozen_max_file_mb "
-                               f"({limits.max_member_bytes / _MB:g} MB): not unpacked; raise frozen_max_file_mb to unpack it")
-        self.total += member.size
-        if self.total > limits.max_total_bytes:
-            raise ArchiveError(f"{self.archive}: the members unpack to more than {limits.max_total_bytes / _MB:g} MB, over "
-                               f"archive_max_total_mb: not unpacked; raise archive_max_total_mb to unpack it")
-
-
-def _check_headers(archive: Path, limits: ArchiveLimits) -> None:
-    """Every member's header checked (type, path, size, count) as the archive streams by; nothing is unpacked.
-
-    The stream is unpacked by :mod:`gzip`, not by tarfile's ``r|gz``: that one keeps what it unpacked in one buffer and
-    copies its rest for every 512-byte header read, which took 19 s (13 of them in the kernel) to refuse an archive of
-    100,000 small members; through :class:`gzip.GzipFile` it takes about 2 s."""
-    budget = _Budget(archive, limits)
-    with gzip.open(archive, "rb") as unpacked, tarfile.open(fileobj=unpacked, mode="r|") as tar:
-        for member in tar:  # a member's data is skipped, never kept
-            budget.admit(member)
-            _member_kind(member)
-
-
-def _member_kind(member: tarfile.TarInfo) -> None:
-    """Only folders and regular files, none with an absolute path or ``..``."""
-    if not (member.isfile() or member.isdir()):
-        raise ArchiveError(f"{member.name}: the archive holds a link or special file; only folders and files are unpacked")
-    if member.name.startswith(("/", "\\")) or ".." in Path(member.name).parts:
-        raise ArchiveError(f"{member.name}: a path outside the archive's folder; not unpacked")
-
-
 def _member_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
     """Only folders and regular files, each inside ``dest`` (tarfile's ``data`` filter, and no links)."""
-    _member_kind(member)
+    member_kind(member)
     try:
         return tarfile.data_filter(member, dest)
     except tarfile.FilterError as exc:
@@ -298,7 +245,7 @@ def _check_snapshot(root: Path, progress: bool) -> str:
         raise ArchiveError(f"{MANIFEST_NAME}: {problem}")
     actual = tree_hash(root, progress=progress)
     if actual != expected:
-        raise ArchiveError(f"the files' content hash {actual} does not match the manifest's content_hash {expected}: "
+        raise ArchiveChanged(f"the files' content hash {actual} does not match the manifest's content_hash {expected}: "
                            "the archive was changed or damaged; not used")
     return actual
 
@@ -368,8 +315,8 @@ def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, prog
     work = Path(tempfile.mkdtemp(prefix=".unpack-", dir=download_dir))
     try:
         try:
-            _check_headers(archive, limits)
-            with tarfile.open(archive, "r:gz") as tar:
+            check_headers(archive, limits)
+            with archive.open("rb") as compressed, stream(archive, limits, compressed) as tar:
                 tar.extractall(work, filter=_member_filter)
         except (OSError, tarfile.TarError, EOFError) as exc:
             raise ArchiveError(f"{archive}: not a readable .tar.gz archive: {exc}") from exc
@@ -377,7 +324,7 @@ def unpack(archive: Path, download_dir: Path, sha256: str | None = None, *, prog
             root = _tree_root(work, kind)
             actual = kind.check(root, progress)
         except ArchiveError as exc:
-            raise ArchiveError(f"{archive}: {exc}") from exc
+            raise type(exc)(f"{archive}: {exc}") from exc  # the kind kept: a changed archive stays one
         (work / MARKER).write_text(json.dumps(_marker(archive, actual_sha, actual)), encoding="utf-8")
         shutil.rmtree(dest, ignore_errors=True)
         try:
