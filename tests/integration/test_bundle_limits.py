@@ -142,6 +142,17 @@ def left_in(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
 
 
+def _downloading(*folders: Path) -> bool:
+    """Whether a ``.part`` file with bytes in it is under one of ``folders`` (each may come and go meanwhile)."""
+    for folder in folders:
+        try:
+            if any(p.stat().st_size > 0 for p in folder.rglob(".part*")):
+                return True
+        except OSError:
+            pass
+    return False
+
+
 @pytest.fixture
 def where(tmp_path: Path) -> dict[str, Path]:
     """A checkout, a temporary folder (TMPDIR), a download folder (report's config) and that config."""
@@ -171,6 +182,9 @@ def test_an_endless_url_is_stopped_at_max_download_mb_and_nothing_is_left(endles
     assert reported.returncode == 2 and reported.stdout == "", reported.stderr
     assert "over --max-download-mb (8 MB)" in reported.stderr
     assert left_in(where["downloads"]) == [] and left_in(where["tmp"]) == []
+    deadline = time.monotonic() + 30  # the server's threads see the client gone at their next write
+    while len(_Endless.sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(_Endless.sent) == 2 and all(sent < 64 * MB for sent in _Endless.sent), _Endless.sent  # stopped, not read to the end
 
 
@@ -202,13 +216,16 @@ def test_a_200_kb_to_200_mb_bundle_is_refused_by_its_ratio_and_by_max_unpacked_m
     assert opened.label == "run" and opened.path("answers/G1_instruction/1_CoT@1.json").stat().st_size == ZEROS
 
 
-def test_sigterm_during_a_download_leaves_no_part_file(endless: str, where: dict[str, Path]) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "stabletoolbench_mirror", "report", f"{endless}/slow.tar.gz", "--json",
-                             "--config", str(where["config"]), "-q"], cwd=where["tmp"].parent, env=_env(where["tmp"]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("command", ["report", "score"])
+def test_sigterm_during_a_download_leaves_no_part_file(endless: str, where: dict[str, Path], command: str) -> None:
+    url = f"{endless}/slow.tar.gz"
+    args = (["report", url, "--json", "--config", str(where["config"])] if command == "report" else
+            ["score", "--replay", f"{url}#sha256={'0' * 64}", "--stabletoolbench", str(where["checkout"])])
+    proc = subprocess.Popen([sys.executable, "-m", "stabletoolbench_mirror", *args, "-q"], cwd=where["tmp"].parent,
+                            env=_env(where["tmp"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while not any(p.name.startswith(".part") and p.stat().st_size > 0 for p in where["downloads"].glob(".part*")):
+        while not _downloading(where["downloads"], where["tmp"]):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no download started in 60 s"
             time.sleep(0.05)
@@ -220,7 +237,7 @@ def test_sigterm_during_a_download_leaves_no_part_file(endless: str, where: dict
             proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "terminated (SIGTERM)" in err and "Traceback" not in err
-    assert left_in(where["downloads"]) == []
+    assert left_in(where["downloads"]) == [] and left_in(where["tmp"]) == []  # no .part, no stm-score-* folder
 
 
 def test_a_tampered_bundle_exits_1_as_a_folder_or_an_archive_and_no_work_folder_is_left(where: dict[str, Path], tmp_path: Path) -> None:
