@@ -252,3 +252,23 @@ def test_a_tampered_bundle_exits_1_as_a_folder_or_an_archive_and_no_work_folder_
     reported = report(str(tmp_path / "tampered.tar.gz"), where)
     assert reported.returncode == 1, reported.stderr
     assert "CHANGED" in reported.stderr or json.loads(reported.stdout)["problems"], reported.stderr
+
+
+def test_frozen_caches_refuse_a_bomb_naming_archive_max_ratio(settings_factory, tmp_path: Path, monkeypatch) -> None:
+    from stabletoolbench_mirror.config import ConfigError
+    from stabletoolbench_mirror.factory import build_frozen
+    from stabletoolbench_mirror.upstream import archive_limits
+
+    monkeypatch.setattr(archive_limits, "RATIO_FLOOR_BYTES", MB)  # 1 MiB: a 4 MB member of zeros is over it
+    archive = tmp_path / "bomb.tar.gz"
+    with tarfile.open(archive, "w:gz", compresslevel=9) as tar:
+        _add(tar, "manifest.json", json.dumps({"content_hash": "sha256:" + "0" * 64}).encode())
+        _add(tar, "Data/big_for_Data/lookup.json", zeros=4 * MB)
+    downloads = tmp_path / "downloads"
+    with pytest.raises(ConfigError, match=r"unpacks to more than 100 times its size .* over archive_max_ratio \(100\): .*"
+                                          r"raise archive_max_ratio to unpack it"):
+        build_frozen(settings_factory(mode="replay", frozen_caches=[str(archive)], download_dir=str(downloads)))
+    assert left_in(downloads) == []
+    with pytest.raises(ConfigError, match=r"bomb.tar.gz: manifest.json: "):  # the ratio raised: unpacked, then its made-up manifest refused
+        build_frozen(settings_factory(mode="replay", frozen_caches=[str(archive)], download_dir=str(downloads), archive_max_ratio=1e6))
+    assert left_in(downloads) == []
