@@ -15,6 +15,7 @@ import argparse
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,12 @@ def _hooks(quiet: bool) -> Any:
         with DiskcacheStore(str(served), read_only=True) as store:
             return snapshot(store, out, progress=not quiet)
 
-    return Hooks(start_checks, write_snapshot)
+    def probe_servers(settings: Settings, roles: Mapping[str, str], server_url: str | None) -> list[str]:
+        from stabletoolbench_mirror.startup.probes import probe_model_servers
+
+        return probe_model_servers(settings, roles, server_url)
+
+    return Hooks(start_checks, write_snapshot, probe_servers)
 
 
 def _runner(args: argparse.Namespace, root: Path, skip_sleeps: bool) -> Any:
@@ -94,7 +100,8 @@ def _record(args: argparse.Namespace) -> Any:
     settings = settings_from_args(args)
     spec = _spec(args, checkout, reference)
     runner = _runner(args, checkout.root, skip_sleeps=not (args.keep_sleeps or settings.real.enabled))
-    request = RecordRequest(spec, checkout, runner, settings, work, Path(args.out), reference, args.server, progress=not args.quiet)
+    request = RecordRequest(spec, checkout, runner, settings, work, Path(args.out), reference, args.server, progress=not args.quiet,
+                            reuse_model_answers=args.reuse_model_answers)
     return record(request, _hooks(args.quiet))
 
 
@@ -203,6 +210,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--max-observation-length", type=int, default=1024, help="upstream's --max_observation_length (default: %(default)s)")
     what.add_argument("--server", help="a server already running with --config (it must set record.served_store) instead of starting one")
     what.add_argument("--out", help="the bundle to write: a new folder, or BUNDLE.tar.gz")
+    what.add_argument("--reuse-model-answers", action="store_true",
+                      help="answer the agent and the judge from what the store and frozen caches recorded (default: this run's own "
+                           "answers, drawn fresh; a resumed run still pays no call twice)")
     again = parser.add_argument_group("replay or re-score a bundle")
     again.add_argument("--replay", metavar="BUNDLE", help="run inference and evaluation again from the bundle's records; exit 0 iff identical")
     again.add_argument("--rescore", metavar="BUNDLE", help="run the evaluation again over the bundle's answers; exit 0 iff identical")

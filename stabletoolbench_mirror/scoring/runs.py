@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,9 @@ class Hooks:
     """Print the server's start-up summary for these settings; ``False`` when it found an error."""
     write_snapshot: Callable[[Path, Path], dict[str, Any]]
     """``(diskcache folder, out folder)``: the folder's snapshot written into ``out``; its manifest."""
+    probe_servers: Callable[[Settings, Mapping[str, str], str | None], list[str]]
+    """``(settings, {role: model}, --server URL)``: the model servers the roles' models are asked at, and the server, probed;
+    one line for each that does not answer (empty: all answer)."""
 
 
 @dataclass
@@ -90,17 +93,21 @@ class RecordRequest:
     reference: layout.Bundle | None = None
     server_url: str | None = None
     progress: bool = True
+    reuse_model_answers: bool = False
+    """Answer the agent and the judge from what the store and the frozen caches recorded (``--reuse-model-answers``);
+    by default a record run draws answers of its own (``llm.reuse_answers: false`` in its server)."""
 
 
 def record(request: RecordRequest, hooks: Hooks) -> Report:
     spec, checkout = request.spec, request.checkout
     work = Work(request.work.resolve())
     notes = _record_checks(request)
+    _probe(request, hooks, {"agent": spec.agent_model, "judge": spec.judge_model})
     state = State.open(work, spec, "record")
     if "prepare" not in state.done:
         _prepare(work, spec, checkout, request.reference)
         state.finish("prepare", None)
-    settings = record_settings(request.settings, work)
+    settings = record_settings(request.settings, work, reuse_answers=request.reuse_model_answers)
     if request.server_url is None and not hooks.start_checks(settings):
         raise SessionError("the server's start-up checks found errors (above): fix --config")
     mirror = Mirror(request.server_url) if request.server_url else Mirror.start(settings, work.log("server"))
@@ -118,6 +125,16 @@ def record(request: RecordRequest, hooks: Hooks) -> Report:
                   phases=state.timings())
 
 
+def _probe(request: RecordRequest, hooks: Hooks, roles: Mapping[str, str]) -> None:
+    """:class:`SessionError` naming each model server (and ``--server``) the run needs that does not answer, before
+    anything runs (a judge that is down would otherwise cost upstream's retries on every answer, then the phase)."""
+    settings = request.settings
+    asked = {} if (settings.llm.mode or settings.mode) is Mode.REPLAY else roles
+    unreachable = hooks.probe_servers(settings, asked, request.server_url)
+    if unreachable:
+        raise SessionError("the run cannot start:\n  " + "\n  ".join(unreachable))
+
+
 def _record_checks(request: RecordRequest) -> list[str]:
     spec = request.spec
     spec.check()
@@ -130,6 +147,10 @@ def _record_checks(request: RecordRequest) -> list[str]:
     if request.server_url is not None and not request.settings.record.served_store:
         raise SessionError("--server: the server must run with record.served_store set (a fresh diskcache folder) in the --config it "
                            "runs with, so that the run's records can be bundled; or leave --server out and score starts one")
+    if request.server_url is not None and request.settings.llm.reuse_answers and not request.reuse_model_answers:
+        raise SessionError("--server: its config answers model calls from any recorded answer (llm.reuse_answers: true, the "
+                           "default), so this run could get an earlier run's answers: set llm.reuse_answers: false in the --config "
+                           "it runs with, or pass --reuse-model-answers to reuse them on purpose")
     if request.server_url is not None and request.settings.auth_token is not None:
         raise SessionError("--server: its config sets auth_token, which upstream's clients cannot send (SERVICE_URL, --base_url, "
                            "API_POOL_FILE carry no token); leave --server out and score starts a server of its own on 127.0.0.1")
@@ -151,11 +172,14 @@ def _scripts(spec: RunSpec) -> list[str]:
     return [spec.pipeline, "convert", "eval_pass_rate", *(["eval_preference"] if spec.reference is not None else [])]
 
 
-def record_settings(settings: Settings, work: Work) -> Settings:
+def record_settings(settings: Settings, work: Work, *, reuse_answers: bool = False) -> Settings:
     """The user's settings for the server score starts: one worker, the run's own served store (a folder of the
-    work folder, whatever the config names: the records hold this run's answers only), no log file of its own."""
+    work folder, whatever the config names: the records hold this run's answers only), model calls answered from
+    it alone unless ``reuse_answers`` (so a resumed run pays no call twice, and a new run draws its own), no log
+    file of its own."""
     ours = settings.model_copy(deep=True)
     ours.record.served_store = str(work.served)
+    ours.llm.reuse_answers = reuse_answers
     ours.workers = 1
     ours.log_file = None
     ours.llm.run = None
@@ -245,7 +269,8 @@ def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path
         settings=answer_settings(request.settings, prompt),
         reference=None if request.reference is None else {"label": request.reference.label, "content_hash": request.reference.content_hash},
         extra={"stand_ins": request.runner.stand_ins, "skipped_sleeps": request.runner.skip_sleeps,
-               "python": request.runner.python_version()},
+               "python": request.runner.python_version(), "run_id": state.run_id,
+               "reuse_model_answers": request.reuse_model_answers},
     )
     seal = assemble(work, request.spec, state, folder, env, lambda target: hooks.write_snapshot(served, target))
     if _is_archive(out):
@@ -336,7 +361,7 @@ def replay(request: ReplayRequest, hooks: Hooks) -> Report:
     notes += sleeps_notes(request.runner, None)
     work = Work(request.work.resolve())
     kind = "rescore" if request.rescore else "replay"
-    state = State.open(work, spec, kind)
+    state = State.open(work, spec, kind, run_id=str(bundle.run.get("run_id") or ""))  # the record run's model-call run names
     if "prepare" not in state.done:
         seed_work(bundle, spec, work, answers=request.rescore)
         state.finish("prepare", None)

@@ -317,14 +317,91 @@ def test_a_server_named_by_url_records_the_run_into_the_served_store_of_its_conf
                 "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]}, {"base_url": judge.api_base, "models": [JUDGE]}]}}
         unset, config = tmp_path / "unset.yml", tmp_path / "c.yml"
         unset.write_text(yaml.safe_dump(data))
-        config.write_text(yaml.safe_dump({**data, "record": {"served_store": str(tmp_path / "served")}}))
+        config.write_text(yaml.safe_dump({**data, "record": {"served_store": str(tmp_path / "served")},
+                                          "llm": {**data["llm"], "reuse_answers": False}}))
         settings = load_settings(config, environ={})
         run = ["--groups", "G1_instruction", "--query-ids", "1073", "--method", COT, "--agent-model", AGENT, "--evaluate-times", "1"]
         with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
             code, _, err = score("--server", server.url, "--config", str(unset), *run, "--out", str(tmp_path / "b0"), capsys=capsys)
             assert code == 2 and "--server: the server must run with record.served_store set" in err
+            reusing = tmp_path / "reusing.yml"
+            reusing.write_text(yaml.safe_dump({**data, "record": {"served_store": str(tmp_path / "served")}}))
+            code, _, err = score("--server", server.url, "--config", str(reusing), *run, "--out", str(tmp_path / "b0"), capsys=capsys)
+            assert code == 2 and "set llm.reuse_answers: false in the --config it runs with, or pass --reuse-model-answers" in err
             code, out, err = score("--server", server.url, "--config", str(config), *run, "--out", str(tmp_path / "b"), capsys=capsys)
             assert code == 0, err
     manifest = json.loads((tmp_path / "b" / "records" / "manifest.json").read_text())
     assert manifest["by_source"]["frozen"] == 1 and manifest["by_source"]["model"] == agent.count + 1  # 1073's call; agent and judge
     assert verify(tmp_path / "b") == []
+
+
+def test_two_records_of_one_label_on_one_store_draw_their_own_answers_and_both_replay(tmp_path: Path,
+                                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The second record run of a label on a store gets model-call runs of its own (occurrences from #1) and its own
+    answers (the judge labels at random: the labels differ); both bundles replay.  ``--reuse-model-answers`` asks nothing."""
+    with AgentStub() as agent, JudgeStub(seed=2) as judge:
+        config = tmp_path / "c.yml"
+        config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(FROZEN_CACHE)],
+                                          "log_level": "warning",
+                                          "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]},
+                                                                {"base_url": judge.api_base, "models": [JUDGE]}]}}))
+        run = ["--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073,608", "--method", COT, "--agent-model", AGENT,
+               "--evaluate-times", "3", "--label", "same"]
+        asked = []
+        for name in ("first", "second"):
+            code, _, err = score(*run, "--out", str(tmp_path / name), capsys=capsys)
+            assert code == 0, err
+            asked.append((agent.count, judge.count))
+        code, _, err = score(*run, "--reuse-model-answers", "--out", str(tmp_path / "reused"), capsys=capsys)
+        assert code == 0, err
+        reused = (agent.count, judge.count)
+    first, second, third = (read_bundle(tmp_path / name) for name in ("first", "second", "reused"))
+    assert asked[1][0] == 2 * asked[0][0] and asked[1][1] == 2 * asked[0][1]  # the second run asked both again
+    assert reused == asked[1]  # reusing what the store holds asks nothing
+    assert first.run["run_id"] != second.run["run_id"] and third.run["reuse_model_answers"] is True
+    labels = [b.score["labels"]["G1_instruction"] for b in (first, second, third)]
+    assert labels[0] != labels[1] and labels[2] == labels[1]  # the store holds the latest run's answers
+    for name in ("first", "second", "reused"):
+        code, out, err = score("--replay", str(tmp_path / name), capsys=capsys)
+        assert code == 0, err
+        assert "every file identical" in out
+
+
+def test_a_dead_judge_or_server_fails_at_once_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The model servers the run needs are probed before any script runs: a judge at a port nobody listens on, one
+    that accepts connections and never answers, and a wrong --server port each end the run in seconds (exit 2)."""
+    import socket
+    import time
+
+    from tests.helpers.live import free_port
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts (the kernel's backlog) and never answers
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    try:
+        with AgentStub() as agent:
+            for judge_url, cause in ((dead, "connection refused"), (f"http://127.0.0.1:{silent.getsockname()[1]}/v1", "timed out")):
+                config = tmp_path / "c.yml"
+                config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "log_level": "warning",
+                                                  "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]},
+                                                                        {"base_url": judge_url, "models": [JUDGE]}]}}))
+                started = time.monotonic()
+                code, _, err = score("--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073", "--method", COT,
+                                     "--agent-model", AGENT, "--out", str(tmp_path / "b"), capsys=capsys)
+                took = time.monotonic() - started
+                assert code == 2, err
+                assert took < 10, took
+                assert f"llm.upstreams[1] ({judge_url}, for the judge '{JUDGE}') does not answer ({cause})" in err, err
+                assert "llm.upstreams[0]" not in err  # the agent's answers
+                assert not (tmp_path / "b").exists() and not (tmp_path / "b.work").exists()
+            # a wrong --server port
+            config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "log_level": "warning",
+                                              "record": {"served_store": str(tmp_path / "served")},
+                                              "llm": {"reuse_answers": False, "upstreams": [{"base_url": agent.api_base, "models": ["*"]}]}}))
+            server = f"http://127.0.0.1:{free_port()}"
+            code, _, err = score("--server", server, "--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073",
+                                 "--method", COT, "--agent-model", AGENT, "--out", str(tmp_path / "b"), capsys=capsys)
+            assert code == 2 and f"nothing answers at --server {server} (connection refused)" in err, err
+    finally:
+        silent.close()
