@@ -361,10 +361,19 @@ def test_two_records_of_one_label_on_one_store_draw_their_own_answers_and_both_r
     assert first.run["run_id"] != second.run["run_id"] and third.run["reuse_model_answers"] is True
     labels = [b.score["labels"]["G1_instruction"] for b in (first, second, third)]
     assert labels[0] != labels[1] and labels[2] == labels[1]  # the store holds the latest run's answers
-    for name in ("first", "second", "reused"):
+    for name in ("second", "reused"):
         code, out, err = score("--replay", str(tmp_path / name), capsys=capsys)
         assert code == 0, err
         assert "every file identical" in out
+    # the README's form, without repeating --stand-ins: the bundle's run.json says the record run used them
+    assert first.run["stand_ins"] is True
+    readme = ["score", "--replay", str(tmp_path / "first"), "--stabletoolbench", str(UPSTREAM), "--tools", str(TOOLS_DIR), "--quiet"]
+    capsys.readouterr()
+    assert cli(readme) == 0, capsys.readouterr().err
+    assert "every file identical" in capsys.readouterr().out
+    # an explicit flag still wins
+    assert cli([*readme, "--no-stand-ins"]) == 2
+    assert "or pass --stand-ins" in capsys.readouterr().err
 
 
 def test_a_dead_judge_or_server_fails_at_once_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -405,3 +414,47 @@ def test_a_dead_judge_or_server_fails_at_once_naming_it(tmp_path: Path, capsys: 
             assert code == 2 and f"nothing answers at --server {server} (connection refused)" in err, err
     finally:
         silent.close()
+
+
+def test_a_bundle_rescored_with_another_judge_is_a_new_bundle_beside_the_original(tmp_path: Path,
+                                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``--rescore BUNDLE --judge-model M --config C --out NEW``: the recorded answers evaluated by a new judge (asked live,
+    the agent never), written as a bundle of its own that names the original; it replays with no model running."""
+    other = "gpt-4o-mini-judge"
+    with AgentStub() as agent, JudgeStub(seed=4) as judge:
+        config = tmp_path / "c.yml"
+        config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(FROZEN_CACHE)],
+                                          "log_level": "warning",
+                                          "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]},
+                                                                {"base_url": judge.api_base, "models": [JUDGE]}]}}))
+        code, _, err = score("--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073,608", "--method", COT,
+                             "--agent-model", AGENT, "--evaluate-times", "2", "--out", str(tmp_path / "original"), capsys=capsys)
+        assert code == 0, err
+    original = read_bundle(tmp_path / "original")
+    with JudgeStub(seed=9, model=other) as new_judge:  # only the new judge runs: the agent is never asked
+        config2 = tmp_path / "c2.yml"
+        config2.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store2")}, "log_level": "warning",
+                                           "llm": {"upstreams": [{"base_url": new_judge.api_base, "models": [other]}]}}))
+        # the same judge again is refused: --rescore alone re-runs the recorded evaluation
+        code, _, err = score("--rescore", str(tmp_path / "original"), "--judge-model", JUDGE, "--config", str(config2),
+                             "--out", str(tmp_path / "same"), capsys=capsys)
+        assert code == 2 and "is the bundle's judge already" in err
+        code, out, err = score("--rescore", str(tmp_path / "original"), "--judge-model", other, "--config", str(config2),
+                               "--out", str(tmp_path / "regraded"), capsys=capsys)
+        assert code == 0, err
+        assert new_judge.count > 0 and {b["model"] for b in new_judge.requests} == {other}
+    assert f"re-score of {tmp_path / 'original'} with the judge {other} (recorded with {JUDGE})" in out
+    assert f"the original's SoPR {original.score['pass_rate']['G1_instruction']['solve_rate']:.1f}%" in out
+    regraded = read_bundle(tmp_path / "regraded")
+    assert verify(regraded.root) == [] and verify(original.root) == []
+    assert regraded.run["judge_model"] == other and regraded.run["agent_model"] == AGENT
+    assert regraded.run["rescored_from"] == {"content_hash": original.content_hash, "label": original.label, "judge_model": JUDGE}
+    assert {c["phase"] for c in regraded.run["commands"]} == {"convert", "pass_rate"}
+    for answer in original.answer_files("G1_instruction"):  # the original's answers, evaluated
+        assert (regraded.root / "answers" / "G1_instruction" / answer.name).read_bytes() == answer.read_bytes()
+    manifest = json.loads((regraded.records / "manifest.json").read_text())
+    assert manifest["by_category"].keys() == {"@model"} and not (regraded.records / "@model" / AGENT).exists()
+    # the new bundle replays (its evaluation: it holds no agent calls) with no model running
+    code, out, err = score("--replay", str(tmp_path / "regraded"), capsys=capsys)
+    assert code == 0, err
+    assert "rescore of" in out and "every file identical" in out
