@@ -34,7 +34,9 @@ to the bundle's root, ``/``-separated; ``<label>`` is the run's name in StableTo
 (``null`` or ``{"label", "content_hash"}``), ``stabletoolbench`` (``{"commit", "dirty"}``, ``null`` values
 when not a git checkout), ``environment`` (``records_hash``: the records' snapshot content hash; the
 settings that shape answers: simulator model, style and prompt hash, frozen caches' content hashes) and
-``commands`` (``[{"phase", "group", "argv", "env"}]``, no secret in them).  ``score.json`` holds
+``commands`` (``[{"phase", "group", "argv", "env"}]``, no secret in them), ``run_id`` (the part of its model-call
+runs' names that is the run's own), ``stand_ins`` and, for a re-score with another judge, ``rescored_from``
+(``{"content_hash", "label", "judge_model"}`` of the bundle whose answers were evaluated).  ``score.json`` holds
 ``pass_rate`` (``{group: {"solve_rate", "std", "per_evaluation", "queries"}}``, percent, as
 ``eval_pass_rate`` computes them: per evaluation, Solved 1 and Unsure 0.5 over the queries; their mean and
 population standard deviation), ``pass_rate_average`` (the mean of the groups' solve rates), ``win_rate``

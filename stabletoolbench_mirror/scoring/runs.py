@@ -76,6 +76,7 @@ class Report:
         if self.kind != "record":
             data["identical"] = self.identical
             data["comparisons"] = [c.as_json() for c in self.comparisons]
+        data["original"] = None
         if self.original is not None:
             original = self.original["score"]
             data["original"] = {**self.original, "score": {k: v for k, v in original.items() if k != "labels"}}
