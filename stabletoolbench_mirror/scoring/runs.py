@@ -7,6 +7,9 @@
   whose only frozen cache is the bundle's ``records/`` (no model, no key, no other cache); every answer
   file, converted answer, label and preference file compared with the bundle's.
 * :func:`replay` with ``rescore=True``: the evaluation only, over the bundle's answer files.
+* :func:`record` with ``answers_from``: a re-score with another judge, the evaluation only, over a bundle's answer
+  files, the new judge asked live, sealed into a bundle of its own (``run.json``'s ``rescored_from`` names the
+  original; :func:`replay` of it replays its evaluation).
 
 The command line (``commands/score.py``) gives what lives above this layer as :class:`Hooks`: the start-up
 checks it prints and the snapshot writer.
@@ -139,8 +142,8 @@ def record(request: RecordRequest, hooks: Hooks) -> Report:
     named = request.settings.record.served_store  # --server: the served store of the config that server runs with
     served = Path(request.settings.resolve(named)) if request.server_url and named else work.served
     content_hash = _write_bundle(request, work, state, served, hooks, prompt)
-    original = None if request.answers_from is None else {"bundle": str(request.answers_from.root), "judge_model":
-                                                          request.answers_from.run.get("judge_model"), "score": request.answers_from.score}
+    source = request.answers_from
+    original = None if source is None else {"bundle": str(source.root), "judge_model": source.run.get("judge_model"), "score": source.score}
     return Report("record", spec, work.root, score_of(work.root, spec), str(request.out), content_hash, notes=session.notes,
                   phases=state.timings(), original=original)
 
