@@ -345,6 +345,11 @@ class LLMConfig(Section):
     """The run whose identical requests are counted together (occurrence numbers); unset: each start of
     ``serve`` is a new run (all its workers together).  Name it to count several hosts of one Redis
     store together; a client names its own run with the ``X-STM-Run`` header."""
+    reuse_answers: bool = True
+    """In ``record`` mode, answer a model call from any recorded answer (the store's, the frozen caches').  ``false``:
+    only from ``record.served_store`` (what this server's run was served already), every other call asked upstream
+    and its answer written over the store's: a run of its own, never another run's answers (``score`` sets it
+    unless ``--reuse-model-answers``).  ``false`` needs ``record.served_store``."""
     max_upstream_tokens: int | None = Field(default=None, ge=1)
     """Refuse upstream calls (HTTP 429, nothing recorded) once the upstream answers of this server's
     run used this many prompt plus completion tokens; unset: no budget."""

@@ -16,6 +16,7 @@ import argparse
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +55,21 @@ def _hooks(quiet: bool) -> Any:
         with DiskcacheStore(str(served), read_only=True) as store:
             return snapshot(store, out, progress=not quiet)
 
-    return Hooks(start_checks, write_snapshot)
+    def probe_servers(settings: Settings, roles: Mapping[str, str], server_url: str | None) -> list[str]:
+        from stabletoolbench_mirror.startup.probes import probe_model_servers
+
+        return probe_model_servers(settings, roles, server_url)
+
+    return Hooks(start_checks, write_snapshot, probe_servers)
 
 
-def _runner(args: argparse.Namespace, root: Path, skip_sleeps: bool) -> Any:
+def _runner(args: argparse.Namespace, root: Path, skip_sleeps: bool, recorded_stand_ins: bool = False) -> Any:
+    """How upstream's scripts run; ``--stand-ins`` / ``--no-stand-ins`` when given, else ``recorded_stand_ins`` (a
+    bundle's ``run.json``: a replay runs as its record run did)."""
     from stabletoolbench_mirror.scoring.upstream_run import UpstreamRunner
 
-    return UpstreamRunner(root, python=args.python or sys.executable, stand_ins=args.stand_ins, skip_sleeps=skip_sleeps,
+    stand_ins = recorded_stand_ins if args.stand_ins is None else args.stand_ins
+    return UpstreamRunner(root, python=args.python or sys.executable, stand_ins=stand_ins, skip_sleeps=skip_sleeps,
                           seed=args.seed, timeout_s=args.timeout)
 
 
@@ -103,7 +112,38 @@ def _record(args: argparse.Namespace) -> Any:
     settings = settings_from_args(args)
     spec = _spec(args, checkout, reference)
     runner = _runner(args, checkout.root, skip_sleeps=not (args.keep_sleeps or settings.real.enabled))
-    request = RecordRequest(spec, checkout, runner, settings, work, Path(args.out), reference, args.server, progress=not args.quiet)
+    request = RecordRequest(spec, checkout, runner, settings, work, Path(args.out), reference, args.server, progress=not args.quiet,
+                            reuse_model_answers=args.reuse_model_answers)
+    return record(request, _hooks(args.quiet))
+
+
+def _rescore_with(args: argparse.Namespace) -> Any:
+    """``--rescore BUNDLE --judge-model M``: the bundle's answers evaluated again by another judge, asked live through a
+    server of ``--config``, into a new bundle at ``--out`` (reported beside the original's score)."""
+    import dataclasses
+
+    from stabletoolbench_mirror.scoring.bundle import open_bundle
+    from stabletoolbench_mirror.scoring.checkout import find_checkout
+    from stabletoolbench_mirror.scoring.runs import RecordRequest, record
+    from stabletoolbench_mirror.scoring.session import RunSpec, SessionError
+
+    for flag in ("config", "out"):
+        if not getattr(args, flag):
+            raise SessionError(f"--{flag}: --rescore BUNDLE --judge-model M asks the new judge through a server of --config and "
+                               "writes a new bundle to --out; give both")
+    checkout = find_checkout(args.stabletoolbench, args.tools)
+    work = Path(args.work) if args.work else _default_work(args.out)
+    bundle = open_bundle(args.rescore, work / "downloads", progress=not args.quiet, limits=archive_limits(args))
+    try:
+        spec = dataclasses.replace(RunSpec.from_json(bundle.run), judge_model=args.judge_model)
+    except TypeError as exc:
+        raise SessionError(f"{bundle.root}: not a run this version can re-score ({exc})") from None
+    settings = settings_from_args(args)
+    runner = _runner(args, checkout.root, skip_sleeps=not (args.keep_sleeps or settings.real.enabled),
+                     recorded_stand_ins=bundle.run.get("stand_ins") is True)
+    runner.seed = spec.seed  # the bundle's: the evaluation's random streams drawn as they were
+    request = RecordRequest(spec, checkout, runner, settings, work, Path(args.out), None, args.server, progress=not args.quiet,
+                            reuse_model_answers=args.reuse_model_answers, answers_from=bundle)
     return record(request, _hooks(args.quiet))
 
 
@@ -116,7 +156,7 @@ def _replay(args: argparse.Namespace, spec_text: str, rescore: bool) -> Any:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="stm-score-"))
     try:
         bundle = open_bundle(spec_text, work / "downloads", progress=not args.quiet, limits=archive_limits(args))
-        runner = _runner(args, checkout.root, skip_sleeps=not args.keep_sleeps)
+        runner = _runner(args, checkout.root, skip_sleeps=not args.keep_sleeps, recorded_stand_ins=bundle.run.get("stand_ins") is True)
         report = replay(ReplayRequest(bundle, checkout, runner, work, rescore, progress=not args.quiet), _hooks(args.quiet))
     finally:
         if not args.work:  # a temporary folder, however the run ended: removed (--work keeps one, to look at or resume)
@@ -131,9 +171,18 @@ def _replay(args: argparse.Namespace, spec_text: str, rescore: bool) -> Any:
 
 def _resume(args: argparse.Namespace, how: str) -> str:
     """How to go on after a stop: ``how``, unless the run's work folder was a temporary one (removed)."""
-    if args.work or not (args.replay or args.rescore):
+    if args.work or not (args.replay or args.rescore) or (args.rescore and args.judge_model):  # record's work folders are kept
         return how
     return "the temporary work folder is removed: give --work DIR to keep one, and the same command resumes from there"
+
+
+def _run(args: argparse.Namespace) -> Any:
+    """The run the arguments name: a re-score with another judge, a replay or re-score, or a record run."""
+    if args.rescore and args.judge_model:
+        return _rescore_with(args)
+    if args.replay or args.rescore:
+        return _replay(args, args.replay or args.rescore, rescore=bool(args.rescore))
+    return _record(args)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -149,10 +198,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.replay and args.rescore:
         raise CommandError("give --replay or --rescore, not both")
     try:
-        if args.replay or args.rescore:
-            report = _replay(args, args.replay or args.rescore, rescore=bool(args.rescore))
-        else:
-            report = _record(args)
+        report = _run(args)
     except SealError as exc:  # a folder or an archive changed since it was sealed
         raise CommandError(str(exc), EXIT_DIFFERENT) from None
     except BundleError as exc:
@@ -175,6 +221,9 @@ def cmd_score(args: argparse.Namespace) -> int:
 def render(report: Any) -> str:
     """The text report: each group's comparison (replay, re-score) and the score."""
     lines = []
+    if report.original is not None:
+        lines.append(f"re-score of {report.original['bundle']} with the judge {report.spec.judge_model} (recorded with "
+                     f"{report.original['judge_model']}): a new score, not compared with the original's")
     if report.kind == "record":
         lines.append(f"bundle: {report.bundle} (content hash {report.content_hash})")
     else:
@@ -185,19 +234,28 @@ def render(report: Any) -> str:
             verdict = "identical" if c.identical else "DIFFERENT"
             lines.append(f"  {c.group}: {answers}{files}/{len(c.files)} evaluation files identical: {verdict}")
             lines += [f"    differs: {path}" for path in c.differ]
+    lines += _score_lines(report)
+    lines += [f"note: {n}" for n in report.notes]
+    if report.kind != "record":
+        lines.append("every file identical" if report.identical else "files differ from the bundle (listed above)")
+    return "\n".join(lines)
+
+
+def _score_lines(report: Any) -> list[str]:
+    """Each group's SoPR (and SoWR), the original's beside it for a re-score with another judge, and the average."""
+    lines = []
     score = report.score
     for group, rate in score.get("pass_rate", {}).items():
         win = score.get("win_rate", {}).get(group)
         extra = f", SoWR {100 * win['win']:.1f}% (tie {100 * win['tie']:.1f}%)" if win else ""
+        before = (report.original or {}).get("score", {}).get("pass_rate", {}).get(group)
+        extra += f"; the original's SoPR {before['solve_rate']:.1f}%" if before else ""
         lines.append(f"  {group}: SoPR {rate['solve_rate']:.1f}% (std {rate['std']:.1f}%, {rate['queries']} queries){extra}")
     if score.get("pass_rate_average") is not None:
         win_average = score.get("win_rate_average")
         extra = f", SoWR {100 * win_average:.1f}%" if win_average is not None else ""
         lines.append(f"  average: SoPR {score['pass_rate_average']:.1f}%{extra}")
-    lines += [f"note: {n}" for n in report.notes]
-    if report.kind != "record":
-        lines.append("every file identical" if report.identical else "files differ from the bundle (listed above)")
-    return "\n".join(lines)
+    return lines
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -209,7 +267,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--method", help="upstream's method: CoT@1, DFS_woFilter_w2, ...")
     what.add_argument("--agent-model", help="the agent's model name (chatgpt_function: it must start with 'gpt')")
     what.add_argument("--backbone", default="chatgpt_function", help="chatgpt_function (default) or toolllama_vllm (/v1/completions)")
-    what.add_argument("--judge-model", help="the judge's model (default: the evaluator's config.yaml completions_kwargs.model)")
+    what.add_argument("--judge-model", help="the judge's model (default: the evaluator's config.yaml completions_kwargs.model); with "
+                      "--rescore BUNDLE, --config and --out: re-score the bundle's answers with this judge into a new bundle")
     what.add_argument("--evaluator", default="tooleval_gpt-3.5-turbo_default", help="upstream's evaluator (default: %(default)s)")
     what.add_argument("--evaluate-times", type=int, default=4, help="judge requests per answer (default: %(default)s, as eval_pass_rate's)")
     what.add_argument("--limit", type=int, help="only the first N queries of each group")
@@ -222,6 +281,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--max-observation-length", type=int, default=1024, help="upstream's --max_observation_length (default: %(default)s)")
     what.add_argument("--server", help="a server already running with --config (it must set record.served_store) instead of starting one")
     what.add_argument("--out", help="the bundle to write: a new folder, or BUNDLE.tar.gz")
+    what.add_argument("--reuse-model-answers", action="store_true",
+                      help="answer the agent and the judge from what the store and frozen caches recorded (default: this run's own "
+                           "answers, drawn fresh; a resumed run still pays no call twice)")
     again = parser.add_argument_group("replay or re-score a bundle")
     again.add_argument("--replay", metavar="BUNDLE", help="run inference and evaluation again from the bundle's records; exit 0 iff identical")
     again.add_argument("--rescore", metavar="BUNDLE", help="run the evaluation again over the bundle's answers; exit 0 iff identical")
@@ -229,8 +291,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     how.add_argument("--stabletoolbench", required=True, help="a StableToolBench checkout (its scripts run from there, unmodified)")
     how.add_argument("--tools", help="the tools folder (default: the checkout's toolenv/tools, else server/tools)")
     how.add_argument("--python", help="the Python with StableToolBench's requirements (default: this one)")
-    how.add_argument("--stand-ins", action="store_true",
-                     help="answer the GPU modules upstream imports but an API-model agent never calls (torch, transformers, ...) with placeholders")
+    how.add_argument("--stand-ins", action=argparse.BooleanOptionalAction, default=None,
+                     help="answer the GPU modules upstream imports but an API-model agent never calls (torch, transformers, ...) with "
+                          "placeholders (kept in run.json: --replay and --rescore use the bundle's unless given)")
     how.add_argument("--seed", type=int, default=42, help="random.seed and PYTHONHASHSEED of upstream's processes (default: %(default)s; a replay uses the bundle's)")
     how.add_argument("--keep-sleeps", action="store_true", help="keep upstream's own sleeps (skipped unless the real API is enabled)")
     how.add_argument("--timeout", type=float, help="the longest one upstream script may run, in seconds (default: no limit)")

@@ -12,7 +12,8 @@ is its own record, ``<digest>#<n>``.  In order:
 2. its occurrence number is claimed (:class:`~.occurrences.RunCounters`: the server's own run in bounded
    memory, any other run in the store, never waiting on the event loop, at most ``store.timeout_s``);
 3. ``record``/``replay``: the record is looked up in the store, then in each frozen cache; a hit is
-   served as recorded;
+   served as recorded (with :attr:`ModelCalls.own`, ``llm.reuse_answers: false``: only in what this server's
+   run was served, so a run gets answers of its own, never another run's);
 4. a miss in ``replay``, a model no upstream answers, a spent budget (``llm.max_upstream_tokens``: each
    upstream call reserves its :func:`~stabletoolbench_mirror.core.model_calls.token_estimate` first, and
    settles it with the tokens it used, :class:`TokenBudget`) or an upstream that gives no completion end
@@ -170,6 +171,10 @@ class ModelCalls:
     served: Callable[[Record], None] | None = None
     """Called with every record served (a hit, or an answer just recorded), off the event loop: e.g. to copy
     every model answer a run used into a second store.  ``None`` (the default): nothing is called."""
+    own: CacheTier | None = None
+    """``llm.reuse_answers: false`` (record mode): the only tier a call is answered from, the answers this server's
+    run was served (``record.served_store``); any other call is asked upstream, its answer written over the store's.
+    ``None`` (the default): the store's and the frozen caches' records answer."""
 
     def __init__(
         self, store: Store, frozen: Sequence[CacheTier], upstreams: ModelServers, *, mode: Mode, run: str, private_run: bool = False,
@@ -300,6 +305,11 @@ class ModelCalls:
     async def _lookup(self, api: str, key: str) -> Record | StoreError | None:
         """The record of ``key``: from the store, else a frozen cache; ``None`` when none holds it, the store's
         :class:`StoreError` when it could not be read and no frozen cache holds it."""
+        if self.own is not None:
+            try:
+                return await self.own.aget(api, key)
+            except StoreError as exc:
+                return exc
         failed = None
         try:
             if self._reads_wait:  # a read over the network: never longer than store.timeout_s
@@ -330,6 +340,9 @@ class ModelCalls:
             if self.mode is Mode.REFRESH:
                 self.store.replace(record, None)
                 return record, "replaced"
+            if self.own is not None:  # a fresh answer: the store's earlier one for this key was not this run's
+                self.store.replace(record, None)
+                return record, "recorded"
             if not self.store.add(record, None):
                 kept = self.store.get(record.api, record.key)
                 if kept is not None:

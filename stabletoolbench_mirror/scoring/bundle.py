@@ -34,7 +34,9 @@ to the bundle's root, ``/``-separated; ``<label>`` is the run's name in StableTo
 (``null`` or ``{"label", "content_hash"}``), ``stabletoolbench`` (``{"commit", "dirty"}``, ``null`` values
 when not a git checkout), ``environment`` (``records_hash``: the records' snapshot content hash; the
 settings that shape answers: simulator model, style and prompt hash, frozen caches' content hashes) and
-``commands`` (``[{"phase", "group", "argv", "env"}]``, no secret in them).  ``score.json`` holds
+``commands`` (``[{"phase", "group", "argv", "env"}]``, no secret in them), ``run_id`` (the part of its model-call
+runs' names that is the run's own), ``stand_ins`` and, for a re-score with another judge, ``rescored_from``
+(``{"content_hash", "label", "judge_model"}`` of the bundle whose answers were evaluated).  ``score.json`` holds
 ``pass_rate`` (``{group: {"solve_rate", "std", "per_evaluation", "queries"}}``, percent, as
 ``eval_pass_rate`` computes them: per evaluation, Solved 1 and Unsure 0.5 over the queries; their mean and
 population standard deviation), ``pass_rate_average`` (the mean of the groups' solve rates), ``win_rate``
@@ -66,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.core.files import atomic_write
+from stabletoolbench_mirror.scoring.replayable import problems
 from stabletoolbench_mirror.upstream.archives import MARKER as UNPACKED_MARKER
 from stabletoolbench_mirror.upstream.archives import file_sha256
 
@@ -172,10 +175,19 @@ def content_hash(digests: Mapping[str, str]) -> str:
 
 
 def seal(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """Write ``bundle.json`` for the files under ``root`` as they are now; return it."""
+    """Write ``bundle.json`` for the files under ``root`` as they are now; return it.
+
+    :class:`BundleError` when there is no ``run.json``, or when a recorded model call of ``records/`` could not
+    replay from the bundle alone (:mod:`.replayable`): such a bundle is never sealed."""
     digests = file_digests(root)
     if RUN_FILE not in digests:
         raise BundleError(f"{root}: no {RUN_FILE}: a bundle names what was run")
+    unreplayable = problems(Path(root, RECORDS_DIR))
+    if unreplayable:
+        shown = "\n  ".join(unreplayable[:20])
+        raise BundleError(f"{root}: not sealed: its records would not replay (a replay numbers each model request's occurrences "
+                          f"from #1, and would stop at the first one missing, 'occurrence N is not recorded'):\n  {shown}\n"
+                          "record the run again in a new work folder: each record run counts its model calls from #1 in runs of its own")
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

@@ -7,6 +7,9 @@
   whose only frozen cache is the bundle's ``records/`` (no model, no key, no other cache); every answer
   file, converted answer, label and preference file compared with the bundle's.
 * :func:`replay` with ``rescore=True``: the evaluation only, over the bundle's answer files.
+* :func:`record` with ``answers_from``: a re-score with another judge, the evaluation only, over a bundle's answer
+  files, the new judge asked live, sealed into a bundle of its own (``run.json``'s ``rescored_from`` names the
+  original; :func:`replay` of it replays its evaluation).
 
 The command line (``commands/score.py``) gives what lives above this layer as :class:`Hooks`: the start-up
 checks it prints and the snapshot writer.
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,9 @@ class Hooks:
     """Print the server's start-up summary for these settings; ``False`` when it found an error."""
     write_snapshot: Callable[[Path, Path], dict[str, Any]]
     """``(diskcache folder, out folder)``: the folder's snapshot written into ``out``; its manifest."""
+    probe_servers: Callable[[Settings, Mapping[str, str], str | None], list[str]]
+    """``(settings, {role: model}, --server URL)``: the model servers the roles' models are asked at, and the server, probed;
+    one line for each that does not answer (empty: all answer)."""
 
 
 @dataclass
@@ -58,6 +64,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     phases: list[dict[str, Any]] = field(default_factory=list)
     """``[{"phase", "group", "seconds"}]``: each phase's wall time."""
+    original: dict[str, Any] | None = None
+    """A re-score with another judge: the original bundle, its judge and its score (``{"bundle", "judge_model", "score"}``)."""
 
     @property
     def identical(self) -> bool:
@@ -71,6 +79,10 @@ class Report:
         if self.kind != "record":
             data["identical"] = self.identical
             data["comparisons"] = [c.as_json() for c in self.comparisons]
+        data["original"] = None
+        if self.original is not None:
+            original = self.original["score"]
+            data["original"] = {**self.original, "score": {k: v for k, v in original.items() if k != "labels"}}
         return data
 
 
@@ -90,32 +102,60 @@ class RecordRequest:
     reference: layout.Bundle | None = None
     server_url: str | None = None
     progress: bool = True
+    reuse_model_answers: bool = False
+    """Answer the agent and the judge from what the store and the frozen caches recorded (``--reuse-model-answers``);
+    by default a record run draws answers of its own (``llm.reuse_answers: false`` in its server)."""
+    answers_from: layout.Bundle | None = None
+    """A re-score with another judge (``--rescore BUNDLE --judge-model M``): the evaluation only, over this bundle's
+    answer files (and its reference's files), the judge asked live; ``spec`` is the bundle's with the new judge."""
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """The models this run asks, by role (a re-score asks only the judge)."""
+        judge = {"judge": self.spec.judge_model}
+        return judge if self.answers_from is not None else {"agent": self.spec.agent_model, **judge}
 
 
 def record(request: RecordRequest, hooks: Hooks) -> Report:
     spec, checkout = request.spec, request.checkout
     work = Work(request.work.resolve())
     notes = _record_checks(request)
+    _probe(request, hooks, request.roles)
     state = State.open(work, spec, "record")
     if "prepare" not in state.done:
-        _prepare(work, spec, checkout, request.reference)
+        if request.answers_from is not None:
+            seed_work(request.answers_from, spec, work, answers=True)
+        else:
+            _prepare(work, spec, checkout, request.reference)
         state.finish("prepare", None)
-    settings = record_settings(request.settings, work)
+    settings = record_settings(request.settings, work, reuse_answers=request.reuse_model_answers)
     if request.server_url is None and not hooks.start_checks(settings):
         raise SessionError("the server's start-up checks found errors (above): fix --config")
     mirror = Mirror(request.server_url) if request.server_url else Mirror.start(settings, work.log("server"))
     session = Session(spec, checkout, request.runner, work, mirror, state, progress=request.progress, notes=notes)
     try:
         session.say_notes()
-        session.run(phases_of(spec))
+        session.run(phases_of(spec, infer=request.answers_from is None))
         prompt = mirror.health().get("simulator_prompt")
     finally:
         mirror.stop()
     named = request.settings.record.served_store  # --server: the served store of the config that server runs with
     served = Path(request.settings.resolve(named)) if request.server_url and named else work.served
     content_hash = _write_bundle(request, work, state, served, hooks, prompt)
+    source = request.answers_from
+    original = None if source is None else {"bundle": str(source.root), "judge_model": source.run.get("judge_model"), "score": source.score}
     return Report("record", spec, work.root, score_of(work.root, spec), str(request.out), content_hash, notes=session.notes,
-                  phases=state.timings())
+                  phases=state.timings(), original=original)
+
+
+def _probe(request: RecordRequest, hooks: Hooks, roles: Mapping[str, str]) -> None:
+    """:class:`SessionError` naming each model server (and ``--server``) the run needs that does not answer, before
+    anything runs (a judge that is down would otherwise cost upstream's retries on every answer, then the phase)."""
+    settings = request.settings
+    asked = {} if (settings.llm.mode or settings.mode) is Mode.REPLAY else roles
+    unreachable = hooks.probe_servers(settings, asked, request.server_url)
+    if unreachable:
+        raise SessionError("the run cannot start:\n  " + "\n  ".join(unreachable))
 
 
 def _record_checks(request: RecordRequest) -> list[str]:
@@ -127,13 +167,20 @@ def _record_checks(request: RecordRequest) -> list[str]:
         _check_query_ids(request.checkout, spec)
     if request.reference is not None:
         _check_reference(request.reference, spec)
+    if request.answers_from is not None and request.answers_from.run.get("judge_model") == spec.judge_model:
+        raise SessionError(f"--judge-model {spec.judge_model!r} is the bundle's judge already: --rescore without --judge-model "
+                           "re-runs its recorded evaluation; name another judge to re-score it")
     if request.server_url is not None and not request.settings.record.served_store:
         raise SessionError("--server: the server must run with record.served_store set (a fresh diskcache folder) in the --config it "
                            "runs with, so that the run's records can be bundled; or leave --server out and score starts one")
+    if request.server_url is not None and request.settings.llm.reuse_answers and not request.reuse_model_answers:
+        raise SessionError("--server: its config answers model calls from any recorded answer (llm.reuse_answers: true, the "
+                           "default), so this run could get an earlier run's answers: set llm.reuse_answers: false in the --config "
+                           "it runs with, or pass --reuse-model-answers to reuse them on purpose")
     if request.server_url is not None and request.settings.auth_token is not None:
         raise SessionError("--server: its config sets auth_token, which upstream's clients cannot send (SERVICE_URL, --base_url, "
                            "API_POOL_FILE carry no token); leave --server out and score starts a server of its own on 127.0.0.1")
-    notes = check_models(request.settings, spec)
+    notes = check_models(request.settings, request.roles)
     notes += request.runner.check_requirements([request.checkout.script(s) for s in _scripts(spec)])
     notes += sleeps_notes(request.runner, request.settings)
     return notes
@@ -151,11 +198,14 @@ def _scripts(spec: RunSpec) -> list[str]:
     return [spec.pipeline, "convert", "eval_pass_rate", *(["eval_preference"] if spec.reference is not None else [])]
 
 
-def record_settings(settings: Settings, work: Work) -> Settings:
+def record_settings(settings: Settings, work: Work, *, reuse_answers: bool = False) -> Settings:
     """The user's settings for the server score starts: one worker, the run's own served store (a folder of the
-    work folder, whatever the config names: the records hold this run's answers only), no log file of its own."""
+    work folder, whatever the config names: the records hold this run's answers only), model calls answered from
+    it alone unless ``reuse_answers`` (so a resumed run pays no call twice, and a new run draws its own), no log
+    file of its own."""
     ours = settings.model_copy(deep=True)
     ours.record.served_store = str(work.served)
+    ours.llm.reuse_answers = reuse_answers
     ours.workers = 1
     ours.log_file = None
     ours.llm.run = None
@@ -163,17 +213,18 @@ def record_settings(settings: Settings, work: Work) -> Settings:
     return ours
 
 
-def check_models(settings: Settings, spec: RunSpec) -> list[str]:
-    """:class:`SessionError` when the agent's or the judge's model has no upstream to record it from, or no key."""
+def check_models(settings: Settings, roles: Mapping[str, str]) -> list[str]:
+    """:class:`SessionError` when a model of ``roles`` (``{"agent": model, "judge": model}``) has no upstream to record it
+    from, or no key."""
     from stabletoolbench_mirror.responders.model_servers import ModelServers
 
     mode = settings.llm.mode or settings.mode
     if mode is Mode.REPLAY:
-        return [f"model calls in replay mode (llm.mode): every call of the agent ({spec.agent_model}) and the judge "
-                f"({spec.judge_model}) must be recorded already"]
+        asked = " and ".join(f"the {role} ({model})" for role, model in roles.items())
+        return [f"model calls in replay mode (llm.mode): every call of {asked} must be recorded already"]
     upstreams = ModelServers(settings.llm)
     try:
-        for role, model in (("agent", spec.agent_model), ("judge", spec.judge_model)):
+        for role, model in roles.items():
             upstream = upstreams.for_model(model)
             if upstream is None:
                 raise SessionError(f"no llm.upstreams entry answers the {role}'s model {model!r}: add one whose models match it "
@@ -243,9 +294,10 @@ def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path
     env = Environment(
         checkout={"commit": request.checkout.commit, "dirty": request.checkout.dirty},
         settings=answer_settings(request.settings, prompt),
-        reference=None if request.reference is None else {"label": request.reference.label, "content_hash": request.reference.content_hash},
+        reference=_reference_note(request),
         extra={"stand_ins": request.runner.stand_ins, "skipped_sleeps": request.runner.skip_sleeps,
-               "python": request.runner.python_version()},
+               "python": request.runner.python_version(), "run_id": state.run_id,
+               "reuse_model_answers": request.reuse_model_answers, **_rescored_note(request)},
     )
     seal = assemble(work, request.spec, state, folder, env, lambda target: hooks.write_snapshot(served, target))
     if _is_archive(out):
@@ -256,6 +308,21 @@ def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path
             out.rmdir()  # an empty folder named by --out (_check_out)
         shutil.move(str(folder), str(out))
     return str(seal["content_hash"])
+
+
+def _reference_note(request: RecordRequest) -> dict[str, Any] | None:
+    """``run.json``'s ``reference``: the reference bundle's label and content hash (a re-score keeps its bundle's)."""
+    if request.answers_from is not None:
+        return request.answers_from.run.get("reference")
+    return None if request.reference is None else {"label": request.reference.label, "content_hash": request.reference.content_hash}
+
+
+def _rescored_note(request: RecordRequest) -> dict[str, Any]:
+    """``run.json``'s ``rescored_from`` (a re-score with another judge): the bundle whose answers were evaluated."""
+    source = request.answers_from
+    if source is None:
+        return {}
+    return {"rescored_from": {"content_hash": source.content_hash, "label": source.label, "judge_model": source.run.get("judge_model")}}
 
 
 def _is_archive(out: Path) -> bool:
@@ -331,14 +398,15 @@ def replay(request: ReplayRequest, hooks: Hooks) -> Report:
     except TypeError as exc:
         raise SessionError(f"{bundle.root / layout.RUN_FILE}: not a run this version can replay ({exc})") from None
     request.runner.seed = spec.seed  # the bundle's: upstream's random streams drawn as they were
+    rescore = request.rescore or "rescored_from" in bundle.run  # a re-score's bundle holds its judge's calls only
     notes = _commit_notes(bundle, request.checkout)
-    notes += request.runner.check_requirements([request.checkout.script(s) for s in _scripts(spec) if not (request.rescore and s == spec.pipeline)])
+    notes += request.runner.check_requirements([request.checkout.script(s) for s in _scripts(spec) if not (rescore and s == spec.pipeline)])
     notes += sleeps_notes(request.runner, None)
     work = Work(request.work.resolve())
-    kind = "rescore" if request.rescore else "replay"
-    state = State.open(work, spec, kind)
+    kind = "rescore" if rescore else "replay"
+    state = State.open(work, spec, kind, run_id=str(bundle.run.get("run_id") or ""))  # the record run's model-call run names
     if "prepare" not in state.done:
-        seed_work(bundle, spec, work, answers=request.rescore)
+        seed_work(bundle, spec, work, answers=rescore)
         state.finish("prepare", None)
     settings = replay_settings(bundle, work)
     if not hooks.start_checks(settings):
@@ -347,10 +415,10 @@ def replay(request: ReplayRequest, hooks: Hooks) -> Report:
     session = Session(spec, request.checkout, request.runner, work, mirror, state, progress=request.progress, notes=notes)
     try:
         session.say_notes()
-        session.run(phases_of(spec, infer=not request.rescore))
+        session.run(phases_of(spec, infer=not rescore))
     finally:
         mirror.stop()
-    comparisons = compare(bundle, spec, work, answers=not request.rescore)
+    comparisons = compare(bundle, spec, work, answers=not rescore)
     return Report(kind, spec, work.root, score_of(work.root, spec), str(bundle.root), bundle.content_hash, comparisons, session.notes,
                   state.timings())
 

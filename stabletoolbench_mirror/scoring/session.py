@@ -13,9 +13,10 @@ One run is, per group, StableToolBench's own
    label files, one thread, the ``random`` stream seeded (``STM_SEED``, ``PYTHONHASHSEED``): its tie-breaks
    and the order it shows the judge the two answers come from that stream.
 
-Every phase is a model-call run of its own (``<label>.<phase>.<group>.<attempt>``, named in the URL), so
-identical requests are numbered from 1 in each evaluation and a second evaluation never meets the first's
-occurrences.  ``state.json`` in the work folder lists the phases done; the same command resumes after
+Every phase is a model-call run of its own (``<label>.<run id>.<phase>.<group>.<attempt>``, named in the URL;
+the run id is new for each work folder and kept in ``state.json`` and ``run.json``), so identical requests
+are numbered from 1 in each evaluation, and neither a second evaluation nor a second record run of the same
+label on the same store meets the first's occurrence counters.  ``state.json`` in the work folder lists the phases done; the same command resumes after
 Ctrl-C or a failure.  A phase not done is run again from its start, in a new run: what it was answered
 before comes back from the records (no model call is paid twice), and its files come out as an
 uninterrupted run writes them (upstream's ``DFS`` and ``toolllama_vllm`` draw from ``random`` per query,
@@ -36,6 +37,7 @@ from typing import Any, TextIO
 
 from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.core.progress import progress_bar
+from stabletoolbench_mirror.engine.model_calls import new_run_id
 from stabletoolbench_mirror.scoring import bundle as layout
 from stabletoolbench_mirror.scoring.checkout import SCRIPTS, Checkout
 from stabletoolbench_mirror.scoring.mirror import Mirror
@@ -177,13 +179,16 @@ class State:
     commands: list[dict[str, Any]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     """Each phase's wall time, its last attempt's (not in ``run.json``: it differs from one machine to the next)."""
+    run_id: str = ""
+    """The part of every model-call run's name that is this run's own (``""``: a work folder of an older version)."""
 
     @classmethod
-    def open(cls, work: Work, spec: RunSpec, kind: str) -> State:
-        """The state of ``work`` (a new one when there is none); :class:`SessionError` when it holds another run."""
+    def open(cls, work: Work, spec: RunSpec, kind: str, run_id: str | None = None) -> State:
+        """The state of ``work`` (a new one when there is none, its run id ``run_id`` or a new one); :class:`SessionError`
+        when it holds another run."""
         path = work.path(STATE_FILE)
         if not path.is_file():
-            state = cls(path, spec.as_json(), kind)
+            state = cls(path, spec.as_json(), kind, run_id=new_run_id() if run_id is None else run_id)
             state.save()
             return state
         try:
@@ -194,11 +199,11 @@ class State:
             raise SessionError(f"the work folder {work.root} holds another run ({data.get('kind')} of {data.get('spec', {}).get('label')!r} "
                                "with other settings): choose another --work, or remove it to start again")
         return cls(path, data["spec"], kind, list(data.get("done", [])), dict(data.get("attempts", {})), list(data.get("commands", [])),
-                   dict(data.get("seconds", {})))
+                   dict(data.get("seconds", {})), str(data.get("run_id") or ""))
 
     def save(self) -> None:
-        data = {"format": STATE_FORMAT, "kind": self.kind, "spec": self.spec, "done": self.done, "attempts": self.attempts,
-                "commands": self.commands, "seconds": self.seconds}
+        data = {"format": STATE_FORMAT, "kind": self.kind, "spec": self.spec, "run_id": self.run_id, "done": self.done,
+                "attempts": self.attempts, "commands": self.commands, "seconds": self.seconds}
         write_text(self.path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
     def next_attempt(self, phase: str) -> int:
@@ -266,7 +271,8 @@ class Session:
         if attempt > 1:
             self.say(f"{key}: attempt {attempt}, from its start, as model-call run {attempt}: "
                      "what the earlier attempt was answered comes back from the records")
-        return safe_name(f"{self.spec.label}.{key.replace(':', '.')}.{attempt}")
+        parts = (self.spec.label, self.state.run_id, *key.split(":"), str(attempt))
+        return safe_name(".".join(p for p in parts if p))
 
     def _model_url(self, run: str) -> str:
         return f"{self.mirror.url}/run/{run}/v1"

@@ -94,6 +94,8 @@ def build_model_calls(settings: Settings, layer: MirrorLayer, limiter: Any = Non
     calls.holds_private_run = held
     if layer.served is not None:  # record.served_store: the model answers served are copied with the tool answers
         calls.served = layer.served.add
+        if not llm.reuse_answers and (llm.mode or settings.mode) is Mode.RECORD:
+            calls.own = layer.served.store  # answered only from what this run was served (llm.reuse_answers: false)
     return calls
 
 

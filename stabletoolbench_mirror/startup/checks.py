@@ -314,6 +314,9 @@ def check_model_calls(settings: Settings, report: StartupReport) -> None:
         report.add("model calls", "/v1, replay: only recorded calls are answered" + (f" (upstreams not used: {upstreams})" if upstreams else ""))
         return
     report.add("model calls", f"/v1, {mode}; " + (upstreams or "no upstream: only recorded calls are answered"))
+    if not llm.reuse_answers and mode == "record" and not settings.record.served_store:
+        report.error("llm.reuse_answers", "false answers model calls only from record.served_store, which is not set: "
+                     "set record.served_store to a fresh diskcache folder, or llm.reuse_answers: true")
     if not llm.upstreams:
         report.warning("llm.upstreams", f"llm mode is {mode} but no upstream is configured: every model call not "
                        "recorded gets HTTP 404; add llm.upstreams: [{base_url: ..., models: [...]}]")

@@ -12,6 +12,7 @@ No key is ever printed: URLs are shown without user info or query string.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,6 +200,50 @@ def probe_chat(api_base: str, model: str, headers: dict[str, str], timeout_s: fl
 
 #: the longest a probe's chat completion may take
 CHAT_PROBE_MAX_S = 30.0
+#: the longest a model server's probe before a run waits for its connection, then for its answer
+MODEL_PROBE_TIMEOUT_S = 3.0
+
+
+def probe_model_servers(settings: Settings, roles: Mapping[str, str], server_url: str | None = None, *,
+                        timeout_s: float = MODEL_PROBE_TIMEOUT_S) -> list[str]:
+    """Before a run: each ``llm.upstreams`` entry that answers one of ``roles``' models (``{"agent": model, ...}``)
+    probed as a simulator endpoint is (:func:`probe_simulator`, with its key), and ``server_url``'s ``/health``, all
+    at once, within ``timeout_s``; one line for each that does not answer or refuses the key, naming the entry, its
+    URL, the model and the fix (empty: all answer)."""
+    from stabletoolbench_mirror.responders.model_servers import ModelServers
+
+    servers = ModelServers(settings.llm)
+    try:
+        needed: dict[int, list[tuple[str, str]]] = {}
+        for role, model in roles.items():
+            found = servers.for_model(model)
+            if found is not None:
+                needed.setdefault(list(servers.items).index(found), []).append((role, model))
+    finally:
+        servers.close()
+    upstreams = settings.llm.upstreams
+    jobs: dict[str, Any] = {
+        str(i): (lambda u=upstreams[i], model=asked[0][1]: probe_simulator(u.base_url, model, u.api_key(), timeout_s))
+        for i, asked in needed.items()}
+    if server_url is not None:
+        jobs["server"] = lambda: probe(server_url.rstrip("/") + "/health", timeout_s=timeout_s)[0]
+    results = _run_probes(jobs)
+    out = []
+    server = results.pop("server", None)
+    if server is not None and not server.answered:
+        out.append(f"--server: nothing answers at --server {public_url(server_url or '')} ({server.detail}): start the server with the --config given "
+                   "(stabletoolbench-mirror serve --config ...), or name its host and port")
+    for name, probed in results.items():
+        i = int(name)
+        what = f"llm.upstreams[{i}] ({probed.url}, for {' and '.join(f'the {role} {model!r}' for role, model in needed[i])})"
+        if not probed.answered:
+            out.append(f"{what} does not answer ({probed.detail}): start that model server, or point llm.upstreams[{i}].base_url at "
+                       "its OpenAI-compatible /v1")
+        elif probed.status in (401, 403):
+            key = upstreams[i].api_key_env
+            fix = f"check the key in ${key}" if key else "name the variable holding its key in llm.upstreams[].api_key_env"
+            out.append(f"{what} refused the request (HTTP {probed.status}): {fix}")
+    return out
 
 
 def _probe_timeout(configured: float) -> float:

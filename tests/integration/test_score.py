@@ -317,14 +317,144 @@ def test_a_server_named_by_url_records_the_run_into_the_served_store_of_its_conf
                 "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]}, {"base_url": judge.api_base, "models": [JUDGE]}]}}
         unset, config = tmp_path / "unset.yml", tmp_path / "c.yml"
         unset.write_text(yaml.safe_dump(data))
-        config.write_text(yaml.safe_dump({**data, "record": {"served_store": str(tmp_path / "served")}}))
+        config.write_text(yaml.safe_dump({**data, "record": {"served_store": str(tmp_path / "served")},
+                                          "llm": {**data["llm"], "reuse_answers": False}}))
         settings = load_settings(config, environ={})
         run = ["--groups", "G1_instruction", "--query-ids", "1073", "--method", COT, "--agent-model", AGENT, "--evaluate-times", "1"]
         with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
             code, _, err = score("--server", server.url, "--config", str(unset), *run, "--out", str(tmp_path / "b0"), capsys=capsys)
             assert code == 2 and "--server: the server must run with record.served_store set" in err
+            reusing = tmp_path / "reusing.yml"
+            reusing.write_text(yaml.safe_dump({**data, "record": {"served_store": str(tmp_path / "served")}}))
+            code, _, err = score("--server", server.url, "--config", str(reusing), *run, "--out", str(tmp_path / "b0"), capsys=capsys)
+            assert code == 2 and "set llm.reuse_answers: false in the --config it runs with, or pass --reuse-model-answers" in err
             code, out, err = score("--server", server.url, "--config", str(config), *run, "--out", str(tmp_path / "b"), capsys=capsys)
             assert code == 0, err
     manifest = json.loads((tmp_path / "b" / "records" / "manifest.json").read_text())
     assert manifest["by_source"]["frozen"] == 1 and manifest["by_source"]["model"] == agent.count + 1  # 1073's call; agent and judge
     assert verify(tmp_path / "b") == []
+
+
+def test_two_records_of_one_label_on_one_store_draw_their_own_answers_and_both_replay(tmp_path: Path,
+                                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The second record run of a label on a store gets model-call runs of its own (occurrences from #1) and its own
+    answers (the judge labels at random: the labels differ); both bundles replay.  ``--reuse-model-answers`` asks nothing."""
+    with AgentStub() as agent, JudgeStub(seed=2) as judge:
+        config = tmp_path / "c.yml"
+        config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(FROZEN_CACHE)],
+                                          "log_level": "warning",
+                                          "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]},
+                                                                {"base_url": judge.api_base, "models": [JUDGE]}]}}))
+        run = ["--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073,608", "--method", COT, "--agent-model", AGENT,
+               "--evaluate-times", "3", "--label", "same"]
+        asked = []
+        for name in ("first", "second"):
+            code, _, err = score(*run, "--out", str(tmp_path / name), capsys=capsys)
+            assert code == 0, err
+            asked.append((agent.count, judge.count))
+        code, _, err = score(*run, "--reuse-model-answers", "--out", str(tmp_path / "reused"), capsys=capsys)
+        assert code == 0, err
+        reused = (agent.count, judge.count)
+    first, second, third = (read_bundle(tmp_path / name) for name in ("first", "second", "reused"))
+    assert asked[1][0] == 2 * asked[0][0] and asked[1][1] == 2 * asked[0][1]  # the second run asked both again
+    assert reused == asked[1]  # reusing what the store holds asks nothing
+    assert first.run["run_id"] != second.run["run_id"] and third.run["reuse_model_answers"] is True
+    labels = [b.score["labels"]["G1_instruction"] for b in (first, second, third)]
+    assert labels[0] != labels[1] and labels[2] == labels[1]  # the store holds the latest run's answers
+    for name in ("second", "reused"):
+        code, out, err = score("--replay", str(tmp_path / name), capsys=capsys)
+        assert code == 0, err
+        assert "every file identical" in out
+    # the README's form, without repeating --stand-ins: the bundle's run.json says the record run used them
+    assert first.run["stand_ins"] is True
+    readme = ["score", "--replay", str(tmp_path / "first"), "--stabletoolbench", str(UPSTREAM), "--tools", str(TOOLS_DIR), "--quiet"]
+    capsys.readouterr()
+    assert cli(readme) == 0, capsys.readouterr().err
+    assert "every file identical" in capsys.readouterr().out
+    # an explicit flag still wins
+    assert cli([*readme, "--no-stand-ins"]) == 2
+    assert "or pass --stand-ins" in capsys.readouterr().err
+
+
+def test_a_dead_judge_or_server_fails_at_once_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The model servers the run needs are probed before any script runs: a judge at a port nobody listens on, one
+    that accepts connections and never answers, and a wrong --server port each end the run in seconds (exit 2)."""
+    import socket
+    import time
+
+    from tests.helpers.live import free_port
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts (the kernel's backlog) and never answers
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    try:
+        with AgentStub() as agent:
+            for judge_url, cause in ((dead, "connection refused"), (f"http://127.0.0.1:{silent.getsockname()[1]}/v1", "timed out")):
+                config = tmp_path / "c.yml"
+                config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "log_level": "warning",
+                                                  "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]},
+                                                                        {"base_url": judge_url, "models": [JUDGE]}]}}))
+                started = time.monotonic()
+                code, _, err = score("--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073", "--method", COT,
+                                     "--agent-model", AGENT, "--out", str(tmp_path / "b"), capsys=capsys)
+                took = time.monotonic() - started
+                assert code == 2, err
+                assert took < 10, took
+                assert f"llm.upstreams[1] ({judge_url}, for the judge '{JUDGE}') does not answer ({cause})" in err, err
+                assert "llm.upstreams[0]" not in err  # the agent's answers
+                assert not (tmp_path / "b").exists() and not (tmp_path / "b.work").exists()
+            # a wrong --server port
+            config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "log_level": "warning",
+                                              "record": {"served_store": str(tmp_path / "served")},
+                                              "llm": {"reuse_answers": False, "upstreams": [{"base_url": agent.api_base, "models": ["*"]}]}}))
+            server = f"http://127.0.0.1:{free_port()}"
+            code, _, err = score("--server", server, "--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073",
+                                 "--method", COT, "--agent-model", AGENT, "--out", str(tmp_path / "b"), capsys=capsys)
+            assert code == 2 and f"nothing answers at --server {server} (connection refused)" in err, err
+    finally:
+        silent.close()
+
+
+def test_a_bundle_rescored_with_another_judge_is_a_new_bundle_beside_the_original(tmp_path: Path,
+                                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``--rescore BUNDLE --judge-model M --config C --out NEW``: the recorded answers evaluated by a new judge (asked live,
+    the agent never), written as a bundle of its own that names the original; it replays with no model running."""
+    other = "gpt-4o-mini-judge"
+    with AgentStub() as agent, JudgeStub(seed=4) as judge:
+        config = tmp_path / "c.yml"
+        config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(FROZEN_CACHE)],
+                                          "log_level": "warning",
+                                          "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]},
+                                                                {"base_url": judge.api_base, "models": [JUDGE]}]}}))
+        code, _, err = score("--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073,608", "--method", COT,
+                             "--agent-model", AGENT, "--evaluate-times", "2", "--out", str(tmp_path / "original"), capsys=capsys)
+        assert code == 0, err
+    original = read_bundle(tmp_path / "original")
+    with JudgeStub(seed=9, model=other) as new_judge:  # only the new judge runs: the agent is never asked
+        config2 = tmp_path / "c2.yml"
+        config2.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store2")}, "log_level": "warning",
+                                           "llm": {"upstreams": [{"base_url": new_judge.api_base, "models": [other]}]}}))
+        # the same judge again is refused: --rescore alone re-runs the recorded evaluation
+        code, _, err = score("--rescore", str(tmp_path / "original"), "--judge-model", JUDGE, "--config", str(config2),
+                             "--out", str(tmp_path / "same"), capsys=capsys)
+        assert code == 2 and "is the bundle's judge already" in err
+        code, out, err = score("--rescore", str(tmp_path / "original"), "--judge-model", other, "--config", str(config2),
+                               "--out", str(tmp_path / "regraded"), capsys=capsys)
+        assert code == 0, err
+        assert new_judge.count > 0 and {b["model"] for b in new_judge.requests} == {other}
+    assert f"re-score of {tmp_path / 'original'} with the judge {other} (recorded with {JUDGE})" in out
+    assert f"the original's SoPR {original.score['pass_rate']['G1_instruction']['solve_rate']:.1f}%" in out
+    regraded = read_bundle(tmp_path / "regraded")
+    assert verify(regraded.root) == [] and verify(original.root) == []
+    assert regraded.run["judge_model"] == other and regraded.run["agent_model"] == AGENT
+    assert regraded.run["rescored_from"] == {"content_hash": original.content_hash, "label": original.label, "judge_model": JUDGE}
+    assert {c["phase"] for c in regraded.run["commands"]} == {"convert", "pass_rate"}
+    for answer in original.answer_files("G1_instruction"):  # the original's answers, evaluated
+        assert (regraded.root / "answers" / "G1_instruction" / answer.name).read_bytes() == answer.read_bytes()
+    manifest = json.loads((regraded.records / "manifest.json").read_text())
+    assert manifest["by_category"].keys() == {"@model"} and not (regraded.records / "@model" / AGENT).exists()
+    # the new bundle replays (its evaluation: it holds no agent calls) with no model running
+    code, out, err = score("--replay", str(tmp_path / "regraded"), capsys=capsys)
+    assert code == 0, err
+    assert "rescore of" in out and "every file identical" in out

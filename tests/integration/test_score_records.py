@@ -172,3 +172,65 @@ def test_without_a_served_store_nothing_is_copied(tmp_path: Path) -> None:
     finally:
         layer.close()
     assert not (tmp_path / "served").exists()
+
+
+# -- a run's own model answers (llm.reuse_answers: false) and records that replay ------------------------
+
+
+def _run_server(tmp_path: Path, agent: AgentStub, served_store: str, **llm: Any) -> UvicornThread:
+    return served(write_config(tmp_path / f"{served_store}.yml", {
+        "mode": "record", "store": {"path": str(tmp_path / "store")}, "log_level": "warning",
+        "record": {"served_store": str(tmp_path / served_store)},
+        "llm": {"upstreams": [{"base_url": agent.api_base, "models": [MODEL]}], **llm},
+    }))
+
+
+def _ids(server: UvicornThread, times: int, run: str) -> list[str]:
+    url = f"{server.url}/run/{run}/v1/chat/completions"
+    return [requests.post(url, json=CHAT, timeout=30).json()["id"] for _ in range(times)]
+
+
+def test_a_run_of_its_own_draws_fresh_answers_and_a_resumed_one_gets_its_own_again(tmp_path: Path) -> None:
+    with AgentStub() as agent:
+        with _run_server(tmp_path, agent, "served1", reuse_answers=False) as server:
+            first = _ids(server, 2, run="judge-1")
+        # a second run on the same store: asked upstream again (the stub numbers its answers), the store's records replaced
+        with _run_server(tmp_path, agent, "served2", reuse_answers=False) as server:
+            second = _ids(server, 2, run="judge-2")
+        assert first == ["chatcmpl-stub-1", "chatcmpl-stub-2"] and second == ["chatcmpl-stub-3", "chatcmpl-stub-4"]
+        assert sorted(json.loads(r["body"])["id"] for r in _store_records(tmp_path / "store")) == second
+        # the second run again, resumed (its served store kept), in a new model-call run: its own answers, nothing asked
+        with _run_server(tmp_path, agent, "served2", reuse_answers=False) as server:
+            assert _ids(server, 2, run="judge-2-attempt-2") == second
+        # reusing what is recorded (the default): the store's answers, nothing asked
+        with _run_server(tmp_path, agent, "served3") as server:
+            assert _ids(server, 2, run="judge-3") == second
+        assert agent.count == 4
+    # without a served store the setting cannot work: the start-up checks say so, naming the key
+    config = write_config(tmp_path / "bad.yml", {"store": {"path": str(tmp_path / "store")}, "llm": {
+        "reuse_answers": False, "upstreams": [{"base_url": "http://127.0.0.1:9/v1"}]}})
+    report = inspect(load_settings(config, environ={}), probe_endpoints=False)
+    assert [f.key for f in report.errors] == ["llm.reuse_answers"]
+    assert "record.served_store" in report.errors[0].message
+
+
+def test_records_whose_occurrences_do_not_start_at_one_are_never_sealed(tmp_path: Path) -> None:
+    """Two runs of one name on one store (what score's record runs of one label did): the second one's records are
+    occurrences #3-#4, which no replay reaches; sealing them is refused, naming the request."""
+    from stabletoolbench_mirror.scoring.bundle import BundleError, seal
+
+    with AgentStub() as agent:
+        for served_store in ("served1", "served2"):
+            with _run_server(tmp_path, agent, served_store) as server:
+                _ids(server, 2, run="same-name")
+    for served_store in ("served1", "served2"):
+        bundle = tmp_path / f"{served_store}-bundle"
+        assert cli(["snapshot", str(bundle / "records"), "--store", str(tmp_path / served_store), "-q"]) == 0
+        (bundle / "run.json").write_text(json.dumps({"label": "run", "groups": ["G1_instruction"]}), encoding="utf-8")
+    assert seal(tmp_path / "served1-bundle")["content_hash"].startswith("sha256:")
+    with pytest.raises(BundleError) as refused:
+        seal(tmp_path / "served2-bundle")
+    message = str(refused.value)
+    assert f"records/@model/{MODEL}/chat_completions.json: request sha256:" in message
+    assert "is recorded as #3, #4, without #1, #2" in message and "not sealed: its records would not replay" in message
+    assert not (tmp_path / "served2-bundle" / "bundle.json").exists()

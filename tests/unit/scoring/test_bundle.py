@@ -84,3 +84,21 @@ def test_a_bundle_reads_its_run_and_its_files(tmp_path: Path) -> None:
     assert [p.name for p in read.answer_files("G1_instruction")] == ["1073_CoT@1.json"]
     assert bundle.pass_rate_files("run", "G1_instruction") == ("pass_rate/run/G1_instruction_run.json",
                                                                "pass_rate/run/G1_instruction_run.csv")
+
+
+def test_records_with_a_gap_in_a_model_requests_occurrences_are_not_sealed(tmp_path: Path) -> None:
+    root = _bundle(tmp_path / "b")
+    digest, other = "a" * 64, "b" * 64
+    model = root / "records" / "@model" / "gpt-judge" / "chat_completions.json"
+    model.parent.mkdir(parents=True)
+    answer = {"error": "", "response": "{}"}
+    model.write_text(json.dumps({f"{digest}#1": answer, f"{digest}#3": answer, f"{other}#1": answer}), encoding="utf-8")
+    tool = root / "records" / "Data" / "demo_for_Data" / "api.json"  # tool answers are keyed by their call: never counted
+    tool.parent.mkdir(parents=True)
+    tool.write_text(json.dumps({"{'q': 1}": answer}), encoding="utf-8")
+    with pytest.raises(bundle.BundleError, match=r"records/@model/gpt-judge/chat_completions.json: request sha256:aaaaaaaaaaaaaaaa\.\.\. "
+                                                 r"is recorded as #1, #3, without #2\n"):
+        bundle.seal(root)
+    assert not (root / "bundle.json").exists()
+    model.write_text(json.dumps({f"{digest}#1": answer, f"{digest}#2": answer, f"{other}#1": answer}), encoding="utf-8")
+    assert bundle.seal(root)["content_hash"].startswith("sha256:")
