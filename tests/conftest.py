@@ -35,7 +35,7 @@ memory tests (no two load tests) run side by side."""
 
 
 WHOLE = frozenset({
-    "test_apibank.py", "test_bulk_paths.py", "test_prompt_parity.py", "test_real_relay.py", "test_report.py",
+    "test_apibank.py", "test_bulk_paths.py", "test_import_probe.py", "test_prompt_parity.py", "test_real_relay.py", "test_report.py",
     "test_report_bundle.py", "test_reproduce_a_score.py", "test_score.py", "test_upstream_configs.py",
     "test_upstream_pipeline_direct.py", "test_simulator_prompts.py",
 })
