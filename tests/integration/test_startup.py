@@ -472,8 +472,8 @@ def test_a_prompt_file_that_is_not_a_bounded_regular_file_is_an_error_naming_the
         expected = f"{path}: 3,221,225,472 bytes, more than a prompt file may have"
     else:
         path, expected = Path(kind), "/dev/zero is not a regular file"
-    cfg = write_config(tmp_path / "c.yml", {
-        "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
+    cfg = write_config(tmp_path / "c.yml", {  # a port of its own: serve checks that it can listen before the prompt file
+        "port": free_port(), "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
         "simulator": {"enabled": True, "api_base": f"http://127.0.0.1:{closed_port()}/v1", "system_prompt_file": str(path)},
     })
     for command in ("doctor", "serve"):
