@@ -422,7 +422,11 @@ def test_nothing_to_answer_from_is_a_doctor_error_and_a_serve_warning(tmp_path: 
     # serve starts: another process may fill the store while it runs (cache import, warm)
     s = served("--config", str(cfg), cwd=tmp_path, port=port)
     assert f"warning: {expected}" in s.output
-    assert requests.post(s.url + "/virtual", json=CALL, timeout=10).headers["x-stm-outcome"] == "unanswered"
+    missed = requests.post(s.url + "/virtual", json=CALL, timeout=10)
+    assert missed.headers["x-stm-outcome"] == "unanswered"
+    # one text in both modes (a run recorded so replays byte for byte), true of both: never "(replay mode)" alone
+    assert missed.json()["response"].endswith(" (not in the caches, and this server fills no miss: replay mode, or neither the "
+                                              "real API nor the simulator enabled)."), missed.text
     s.stop()
     # an unusable frozen cache is no better than none
     bad = write_config(tmp_path / "bad.yml", {"mode": mode, "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(tmp_path / "nope")]})
