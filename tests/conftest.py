@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ memory tests (no two load tests) run side by side."""
 
 
 WHOLE = frozenset({
-    "test_apibank.py", "test_bulk_paths.py", "test_prompt_parity.py", "test_real_relay.py", "test_report.py",
+    "test_apibank.py", "test_bulk_paths.py", "test_import_probe.py", "test_prompt_parity.py", "test_real_relay.py", "test_report.py",
     "test_report_bundle.py", "test_reproduce_a_score.py", "test_score.py", "test_upstream_configs.py",
     "test_upstream_pipeline_direct.py", "test_simulator_prompts.py",
 })
@@ -77,6 +79,45 @@ def _alone_or_beside(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
         yield
     finally:
         turns.release_write_lock() if alone else turns.release_read_lock()
+
+
+README_PORT = 8080
+"""The port the README's first command serves on: the suite runs with it taken, as it is while that server runs."""
+
+
+class _Taken(http.server.BaseHTTPRequestHandler):
+    """Answers every request with HTTP 503 naming the guard: a test that talks to the README's port fails at once."""
+
+    def _refuse(self) -> None:
+        body = f"port {README_PORT} is held by the test suite (tests/conftest.py): a test must use a free port\n".encode()
+        self.send_response(503)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _refuse  # noqa: N815 - the handler's names
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _readme_port_taken() -> Iterator[None]:
+    """127.0.0.1:8080 held by a server for the whole run (when nothing holds it already: the README's server, another
+    worker's guard), so a test that needs it free, or talks to it, fails in every run, not only beside a running server."""
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", README_PORT), _Taken)
+    except OSError:  # taken already, which is what this guard makes sure of
+        yield
+        return
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="port-8080-guard", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture(scope="session")

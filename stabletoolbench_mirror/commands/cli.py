@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "tools": "stabletoolbench_mirror.commands.tools_export",
     "mcp": "stabletoolbench_mirror.commands.mcp_stdio",
     "score": "stabletoolbench_mirror.commands.score",
+    "demo-models": "stabletoolbench_mirror.commands.demo_models",
 }
 
 

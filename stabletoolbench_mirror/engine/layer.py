@@ -60,8 +60,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: what an unanswered miss says, in ``replay`` mode and in ``record`` mode with nothing to fill it
-REPLAY_MISS = "replay mode"
+#: what an unanswered miss says, in ``replay`` mode and in ``record`` mode with nothing to fill it: one text true of
+#: both (a run recorded with nothing to fill a miss replays byte for byte), never "replay mode" in record mode
+UNFILLED_MISS = "not in the caches, and this server fills no miss: replay mode, or neither the real API nor the simulator enabled"
 
 
 class MirrorLayer:
@@ -260,9 +261,8 @@ class MirrorLayer:
         if self.mode is Mode.REPLAY or not self.responders:
             reason = "replay mode" if self.mode is Mode.REPLAY else "no real API or simulator configured"
             log.info("miss %s key=%s (%s)", clip(call.api), clip(call.key), reason)
-            # one text in either mode, replay's as it always was: a run recorded with nothing to fill a miss
-            # replays byte for byte, and so do answer files of earlier replays (the log says which it was)
-            answer = protocol.encode_answer(protocol.miss_answer(call.api, REPLAY_MISS))
+            # one text in either mode: a run recorded with nothing to fill a miss replays byte for byte (the log says which)
+            answer = protocol.encode_answer(protocol.miss_answer(call.api, UNFILLED_MISS))
             return Outcome(answer, OutcomeKind.UNANSWERED, api=call.api)
         # a request that found a failure record tries the call again
         return self.misses.fill(call, retried=record is not None)

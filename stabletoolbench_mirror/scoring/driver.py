@@ -77,7 +77,8 @@ class _Module(types.ModuleType):
 
 class _Placeholders(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Answers the modules named (and their submodules) with placeholders; with ``under``, instead every module
-    that code under that folder imports and no finder before this one found (``probe``: upstream's missing imports)."""
+    that an import statement of a file under that folder names and no finder before this one found (``probe``:
+    upstream's missing imports; a name an installed package imports, from Python or from compiled code, is never one)."""
 
     def __init__(self, names=(), under=None):
         self.names = frozenset(names)
@@ -86,10 +87,17 @@ class _Placeholders(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, fullname, path=None, target=None):
         top = fullname.split(".")[0]
-        if top in self.names or (self.under is not None and (top in self.answered or _importer().startswith(self.under))):
+        if top in self.names or (self.under is not None and (top in self.answered or self._named_by_upstream(top))):
             self.answered.add(top)
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
+
+    def _named_by_upstream(self, top):
+        """Whether the import being resolved is an import statement of upstream's own code naming ``top``: the nearest
+        Python frame is a file under ``under`` and the statement on its current line imports ``top``.  A compiled module
+        has no frame of its own, so its imports (pydantic 1.10's ``backports_abc``) look as if that line made them."""
+        filename, line = _importer()
+        return filename.startswith(self.under) and top in _statement_names(filename, line)
 
     def create_module(self, spec):
         module = _Module(spec.name)
@@ -101,11 +109,31 @@ class _Placeholders(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def _importer():
-    """The file of the code running the import statement being resolved now (importlib's own frames skipped)."""
+    """The file and line of the Python code running the import being resolved now (importlib's own frames skipped)."""
     frame = sys._getframe(2)  # type: types.FrameType | None  # noqa: SLF001 - the importing frame: inspect.currentframe reads it so too
     while frame is not None and (frame.f_code.co_filename.startswith("<frozen") or frame.f_code.co_filename == __file__):
         frame = frame.f_back
-    return os.path.realpath(frame.f_code.co_filename) if frame is not None else ""
+    return (os.path.realpath(frame.f_code.co_filename), frame.f_lineno) if frame is not None else ("", 0)
+
+
+_STATEMENTS = {}  # type: dict[str, list[tuple[int, int, set[str]]]]
+"""By file: its import statements' lines and the top-level modules each names (absolute imports only)."""
+
+
+def _statement_names(filename, line):
+    """The top-level modules the import statement of ``filename`` spanning ``line`` names (empty: no such statement)."""
+    if filename not in _STATEMENTS:
+        try:
+            with open(filename, encoding="utf-8") as source:
+                tree = ast.parse(source.read(), filename)
+        except (OSError, SyntaxError, ValueError):
+            tree = ast.Module(body=[], type_ignores=[])
+        _STATEMENTS[filename] = [
+            (node.lineno, node.end_lineno or node.lineno,
+             {alias.name.split(".")[0] for alias in node.names} if isinstance(node, ast.Import) else {(node.module or "").split(".")[0]})
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import) or isinstance(node, ast.ImportFrom) and not node.level]
+    return set().union(*(names for first, last, names in _STATEMENTS[filename] if first <= line <= last))
 
 
 # -- what changes around the script --------------------------------------------------------------------

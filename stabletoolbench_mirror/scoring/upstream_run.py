@@ -11,12 +11,12 @@ its documentation leaves to the user is done here:
   written into the checkout;
 * **pdb**: upstream calls ``pdb.set_trace()`` when a model call fails; with stdin closed and the driver's hook
   the process ends at once with status :data:`PDB_EXIT` (:class:`UpstreamFailed` says a model call failed);
-* **stand-ins** (``stand_ins=True`` only): :data:`HEAVY` modules, imported at the top of upstream's modules and
+* **stand-ins** (``stand_ins=True`` only): :data:`STAND_INS`, imported at the top of upstream's modules and
   never called by an API-model agent or the evaluation, are answered by inert placeholders;
 * **sleeps** (``skip_sleeps=True`` only): upstream's own ``time.sleep`` calls return at once (see
   :func:`sleeps_note` for when the session allows it);
 * **requirements**: :meth:`UpstreamRunner.missing` runs a script's top-level imports in ``--python`` and
-  names what to install (:data:`PIP_NAMES` maps module names to packages).
+  names what upstream's own import statements need installed (:data:`PIP_NAMES` maps module names to packages).
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ from pathlib import Path
 from stabletoolbench_mirror.scoring.driver import PDB_EXIT
 
 DRIVER = Path(__file__).with_name("driver.py")
-HEAVY = ("torch", "transformers", "peft", "sentence_transformers", "accelerate", "vllm", "bitsandbytes", "deepspeed")
-"""The GPU libraries upstream's inference and evaluation modules import at the top (``--stand-ins``)."""
+STAND_INS = ("torch", "transformers", "peft", "sentence_transformers", "accelerate", "vllm", "bitsandbytes", "deepspeed",
+             "pandas", "psutil")
+"""What upstream's inference and evaluation modules import at the top and an API-model agent and the evaluation never
+call (``--stand-ins``): the GPU libraries, and ``pandas`` (the retriever, ``eval_preference``'s unused import) and
+``psutil`` (local models' memory), which upstream's requirements do not even list."""
 PIP_NAMES = {"yaml": "pyyaml", "sentence_transformers": "sentence-transformers"}
 """Module names whose package is named otherwise."""
 _DROPPED = frozenset({"API_POOL_FILE", "EVAL_MODEL", "SERVICE_URL", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONBREAKPOINT"})
@@ -109,7 +112,7 @@ class UpstreamRunner:
                     "PYTHONHASHSEED": str(self.seed), "STM_SEED": str(self.seed), "STM_UPSTREAM_ROOT": str(self.root),
                     "STM_ON_PDB": self.on_pdb, "STM_SKIP_SLEEPS": "1" if self.skip_sleeps else "0"})
         if self.stand_ins:
-            env["STM_STAND_INS"] = ",".join(HEAVY)
+            env["STM_STAND_INS"] = ",".join(STAND_INS)
         if script_file is not None:
             env["STM_SCRIPT_FILE"] = str(script_file)
         env.update(extra)
@@ -189,16 +192,15 @@ class UpstreamRunner:
             try:
                 found.update(json.loads(done.stdout.strip().splitlines()[-1])["missing"])
             except (ValueError, IndexError, KeyError, TypeError):
-                raise MissingRequirements(f"--python {self.python} could not check the imports of {', '.join(folder_scripts)} "
-                                          f"(exit {done.returncode}):\n{(done.stderr or done.stdout)[-_TAIL_CHARS:]}") from None
+                raise MissingRequirements(_probe_failed(self.python, self.seed, done)) from None
         _PROBED[key] = sorted(found)
         return _PROBED[key]
 
     def check_requirements(self, scripts: Sequence[Path]) -> list[str]:
         """The notes to print about what upstream imports; :class:`MissingRequirements` naming what to install."""
         missing = self.missing(scripts)
-        light = [m for m in missing if m not in HEAVY]
-        heavy = [m for m in missing if m in HEAVY]
+        light = [m for m in missing if m not in STAND_INS]
+        heavy = [m for m in missing if m in STAND_INS]
         problems = []
         if light:
             problems.append(f"install StableToolBench's requirements: {self.python} -m pip install "
@@ -211,9 +213,21 @@ class UpstreamRunner:
             raise MissingRequirements(f"--python {self.python} cannot import what StableToolBench's scripts import: "
                                       + "; ".join(problems))
         if self.stand_ins:
-            return [f"--stand-ins: {', '.join(HEAVY)} are answered by inert placeholders in upstream's processes "
+            return [f"--stand-ins: {', '.join(STAND_INS)} are answered by inert placeholders in upstream's processes "
                     "(imported at the top of its modules, never called by an API-model agent or the evaluation)"]
         return []
+
+
+def _probe_failed(python: str, seed: int, done: subprocess.CompletedProcess[str]) -> str:
+    """What stopped the import probe, its own words first: the Python that did not start (a ``PYTHONHASHSEED`` it
+    refuses, a broken install) or the driver that failed, never taken for a missing import."""
+    output = (done.stderr or done.stdout or "").strip()
+    lines = [line for line in output.splitlines() if line.strip()]
+    said = next((line for line in reversed(lines) if "error" in line.lower()), lines[-1] if lines else "no output")
+    hint = (f" (the run's seed, --seed {seed}, is its PYTHONHASHSEED, which Python takes from 0 to 4294967295)"
+            if "PYTHONHASHSEED" in output else "")
+    return (f"--python {python} failed before it could say what upstream's scripts import (exit {done.returncode}): "
+            f"{said.strip()[:500]}{hint}; its output:\n{output[-_TAIL_CHARS:]}")
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

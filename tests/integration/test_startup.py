@@ -422,7 +422,11 @@ def test_nothing_to_answer_from_is_a_doctor_error_and_a_serve_warning(tmp_path: 
     # serve starts: another process may fill the store while it runs (cache import, warm)
     s = served("--config", str(cfg), cwd=tmp_path, port=port)
     assert f"warning: {expected}" in s.output
-    assert requests.post(s.url + "/virtual", json=CALL, timeout=10).headers["x-stm-outcome"] == "unanswered"
+    missed = requests.post(s.url + "/virtual", json=CALL, timeout=10)
+    assert missed.headers["x-stm-outcome"] == "unanswered"
+    # one text in both modes (a run recorded so replays byte for byte), true of both: never "(replay mode)" alone
+    assert missed.json()["response"].endswith(" (not in the caches, and this server fills no miss: replay mode, or neither the "
+                                              "real API nor the simulator enabled)."), missed.text
     s.stop()
     # an unusable frozen cache is no better than none
     bad = write_config(tmp_path / "bad.yml", {"mode": mode, "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(tmp_path / "nope")]})
@@ -472,8 +476,8 @@ def test_a_prompt_file_that_is_not_a_bounded_regular_file_is_an_error_naming_the
         expected = f"{path}: 3,221,225,472 bytes, more than a prompt file may have"
     else:
         path, expected = Path(kind), "/dev/zero is not a regular file"
-    cfg = write_config(tmp_path / "c.yml", {
-        "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
+    cfg = write_config(tmp_path / "c.yml", {  # a port of its own: serve checks that it can listen before the prompt file
+        "port": free_port(), "store": {"path": str(tmp_path / "store")}, "tools_folder": str(server / "tools"),
         "simulator": {"enabled": True, "api_base": f"http://127.0.0.1:{closed_port()}/v1", "system_prompt_file": str(path)},
     })
     for command in ("doctor", "serve"):

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -258,16 +259,22 @@ def test_every_command_exits_2_when_it_cannot_run(tmp_path: Path, capsys: pytest
     missing = str(tmp_path / "nope")
     commands = list(leaf_commands(build_parser()))
     assert len(commands) >= 18 and ("doctor",) in [words for words, _ in commands]
+    held = socket.socket()  # a server without a config (demo-models) cannot run on a port in use
+    held.bind(("127.0.0.1", 0))
+    held.listen()
     for words, parser in commands:
         args = [*words, *required_arguments(parser, missing)]
         if "--config" in parser._option_string_actions:  # noqa: SLF001 - argparse offers no public walk
             args += ["--config", str(typo)]
+        elif "--port" in parser._option_string_actions:  # noqa: SLF001
+            args += ["--port", str(held.getsockname()[1])]
         assert main(args) == 2, words
         assert "error" in capsys.readouterr().err.lower(), words
         with pytest.raises(SystemExit) as stopped:
             main([*words, "--no-such-flag"])
         assert stopped.value.code == 2, words
         capsys.readouterr()
+    held.close()
 
 
 def test_snapshot_verify_of_nothing_to_verify_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -282,8 +289,9 @@ def test_snapshot_verify_of_nothing_to_verify_is_exit_2(tmp_path: Path, capsys: 
             assert said in out.err and out.out == "", (path, out)
 
 
-#: long-running servers: their 2 is walked above, their 0 is a clean stop (tests/integration/test_serve_launch.py, test_mcp_front.py)
-SERVERS = {("serve",), ("mcp",)}
+#: long-running servers: their 2 is walked above, their 0 is a clean stop (tests/integration/test_serve_launch.py, test_mcp_front.py,
+#: test_demo_models.py)
+SERVERS = {("serve",), ("mcp",), ("demo-models",)}
 #: runs StableToolBench's own scripts from ../shared/reference: its 0, 1, 3 and 130 are asserted by tests/integration/test_score.py
 UPSTREAM_RUNS = {("score",)}
 TOO_LONG = "L" * 300
