@@ -40,6 +40,7 @@ from stabletoolbench_mirror.config_sections import FaultsConfig as FaultsConfig
 from stabletoolbench_mirror.config_sections import LimitsConfig as LimitsConfig
 from stabletoolbench_mirror.config_sections import LLMConfig as LLMConfig
 from stabletoolbench_mirror.config_sections import McpConfig as McpConfig
+from stabletoolbench_mirror.config_sections import McpServerConfig as McpServerConfig
 from stabletoolbench_mirror.config_sections import Mode as Mode
 from stabletoolbench_mirror.config_sections import ModelServerConfig as ModelServerConfig
 from stabletoolbench_mirror.config_sections import RealConfig as RealConfig
@@ -50,6 +51,7 @@ from stabletoolbench_mirror.config_sections import SessionsConfig as SessionsCon
 from stabletoolbench_mirror.config_sections import SimulatorConfig as SimulatorConfig
 from stabletoolbench_mirror.config_sections import SimulatorStyle as SimulatorStyle
 from stabletoolbench_mirror.config_sections import StoreConfig as StoreConfig
+from stabletoolbench_mirror.config_sections import read_mcp_servers
 from stabletoolbench_mirror.config_upstream import UPSTREAM_CONFIG_FILE as UPSTREAM_CONFIG_FILE
 from stabletoolbench_mirror.config_upstream import UPSTREAM_DEFAULT_API_BASE as UPSTREAM_DEFAULT_API_BASE
 from stabletoolbench_mirror.core.secrets import url_secrets
@@ -96,6 +98,9 @@ class Settings(Section):
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
+    mcp_servers: dict[str, McpServerConfig] | str = Field(default_factory=dict)
+    """Live MCP servers whose tools ``/mcp`` serves, recorded and replayed (docs/live-mcp.md): the ``mcpServers``
+    mapping of MCP clients, or the path of such a JSON file, read as it is."""
     llm: LLMConfig = Field(default_factory=LLMConfig)
     """Recorded model calls (``/v1/chat/completions``): upstreams, mode, run, budget."""
     local_tools: list[str] = Field(default_factory=list)
@@ -117,6 +122,13 @@ class Settings(Section):
 
     def resolve(self, path: str) -> str:
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
+
+    def live_servers(self) -> dict[str, McpServerConfig]:
+        """``mcp_servers``' servers (a JSON file read now); :class:`ConfigError` naming the key and the fix."""
+        try:
+            return read_mcp_servers(self.mcp_servers, self.resolve)
+        except ValueError as exc:
+            raise ConfigError(f"mcp_servers: {exc}") from None
 
     def secrets(self) -> list[str]:
         """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.core.secrets`): the

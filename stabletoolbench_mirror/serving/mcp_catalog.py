@@ -49,6 +49,8 @@ class Catalog:
     def from_settings(cls, settings: Settings) -> Catalog:
         """The tools of ``mcp.queries`` (or of the whole tools folder); :class:`ConfigError` naming the key when they cannot be read."""
         paths = [settings.resolve(p) for p in settings.mcp.query_paths]
+        if not settings.tools_folder and not paths and settings.apibank is None and settings.mcp_servers:
+            return cls({}, {})  # the live MCP servers' tools alone (serving.mcp_live_front)
         if not settings.tools_folder and (paths or settings.apibank is None):
             raise ConfigError("mcp.enabled: the MCP front needs tool docs: set tools_folder (StableToolBench's toolenv/tools), "
                               "or set mcp.enabled: false")
@@ -69,6 +71,13 @@ class Catalog:
         except QueryFileError as exc:
             raise ConfigError(f"mcp.queries: {exc}; give StableToolBench query files or folders of them") from None
         return cls(unique_names(listed), queries)
+
+    @classmethod
+    def of_tools(cls, tools: list[Any]) -> Catalog:
+        """A catalog of ``types.Tool`` s listed as they are at ``/mcp`` (the live MCP servers' tools)."""
+        catalog = cls({}, {})
+        catalog._listings[None] = tools
+        return catalog
 
     def scope(self, query: QueryKey | None) -> dict[str, Function] | None:
         """The tools of ``query`` (everything for ``None``); ``None`` when no such query is served."""

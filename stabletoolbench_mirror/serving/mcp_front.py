@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
     from stabletoolbench_mirror.engine.layer import MirrorLayer
     from stabletoolbench_mirror.serving.call_path import CallPath
+    from stabletoolbench_mirror.serving.mcp_live_front import LiveFront
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +244,8 @@ class McpFront:
         self._manager: Any = None
         self._admission: Admission | None = None
         self._sessions = _SessionMap()
+        self.live: LiveFront | None = None
+        """The live MCP servers' tools (``mcp_servers``), offered at ``/mcp`` instead of StableToolBench's."""
         mcp = settings.mcp
         self.bound = SessionBound(mcp.max_sessions_per_client, mcp.max_sessions)
 
@@ -262,15 +265,25 @@ class McpFront:
         from mcp.server.lowlevel import Server
 
         async def list_tools(ctx: Any, params: Any) -> Any:
-            return self.catalog.page(self._scope_of(ctx, query), params.cursor if params is not None else None)
+            cursor = params.cursor if params is not None else None
+            where = self._scope_of(ctx, query)
+            if self.live is not None and where is None:
+                return self.live.page(cursor)
+            return self.catalog.page(where, cursor)
 
         async def call_tool(ctx: Any, params: Any) -> Any:
-            scope = self.catalog.scope(self._scope_of(ctx, query)) or {}
+            where = self._scope_of(ctx, query)
+            scope = self.catalog.scope(where) or {}
             fn = scope.get(params.name)
-            if fn is None:
+            live = self.live is not None and where is None and self.live.offers(params.name)
+            if fn is None and not live:
                 return _no_such_tool(params.name)
             arguments = params.arguments or {}
             if ctx.request is None:  # stdio: one client
+                if live:
+                    assert self.live is not None
+                    return await self.live.call(params.name, arguments, session)
+                assert fn is not None
                 return tool_result(await path.answer(fn.target.payload(arguments), session))
             client = ctx.request.client.host if ctx.request.client else "?"
             fair.CLIENT.set(client)  # the worker threads are shared fairly between clients, as /virtual's
@@ -282,6 +295,11 @@ class McpFront:
                     return tool_result(self._refused(path, refusal))
             try:
                 call_session = await self._session_of(ctx, path.layer)
+                if live and self.live is not None:
+                    if isinstance(call_session, Outcome):
+                        return tool_result(call_session)
+                    return await self.live.call(params.name, arguments, call_session)
+                assert fn is not None
                 return tool_result(await path.answer(fn.target.payload(arguments), call_session))
             finally:
                 if admission is not None:

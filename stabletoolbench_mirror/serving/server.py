@@ -66,7 +66,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     tune_malloc()  # before the worker threads that parse frozen files exist
     owned = layer is None
     mcp_front = None
-    if settings.mcp.enabled:  # the MCP front (``mcp`` extra): its tool lists are read, or fail, before anything starts
+    if settings.mcp.enabled or settings.mcp_servers:  # the MCP front (``mcp`` extra): its tool lists are read, or fail, before anything starts
         from stabletoolbench_mirror.serving.mcp_front import McpFront
 
         mcp_front = McpFront.from_settings(settings)
@@ -74,8 +74,13 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     # 32 more threads only for clients with nothing running: threads held by other clients' misses
     # (waiting for the simulator) never keep a client's first call waiting for one to finish
     threads = FairLimiter(max(40, settings.limits.max_pending_misses + 32), reserve=32)
+    live = None
     try:
         model_calls = build_model_calls(settings, layer, threads)  # /v1: the agent's and the judge's model calls
+        if mcp_front is not None:  # the live MCP servers (mcp_servers): their tools at /mcp
+            from stabletoolbench_mirror.serving.mcp_live_front import LiveFront
+
+            live = mcp_front.live = LiveFront.build(settings, layer, model_calls.run, threads)
     except Exception:
         if owned:
             layer.close()
@@ -87,12 +92,16 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
         # between clients (threads), as are frozen files parsed; the other routes use anyio's default
         anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.limits.max_pending_misses + 32)
         try:
+            if live is not None:  # the live servers started and listed (or their listings read) before /mcp answers
+                await anyio.to_thread.run_sync(live.start)
             if mcp_front is None:
                 yield
             else:
                 async with mcp_front.running():
                     yield
         finally:
+            if live is not None:
+                await anyio.to_thread.run_sync(live.close)
             model_calls.close()
             if owned:
                 layer.close()

@@ -1,0 +1,233 @@
+"""The path of one live MCP tool call: occurrence, store, the live server, the simulator, record, count.
+
+``mcp_servers`` (:class:`~stabletoolbench_mirror.config.McpServerConfig`) names live MCP servers; ``/mcp``
+offers their tools (:mod:`.tools`) and answers each ``tools/call`` here, the way ``/virtual`` answers a tool
+call and ``/v1`` a model call, in the same store, with the same provenance and counts:
+
+1. the call's key (:func:`~.tools.call_digest`; with ``matcher: by-order`` the occurrence number claimed in
+   the run, :class:`~stabletoolbench_mirror.engine.occurrences.RunCounters`, as model calls claim theirs: the
+   n-th identical call of a run gets the n-th answer; a run is the MCP session's server session, else the server's own run);
+2. the store: a record is served as recorded (a failure record too, except in ``record`` mode with the
+   server live, which asks again; a usable answer then replaces it, the store's rule);
+3. ``replay``: a call not recorded is an error result naming it; nothing is asked, nothing recorded;
+4. ``record``/``refresh``: the live server (``live: true``), whose ``CallToolResult`` (an ``isError`` one too:
+   it is what the server answers) is recorded with ``source: mcp``;
+5. the server down (or ``live: false``): the simulator, from the tool's recorded schema (:mod:`.simulate`),
+   recorded with ``source: simulated``; without one, an error result naming the server that is down,
+   recorded as a failure record (replayed as served);
+6. counted once in ``/stats`` (``requests``, outcomes, ``by_source``, per API ``@mcp/<server>/<tool>``).
+
+``tools/list`` of each server is read at start: live in ``record``/``refresh`` (and recorded when it
+differs from the record), else from the store.  Blocking work (store, servers, simulator) runs in worker threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anyio.to_thread
+from cachetools import LRUCache
+
+from stabletoolbench_mirror.config import McpServerConfig, Mode
+from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
+from stabletoolbench_mirror.core.protocol import encode_answer
+from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.engine.occurrences import PrivateRun, RunCounters
+from stabletoolbench_mirror.responders.mcp_live.client import LiveServer, LiveServerDown
+from stabletoolbench_mirror.responders.mcp_live.simulate import result_text, simulate
+from stabletoolbench_mirror.responders.mcp_live.tools import (
+    LISTING_KEY,
+    LiveTool,
+    call_digest,
+    call_key,
+    listed_tools,
+    listing_api,
+    listing_record,
+    offered_tools,
+    tool_api,
+)
+from stabletoolbench_mirror.responders.simulator.responder import Simulator
+from stabletoolbench_mirror.stores.base import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+#: the earlier calls of a run shown to the simulator
+HISTORY_CALLS = 8
+#: runs whose earlier calls are kept (the least recently used forgotten beyond it)
+HISTORY_RUNS = 1024
+
+
+def error_result(message: str) -> dict[str, Any]:
+    """An MCP error result of this server's own: one text content, ``isError``."""
+    return {"content": [{"type": "text", "text": message}], "isError": True}
+
+
+class LiveCalls:
+    """Answers ``tools/call`` of the live MCP servers' tools (see the module's docstring)."""
+
+    def __init__(self, servers: Mapping[str, McpServerConfig], store: Store, *, mode: Mode, stats: Any, run: str,
+                 simulator: Simulator | None = None, save: bool = True, store_timeout_s: float = 2.0, limiter: Any = None) -> None:
+        self.configs = dict(servers)
+        self.live = {name: LiveServer(name, cfg) for name, cfg in servers.items()}
+        self.store = store
+        self.mode = mode
+        self.stats = stats
+        self.run = run
+        self.simulator = simulator
+        self.save = save
+        self.limiter = limiter
+        self.counters = RunCounters(store, PrivateRun(run), store_timeout_s)
+        self.tools: dict[str, LiveTool] = {}
+        self.listed_at: dict[str, float | None] = {}
+        self._history: LRUCache[str, deque[tuple[str, Any, str]]] = LRUCache(HISTORY_RUNS)
+
+    # -- start and stop ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Read every server's listing (the live ones in parallel) and the tools offered from them."""
+        with ThreadPoolExecutor(max(1, min(8, len(self.configs)))) as pool:
+            listings = dict(zip(self.configs, pool.map(self._listing, self.configs)))
+        self.tools = offered_tools(listings)
+        log.info("live MCP servers: %d, tools offered: %d", len(listings), len(self.tools))
+
+    def _asks_live(self, server: str) -> bool:
+        return self.mode is not Mode.REPLAY and self.configs[server].live
+
+    def _listing(self, server: str) -> list[dict[str, Any]]:
+        try:
+            recorded = self.store.get(listing_api(server), LISTING_KEY)
+        except StoreError as exc:
+            log.warning("MCP server %r: its recorded tools/list cannot be read (%s)", server, exc)
+            recorded = None
+        if self._asks_live(server):
+            try:
+                tools = self.live[server].list_tools()
+            except LiveServerDown as exc:
+                log.warning("%s; its recorded tools/list is offered", exc)
+            else:
+                fresh = listing_record(server, tools)
+                if self.save and (recorded is None or listed_tools(recorded) != tools):
+                    try:
+                        self.store.replace(fresh, None)
+                    except StoreError as exc:
+                        log.warning("MCP server %r: its tools/list is not recorded (%s)", server, exc)
+                self.listed_at[server] = fresh.meta["listed_at"] if fresh.meta else None
+                return tools
+        if recorded is None:
+            log.warning("MCP server %r: no tools/list is recorded and the server is not asked (mode %s): none of its tools "
+                        "is offered", server, self.mode)
+            return []
+        self.listed_at[server] = (recorded.meta or {}).get("listed_at")
+        return listed_tools(recorded)
+
+    def close(self) -> None:
+        for server in self.live.values():
+            server.close()
+        self.counters.close()
+
+    # -- one call -------------------------------------------------------------------------------
+
+    async def call(self, offered: str, arguments: dict[str, Any], run: str | None = None) -> dict[str, Any] | None:
+        """The ``CallToolResult`` (as JSON) of a call of an offered tool, counted; ``None`` when no tool has that name."""
+        tool = self.tools.get(offered)
+        if tool is None:
+            return None
+        config, run = self.configs[tool.server], run or self.run
+        api = tool_api(tool.server, tool.name)
+        digest = call_digest(tool.name, arguments, config.ignore_fields)
+        number = 0
+        if config.matcher == "by-order":
+            try:
+                number = await self.counters.claim(run, digest)
+            except StoreError as exc:
+                refused = Outcome.error(503, f"the store cannot count this call's occurrence: {exc}", OutcomeKind.STORE_ERROR)
+                self.stats.count(refused)
+                return error_result(f"stabletoolbench-mirror: {refused.answer['error']}")
+        result = error_result("stabletoolbench-mirror: internal error (see the server log)")
+        outcome: Outcome | None = None
+        try:
+            result, outcome = await anyio.to_thread.run_sync(self._answer, tool, arguments, api, call_key(digest, number), run,
+                                                             limiter=self.limiter)
+        except Exception:
+            log.exception("live MCP call of %s failed", api[:200])
+        finally:
+            if number and (outcome is None or outcome.kind is OutcomeKind.UNANSWERED):
+                await self.counters.release(run, digest, number)
+        self.stats.count(outcome or Outcome.error(500, "internal error", OutcomeKind.ERROR))
+        earlier = self._history.get(run)
+        if earlier is None:
+            earlier = self._history[run] = deque(maxlen=HISTORY_CALLS)
+        earlier.append((tool.offered, arguments, result_text(result)))
+        return result
+
+    def _answer(self, tool: LiveTool, arguments: dict[str, Any], api: str, key: str, run: str) -> tuple[dict[str, Any], Outcome]:
+        """The result and outcome of one call (in a worker thread)."""
+        found = None
+        if self.mode is not Mode.REFRESH:
+            try:
+                found = self.store.get(api, key)
+            except StoreError as exc:
+                log.warning("live MCP call: the store cannot be read (%s)", exc)
+        asks_live = self._asks_live(tool.server)
+        if found is not None and not (found.is_failure and asks_live):
+            return found.answer, self._outcome(found, OutcomeKind.HIT, api)
+        if self.mode is Mode.REPLAY:
+            message = (f"stabletoolbench-mirror: MCP server {tool.server!r}, tool {tool.name!r}: this call ({key}) is not "
+                       f"recorded, and in replay mode nothing is asked (run {run!r}); record it with mode: record")
+            return error_result(message), Outcome(encode_answer(error_result(message)), OutcomeKind.UNANSWERED, api=api)
+        problem = f"mcp_servers.{tool.server}.live is false"
+        if asks_live:
+            started = time.perf_counter()
+            try:
+                result = self.live[tool.server].call(tool.name, arguments)
+            except LiveServerDown as exc:
+                problem = str(exc)
+            else:
+                meta = {"tool": tool.name, "latency_s": round(time.perf_counter() - started, 6), "run": run,
+                        "listed_at": self.listed_at.get(tool.server)}
+                return self._write(Record.from_answer(api, key, result, "mcp", f"mcp:{tool.server}", meta=meta), found, api, ())
+        tried = [f"mcp:{tool.server}"] if asks_live else []
+        if self.simulator is not None:
+            earlier = list(self._history.get(run) or ())
+            simulated = simulate(self.simulator, tool, arguments, earlier)
+            tried.append(f"simulated:{self.simulator.origin}")
+            if simulated.result is not None:
+                meta = {**(simulated.meta or {}), "tool": tool.name, "run": run, "server_down": problem}
+                record = Record.from_answer(api, key, simulated.result, "simulated", self.simulator.origin, meta=meta)
+                return self._write(record, found, api, (problem,))
+            problem = f"{problem}; {simulated.detail}"
+        else:
+            problem += "; no simulator answers in its place (simulator.enabled)"
+        result = error_result(f"stabletoolbench-mirror: {problem}")
+        failure = Record.failure(api, key, result, "mcp", f"mcp:{tool.server}", reason=problem, tried=tuple(tried))
+        return self._write(failure, found, api, (problem,))
+
+    def _write(self, record: Record, found: Record | None, api: str, problems: tuple[str, ...]) -> tuple[dict[str, Any], Outcome]:
+        """Record ``record`` (add-if-absent: when another call recorded this key first, its answer is served)."""
+        kind = OutcomeKind.FAILED if record.is_failure else OutcomeKind.REPLACED if found is not None else OutcomeKind.RECORDED
+        if not self.save:
+            kind = OutcomeKind.FAILED if record.is_failure else OutcomeKind.UNRECORDED
+        else:
+            try:
+                if self.mode is Mode.REFRESH and not record.is_failure:
+                    self.store.replace(record, None)
+                elif not self.store.add(record, None):
+                    kept = self.store.get(record.api, record.key)
+                    if kept is not None and kept.body != record.body:
+                        return kept.answer, self._outcome(kept, OutcomeKind.HIT, api)
+            except StoreError as exc:
+                log.warning("live MCP call: not recorded (%s); served all the same", exc)
+                kind = OutcomeKind.FAILED if record.is_failure else OutcomeKind.UNRECORDED
+        outcome = Outcome(record.body, kind, source=record.source, origin=record.origin, api=api, problems=problems,
+                          failure=record.is_failure, new_failure_record=record.is_failure and found is None,
+                          retried=found is not None and found.is_failure)
+        return record.answer, outcome
+
+    @staticmethod
+    def _outcome(record: Record, kind: OutcomeKind, api: str) -> Outcome:
+        return Outcome(record.body, kind, source=record.source, origin=record.origin, api=api, failure=record.is_failure)

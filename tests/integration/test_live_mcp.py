@@ -1,0 +1,175 @@
+"""Live MCP servers as an upstream tier: real third-party servers recorded through ``/mcp``, then replayed with
+every one of them stopped; a server down, with and without the simulator; hostile servers.
+
+The servers are the real ones from PyPI and npm (:mod:`tests.helpers.mcp_servers`); the client is the official
+SDK's, over streamable HTTP, as an agent's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+pytest.importorskip("mcp")
+
+from stabletoolbench_mirror.serving.server import create_app, uvicorn_options  # noqa: E402
+from stabletoolbench_mirror.stores.diskcache_store import DiskcacheStore  # noqa: E402
+from tests.conftest import make_settings  # noqa: E402
+from tests.helpers import mcp_servers as servers  # noqa: E402
+from tests.helpers.live import UvicornThread  # noqa: E402
+from tests.helpers.openai_stub import OpenAIStub, Reply  # noqa: E402
+from tests.helpers.paths import REPO  # noqa: E402
+
+ROGUE = str(REPO / "tests" / "helpers" / "rogue_mcp_server.py")
+
+
+def _serve(tmp_path: Path, mode: str, mcp_servers: Any, **extra: Any) -> UvicornThread:
+    settings = make_settings(tmp_path, mode=mode, mcp_servers=mcp_servers, **extra)
+    return UvicornThread(create_app(settings), **uvicorn_options(settings))
+
+
+def _dump(items: list[Any]) -> list[dict[str, Any]]:
+    return [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in items]
+
+
+def _records(tmp_path: Path) -> list[Any]:
+    with DiskcacheStore(str(tmp_path / "store")) as store:
+        return list(store)
+
+
+def _session_calls(work: Path) -> list[tuple[str, dict[str, Any]]]:
+    """A scripted agent's calls: reads, writes, then the same reads again (their answers change: by order)."""
+    count = {"query": "SELECT COUNT(*) AS n FROM notes"}
+    return [
+        ("get_current_time", {"timezone": "Europe/Paris"}),
+        ("convert_time", {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}),
+        ("create_table", {"query": "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)"}),
+        ("read_query", count),
+        ("write_query", {"query": "INSERT INTO notes (text) VALUES ('first')"}),
+        ("read_query", count),
+        ("write_query", {"query": "INSERT INTO notes (text) VALUES ('second')"}),
+        ("read_query", count),
+        ("git_status", {"repo_path": str(work / "repo")}),
+        ("git_log", {"repo_path": str(work / "repo"), "max_count": 5}),
+    ]
+
+
+def _node_calls(work: Path) -> list[tuple[str, dict[str, Any]]]:
+    graph: list[tuple[str, dict[str, Any]]] = [
+        ("read_graph", {}),
+        ("create_entities", {"entities": [{"name": "Ada", "entityType": "person", "observations": ["wrote notes"]}]}),
+        ("read_graph", {}),
+        ("write_file", {"path": str(work / "files" / "a.txt"), "content": "hello"}),
+        ("read_text_file", {"path": str(work / "files" / "a.txt")}),
+        ("echo", {"message": "hi"}),
+    ]
+    return graph
+
+
+def test_a_session_with_real_servers_replays_identically_with_every_server_stopped(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    servers.make_git_repo(work / "repo")
+    (work / "files").mkdir()
+    config = {"time": servers.time_server(), "sqlite": servers.sqlite_server(work / "notes.db"),
+              "git": servers.git_server(work / "repo")}
+    calls = _session_calls(work)
+    try:
+        config.update(memory={**servers.node_server("memory"), "env": {"MEMORY_FILE_PATH": str(work / "memory.jsonl")}},
+                      filesystem=servers.node_server("filesystem", str(work / "files")), everything=servers.node_server("everything"))
+        calls += _node_calls(work)
+    except pytest.skip.Exception:
+        pass  # the npm servers are not installed here: the PyPI ones alone
+    with _serve(tmp_path, "record", config) as server:
+        recorded_tools, recorded = servers.run_session(server.url + "/mcp", calls)
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+        assert servers.children_running(str(work))  # the live servers run while the mirror does
+    assert not servers.children_running(str(work))  # stopped with it
+    assert not any(r.is_error for r in recorded), [r for r in recorded if r.is_error]
+    counts = [r.content[0].text for r, (name, _) in zip(recorded, calls) if name == "read_query"]
+    assert counts == ["[{'n': 0}]", "[{'n': 1}]", "[{'n': 2}]"]  # one call, three answers: the state changed between them
+    assert stats["by_source"].get("mcp") == len(calls)
+    listed = {t.name for t in recorded_tools}
+    assert {"get_current_time", "read_query", "git_status"} <= listed
+    (work / "notes.db").unlink()  # the state is gone too: only the records answer now
+    with _serve(tmp_path, "replay", config) as server:
+        replayed_tools, replayed = servers.run_session(server.url + "/mcp", calls)
+        assert not servers.children_running(str(work))  # in replay no server is started
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert _dump(replayed_tools) == _dump(recorded_tools)
+    assert _dump(replayed) == _dump(recorded)
+    assert stats["hits"] == len(calls)
+    sources = {r.source for r in _records(tmp_path)}
+    assert sources == {"mcp"}
+
+
+def _echo_server(*args: str) -> dict[str, Any]:
+    return {"command": sys.executable, "args": [ROGUE, *args]}
+
+
+def _simulator(text: str) -> OpenAIStub:
+    return OpenAIStub(lambda body: Reply(json.dumps({"error": "", "response": text})))
+
+
+def test_a_server_down_is_simulated_from_its_recorded_schema_or_is_an_error_that_replays(tmp_path: Path) -> None:
+    call = [("echo", {"text": "hello"})]
+    with _serve(tmp_path, "record", {"rogue": _echo_server()}) as server:  # the listing (and its schema) recorded
+        servers.run_session(server.url + "/mcp", [])
+    down = {"rogue": {"command": str(tmp_path / "no-such-server")}}
+    with _simulator("HELLO from the simulator") as stub:
+        with _serve(tmp_path, "record", down, simulator={"enabled": True, "api_base": stub.api_base, "style": "world-model", "max_retries": 0}) as server:
+            tools, [simulated] = servers.run_session(server.url + "/mcp", call)
+        asked = stub.requests[0]["messages"][1]["content"]
+    assert [t.name for t in tools] == ["echo", "big"]  # the recorded listing, the server being down
+    assert simulated.content[0].text == "HELLO from the simulator" and not simulated.is_error
+    assert '"inputSchema": {"type": "object", "properties": {"text"' in asked and '"hello"' in asked
+    [record] = [r for r in _records(tmp_path) if r.api == "@mcp/rogue/echo"]
+    assert (record.source, record.meta["server_down"].startswith("MCP server 'rogue' did not start")) == ("simulated", True)
+
+    other = [("echo", {"text": "other"})]
+    with _serve(tmp_path, "record", down) as server:  # no simulator: an error result naming the server
+        _, [failed] = servers.run_session(server.url + "/mcp", other)
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert failed.is_error and "MCP server 'rogue' did not start" in failed.content[0].text
+    assert (stats["failure_records"], stats["by_api"]["@mcp/rogue/echo"]["failed"]) == (1, 1)
+    with _serve(tmp_path, "replay", down) as server:  # the failure replays as it was served, and so does the simulation
+        _, replayed = servers.run_session(server.url + "/mcp", call + other)
+    assert _dump(replayed) == _dump([simulated, failed])
+
+
+def test_hostile_servers_get_clear_errors_and_nothing_is_written_outside_the_store(tmp_path: Path) -> None:
+    config = {
+        "hangs": {"command": "sleep", "args": ["120"], "start_timeout_s": 2},
+        "garbage": {"command": "sh", "args": ["-c", "head -c 3000000 /dev/zero | tr '\\\\0' g; echo; echo '{not json'; sleep 120"],
+                    "start_timeout_s": 2},
+        "rogue": {**_echo_server("--tools", "10000", "--odd-names", "--big-bytes", str(50 << 20)), "start_timeout_s": 60},
+    }
+    before = sorted(p for p in tmp_path.parent.rglob("*") if "store" not in p.parts)
+    with _serve(tmp_path, "record", config) as server:
+        tools, results = servers.run_session(server.url + "/mcp", [("../../escape", {}), ("a/b\\c", {"x": 1}), ("big", {})])
+        health = requests.get(server.url + "/health", timeout=10)
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert health.status_code == 200
+    assert len(tools) == 10_000 + 4  # every tool of the server that answered, in pages; none of the two that did not start
+    escaped, odd, big = results
+    assert not escaped.is_error and json.loads(escaped.content[0].text)["tool"] == "../../escape"
+    assert not odd.is_error
+    assert big.is_error and "the result of 'big' is 5242" in big.content[0].text and "over the 16777216" in big.content[0].text
+    apis = {r.api for r in _records(tmp_path)}
+    assert {a for a in apis if not a.endswith("@tools")} == {f"@mcp/rogue/{servers_part}" for servers_part in
+                                                            _parts("../../escape", "a/b\\c", "big")}
+    assert "@mcp/hangs/@tools" not in apis and "@mcp/garbage/@tools" not in apis
+    assert stats["failure_records"] == 1  # the result too large to keep: a failure record naming why
+    assert not servers.children_running("sleep 120")  # the servers that never started are stopped
+    after = sorted(p for p in tmp_path.parent.rglob("*") if "store" not in p.parts)
+    assert [p for p in after if p not in before and "escape" in str(p)] == []
+
+
+def _parts(*names: str) -> list[str]:
+    from stabletoolbench_mirror.responders.mcp_live.tools import name_part
+
+    return [name_part(n) for n in names]
