@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -130,6 +131,15 @@ class Settings(Section):
         except ValueError as exc:
             raise ConfigError(f"mcp_servers: {exc}") from None
 
+    def _mcp_secrets(self) -> list[str]:
+        """The ``env`` and ``headers`` values of ``mcp_servers`` written as they are (a ``${VAR}`` reference is no secret)."""
+        try:
+            servers = self.live_servers()
+        except ConfigError:
+            return []
+        values = [v for s in servers.values() for v in (*s.env.values(), *s.headers.values())]
+        return [v for v in values if v and not re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", v)]
+
     def secrets(self) -> list[str]:
         """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.core.secrets`): the
         keys and the token, and any user, password or query value of a configured URL (:func:`url_secrets`)."""
@@ -139,6 +149,7 @@ class Settings(Section):
             if v is not None and v.get_secret_value()
         ]
         found += [key for key in (u.api_key() for u in self.llm.upstreams) if key]
+        found += self._mcp_secrets()
         urls = [self.store.url, self.real.relay_url, self.real.rapidapi_base_url, *self.simulator.endpoints,
                 *(u.base_url for u in self.llm.upstreams)]
         return found + [secret for u in urls if u for secret in url_secrets(u)]

@@ -10,16 +10,41 @@ MCP session's server session (or ``X-STM-Session``'s), else the server's own run
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
-from stabletoolbench_mirror.config import ConfigError, Settings
+from stabletoolbench_mirror.config import ConfigError, McpServerConfig, Mode, Settings, read_mcp_servers
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.responders.mcp_live.calls import LiveCalls, error_result
 from stabletoolbench_mirror.responders.simulator.responder import Simulator
 from stabletoolbench_mirror.serving.mcp_catalog import Catalog
+from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
+
+
+def _recorded_servers(layer: MirrorLayer) -> dict[str, McpServerConfig]:
+    """In ``replay`` without ``mcp_servers``: the servers of the first frozen snapshot whose manifest's settings name
+    some (a snapshot of an MCP run is served alone: its servers' matchers and ignored fields are its manifest's)."""
+    if layer.mode is not Mode.REPLAY:
+        return {}
+    for tier in layer.frozen:
+        manifest = getattr(tier, "root", None)
+        path = Path(manifest) / MANIFEST_NAME if manifest is not None else None
+        if path is None or not path.is_file():
+            continue
+        try:
+            recorded = json.loads(path.read_text(encoding="utf-8")).get("settings", {}).get("mcp_servers")
+            servers = read_mcp_servers(recorded, str) if isinstance(recorded, dict) and recorded else {}
+        except (OSError, ValueError, AttributeError) as exc:
+            log.warning("%s: its mcp_servers cannot be read (%s)", path, exc)
+            continue
+        if servers:
+            log.info("live MCP servers replayed from %s: %s", path, ", ".join(servers))
+            return servers
+    return {}
 
 
 class LiveFront:
@@ -32,7 +57,7 @@ class LiveFront:
     @classmethod
     def build(cls, settings: Settings, layer: MirrorLayer, run: str, limiter: Any = None) -> LiveFront | None:
         """The live front of ``mcp_servers`` (``None`` without any); :class:`ConfigError` naming the key when they are wrong."""
-        servers = settings.live_servers()
+        servers = settings.live_servers() or _recorded_servers(layer)
         if not servers:
             return None
         try:
@@ -40,7 +65,7 @@ class LiveFront:
         except ImportError:
             raise ConfigError("mcp_servers: live MCP servers need the official MCP SDK: pip install 'stabletoolbench-mirror[mcp]'") from None
         simulator = next((r for r in layer.responders if isinstance(r, Simulator)), None)
-        calls = LiveCalls(servers, layer.store, mode=layer.mode, stats=layer.stats, run=run, simulator=simulator,
+        calls = LiveCalls(servers, layer.store, mode=layer.mode, stats=layer.stats, run=run, frozen=layer.frozen, simulator=simulator,
                           save=settings.save, store_timeout_s=settings.store.timeout_s, limiter=limiter)
         return cls(calls)
 

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from stabletoolbench_mirror import __version__
-from stabletoolbench_mirror.config import Settings
+from stabletoolbench_mirror.config import ConfigError, Settings
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.fair import FairLimiter
 from stabletoolbench_mirror.core.logs import clip
@@ -81,6 +81,10 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
             from stabletoolbench_mirror.serving.mcp_live_front import LiveFront
 
             live = mcp_front.live = LiveFront.build(settings, layer, model_calls.run, threads)
+            if live is None and not mcp_front.catalog.everything and not settings.tools_folder and settings.apibank is None:
+                from stabletoolbench_mirror.serving.mcp_catalog import NEEDS_DOCS
+
+                raise ConfigError(NEEDS_DOCS)  # no tools to offer: neither tool docs nor live servers, nor a snapshot's
     except Exception:
         if owned:
             layer.close()

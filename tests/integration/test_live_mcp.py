@@ -173,3 +173,40 @@ def _parts(*names: str) -> list[str]:
     from stabletoolbench_mirror.responders.mcp_live.tools import name_part
 
     return [name_part(n) for n in names]
+
+
+def test_a_snapshot_of_an_mcp_run_replays_it_alone_in_a_clean_folder(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    import yaml
+
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"time": {**servers.time_server(), "matcher": "exact"}, "sqlite": servers.sqlite_server(run / "notes.db")}
+    calls = _session_calls(run)[:8]
+    chat = {"model": "agent-model", "messages": [{"role": "user", "content": "which tool next?"}]}
+    with _simulator("the agent's answer") as agent:
+        (run / "config.yml").write_text(yaml.safe_dump({
+            "mode": "record", "store": {"path": str(run / "store")}, "mcp_servers": config,
+            "llm": {"upstreams": [{"base_url": agent.api_base}]}}))
+        settings = make_settings(run, mode="record", mcp_servers=config, llm={"upstreams": [{"base_url": agent.api_base}]})
+        with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+            recorded_tools, recorded = servers.run_session(server.url + "/mcp", calls)
+            model_answer = requests.post(server.url + "/v1/chat/completions", json=chat, timeout=30).json()
+    cli = [sys.executable, "-m", "stabletoolbench_mirror", "snapshot", str(run / "bundle.tar.gz"), "--config", str(run / "config.yml"), "-q"]
+    subprocess.run(cli, check=True, cwd=run, capture_output=True, timeout=120)
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    shutil.move(run / "bundle.tar.gz", clean / "bundle.tar.gz")
+    shutil.rmtree(run)  # the run's store, database and config are gone: the bundle alone answers
+    settings = make_settings(clean, mode="replay", frozen_caches=[str(clean / "bundle.tar.gz")], download_dir=str(clean / "unpacked"),
+                             mcp={"enabled": True})
+    with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
+        replayed_tools, replayed = servers.run_session(server.url + "/mcp", calls)
+        replayed_answer = requests.post(server.url + "/v1/chat/completions", json=chat, timeout=30).json()
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+    assert _dump(replayed_tools) == _dump(recorded_tools)
+    assert _dump(replayed) == _dump(recorded)
+    assert replayed_answer == model_answer
+    assert stats["hits"] == len(calls) and stats["by_source"] == {"frozen": len(calls)}

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,7 +52,7 @@ from stabletoolbench_mirror.responders.mcp_live.tools import (
     tool_api,
 )
 from stabletoolbench_mirror.responders.simulator.responder import Simulator
-from stabletoolbench_mirror.stores.base import Store, StoreError
+from stabletoolbench_mirror.stores.base import CacheTier, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +71,13 @@ class LiveCalls:
     """Answers ``tools/call`` of the live MCP servers' tools (see the module's docstring)."""
 
     def __init__(self, servers: Mapping[str, McpServerConfig], store: Store, *, mode: Mode, stats: Any, run: str,
-                 simulator: Simulator | None = None, save: bool = True, store_timeout_s: float = 2.0, limiter: Any = None) -> None:
+                 frozen: Sequence[CacheTier] = (), simulator: Simulator | None = None, save: bool = True,
+                 store_timeout_s: float = 2.0, limiter: Any = None) -> None:
+        """``frozen``: read after the store, in order (a snapshot of a recorded run replays it alone)."""
         self.configs = dict(servers)
         self.live = {name: LiveServer(name, cfg) for name, cfg in servers.items()}
         self.store = store
+        self.frozen = tuple(frozen)
         self.mode = mode
         self.stats = stats
         self.run = run
@@ -89,21 +92,31 @@ class LiveCalls:
     # -- start and stop ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Read every server's listing (the live ones in parallel) and the tools offered from them."""
-        with ThreadPoolExecutor(max(1, min(8, len(self.configs)))) as pool:
-            listings = dict(zip(self.configs, pool.map(self._listing, self.configs)))
+        """Read every server's listing (the live ones in parallel) and the tools offered from them: the servers in the
+        order of their names (whatever order a config or a snapshot's manifest gives them), each one's tools in its own."""
+        names = sorted(self.configs)
+        with ThreadPoolExecutor(max(1, min(8, len(names)))) as pool:
+            listings = dict(zip(names, pool.map(self._listing, names)))
         self.tools = offered_tools(listings)
         log.info("live MCP servers: %d, tools offered: %d", len(listings), len(self.tools))
 
     def _asks_live(self, server: str) -> bool:
         return self.mode is not Mode.REPLAY and self.configs[server].live
 
+    def _lookup(self, api: str, key: str) -> Record | None:
+        """The record of ``key``: the store's, else the first frozen cache's that holds it."""
+        for tier in (self.store, *self.frozen):
+            try:
+                found = tier.get(api, key)
+            except StoreError as exc:
+                log.warning("live MCP: %s cannot be read (%s)", api[:200], exc)
+                continue
+            if found is not None:
+                return found
+        return None
+
     def _listing(self, server: str) -> list[dict[str, Any]]:
-        try:
-            recorded = self.store.get(listing_api(server), LISTING_KEY)
-        except StoreError as exc:
-            log.warning("MCP server %r: its recorded tools/list cannot be read (%s)", server, exc)
-            recorded = None
+        recorded = self._lookup(listing_api(server), LISTING_KEY)
         if self._asks_live(server):
             try:
                 tools = self.live[server].list_tools()
@@ -167,12 +180,7 @@ class LiveCalls:
 
     def _answer(self, tool: LiveTool, arguments: dict[str, Any], api: str, key: str, run: str) -> tuple[dict[str, Any], Outcome]:
         """The result and outcome of one call (in a worker thread)."""
-        found = None
-        if self.mode is not Mode.REFRESH:
-            try:
-                found = self.store.get(api, key)
-            except StoreError as exc:
-                log.warning("live MCP call: the store cannot be read (%s)", exc)
+        found = self._lookup(api, key) if self.mode is not Mode.REFRESH else None
         asks_live = self._asks_live(tool.server)
         if found is not None and not (found.is_failure and asks_live):
             return found.answer, self._outcome(found, OutcomeKind.HIT, api)
