@@ -132,12 +132,15 @@ class Settings(Section):
             raise ConfigError(f"mcp_servers: {exc}") from None
 
     def _mcp_secrets(self) -> list[str]:
-        """The ``env`` and ``headers`` values of ``mcp_servers`` written as they are (a ``${VAR}`` reference is no secret)."""
+        """The ``env`` and ``headers`` values of ``mcp_servers`` named like a credential (``*KEY*``, ``*TOKEN*``,
+        ``Authorization``, ...) and written as they are (a ``${VAR}`` reference is no secret; the bearer's scheme is kept)."""
         try:
             servers = self.live_servers()
         except ConfigError:
             return []
-        values = [v for s in servers.values() for v in (*s.env.values(), *s.headers.values())]
+        named = [v for s in servers.values() for k, v in (*s.env.items(), *s.headers.items())
+                 if re.search(r"key|token|secret|pass|auth|cookie|credential", k, re.IGNORECASE)]
+        values = [v.split(" ", 1)[1] if v.lower().startswith(("bearer ", "basic ", "token ")) else v for v in named]
         return [v for v in values if v and not re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", v)]
 
     def secrets(self) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stabletoolbench_mirror.config import ConfigError, McpServerConfig, Mode, Settings, read_mcp_servers
+from stabletoolbench_mirror.core.secrets import Redactor
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.responders.mcp_live.calls import LiveCalls, error_result
 from stabletoolbench_mirror.responders.simulator.responder import Simulator
@@ -66,7 +67,8 @@ class LiveFront:
             raise ConfigError("mcp_servers: live MCP servers need the official MCP SDK: pip install 'stabletoolbench-mirror[mcp]'") from None
         simulator = next((r for r in layer.responders if isinstance(r, Simulator)), None)
         calls = LiveCalls(servers, layer.store, mode=layer.mode, stats=layer.stats, run=run, frozen=layer.frozen, simulator=simulator,
-                          save=settings.save, store_timeout_s=settings.store.timeout_s, limiter=limiter)
+                          save=settings.save, store_timeout_s=settings.store.timeout_s, limiter=limiter,
+                          redactor=Redactor(settings.secrets()))
         return cls(calls)
 
     def start(self) -> None:

@@ -210,3 +210,30 @@ def test_a_snapshot_of_an_mcp_run_replays_it_alone_in_a_clean_folder(tmp_path: P
     assert _dump(replayed) == _dump(recorded)
     assert replayed_answer == model_answer
     assert stats["hits"] == len(calls) and stats["by_source"] == {"frozen": len(calls)}
+
+
+def test_mcp_verify_names_the_tool_and_field_that_drifted_and_exits_1(tmp_path: Path) -> None:
+    import subprocess
+
+    import yaml
+
+    calls = [("echo", {"text": "a", "sent_at": "2026-01-01T00:00:00"}), ("echo", {"text": "b", "sent_at": "2026-01-01T00:00:01"})]
+    config = {"rogue": {**_echo_server(), "ignore_fields": ["sent_at"]}}
+    with _serve(tmp_path, "record", config) as server:
+        servers.run_session(server.url + "/mcp", calls)
+
+    def verify(version: int) -> subprocess.CompletedProcess[str]:
+        cfg = {"rogue": {**_echo_server("--version", str(version)), "ignore_fields": ["sent_at"]}}
+        (tmp_path / "verify.yml").write_text(yaml.safe_dump({"store": {"path": str(tmp_path / "store")}, "mcp_servers": cfg}))
+        return subprocess.run([sys.executable, "-m", "stabletoolbench_mirror", "mcp-verify", "--config", str(tmp_path / "verify.yml"), "--json"],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    same = verify(1)
+    assert same.returncode == 0, same.stdout + same.stderr
+    report = json.loads(same.stdout)
+    assert (report["drifted"], report["servers"][0]["calls"]) == (False, 2)
+    changed = verify(2)
+    assert changed.returncode == 1, changed.stdout + changed.stderr
+    [drift] = json.loads(changed.stdout)["servers"]
+    assert drift["schema"] == {"echo": ["inputSchema.properties.loud", "inputSchema.required"]}  # the tool and its fields
+    assert drift["answers"] == {"echo": ["content[0].text.version"]} and drift["differing"] == 2

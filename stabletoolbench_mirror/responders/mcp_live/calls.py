@@ -23,6 +23,7 @@ differs from the record), else from the store.  Blocking work (store, servers, s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -37,6 +38,7 @@ from stabletoolbench_mirror.config import McpServerConfig, Mode
 from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.core.secrets import Redactor
 from stabletoolbench_mirror.engine.occurrences import PrivateRun, RunCounters
 from stabletoolbench_mirror.responders.mcp_live.client import LiveServer, LiveServerDown
 from stabletoolbench_mirror.responders.mcp_live.simulate import result_text, simulate
@@ -72,12 +74,14 @@ class LiveCalls:
 
     def __init__(self, servers: Mapping[str, McpServerConfig], store: Store, *, mode: Mode, stats: Any, run: str,
                  frozen: Sequence[CacheTier] = (), simulator: Simulator | None = None, save: bool = True,
-                 store_timeout_s: float = 2.0, limiter: Any = None) -> None:
+                 store_timeout_s: float = 2.0, limiter: Any = None, redactor: Redactor | None = None) -> None:
         """``frozen``: read after the store, in order (a snapshot of a recorded run replays it alone)."""
         self.configs = dict(servers)
         self.live = {name: LiveServer(name, cfg) for name, cfg in servers.items()}
         self.store = store
         self.frozen = tuple(frozen)
+        self.redactor = redactor or Redactor()
+        """Configured keys: masked in what is recorded (a server may echo its key)."""
         self.mode = mode
         self.stats = stats
         self.run = run
@@ -196,16 +200,16 @@ class LiveCalls:
             except LiveServerDown as exc:
                 problem = str(exc)
             else:
-                meta = {"tool": tool.name, "latency_s": round(time.perf_counter() - started, 6), "run": run,
-                        "listed_at": self.listed_at.get(tool.server)}
-                return self._write(Record.from_answer(api, key, result, "mcp", f"mcp:{tool.server}", meta=meta), found, api, ())
+                meta = {**self._call_meta(tool, arguments, run), "latency_s": round(time.perf_counter() - started, 6)}
+                record = Record.from_answer(api, key, self.redactor.data(result), "mcp", f"mcp:{tool.server}", meta=meta)
+                return self._write(record, found, api, ())
         tried = [f"mcp:{tool.server}"] if asks_live else []
         if self.simulator is not None:
             earlier = list(self._history.get(run) or ())
             simulated = simulate(self.simulator, tool, arguments, earlier)
             tried.append(f"simulated:{self.simulator.origin}")
             if simulated.result is not None:
-                meta = {**(simulated.meta or {}), "tool": tool.name, "run": run, "server_down": problem}
+                meta = {**(simulated.meta or {}), **self._call_meta(tool, arguments, run), "server_down": problem}
                 record = Record.from_answer(api, key, simulated.result, "simulated", self.simulator.origin, meta=meta)
                 return self._write(record, found, api, (problem,))
             problem = f"{problem}; {simulated.detail}"
@@ -213,7 +217,12 @@ class LiveCalls:
             problem += "; no simulator answers in its place (simulator.enabled)"
         result = error_result(f"stabletoolbench-mirror: {problem}")
         failure = Record.failure(api, key, result, "mcp", f"mcp:{tool.server}", reason=problem, tried=tuple(tried))
+        failure = dataclasses.replace(failure, meta=self._call_meta(tool, arguments, run))
         return self._write(failure, found, api, (problem,))
+
+    def _call_meta(self, tool: LiveTool, arguments: dict[str, Any], run: str) -> dict[str, Any]:
+        """What a call's record keeps beside its answer: the call itself (for ``mcp-verify``, keys masked), its run, the listing's time."""
+        return {"tool": tool.name, "arguments": self.redactor.data(arguments), "run": run, "listed_at": self.listed_at.get(tool.server)}
 
     def _write(self, record: Record, found: Record | None, api: str, problems: tuple[str, ...]) -> tuple[dict[str, Any], Outcome]:
         """Record ``record`` (add-if-absent: when another call recorded this key first, its answer is served)."""
