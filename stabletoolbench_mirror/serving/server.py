@@ -78,13 +78,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     try:
         model_calls = build_model_calls(settings, layer, threads)  # /v1: the agent's and the judge's model calls
         if mcp_front is not None:  # the live MCP servers (mcp_servers): their tools at /mcp
-            from stabletoolbench_mirror.serving.mcp_live_front import LiveFront
-
-            live = mcp_front.live = LiveFront.build(settings, layer, model_calls.run, threads)
-            if live is None and not mcp_front.catalog.everything and not settings.tools_folder and settings.apibank is None:
-                from stabletoolbench_mirror.serving.mcp_catalog import NEEDS_DOCS
-
-                raise ConfigError(NEEDS_DOCS)  # no tools to offer: neither tool docs nor live servers, nor a snapshot's
+            live = _live_front(settings, layer, mcp_front, model_calls.run, threads)
     except Exception:
         if owned:
             layer.close()
@@ -137,6 +131,8 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     )
     # /v1 takes the same way in as /virtual (body limits, reservation, a client's slots): the front's own
     app.front.models = ModelFront(model_calls, settings, app.routed, app.front)
+    if mcp_front is not None:
+        app.front.mcp = mcp_front.endpoint  # /mcp ahead of FastAPI's middleware stack too (its bearer token checked above)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -174,6 +170,19 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     add_model_routes(app, settings, layer)
     _answer_unknown_routes(app)
     return app
+
+
+def _live_front(settings: Settings, layer: MirrorLayer, mcp_front: Any, run: str, threads: FairLimiter) -> Any:
+    """The live MCP servers' front (``None`` without any), set on the MCP front; :class:`ConfigError` when ``/mcp``
+    would offer no tool at all (neither tool docs nor live servers, nor a snapshot's)."""
+    from stabletoolbench_mirror.serving.mcp_live_front import LiveFront
+
+    live = mcp_front.live = LiveFront.build(settings, layer, run, threads)
+    if live is None and not mcp_front.catalog.everything and not settings.tools_folder and settings.apibank is None:
+        from stabletoolbench_mirror.serving.mcp_catalog import NEEDS_DOCS
+
+        raise ConfigError(NEEDS_DOCS)
+    return live
 
 
 def _simulator_prompt(layer: MirrorLayer) -> dict[str, str] | None:

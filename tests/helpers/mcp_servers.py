@@ -89,14 +89,17 @@ def children_running(command_part: str) -> list[str]:
     return mine
 
 
-async def session(url: str, calls: list[tuple[str, dict[str, Any]]], headers: dict[str, str] | None = None) -> tuple[list[Any], list[Any]]:
-    """An agent-like SDK client session at ``url``: every tool listed (page by page), then ``calls`` in order."""
+async def session(url: str, calls: list[tuple[str, dict[str, Any]]], headers: dict[str, str] | None = None,
+                  mode: str = "auto") -> tuple[list[Any], list[Any]]:
+    """An agent-like SDK client session at ``url``: every tool listed (page by page), then ``calls`` in order.
+
+    ``mode``: the SDK's protocol era, ``auto`` (the 2026 era: no MCP session) or ``legacy`` (the handshake: a session)."""
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
     transport = streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers or {}, timeout=120))
-    async with Client(transport) as client:
+    async with Client(transport, mode=mode) as client:
         page = await client.list_tools()
         tools = list(page.tools)
         while page.next_cursor is not None:

@@ -237,3 +237,42 @@ def test_mcp_verify_names_the_tool_and_field_that_drifted_and_exits_1(tmp_path: 
     [drift] = json.loads(changed.stdout)["servers"]
     assert drift["schema"] == {"echo": ["inputSchema.properties.loud", "inputSchema.required"]}  # the tool and its fields
     assert drift["answers"] == {"echo": ["content[0].text.version"]} and drift["differing"] == 2
+
+
+def _raw_call(url: str, tool: str, arguments: dict[str, Any]) -> Any:
+    """One ``tools/call`` in a handshake-era session, as plain JSON-RPC over HTTP: the reply itself."""
+    headers = {"accept": "application/json, text/event-stream"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}
+    opened = requests.post(url, json=init, headers=headers, timeout=30)
+    headers["mcp-session-id"] = opened.headers["mcp-session-id"]
+    requests.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers, timeout=30)
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+    return requests.post(url, json=call, headers=headers, timeout=30)
+
+
+def test_a_handshake_era_session_is_recorded_and_replayed_in_order_through_the_direct_path(tmp_path: Path) -> None:
+    """A client with an MCP session (the handshake era) has its live calls answered without the SDK's session
+    machinery (serving.mcp_live_front.answer_directly): the same results, by order, as the SDK path gives."""
+    work = tmp_path / "work"
+    work.mkdir()
+    config = {"sqlite": servers.sqlite_server(work / "notes.db"), "rogue": _echo_server()}
+    calls = _session_calls(work)[2:8] + [("echo", {"text": "é ✓"}), ("no_such_tool", {})]
+    with _serve(tmp_path, "record", config) as server:
+        tools, recorded = servers.run_session(server.url + "/mcp", calls, mode="legacy")
+        stats = requests.get(server.url + "/stats", timeout=10).json()
+    counts = [r.content[0].text for r, (name, _) in zip(recorded, calls) if name == "read_query"]
+    assert counts == ["[{'n': 0}]", "[{'n': 1}]", "[{'n': 2}]"]
+    assert json.loads(recorded[6].content[0].text)["arguments"] == {"text": "é ✓"}
+    assert recorded[7].is_error and "No such function name: no_such_tool" in recorded[7].content[0].text  # the SDK path's answer
+    assert stats["by_source"] == {"mcp": 7}
+    (work / "notes.db").unlink()
+    with _serve(tmp_path, "replay", config) as server:
+        replayed_tools, replayed = servers.run_session(server.url + "/mcp", calls, mode="legacy")
+        _, modern = servers.run_session(server.url + "/mcp", calls)  # the 2026 era: the SDK's path, a run of its own
+        direct = _raw_call(server.url + "/mcp", "echo", {"text": "é ✓"})
+    assert direct.headers["content-type"] == "application/json"  # answered directly, not as the SDK's event stream
+    assert direct.json()["result"]["content"] == _dump([recorded[6]])[0]["content"]
+    assert _dump(replayed_tools) == _dump(tools)
+    assert _dump(replayed) == _dump(recorded)
+    assert [(r.content, r.is_error) for r in modern] == [(r.content, r.is_error) for r in recorded]

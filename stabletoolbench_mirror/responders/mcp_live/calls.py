@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 HISTORY_CALLS = 8
 #: runs whose earlier calls are kept (the least recently used forgotten beyond it)
 HISTORY_RUNS = 1024
+#: occurrences counted in this process's memory (of local runs, the MCP sessions it holds), all runs together: the
+#: least recently used run is forgotten beyond it; a run holding half of it counts its new calls in the store
+LOCAL_COUNTS = 200_000
 
 
 def error_result(message: str) -> dict[str, Any]:
@@ -92,6 +95,8 @@ class LiveCalls:
         self.tools: dict[str, LiveTool] = {}
         self.listed_at: dict[str, float | None] = {}
         self._history: LRUCache[str, deque[tuple[str, Any, str]]] = LRUCache(HISTORY_RUNS)
+        self._local: LRUCache[str, dict[str, int]] = LRUCache(LOCAL_COUNTS, getsizeof=lambda counts: len(counts) + 1)
+        """Per local run, each call's last occurrence number (a run's MCP session lives in this process only)."""
 
     # -- start and stop ---------------------------------------------------------------------------
 
@@ -149,8 +154,37 @@ class LiveCalls:
 
     # -- one call -------------------------------------------------------------------------------
 
-    async def call(self, offered: str, arguments: dict[str, Any], run: str | None = None) -> dict[str, Any] | None:
-        """The ``CallToolResult`` (as JSON) of a call of an offered tool, counted; ``None`` when no tool has that name."""
+    def _claim_local(self, run: str, digest: str) -> int | None:
+        """``digest``'s next number in a local run, counted in memory; ``None`` when the store counts it."""
+        counts = self._local.get(run)
+        if counts is None:
+            counts = {}
+        elif digest not in counts and len(counts) >= LOCAL_COUNTS // 2:
+            return None
+        number = counts.get(digest, 0) + 1
+        counts[digest] = number
+        self._local[run] = counts  # its size counted again (the least recently used runs forgotten beyond the bound)
+        return number
+
+    def _release_local(self, run: str, digest: str, number: int) -> bool:
+        counts = self._local.get(run)
+        if counts is None or digest not in counts:
+            return False
+        if counts[digest] == number:
+            counts[digest] = number - 1
+        return True
+
+    async def _claim(self, run: str, digest: str, local: bool) -> int:
+        number = self._claim_local(run, digest) if local else None
+        return number if number is not None else await self.counters.claim(run, digest)
+
+    async def _release(self, run: str, digest: str, number: int, local: bool) -> None:
+        if not (local and self._release_local(run, digest, number)):
+            await self.counters.release(run, digest, number)
+
+    async def call(self, offered: str, arguments: dict[str, Any], run: str | None = None, local: bool = False) -> str | None:
+        """The ``CallToolResult`` (its JSON text, as recorded) of a call of an offered tool, counted; ``None`` when no
+        tool has that name.  ``local``: ``run`` is an MCP session of this process (its occurrences counted in memory)."""
         tool = self.tools.get(offered)
         if tool is None:
             return None
@@ -160,27 +194,44 @@ class LiveCalls:
         number = 0
         if config.matcher == "by-order":
             try:
-                number = await self.counters.claim(run, digest)
+                number = await self._claim(run, digest, local and run != self.run)
             except StoreError as exc:
                 refused = Outcome.error(503, f"the store cannot count this call's occurrence: {exc}", OutcomeKind.STORE_ERROR)
                 self.stats.count(refused)
-                return error_result(f"stabletoolbench-mirror: {refused.answer['error']}")
-        result = error_result("stabletoolbench-mirror: internal error (see the server log)")
+                return encode_answer(error_result(f"stabletoolbench-mirror: {refused.answer['error']}"))
         outcome: Outcome | None = None
+        key = call_key(digest, number)
         try:
-            result, outcome = await anyio.to_thread.run_sync(self._answer, tool, arguments, api, call_key(digest, number), run,
-                                                             limiter=self.limiter)
+            hit = self._store_hit(api, key, tool.server)
+            if hit is not None:  # a local store's hit, on the event loop (as /virtual's hits)
+                outcome = self._outcome(hit, OutcomeKind.HIT, api)
+            else:
+                _, outcome = await anyio.to_thread.run_sync(self._answer, tool, arguments, api, key, run, limiter=self.limiter)
         except Exception:
             log.exception("live MCP call of %s failed", api[:200])
         finally:
             if number and (outcome is None or outcome.kind is OutcomeKind.UNANSWERED):
-                await self.counters.release(run, digest, number)
-        self.stats.count(outcome or Outcome.error(500, "internal error", OutcomeKind.ERROR))
+                await self._release(run, digest, number, local and run != self.run)
+        if outcome is None:
+            outcome = Outcome(encode_answer(error_result("stabletoolbench-mirror: internal error (see the server log)")),
+                              OutcomeKind.ERROR, status=500, api=api)
+        self.stats.count(outcome)
         earlier = self._history.get(run)
         if earlier is None:
             earlier = self._history[run] = deque(maxlen=HISTORY_CALLS)
-        earlier.append((tool.offered, arguments, result_text(result)))
-        return result
+        earlier.append((tool.offered, arguments, outcome.body))  # the result's text read only if a simulation needs it
+        return outcome.body
+
+    def _store_hit(self, api: str, key: str, server: str) -> Record | None:
+        """The store's record of ``key`` when it is served as it is and the store reads without waiting; else ``None``
+        (the worker thread looks again, and in the frozen caches)."""
+        if self.store.reads_wait or self.mode is Mode.REFRESH:
+            return None
+        try:
+            found = self.store.get(api, key)
+        except StoreError:
+            return None
+        return found if found is not None and not (found.is_failure and self._asks_live(server)) else None
 
     def _answer(self, tool: LiveTool, arguments: dict[str, Any], api: str, key: str, run: str) -> tuple[dict[str, Any], Outcome]:
         """The result and outcome of one call (in a worker thread)."""
@@ -205,7 +256,7 @@ class LiveCalls:
                 return self._write(record, found, api, ())
         tried = [f"mcp:{tool.server}"] if asks_live else []
         if self.simulator is not None:
-            earlier = list(self._history.get(run) or ())
+            earlier = [(name, args, result_text(body)) for name, args, body in self._history.get(run) or ()]
             simulated = simulate(self.simulator, tool, arguments, earlier)
             tried.append(f"simulated:{self.simulator.origin}")
             if simulated.result is not None:

@@ -39,9 +39,14 @@ class Simulated:
     meta: Mapping[str, Any] | None = None
 
 
-def result_text(result: Mapping[str, Any]) -> str:
-    """The text contents of a ``CallToolResult``, joined (for the session's history)."""
-    parts = [c.get("text", "") for c in result.get("content") or () if isinstance(c, dict) and c.get("type") == "text"]
+def result_text(body: str) -> str:
+    """The text contents of a ``CallToolResult`` (its JSON text), joined (for the session's history)."""
+    try:
+        result = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    contents = result.get("content") if isinstance(result, dict) else None
+    parts = [c.get("text", "") for c in contents or () if isinstance(c, dict) and c.get("type") == "text"]
     return "\n".join(p for p in parts if isinstance(p, str))[:MAX_EARLIER_CHARS]
 
 
