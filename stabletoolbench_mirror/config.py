@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -40,6 +41,7 @@ from stabletoolbench_mirror.config_sections import FaultsConfig as FaultsConfig
 from stabletoolbench_mirror.config_sections import LimitsConfig as LimitsConfig
 from stabletoolbench_mirror.config_sections import LLMConfig as LLMConfig
 from stabletoolbench_mirror.config_sections import McpConfig as McpConfig
+from stabletoolbench_mirror.config_sections import McpServerConfig as McpServerConfig
 from stabletoolbench_mirror.config_sections import Mode as Mode
 from stabletoolbench_mirror.config_sections import ModelServerConfig as ModelServerConfig
 from stabletoolbench_mirror.config_sections import RealConfig as RealConfig
@@ -50,6 +52,7 @@ from stabletoolbench_mirror.config_sections import SessionsConfig as SessionsCon
 from stabletoolbench_mirror.config_sections import SimulatorConfig as SimulatorConfig
 from stabletoolbench_mirror.config_sections import SimulatorStyle as SimulatorStyle
 from stabletoolbench_mirror.config_sections import StoreConfig as StoreConfig
+from stabletoolbench_mirror.config_sections import read_mcp_servers
 from stabletoolbench_mirror.config_upstream import UPSTREAM_CONFIG_FILE as UPSTREAM_CONFIG_FILE
 from stabletoolbench_mirror.config_upstream import UPSTREAM_DEFAULT_API_BASE as UPSTREAM_DEFAULT_API_BASE
 from stabletoolbench_mirror.core.secrets import url_secrets
@@ -99,6 +102,9 @@ class Settings(Section):
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
+    mcp_servers: dict[str, McpServerConfig] | str = Field(default_factory=dict)
+    """Live MCP servers whose tools ``/mcp`` serves, recorded and replayed (docs/live-mcp.md): the ``mcpServers``
+    mapping of MCP clients, or the path of such a JSON file, read as it is."""
     llm: LLMConfig = Field(default_factory=LLMConfig)
     """Recorded model calls (``/v1/chat/completions``): upstreams, mode, run, budget."""
     local_tools: list[str] = Field(default_factory=list)
@@ -121,6 +127,25 @@ class Settings(Section):
     def resolve(self, path: str) -> str:
         return str(Path(self.base_dir, os.path.expanduser(path)).resolve())
 
+    def live_servers(self) -> dict[str, McpServerConfig]:
+        """``mcp_servers``' servers (a JSON file read now); :class:`ConfigError` naming the key and the fix."""
+        try:
+            return read_mcp_servers(self.mcp_servers, self.resolve)
+        except ValueError as exc:
+            raise ConfigError(f"mcp_servers: {exc}") from None
+
+    def _mcp_secrets(self) -> list[str]:
+        """The ``env`` and ``headers`` values of ``mcp_servers`` named like a credential (``*KEY*``, ``*TOKEN*``,
+        ``Authorization``, ...) and written as they are (a ``${VAR}`` reference is no secret; the bearer's scheme is kept)."""
+        try:
+            servers = self.live_servers()
+        except ConfigError:
+            return []
+        named = [v for s in servers.values() for k, v in (*s.env.items(), *s.headers.items())
+                 if re.search(r"key|token|secret|pass|auth|cookie|credential", k, re.IGNORECASE)]
+        values = [v.split(" ", 1)[1] if v.lower().startswith(("bearer ", "basic ", "token ")) else v for v in named]
+        return [v for v in values if v and not re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", v)]
+
     def secrets(self) -> list[str]:
         """Every secret value configured, for redaction (see :mod:`stabletoolbench_mirror.core.secrets`): the
         keys and the token, and any user, password or query value of a configured URL (:func:`url_secrets`)."""
@@ -130,6 +155,7 @@ class Settings(Section):
             if v is not None and v.get_secret_value()
         ]
         found += [key for key in (u.api_key() for u in self.llm.upstreams) if key]
+        found += self._mcp_secrets()
         urls = [self.store.url, self.real.relay_url, self.real.rapidapi_base_url, *self.simulator.endpoints,
                 *(u.base_url for u in self.llm.upstreams)]
         return found + [secret for u in urls if u for secret in url_secrets(u)]

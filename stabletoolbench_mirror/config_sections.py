@@ -12,7 +12,7 @@ import ipaddress
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from stabletoolbench_mirror.config_loading import nearest_key
@@ -291,6 +291,78 @@ class McpConfig(Section):
     @property
     def query_paths(self) -> list[str]:
         return [self.queries] if isinstance(self.queries, str) else list(self.queries)
+class McpServerConfig(BaseModel):
+    """One live MCP server (``mcp_servers.<name>``), in the ``mcpServers`` shape MCP clients and benchmarks use:
+    ``{command, args, env, cwd}`` (stdio) or ``{url, headers}`` (streamable HTTP).  Keys other MCP clients add
+    (``type``, ``disabled``, ``description``, ...) are read and ignored, so their JSON files are read as they are.
+    ``env`` and ``headers`` values may be ``${VAR}`` references: resolved when the server starts, never stored."""
+
+    model_config = ConfigDict(extra="ignore", validate_assignment=True)
+
+    command: str | None = None
+    """The program that starts the server (stdio), e.g. ``uvx`` or ``npx``."""
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables for the server, over a minimal inherited set (``HOME``, ``PATH``, ...)."""
+    cwd: str | None = None
+    url: str | None = None
+    """A streamable HTTP server's URL (instead of ``command``)."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    disabled: bool = False
+    """Left out, as MCP clients leave it out."""
+    matcher: Literal["by-order", "exact"] = "by-order"
+    """How a call finds its record: ``by-order``, the n-th identical call of a run gets the n-th answer (stateful
+    servers); ``exact``, every identical call gets the first answer (stateless servers)."""
+    ignore_fields: list[str] = Field(default_factory=list)
+    """Argument fields (dotted paths, ``meta.timestamp``) left out of a call's key, and out of ``mcp verify``'s comparison."""
+    live: bool = True
+    """In ``record`` mode, ask the live server on a miss; ``false``: the simulator answers misses (replay with simulation)."""
+    start_timeout_s: float = Field(default=30.0, gt=0, le=HOUR_S)
+    """The longest the server may take to start and answer ``initialize`` and ``tools/list``."""
+    call_timeout_s: float = Field(default=60.0, gt=0, le=HOUR_S)
+    """The longest one ``tools/call`` may take; then the call is the server's failure."""
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("needs either command (a stdio server) or url (a streamable HTTP server)")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must be an http(s):// URL (got {self.url[:100]!r})")
+        return self
+
+
+#: a server name: the first part of its records' API (``@mcp/<name>/<tool>``) and a folder of a snapshot
+MCP_SERVER_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+
+
+def read_mcp_servers(value: dict[str, Any] | str, resolve: Any) -> dict[str, McpServerConfig]:
+    """``mcp_servers`` as its servers: a mapping, or the path of an MCP client's JSON file (``{"mcpServers": {...}}``
+    or the mapping itself), read as it is.  :class:`ValueError` naming the server and the fix."""
+    import json
+    import re
+
+    if isinstance(value, str):
+        try:
+            with open(resolve(value), encoding="utf-8") as handle:
+                data = json.loads(handle.read(8 << 20))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{value}: cannot be read as an MCP servers JSON file ({exc})") from None
+        value = data.get("mcpServers", data) if isinstance(data, dict) else data
+    if not isinstance(value, dict):
+        raise ValueError('must map server names to {command, args, env} or {url, headers} (as "mcpServers" does)')
+    servers = {}
+    for name, spec in value.items():
+        if not isinstance(name, str) or not re.fullmatch(MCP_SERVER_NAME, name):
+            raise ValueError(f"server name {str(name)[:80]!r}: use letters, digits, '_', '.', '-' (at most 64)")
+        try:
+            server = spec if isinstance(spec, McpServerConfig) else McpServerConfig.model_validate(spec)
+        except Exception as exc:  # pydantic's error, or the shape check above
+            raise ValueError(f"{name}: {str(exc).splitlines()[-1] if str(exc) else exc}") from None
+        if not server.disabled:
+            servers[name] = server
+    return servers
+
+
 class ApiBankConfig(Section):
     """API-Bank as an environment (``apibank: {path: DIR}``): see docs/apibank.md."""
 

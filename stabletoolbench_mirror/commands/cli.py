@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "faults": "stabletoolbench_mirror.commands.faults_profile",
     "tools": "stabletoolbench_mirror.commands.tools_export",
     "mcp": "stabletoolbench_mirror.commands.mcp_stdio",
+    "mcp-verify": "stabletoolbench_mirror.commands.mcp_verify",
     "score": "stabletoolbench_mirror.commands.score",
     "demo-models": "stabletoolbench_mirror.commands.demo_models",
 }

@@ -24,7 +24,7 @@ from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.core.selection import RecordFilter, api_names
 from stabletoolbench_mirror.stores import Store, StoreError
 
-SOURCES = ("real", "simulated", "imported", "local", "model")
+SOURCES = ("real", "simulated", "imported", "local", "model", "mcp")
 
 
 def parse_date(text: str) -> float:

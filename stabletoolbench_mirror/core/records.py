@@ -10,11 +10,11 @@ from typing import Any, Literal
 
 from stabletoolbench_mirror.core.protocol import encode_answer
 
-Source = Literal["real", "simulated", "imported", "local", "frozen", "model"]
+Source = Literal["real", "simulated", "imported", "local", "frozen", "model", "mcp"]
 """``real`` and ``simulated`` answers were recorded here, ``imported`` ones copied into the store
 by ``cache import``, ``local`` ones made by a local tool; ``model`` records are recorded model calls
-(chat completions of an agent or a judge, :mod:`.model_calls`); ``frozen`` marks an answer read from a
-frozen cache tree (never stored)."""
+(chat completions of an agent or a judge, :mod:`.model_calls`); ``mcp`` ones a live MCP server's answers
+and listings (``responders.mcp_live``); ``frozen`` marks an answer read from a frozen cache tree (never stored)."""
 RECORD_VERSION = 2
 """Version 2 names the API ``api``; version 1 (still read) named it ``namespace``."""
 

@@ -89,6 +89,8 @@ class Front:
         self.app = app
         self.models: ASGIApp | None = None
         """``/v1``'s handler (:class:`~.model_front.ModelFront`), ahead of the app as ``/virtual`` is."""
+        self.mcp: ASGIApp | None = None
+        """``/mcp``'s handler (:class:`~.mcp_front.McpFront`), ahead of the app as ``/virtual`` is."""
         self.proxies = proxies
         """``limits.trusted_proxies``: who the client behind them is (``None``: the connecting address)."""
         self.layer = layer
@@ -100,6 +102,16 @@ class Front:
         self.body_timeout_s = body_timeout_s
         self.refusals = _RefusalLog()
 
+    async def _other(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Every route but ``/virtual``: ``/v1`` and ``/mcp`` to their fronts, the rest to the app."""
+        path = scope["path"]
+        if self.models is not None and path.startswith(("/v1/", "/run/")):
+            await self.models(scope, receive, send)
+        elif self.mcp is not None and (path == "/mcp" or path.startswith("/mcp/")):
+            await self.mcp(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -110,10 +122,7 @@ class Front:
             await _send(send, Outcome.error(401, "missing or wrong bearer token"))
             return
         if scope["path"] != "/virtual":
-            if self.models is not None and scope["path"].startswith(("/v1/", "/run/")):
-                await self.models(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
+            await self._other(scope, receive, send)
             return
         if scope["method"] != "POST":
             await self._finish(send, Outcome.error(405, "use POST /virtual"), ((b"allow", b"POST"),))

@@ -34,6 +34,9 @@ PAGE_BYTES = 256 * 1024
 PAGE_TOOLS = 500
 
 QueryKey = tuple[str, str]
+#: the start-up error of an MCP front with nothing to offer
+NEEDS_DOCS = ("mcp.enabled: the MCP front needs tool docs: set tools_folder (StableToolBench's toolenv/tools), or mcp_servers "
+              "(live MCP servers), or set mcp.enabled: false")
 
 
 class Catalog:
@@ -49,9 +52,10 @@ class Catalog:
     def from_settings(cls, settings: Settings) -> Catalog:
         """The tools of ``mcp.queries`` (or of the whole tools folder); :class:`ConfigError` naming the key when they cannot be read."""
         paths = [settings.resolve(p) for p in settings.mcp.query_paths]
+        if _live_only(settings, paths):
+            return cls({}, {})  # the live MCP servers' tools alone (serving.mcp_live_front; from a snapshot's in replay)
         if not settings.tools_folder and (paths or settings.apibank is None):
-            raise ConfigError("mcp.enabled: the MCP front needs tool docs: set tools_folder (StableToolBench's toolenv/tools), "
-                              "or set mcp.enabled: false")
+            raise ConfigError(NEEDS_DOCS)
         try:
             if not paths:
                 return cls(unique_names(all_functions(_every_tool(settings))), {})
@@ -69,6 +73,13 @@ class Catalog:
         except QueryFileError as exc:
             raise ConfigError(f"mcp.queries: {exc}; give StableToolBench query files or folders of them") from None
         return cls(unique_names(listed), queries)
+
+    @classmethod
+    def of_tools(cls, tools: list[Any]) -> Catalog:
+        """A catalog of ``types.Tool`` s listed as they are at ``/mcp`` (the live MCP servers' tools)."""
+        catalog = cls({}, {})
+        catalog._listings[None] = tools
+        return catalog
 
     def scope(self, query: QueryKey | None) -> dict[str, Function] | None:
         """The tools of ``query`` (everything for ``None``); ``None`` when no such query is served."""
@@ -118,6 +129,12 @@ class Catalog:
                 size += cost
             self._pages[query] = starts
         return self._pages[query]
+
+
+def _live_only(settings: Settings, paths: list[str]) -> bool:
+    """Whether ``/mcp`` may offer the live MCP servers' tools alone: no tool docs, queries or API-Bank, but
+    ``mcp_servers`` (or frozen caches, a snapshot of an MCP run's; the server checks that one names servers)."""
+    return not settings.tools_folder and not paths and settings.apibank is None and bool(settings.mcp_servers or settings.frozen_caches)
 
 
 def _every_tool(settings: Settings) -> Iterator[tuple[str, str, dict[str, Any]]]:

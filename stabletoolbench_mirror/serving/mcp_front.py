@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
     from stabletoolbench_mirror.engine.layer import MirrorLayer
     from stabletoolbench_mirror.serving.call_path import CallPath
+    from stabletoolbench_mirror.serving.mcp_live_front import LiveFront
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +244,11 @@ class McpFront:
         self._manager: Any = None
         self._admission: Admission | None = None
         self._sessions = _SessionMap()
+        self._layer: MirrorLayer | None = None
+        self.endpoint: Any = None
+        """``/mcp``'s ASGI app, once mounted (the server's pure-ASGI front hands it ``/mcp`` requests directly)."""
+        self.live: LiveFront | None = None
+        """The live MCP servers' tools (``mcp_servers``), offered at ``/mcp`` instead of StableToolBench's."""
         mcp = settings.mcp
         self.bound = SessionBound(mcp.max_sessions_per_client, mcp.max_sessions)
 
@@ -262,15 +268,25 @@ class McpFront:
         from mcp.server.lowlevel import Server
 
         async def list_tools(ctx: Any, params: Any) -> Any:
-            return self.catalog.page(self._scope_of(ctx, query), params.cursor if params is not None else None)
+            cursor = params.cursor if params is not None else None
+            where = self._scope_of(ctx, query)
+            if self.live is not None and where is None:
+                return self.live.page(cursor)
+            return self.catalog.page(where, cursor)
 
         async def call_tool(ctx: Any, params: Any) -> Any:
-            scope = self.catalog.scope(self._scope_of(ctx, query)) or {}
+            where = self._scope_of(ctx, query)
+            scope = self.catalog.scope(where) or {}
             fn = scope.get(params.name)
-            if fn is None:
+            live = self.live is not None and where is None and self.live.offers(params.name)
+            if fn is None and not live:
                 return _no_such_tool(params.name)
             arguments = params.arguments or {}
             if ctx.request is None:  # stdio: one client
+                if live:
+                    assert self.live is not None
+                    return await self.live.call(params.name, arguments, session)
+                assert fn is not None
                 return tool_result(await path.answer(fn.target.payload(arguments), session))
             client = ctx.request.client.host if ctx.request.client else "?"
             fair.CLIENT.set(client)  # the worker threads are shared fairly between clients, as /virtual's
@@ -282,6 +298,11 @@ class McpFront:
                     return tool_result(self._refused(path, refusal))
             try:
                 call_session = await self._session_of(ctx, path.layer)
+                if live and self.live is not None:
+                    if isinstance(call_session, Outcome):
+                        return tool_result(call_session)
+                    return await self.live.call(params.name, arguments, call_session, sessions.HEADER not in ctx.request.headers)
+                assert fn is not None
                 return tool_result(await path.answer(fn.target.payload(arguments), call_session))
             finally:
                 if admission is not None:
@@ -324,6 +345,7 @@ class McpFront:
         ``admission``: ``/virtual``'s, so a client's MCP calls take slots among its in-flight requests too.
         """
         self._admission = admission
+        self._layer = path.layer
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
         from starlette.routing import Route
 
@@ -332,18 +354,14 @@ class McpFront:
             app=self.server(path), max_request_body_size=self.settings.limits.max_body_bytes,
             session_idle_timeout=SESSION_IDLE_TIMEOUT_S, max_sessions=mcp.max_sessions + 64,  # SessionBound bounds them first
         )
-        endpoint = _Asgi(self._http)  # an ASGI app, not a function: Starlette hands it the raw request
+        endpoint = self.endpoint = _Asgi(self._http)  # an ASGI app, not a function: Starlette hands it the raw request
         app.router.routes.append(Route(PREFIX, endpoint=endpoint, include_in_schema=False))
         app.router.routes.append(Route(PREFIX + "/{rest:path}", endpoint=endpoint, include_in_schema=False))
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         query = query_of(scope["path"])
         if query is False or (query is not None and query not in self.catalog.queries):
-            from starlette.responses import JSONResponse
-
-            served = "the queries of mcp.queries" if self.catalog.queries else "no queries (mcp.queries is empty)"
-            message = f"no MCP endpoint {scope['path']}: /mcp serves the tools, /mcp/queries/<group>/<query_id> one query's ({served})"
-            await JSONResponse(protocol.answer(message, ""), status_code=404)(scope, receive, send)
+            await self._no_endpoint(scope, receive, send)
             return
         sid = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"mcp-session-id"), None)
         if sid is None and scope["method"] == "POST":
@@ -351,13 +369,44 @@ class McpFront:
         elif sid is not None and self.bound.begin(sid, busy=scope["method"] != "GET"):  # a GET stream only listens
             status = None
             try:
-                status = await _status_of(self._manager.handle_request, scope, receive, send)
+                status = await self._in_session(scope, receive, send, sid, direct=self.live is not None and query is None)
             finally:
                 self.bound.end(sid, busy=scope["method"] != "GET")
                 if status == 404 or (scope["method"] == "DELETE" and status is not None and status < 400):
                     self.bound.closed(sid)
         else:
             await self._manager.handle_request(scope, receive, send)
+
+    async def _no_endpoint(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from starlette.responses import JSONResponse
+
+        served = "the queries of mcp.queries" if self.catalog.queries else "no queries (mcp.queries is empty)"
+        message = f"no MCP endpoint {scope['path']}: /mcp serves the tools, /mcp/queries/<group>/<query_id> one query's ({served})"
+        await JSONResponse(protocol.answer(message, ""), status_code=404)(scope, receive, send)
+
+    async def _in_session(self, scope: Scope, receive: Receive, send: Send, sid: str, direct: bool) -> int | None:
+        """A request of an open session: a live tool's call answered directly (``direct``), else by the SDK; its status."""
+        status = None
+        if direct and scope["method"] == "POST":
+            from stabletoolbench_mirror.serving.mcp_live_front import answer_directly
+
+            assert self.live is not None
+            receive, status = await answer_directly(self.live, scope, receive, send, sid, self._admission,
+                                                    self._live_session, self.settings.limits.max_body_bytes)
+        if status is None:
+            status = await _status_of(self._manager.handle_request, scope, receive, send)
+        return status
+
+    async def _live_session(self, headers: Any, sid: str) -> tuple[str | None | Outcome, bool]:
+        """A direct live call's server session (:func:`.mcp_live_front.answer_directly`), as :meth:`_session_of` finds
+        one, and whether it is this process's own (an MCP session's, not one ``X-STM-Session`` names)."""
+        given = headers.get(sessions.HEADER)
+        if given is not None:
+            problem = sessions.id_problem(given)
+            return (Outcome.error(422, f"{sessions.HEADER}: {problem}") if problem else given), False
+        if not self.settings.mcp.sessions or self._layer is None:
+            return None, True
+        return await self._sessions.server_session(self._layer, sid), True
 
     async def _open_session(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A request that may open a session (an ``initialize``): only once :class:`SessionBound` has room for it."""

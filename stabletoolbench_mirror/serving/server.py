@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from stabletoolbench_mirror import __version__
-from stabletoolbench_mirror.config import Settings
+from stabletoolbench_mirror.config import ConfigError, Settings
 from stabletoolbench_mirror.core import protocol
 from stabletoolbench_mirror.core.fair import FairLimiter
 from stabletoolbench_mirror.core.logs import clip
@@ -66,7 +66,7 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     tune_malloc()  # before the worker threads that parse frozen files exist
     owned = layer is None
     mcp_front = None
-    if settings.mcp.enabled:  # the MCP front (``mcp`` extra): its tool lists are read, or fail, before anything starts
+    if settings.mcp.enabled or settings.mcp_servers:  # the MCP front (``mcp`` extra): its tool lists are read, or fail, before anything starts
         from stabletoolbench_mirror.serving.mcp_front import McpFront
 
         mcp_front = McpFront.from_settings(settings)
@@ -74,8 +74,11 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     # 32 more threads only for clients with nothing running: threads held by other clients' misses
     # (waiting for the simulator) never keep a client's first call waiting for one to finish
     threads = FairLimiter(max(40, settings.limits.max_pending_misses + 32), reserve=32)
+    live = None
     try:
         model_calls = build_model_calls(settings, layer, threads)  # /v1: the agent's and the judge's model calls
+        if mcp_front is not None:  # the live MCP servers (mcp_servers): their tools at /mcp
+            live = _live_front(settings, layer, mcp_front, model_calls.run, threads)
     except Exception:
         if owned:
             layer.close()
@@ -87,12 +90,16 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
         # between clients (threads), as are frozen files parsed; the other routes use anyio's default
         anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.limits.max_pending_misses + 32)
         try:
+            if live is not None:  # the live servers started and listed (or their listings read) before /mcp answers
+                await anyio.to_thread.run_sync(live.start)
             if mcp_front is None:
                 yield
             else:
                 async with mcp_front.running():
                     yield
         finally:
+            if live is not None:
+                await anyio.to_thread.run_sync(live.close)
             model_calls.close()
             if owned:
                 layer.close()
@@ -124,6 +131,8 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     )
     # /v1 takes the same way in as /virtual (body limits, reservation, a client's slots): the front's own
     app.front.models = ModelFront(model_calls, settings, app.routed, app.front)
+    if mcp_front is not None:
+        app.front.mcp = mcp_front.endpoint  # /mcp ahead of FastAPI's middleware stack too (its bearer token checked above)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -161,6 +170,19 @@ def create_app(settings: Settings, layer: MirrorLayer | None = None) -> FastAPI:
     add_model_routes(app, settings, layer)
     _answer_unknown_routes(app)
     return app
+
+
+def _live_front(settings: Settings, layer: MirrorLayer, mcp_front: Any, run: str, threads: FairLimiter) -> Any:
+    """The live MCP servers' front (``None`` without any), set on the MCP front; :class:`ConfigError` when ``/mcp``
+    would offer no tool at all (neither tool docs nor live servers, nor a snapshot's)."""
+    from stabletoolbench_mirror.serving.mcp_live_front import LiveFront
+
+    live = mcp_front.live = LiveFront.build(settings, layer, run, threads)
+    if live is None and not mcp_front.catalog.everything and not settings.tools_folder and settings.apibank is None:
+        from stabletoolbench_mirror.serving.mcp_catalog import NEEDS_DOCS
+
+        raise ConfigError(NEEDS_DOCS)
+    return live
 
 
 def _simulator_prompt(layer: MirrorLayer) -> dict[str, str] | None:

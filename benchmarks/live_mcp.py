@@ -1,0 +1,211 @@
+"""Replaying a recorded MCP session: this project's ``/mcp`` (a live MCP server recorded, ``mode: replay``) beside ``mcp-recorder`` 0.5.
+
+Both record the same session of one real stdio MCP server (``tests/helpers/rogue_mcp_server.py``, its ``echo`` tool,
+``--calls`` distinct calls): ``mcp-recorder record-scenarios`` into a cassette, and ``serve`` with
+``mcp_servers`` in ``record`` mode into its store.  Then each replays it with the server gone, each in its own
+process on 127.0.0.1: ``mcp-recorder``'s replay app (its ``method_params`` matcher; run through uvicorn on
+127.0.0.1, as its ``replay`` command runs it on 0.0.0.0) and ``serve`` in ``replay``.  One client, the same for
+both: plain JSON-RPC over streamable HTTP (``httpx``, keep-alive), one ``initialize``, then the calls, every answer
+checked against what the server answered when recorded:
+
+* **c=1**: the calls one at a time; the median and p99 latency of a call;
+* **c=8**: the same calls shared by 8 threads in one session; calls/s.
+
+Each replay server is started fresh for each measurement (``mcp-recorder``'s matchers use each recorded
+interaction once per process).  ``mcp-recorder`` needs its own venv (it pins the MCP SDK 1.x, and its proxy needs Starlette before 1.0)::
+
+    python3 -m venv .venv-recorder && .venv-recorder/bin/pip install 'mcp-recorder==0.5.*' 'starlette<1'
+    python benchmarks/live_mcp.py [--calls 400] [--rounds 3] [--recorder-venv .venv-recorder]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _procs import REPO, clean_env, free_port, process, serve_args  # noqa: E402
+
+ROGUE = [sys.executable, str(REPO / "tests" / "helpers" / "rogue_mcp_server.py")]
+HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+RECORDER_APP = """
+import sys, uvicorn
+from pathlib import Path
+from mcp_recorder._utils import load_cassette
+from mcp_recorder.matcher import create_matcher
+from mcp_recorder.replayer import create_replay_app
+loaded = load_cassette(Path(sys.argv[1]))
+uvicorn.run(create_replay_app(loaded, create_matcher("method_params", loaded.interactions)), host="127.0.0.1",
+            port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+def _arguments(i: int) -> dict[str, Any]:
+    return {"text": f"call {i}: " + "lorem ipsum " * 20}
+
+
+class JsonRpc:
+    """A minimal streamable-HTTP MCP client: JSON-RPC posts, the answer read from JSON or the first SSE event."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.http = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=16, max_keepalive_connections=16))
+        self.headers = dict(HEADERS)
+        self.ids = iter(range(1, 1 << 30))
+        self.lock = threading.Lock()
+
+    def post(self, method: str, params: dict[str, Any] | None = None, notify: bool = False) -> Any:
+        body: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params or {}}
+        if not notify:
+            with self.lock:
+                body["id"] = next(self.ids)
+        reply = self.http.post(self.url, json=body, headers=self.headers)
+        reply.raise_for_status()
+        if "mcp-session-id" in reply.headers:
+            self.headers["mcp-session-id"] = reply.headers["mcp-session-id"]
+        if notify:
+            return None
+        text = reply.text
+        if reply.headers.get("content-type", "").startswith("text/event-stream"):
+            text = next(line[5:].strip() for line in text.splitlines() if line.startswith("data:"))
+        answer = json.loads(text)
+        if "error" in answer:
+            raise RuntimeError(f"{method}: {answer['error']}")
+        return answer["result"]
+
+    def start(self) -> None:
+        # mcp-recorder's own client's initialize, which its replay matches by its params
+        self.post("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                 "clientInfo": {"name": "mcp-recorder", "version": "0.1.0"}})
+        self.post("notifications/initialized", notify=True)
+
+    def call(self, i: int) -> str:
+        result = self.post("tools/call", {"name": "echo", "arguments": _arguments(i)})
+        return str(result["content"][0]["text"])
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+@contextlib.contextmanager
+def recorder_replay(venv: Path, cassette: Path) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen([str(venv / "bin" / "python"), "-c", RECORDER_APP, str(cassette), str(port)], env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_port(port, proc)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@contextlib.contextmanager
+def mirror(work: Path, mode: str) -> Iterator[str]:
+    port = free_port()
+    config = work / f"mirror-{mode}.yml"
+    config.write_text(yaml.safe_dump({"mode": mode, "store": {"path": str(work / "store")}, "log_level": "warning",
+                                      "mcp_servers": {"rogue": {"command": ROGUE[0], "args": ROGUE[1:], "matcher": "exact"}}}))
+    with process(serve_args(config, "--host", "127.0.0.1", "--port", str(port)), f"http://127.0.0.1:{port}/health"):
+        yield f"http://127.0.0.1:{port}/mcp"
+
+
+def record(work: Path, venv: Path, calls: int) -> tuple[Path, list[str]]:
+    """The session recorded by both; the cassette and what the server answered."""
+    scenarios = {"schema_version": "1.0", "target": {"command": ROGUE[0], "args": ROGUE[1:]},
+                 "scenarios": {"session": {"description": "echo calls", "actions": [
+                     "list_tools", *({"call_tool": {"name": "echo", "arguments": _arguments(i)}} for i in range(calls))]}}}
+    (work / "scenarios.yml").write_text(yaml.safe_dump(scenarios))
+    subprocess.run([str(venv / "bin" / "mcp-recorder"), "record-scenarios", str(work / "scenarios.yml"), "--output-dir",
+                    str(work / "cassettes")], check=True, env=clean_env(), capture_output=True, timeout=600)
+    with mirror(work, "record") as url:
+        client = JsonRpc(url)
+        client.start()
+        expected = [client.call(i) for i in range(calls)]
+    return work / "cassettes" / "session.json", expected
+
+
+def measure(url: str, expected: list[str], concurrency: int) -> tuple[float, list[float]]:
+    """(calls/s, per-call latencies) of the session's calls over ``concurrency`` threads; each answer checked."""
+    client = JsonRpc(url)
+    client.start()
+    latencies: list[float] = []
+    wrong: list[int] = []
+    order = iter(range(len(expected)))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next(order, None)
+            if i is None:
+                return
+            started = time.perf_counter()
+            text = client.call(i)
+            latencies.append(time.perf_counter() - started)
+            if text != expected[i]:
+                wrong.append(i)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    if wrong:
+        raise RuntimeError(f"{url}: {len(wrong)} answers differ from the recorded session (first: call {wrong[0]})")
+    return len(expected) / wall, latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=3, help="fresh replay servers per tool and concurrency, taken in turn")
+    parser.add_argument("--recorder-venv", type=Path, default=REPO / ".venv-recorder")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="stm-live-mcp-") as tmp:
+        work = Path(tmp)
+        cassette, expected = record(work, args.recorder_venv, args.calls)
+        results: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
+        for _ in range(args.rounds):
+            for concurrency in (1, 8):
+                for name in ("mcp-recorder", "mirror"):
+                    server = recorder_replay(args.recorder_venv, cassette) if name == "mcp-recorder" else mirror(work, "replay")
+                    with server as url:
+                        results.setdefault((name, concurrency), []).append(measure(url, expected, concurrency))
+    print(f"{args.calls} recorded echo calls replayed, {args.rounds} rounds (medians of the rounds)")
+    print(f"{'replayer':<14} {'c=1 median ms':>14} {'c=1 p99 ms':>11} {'c=1 calls/s':>12} {'c=8 calls/s':>12}")
+    for name in ("mcp-recorder", "mirror"):
+        one = results[(name, 1)]
+        median = statistics.median(statistics.median(lat) for _, lat in one) * 1000
+        p99 = statistics.median(sorted(lat)[int(len(lat) * 0.99) - 1] for _, lat in one) * 1000
+        rate1 = statistics.median(rate for rate, _ in one)
+        rate8 = statistics.median(rate for rate, _ in results[(name, 8)])
+        print(f"{name:<14} {median:>14.2f} {p99:>11.2f} {rate1:>12.0f} {rate8:>12.0f}")
+
+
+if __name__ == "__main__":
+    main()
