@@ -51,10 +51,24 @@ def _bundle_lines(report: dict[str, Any]) -> Iterable[str]:
     if score["evaluated"]:
         yield "SoPR:          " + ", ".join(f"{g} {r['solve_rate']:.1f}%" for g, r in score["pass_rate"].items()) + (
             f"; average {score['pass_rate_average']:.1f}%" if score["pass_rate_average"] is not None else "")
+        yield "SoWR:          " + _win_rates(report)
     else:
         yield "SoPR:          not evaluated (no score.json)"
+    verification = bundle["verification"]
+    replayed = f" ({verification['kind']} of {verification['replayed']})" if verification["replayed"] else ""
+    yield f"verification:  {verification['status']}{replayed}"
     yield f"records hash:  {report['environment']['records_hash']}"
     yield f"bundle hash:   {report['environment']['bundle_hash']} ({'sealed' if bundle['sealed'] else 'CHANGED since its seal'})"
+
+
+def _win_rates(report: dict[str, Any]) -> str:
+    score, reference = report["score"], report["bundle"].get("reference")
+    if not score["win_rate"]:
+        return "not evaluated (the run named no reference)"
+    named = reference.get("label") if isinstance(reference, dict) else reference
+    average = score["win_rate_average"]
+    return (", ".join(f"{g} {100 * w['win']:.1f}%" for g, w in score["win_rate"].items())
+            + (f"; average {100 * average:.1f}%" if average is not None else "") + f" (against {named})")
 
 
 def pair_lines(pair: dict[str, Any]) -> Iterable[str]:

@@ -3,9 +3,10 @@
 The command line only: the run, the bundle and the score are :mod:`stabletoolbench_mirror.scoring`'s.
 
 Exit status: 0 when a record run wrote its bundle, or a replay / re-score gave every file identical; 1 when a
-replay or re-score differs from its bundle (each file named) or the bundle's seal does not hold; 2 for what the
-user must fix first (a checkout, a group, a missing requirement, a judge with no key, a config, a bundle that
-cannot be read); 3 when one of StableToolBench's scripts failed or ran past ``--timeout`` (its log named);
+replay or re-score differs from its bundle (each file named), the bundle's seal does not hold, or its ``score.json``
+is not what its label files give (each number named, before anything runs); 2 for what the user must fix first (a
+checkout, a group, a missing requirement, a judge with no key, a config, a bundle that cannot be read or holds what
+no bundle may: a name that is a path, a field of the wrong type or out of range, each named); 3 when one of StableToolBench's scripts failed or ran past ``--timeout`` (its log named);
 130 when interrupted (the same command resumes).
 """
 
@@ -56,6 +57,7 @@ def _runner(args: argparse.Namespace, root: Path, skip_sleeps: bool) -> Any:
 
 
 def _spec(args: argparse.Namespace, checkout: Any, reference: Any) -> Any:
+    from stabletoolbench_mirror.scoring.contents import ContentsError, RunFile, check
     from stabletoolbench_mirror.scoring.session import RunSpec, SessionError, safe_name
 
     groups = tuple(g.strip() for g in (args.groups or "").split(",") if g.strip())
@@ -64,11 +66,21 @@ def _spec(args: argparse.Namespace, checkout: Any, reference: Any) -> Any:
     judge = args.judge_model or checkout.judge_model(args.evaluator)
     query_ids = tuple(q.strip() for q in args.query_ids.split(",") if q.strip()) if args.query_ids else None
     pipeline = args.pipeline or "qa_pipeline_multithread"
-    return RunSpec(label=safe_name(args.label or f"{args.agent_model}_{args.method}"), groups=groups, method=args.method,
+    spec = RunSpec(label=safe_name(args.label or f"{args.agent_model}_{args.method}"), groups=groups, method=args.method,
                    backbone=args.backbone, agent_model=args.agent_model, judge_model=judge, evaluator=args.evaluator,
                    evaluate_times=args.evaluate_times, limit=args.limit, pipeline=pipeline, threads=args.threads, seed=args.seed,
                    max_observation_length=args.max_observation_length, reference=None if reference is None else reference.label,
                    query_ids=query_ids)
+    try:  # the rule a bundle's run.json is held to (scoring/contents.py): names, ranges, a seed PYTHONHASHSEED takes
+        check(RunFile, spec.as_json(), "score's arguments")
+    except ContentsError as exc:
+        raise SessionError(str(exc)) from None
+    return spec
+
+
+def _work(args: argparse.Namespace, default: Path) -> Path:
+    """``--work`` (else ``default``), made absolute once, here: every path below is built from it."""
+    return Path(args.work).expanduser().resolve() if args.work else default.resolve()
 
 
 def _default_work(out: str) -> Path:
@@ -89,7 +101,7 @@ def _record(args: argparse.Namespace) -> Any:
         if not getattr(args, flag):
             raise SessionError(f"--{flag.replace('_', '-')} is needed to record a run (or give --replay BUNDLE / --rescore BUNDLE)")
     checkout = find_checkout(args.stabletoolbench, args.tools)
-    work = Path(args.work) if args.work else _default_work(args.out)
+    work = _work(args, _default_work(args.out))
     reference = open_bundle(args.reference, work / "downloads", progress=not args.quiet) if args.reference else None
     settings = settings_from_args(args)
     spec = _spec(args, checkout, reference)
@@ -104,11 +116,12 @@ def _replay(args: argparse.Namespace, spec_text: str, rescore: bool) -> Any:
     from stabletoolbench_mirror.scoring.runs import ReplayRequest, replay
 
     checkout = find_checkout(args.stabletoolbench, args.tools)
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="stm-score-"))
+    work = _work(args, Path(tempfile.mkdtemp(prefix="stm-score-")))
     try:
         bundle = open_bundle(spec_text, work / "downloads", progress=not args.quiet)
         runner = _runner(args, checkout.root, skip_sleeps=not args.keep_sleeps)
-        report = replay(ReplayRequest(bundle, checkout, runner, work, rescore, progress=not args.quiet), _hooks(args.quiet))
+        out = Path(args.out).expanduser().resolve() if args.out else None
+        report = replay(ReplayRequest(bundle, checkout, runner, work, rescore, progress=not args.quiet, out=out), _hooks(args.quiet))
     except BaseException:
         if not args.work:
             print(f"the work folder is kept: {work}", file=sys.stderr)
@@ -125,6 +138,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     server this command starts, and seal everything into one bundle; --replay BUNDLE runs it again with no model and no
     key and exits 0 only when every answer and label file is identical; --rescore BUNDLE re-runs the evaluation only.
     See docs/reproduce-a-score.md."""
+    from stabletoolbench_mirror.scoring.assemble import ScoreDisagrees
     from stabletoolbench_mirror.scoring.bundle import BundleError
     from stabletoolbench_mirror.scoring.checkout import CheckoutError
     from stabletoolbench_mirror.scoring.session import SessionError
@@ -137,6 +151,8 @@ def cmd_score(args: argparse.Namespace) -> int:
             report = _replay(args, args.replay or args.rescore, rescore=bool(args.rescore))
         else:
             report = _record(args)
+    except ScoreDisagrees as exc:
+        raise CommandError(str(exc), EXIT_DIFFERENT) from None
     except BundleError as exc:
         raise CommandError(str(exc), EXIT_DIFFERENT if "differ from the bundle's seal" in str(exc) else EXIT_USAGE) from None
     except (CheckoutError, SessionError, MissingRequirements) as exc:
@@ -177,7 +193,11 @@ def render(report: Any) -> str:
         lines.append(f"  average: SoPR {score['pass_rate_average']:.1f}%{extra}")
     lines += [f"note: {n}" for n in report.notes]
     if report.kind != "record":
-        lines.append("every file identical" if report.identical else "files differ from the bundle (listed above)")
+        lines.append("every file identical, and the bundle's score is what its label files give" if report.identical
+                     else "files differ from the bundle (listed above)")
+    if report.out is not None:
+        lines.append(f"this {report.kind}'s own bundle: {report.out['path']} (content hash {report.out['content_hash']}; "
+                     f"`report` of it says {'verified' if report.identical else 'replayed, different'})")
     return "\n".join(lines)
 
 
@@ -202,7 +222,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--threads", type=int, default=1, help="qa_pipeline_multithread's --num_thread (default 1: answers in a fixed order)")
     what.add_argument("--max-observation-length", type=int, default=1024, help="upstream's --max_observation_length (default: %(default)s)")
     what.add_argument("--server", help="a server already running with --config (it must set record.served_store) instead of starting one")
-    what.add_argument("--out", help="the bundle to write: a new folder, or BUNDLE.tar.gz")
+    what.add_argument("--out", help="the bundle to write: a new folder, or BUNDLE.tar.gz; with --replay/--rescore, the replay's own bundle "
+                                    "(with its verdict.json), so that `report` can say it verified and `report A B` compare them")
     again = parser.add_argument_group("replay or re-score a bundle")
     again.add_argument("--replay", metavar="BUNDLE", help="run inference and evaluation again from the bundle's records; exit 0 iff identical")
     again.add_argument("--rescore", metavar="BUNDLE", help="run the evaluation again over the bundle's answers; exit 0 iff identical")

@@ -14,12 +14,13 @@ The figures are upstream's own, computed the way its scripts print them, from th
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from stabletoolbench_mirror.scoring.contents import ContentsError, read_json
 
 SOLVED = "AnswerStatus.Solved"
 UNSURE = "AnswerStatus.Unsure"
@@ -32,10 +33,13 @@ class ScoreError(ValueError):
 
 
 def _read(path: Path) -> dict[str, Any]:
+    """A label or preference file, read bounded (:func:`.contents.read_json`)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = read_json(path)
+    except FileNotFoundError as exc:
         raise ScoreError(f"{path}: cannot be read ({exc})") from None
+    except ContentsError as exc:
+        raise ScoreError(str(exc)) from None
     if not isinstance(data, dict):
         raise ScoreError(f"{path}: a JSON object by query id expected")
     return data
