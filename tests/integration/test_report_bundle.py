@@ -112,7 +112,11 @@ def test_the_page_of_a_bundle_shows_the_score_calls_tokens_simulated_share_and_h
                 "records_hash": page.inner_text("#records-hash"), "bundle_hash": page.inner_text("#bundle-hash"),
                 "commit": page.inner_text("#stb-commit"), "sealed": page.locator("#seal-ok").count(),
                 "problems": page.locator("#problems").count(), "labels": table_rows(page, "labels"),
-                "by_source": table_rows(page, "by-source"), "win_rate": page.inner_text("#win-rate-none")}
+                "by_source": table_rows(page, "by-source"), "win_rate": page.inner_text("#win-rate-none"),
+                "verification": page.inner_text("#verification"), "per_query": table_rows(page, "labels-per-query"),
+                "by_model": table_rows(page, "by-model"), "text": page.inner_text("body"),
+                "source": page.evaluate("""() => { const e = document.getElementById('source'), s = getComputedStyle(e);
+                                                   return [s.wordBreak, s.overflowWrap, e.innerHTML]; }""")}
 
     opened = open_page(page_file, inspect, screenshot=tmp_path / "report-bundle.png")
     print(f"screenshot: {opened.screenshot}")
@@ -132,6 +136,18 @@ def test_the_page_of_a_bundle_shows_the_score_calls_tokens_simulated_share_and_h
     assert shown["commit"] == STABLETOOLBENCH_COMMIT and shown["sealed"] == 1 and shown["problems"] == 0
     assert [row[:3] for row in shown["labels"]] == [["G1_instruction", "3", "1"], ["G1_category", "2", "1"]]
     assert "Not evaluated" in shown["win_rate"]
+    assert shown["verification"].startswith("As published, not replayed")
+    assert shown["per_query"] == [["G1_instruction", "1", "Solved, Solved, Solved, Solved", "yes"],
+                                  ["G1_instruction", "2", "Unsolved, Unsolved, Unsolved, Unsolved", "no"],
+                                  ["G1_instruction", "3", "Solved, Unsure, Unsolved, Unsolved", "no"],
+                                  ["G1_category", "10", "Solved, Solved, Solved, Unsolved", "yes"],
+                                  ["G1_category", "11", "Unsure, Unsure, Unsure, Unsure", "no"]]
+    # the simulated answers' model and prompt: the run's simulator (run.json), not "-"
+    assert [row[1:4] for row in shown["by_model"]] == [["MirrorAPI", built.simulator_prompt["sha256"], "3"]]
+    assert not any(word in shown["text"] for word in ("None", "unknown", "\n-\n", "\t-\n"))
+    # a name breaks after _ - . / only, never inside a word
+    word_break, overflow_wrap, source_html = shown["source"]
+    assert word_break == "normal" and overflow_wrap == "normal" and "-<wbr>" in source_html and "/<wbr>" in source_html
     charts = {chart["id"]: chart for chart in shown["charts"]}
     assert {"chart-sopr", "chart-model-tokens", "chart-by-source"} <= set(charts)
     assert len(charts["chart-sopr"]["bars"]) == 2 and len(charts["chart-model-tokens"]["bars"]) == 2
