@@ -152,6 +152,19 @@ def _order(key: str) -> tuple[int, str]:
     return (int(key), "") if key.isdigit() else (1 << 62, key)
 
 
+def _shaping(env: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The simulator's settings and the frozen caches, each value shown or said to be not recorded."""
+    sim, configured = env["simulator"], env["settings"].get("simulator")
+    off = "the simulator was off" if isinstance(configured, dict) and configured.get("enabled") is False else NOT_RECORDED
+    shaping: list[tuple[str, Any]] = [("simulator model", sim.get("model") or off), ("simulator style", sim.get("style") or off),
+                                      ("simulator prompt sha256", sim.get("prompt_sha256") or off)]
+    for i, frozen in enumerate(env["frozen_caches"]):
+        shown = (", ".join(f"{k} {NOT_RECORDED if v is None else v}" for k, v in frozen.items()) if isinstance(frozen, dict)
+                 else str(frozen))
+        shaping.append((f"frozen cache {i + 1}", name(shown)))
+    return shaping
+
+
 def _run_section(report: dict[str, Any]) -> str:
     bundle, env = report["bundle"], report["environment"]
     reference = bundle.get("reference")
@@ -160,17 +173,9 @@ def _run_section(report: dict[str, Any]) -> str:
              ("evaluator", bundle.get("evaluator")), ("evaluate_times", bundle.get("evaluate_times")),
              ("limit", "every query" if bundle.get("limit") is None else bundle.get("limit")),
              ("reference", reference.get("label") if isinstance(reference, dict) else (reference or "none"))]
-    sim = env["simulator"]
-    off = "the simulator was off" if env["settings"].get("simulator", {}).get("enabled") is False else NOT_RECORDED
-    shaping: list[tuple[str, Any]] = [("simulator model", sim.get("model") or off), ("simulator style", sim.get("style") or off),
-                                      ("simulator prompt sha256", sim.get("prompt_sha256") or off)]
-    for i, frozen in enumerate(env["frozen_caches"]):
-        shown = (", ".join(f"{k} {NOT_RECORDED if v is None else v}" for k, v in frozen.items()) if isinstance(frozen, dict)
-                 else str(frozen))
-        shaping.append((f"frozen cache {i + 1}", name(shown)))
     rows = [(k, NOT_RECORDED if v is None else name(v) if k in ("label", "groups", "reference") else v) for k, v in facts]
     return ("<h2>What was run</h2>" + table("run", ("", ""), rows, (False, False))
-            + "<h2>Settings that shaped the answers</h2>" + table("settings", ("", ""), shaping, (False, False))
+            + "<h2>Settings that shaped the answers</h2>" + table("settings", ("", ""), _shaping(env), (False, False))
             + '<p class="note">From <code>run.json</code>\'s <code>environment</code> and the records\' manifest.</p>')
 
 
