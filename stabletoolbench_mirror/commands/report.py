@@ -80,6 +80,9 @@ def pair_lines(pair: dict[str, Any]) -> Iterable[str]:
         yield (f"{group}: SoPR {rates}; answers differ {len(c['answers_differ'])}, only in A {len(c['answers_only_a'])}, "
                f"only in B {len(c['answers_only_b'])}; labels differ {len(c['labels_differ'])}")
     yield "records:       " + ("the same" if pair["comparison"]["records"]["same"] else "differ")
+    replay = pair["comparison"]["replay"]
+    if replay is not None:
+        yield f"replay:        {replay['by'].upper()} is the {replay['kind']} of {replay['replayed'].upper()}: {replay['status']}"
     for side in ("a", "b"):
         for problem in pair[side]["problems"]:
             yield f"PROBLEM ({side.upper()}):   {problem}"

@@ -19,7 +19,6 @@ What is read (see :mod:`stabletoolbench_mirror.scoring.bundle` for the layout):
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from stabletoolbench_mirror.reporting.tally import ReportError, snapshot_tallies
 from stabletoolbench_mirror.scoring.assemble import score_differences
 from stabletoolbench_mirror.scoring.bundle import BUNDLE_FILE, Bundle, BundleError, read_bundle, verify
 from stabletoolbench_mirror.scoring.contents import ContentsError, ScoreFile, read_json
-from stabletoolbench_mirror.upstream.archives import MARKER, ArchiveError, tree_hash
+from stabletoolbench_mirror.upstream.archives import MARKER, ArchiveError, file_sha256, tree_hash
 from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
 
 #: the run's facts a report repeats (``run.json``)
@@ -123,7 +122,7 @@ def _score_problems(bundle: Bundle, score: dict[str, Any]) -> list[str]:
 
 def _answers(bundle: Bundle) -> dict[str, dict[str, str]]:
     """Per group, ``{query_id: sha256 of its answer file}``."""
-    return {group: {query_id(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in bundle.answer_files(group)} for group in bundle.groups}
+    return {group: {query_id(p): file_sha256(p) for p in bundle.answer_files(group)} for group in bundle.groups}
 
 
 def _records(bundle: Bundle, problems: list[str], progress: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
@@ -322,6 +321,16 @@ def _records_comparison(root_a: Path, root_b: Path) -> dict[str, Any]:
     return out
 
 
+def _replay_of(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"replayed", "by", "status"}`` when one bundle is the other's replay (its verdict names the other's content hash)."""
+    sides = {"a": a, "b": b}
+    for by, replayed in (("b", "a"), ("a", "b")):
+        verification = sides[by]["bundle"]["verification"]
+        if verification["replayed"] is not None and verification["replayed"] == sides[replayed]["bundle"]["content_hash"]:
+            return {"replayed": replayed, "by": by, "kind": verification["kind"], "status": verification["status"]}
+    return None
+
+
 def compare(a: dict[str, Any], b: dict[str, Any], root_a: Path, root_b: Path) -> dict[str, Any]:
     """Where two bundles' reports differ: per group the solve rates and their difference (B - A), the queries
     whose answer files differ, those whose labels differ (the evaluations' labels as a multiset: which
@@ -337,6 +346,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], root_a: Path, root_b: Path) ->
                       for g in per_group.values()))
     return {
         "same": not differs and not a["problems"] and not b["problems"],
+        "replay": _replay_of(a, b),
         "groups": per_group,
         "average": {"a": average_a, "b": average_b, "difference": _difference(average_a, average_b)},
         "win_rate_average": {"a": a["score"]["win_rate_average"], "b": b["score"]["win_rate_average"]},

@@ -200,7 +200,10 @@ def test_a_rescore_with_out_writes_its_own_bundle_that_report_calls_verified(rec
     assert statuses == {"cot.tar.gz": "as published, not replayed", "cot-rescored": "verified"}
     capsys.readouterr()
     assert cli(["report", "cot.tar.gz", "cot-rescored", "--json", "-q", "--config", str(work / "record.yml")]) == 0  # they agree
-    assert json.loads(capsys.readouterr().out)["comparison"]["same"] is True
+    said = capsys.readouterr()
+    comparison = json.loads(said.out)["comparison"]
+    assert comparison["same"] is True and comparison["replay"] == {"replayed": "a", "by": "b", "kind": "rescore", "status": "verified"}
+    assert "replay:        B is the rescore of A: verified" in said.err
 
 
 def test_the_report_of_a_recorded_bundle_shows_its_score_calls_tool_share_and_hashes(recorded: dict[str, Any], tmp_path: Path,
