@@ -65,9 +65,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
+from typing import Any
 
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.core.files import atomic_write
@@ -94,9 +92,6 @@ LOGS_DIR = "logs"
 #: what the content hash leaves out: the seal itself, the steps' output, and the marker an unpacked archive's
 #: folder gets (:data:`..upstream.archives.MARKER`: which archive it came from)
 UNHASHED = frozenset({BUNDLE_FILE, LOGS_DIR, UNPACKED_MARKER})
-
-
-_M = TypeVar("_M", bound=BaseModel)
 
 
 class BundleError(RuntimeError):
@@ -230,7 +225,7 @@ def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def _checked(model: type[_M], data: Any, path: Path) -> _M:
+def _checked(model: type[contents.Checked], data: Any, path: Path) -> contents.Checked:
     try:
         return contents.check(model, data, str(path))
     except contents.ContentsError as exc:

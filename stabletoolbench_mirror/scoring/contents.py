@@ -48,7 +48,8 @@ MAX_GROUPS = 64
 MAX_QUERIES = 1_000_000
 
 
-_M = TypeVar("_M", bound=BaseModel)
+Checked = TypeVar("Checked", bound=BaseModel)
+"""A model of this module, as :func:`check` returns it."""
 
 
 class ContentsError(ValueError):
@@ -257,7 +258,7 @@ def _message(where: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def check(model: type[_M], data: Any, where: str) -> _M:
+def check(model: type[Checked], data: Any, where: str) -> Checked:
     """``data`` (what ``where`` holds) as ``model``: :class:`ContentsError` naming each field that is wrong."""
     try:
         return model.model_validate(data)
