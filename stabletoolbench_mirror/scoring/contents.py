@@ -31,8 +31,10 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 #: the largest JSON file of a bundle read (run.json, score.json, label and preference files, the seal)
 MAX_JSON_BYTES = 64 << 20
-#: the deepest nesting of a JSON file read (upstream's files nest a few levels; a DFS answer tree some dozens)
-MAX_DEPTH = 200
+#: the deepest nesting of a JSON file read: upstream's own json reads stop near the interpreter's recursion limit (1000),
+#: so no file of a run is deeper (a DFS answer tree nests two levels a step); half of it leaves room for the session's own
+#: walk over an answer file (``session.drop_null_function_calls``)
+MAX_DEPTH = 500
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_@][A-Za-z0-9._@-]{0,127}")
 """One path part: a group, a label, an evaluator (what ``session.safe_name`` makes, at most 128 characters)."""
 MODEL_NAME = re.compile(r"[A-Za-z0-9_@][A-Za-z0-9._:@+/-]{0,255}")

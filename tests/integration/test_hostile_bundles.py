@@ -177,10 +177,10 @@ def test_a_fabricated_score_fails_replay_and_rescore_naming_the_number(tmp_path:
 def test_malformed_fields_exit_2_with_a_message_and_no_traceback(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "malformed"
     expected = {"objects as groups": "run.json: groups.0: Input should be a valid string",
-                "deep run.json": "run.json: nested deeper than 200 levels",
+                "deep run.json": "run.json: nested deeper than 500 levels",
                 "seed 10^30": "run.json: seed: Input should be less than or equal to 4294967295",
                 "seed true": "run.json: seed: Input should be a valid integer",
-                "deep answer file": f"1_{METHOD}.json: nested deeper than 200 levels"}[case]
+                "deep answer file": f"1_{METHOD}.json: nested deeper than 500 levels"}[case]
     change = {"objects as groups": lambda run: run.update(groups=[{"name": GROUP}]), "seed 10^30": lambda run: run.update(seed=10**30),
               "seed true": lambda run: run.update(seed=True)}.get(case, lambda run: None)
     make_bundle(root, change)

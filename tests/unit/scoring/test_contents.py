@@ -42,10 +42,10 @@ def test_json_is_read_bounded_in_size_and_depth(tmp_path: Path) -> None:
     with pytest.raises(contents.ContentsError, match="over 0 MiB"):
         contents.read_json(path, max_bytes=8)
     path.write_text("[" * (contents.MAX_DEPTH + 1) + "]" * (contents.MAX_DEPTH + 1))  # below the interpreter's own limit
-    with pytest.raises(contents.ContentsError, match="nested deeper than 200 levels"):
+    with pytest.raises(contents.ContentsError, match="nested deeper than 500 levels"):
         contents.read_json(path)
     path.write_text("[" * 200_000 + "]" * 200_000)  # far past it: a message, not a RecursionError
-    with pytest.raises(contents.ContentsError, match="nested deeper than 200 levels"):
+    with pytest.raises(contents.ContentsError, match="nested deeper than 500 levels"):
         contents.read_json(path)
     path.write_text("{")
     with pytest.raises(contents.ContentsError, match="not JSON"):

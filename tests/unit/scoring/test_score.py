@@ -54,5 +54,5 @@ def test_a_label_or_preference_file_of_another_shape_is_a_score_error_naming_it(
     with pytest.raises(ScoreError, match="G1_ref_run.json: query 1: the votes for ref and run must be numbers"):
         win_rate(votes, "ref", "run")
     votes.write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(ScoreError, match="nested deeper than 200 levels"):
+    with pytest.raises(ScoreError, match="nested deeper than 500 levels"):
         win_rate(votes, "ref", "run")
