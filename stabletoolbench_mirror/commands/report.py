@@ -59,10 +59,24 @@ def _bundle_lines(report: dict[str, Any]) -> Iterable[str]:
     if score["evaluated"]:
         yield "SoPR:          " + ", ".join(f"{g} {r['solve_rate']:.1f}%" for g, r in score["pass_rate"].items()) + (
             f"; average {score['pass_rate_average']:.1f}%" if score["pass_rate_average"] is not None else "")
+        yield "SoWR:          " + _win_rates(report)
     else:
         yield "SoPR:          not evaluated (no score.json)"
+    verification = bundle["verification"]
+    replayed = f" ({verification['kind']} of {verification['replayed']})" if verification["replayed"] else ""
+    yield f"verification:  {verification['status']}{replayed}"
     yield f"records hash:  {report['environment']['records_hash']}"
     yield f"bundle hash:   {report['environment']['bundle_hash']} ({'sealed' if bundle['sealed'] else 'CHANGED since its seal'})"
+
+
+def _win_rates(report: dict[str, Any]) -> str:
+    score, reference = report["score"], report["bundle"].get("reference")
+    if not score["win_rate"]:
+        return "not evaluated (the run named no reference)"
+    named = reference.get("label") if isinstance(reference, dict) else reference
+    average = score["win_rate_average"]
+    return (", ".join(f"{g} {100 * w['win']:.1f}%" for g, w in score["win_rate"].items())
+            + (f"; average {100 * average:.1f}%" if average is not None else "") + f" (against {named})")
 
 
 def pair_lines(pair: dict[str, Any]) -> Iterable[str]:
@@ -74,6 +88,9 @@ def pair_lines(pair: dict[str, Any]) -> Iterable[str]:
         yield (f"{group}: SoPR {rates}; answers differ {len(c['answers_differ'])}, only in A {len(c['answers_only_a'])}, "
                f"only in B {len(c['answers_only_b'])}; labels differ {len(c['labels_differ'])}")
     yield "records:       " + ("the same" if pair["comparison"]["records"]["same"] else "differ")
+    replay = pair["comparison"]["replay"]
+    if replay is not None:
+        yield f"replay:        {replay['by'].upper()} is the {replay['kind']} of {replay['replayed'].upper()}: {replay['status']}"
     for side in ("a", "b"):
         for problem in pair[side]["problems"]:
             yield f"PROBLEM ({side.upper()}):   {problem}"

@@ -3,11 +3,13 @@
 The command line only: the run, the bundle and the score are :mod:`stabletoolbench_mirror.scoring`'s.
 
 Exit status: 0 when a record run wrote its bundle, or a replay / re-score gave every file identical; 1 when a
-replay or re-score differs from its bundle (each file named) or the bundle's seal does not hold; 2 for what the
-user must fix first (a checkout, a group, a missing requirement, a judge with no key, a config, a bundle that
-cannot be read, or one over ``--max-unpacked-mb`` / ``--max-download-mb`` / ``--max-ratio``); 3 when one of StableToolBench's
-scripts failed or ran past ``--timeout`` (its log named); 130 when interrupted (the same command resumes; a replay's
-temporary work folder is removed however it ends, ``--work`` keeps one).
+replay or re-score differs from its bundle (each file named), the bundle's seal does not hold, or its ``score.json``
+is not what its label files give (each number named, before anything runs); 2 for what the user must fix first (a
+checkout, a group, a missing requirement, a judge with no key, a config, a bundle that cannot be read or holds what
+no bundle may: a name that is a path, a field of the wrong type or out of range, each named; one over
+``--max-unpacked-mb`` / ``--max-download-mb`` / ``--max-ratio``); 3 when one of StableToolBench's scripts failed or
+ran past ``--timeout`` (its log named); 130 when interrupted (the same command resumes; a replay's temporary work
+folder is removed however it ends, ``--work`` keeps one).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import argparse
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,7 @@ def _runner(args: argparse.Namespace, root: Path, skip_sleeps: bool, recorded_st
 
 
 def _spec(args: argparse.Namespace, checkout: Any, reference: Any) -> Any:
+    from stabletoolbench_mirror.scoring.contents import ContentsError, RunFile, check
     from stabletoolbench_mirror.scoring.session import RunSpec, SessionError, safe_name
 
     groups = tuple(g.strip() for g in (args.groups or "").split(",") if g.strip())
@@ -82,11 +85,21 @@ def _spec(args: argparse.Namespace, checkout: Any, reference: Any) -> Any:
     judge = args.judge_model or checkout.judge_model(args.evaluator)
     query_ids = tuple(q.strip() for q in args.query_ids.split(",") if q.strip()) if args.query_ids else None
     pipeline = args.pipeline or "qa_pipeline_multithread"
-    return RunSpec(label=safe_name(args.label or f"{args.agent_model}_{args.method}"), groups=groups, method=args.method,
+    spec = RunSpec(label=safe_name(args.label or f"{args.agent_model}_{args.method}"), groups=groups, method=args.method,
                    backbone=args.backbone, agent_model=args.agent_model, judge_model=judge, evaluator=args.evaluator,
                    evaluate_times=args.evaluate_times, limit=args.limit, pipeline=pipeline, threads=args.threads, seed=args.seed,
                    max_observation_length=args.max_observation_length, reference=None if reference is None else reference.label,
                    query_ids=query_ids)
+    try:  # the rule a bundle's run.json is held to (scoring/contents.py): names, ranges, a seed PYTHONHASHSEED takes
+        check(RunFile, spec.as_json(), "score's arguments")
+    except ContentsError as exc:
+        raise SessionError(str(exc)) from None
+    return spec
+
+
+def _work(args: argparse.Namespace, default: Callable[[], Path]) -> Path:
+    """``--work`` (else ``default()``), made absolute once, here: every path below is built from it."""
+    return Path(args.work).expanduser().resolve() if args.work else default().resolve()
 
 
 def _default_work(out: str) -> Path:
@@ -107,7 +120,7 @@ def _record(args: argparse.Namespace) -> Any:
         if not getattr(args, flag):
             raise SessionError(f"--{flag.replace('_', '-')} is needed to record a run (or give --replay BUNDLE / --rescore BUNDLE)")
     checkout = find_checkout(args.stabletoolbench, args.tools)
-    work = Path(args.work) if args.work else _default_work(args.out)
+    work = _work(args, lambda: _default_work(args.out))
     reference = open_bundle(args.reference, work / "downloads", progress=not args.quiet, limits=archive_limits(args)) if args.reference else None
     settings = settings_from_args(args)
     spec = _spec(args, checkout, reference)
@@ -132,7 +145,7 @@ def _rescore_with(args: argparse.Namespace) -> Any:
             raise SessionError(f"--{flag}: --rescore BUNDLE --judge-model M asks the new judge through a server of --config and "
                                "writes a new bundle to --out; give both")
     checkout = find_checkout(args.stabletoolbench, args.tools)
-    work = Path(args.work) if args.work else _default_work(args.out)
+    work = _work(args, lambda: _default_work(args.out))
     bundle = open_bundle(args.rescore, work / "downloads", progress=not args.quiet, limits=archive_limits(args))
     try:
         spec = dataclasses.replace(RunSpec.from_json(bundle.run), judge_model=args.judge_model)
@@ -153,11 +166,12 @@ def _replay(args: argparse.Namespace, spec_text: str, rescore: bool) -> Any:
     from stabletoolbench_mirror.scoring.runs import ReplayRequest, replay
 
     checkout = find_checkout(args.stabletoolbench, args.tools)
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="stm-score-"))
+    work = _work(args, lambda: Path(tempfile.mkdtemp(prefix="stm-score-")))
     try:
         bundle = open_bundle(spec_text, work / "downloads", progress=not args.quiet, limits=archive_limits(args))
         runner = _runner(args, checkout.root, skip_sleeps=not args.keep_sleeps, recorded_stand_ins=bundle.run.get("stand_ins") is True)
-        report = replay(ReplayRequest(bundle, checkout, runner, work, rescore, progress=not args.quiet), _hooks(args.quiet))
+        out = Path(args.out).expanduser().resolve() if args.out else None
+        report = replay(ReplayRequest(bundle, checkout, runner, work, rescore, progress=not args.quiet, out=out), _hooks(args.quiet))
     finally:
         if not args.work:  # a temporary folder, however the run ended: removed (--work keeps one, to look at or resume)
             shutil.rmtree(work, ignore_errors=True)
@@ -190,6 +204,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     server this command starts, and seal everything into one bundle; --replay BUNDLE runs it again with no model and no
     key and exits 0 only when every answer and label file is identical; --rescore BUNDLE re-runs the evaluation only.
     See docs/reproduce-a-score.md."""
+    from stabletoolbench_mirror.scoring.assemble import ScoreDisagrees
     from stabletoolbench_mirror.scoring.bundle import BundleError, SealError
     from stabletoolbench_mirror.scoring.checkout import CheckoutError
     from stabletoolbench_mirror.scoring.session import SessionError
@@ -199,7 +214,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         raise CommandError("give --replay or --rescore, not both")
     try:
         report = _run(args)
-    except SealError as exc:  # a folder or an archive changed since it was sealed
+    except (SealError, ScoreDisagrees) as exc:  # changed since it was sealed, or a score its label files do not give
         raise CommandError(str(exc), EXIT_DIFFERENT) from None
     except BundleError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
@@ -237,7 +252,11 @@ def render(report: Any) -> str:
     lines += _score_lines(report)
     lines += [f"note: {n}" for n in report.notes]
     if report.kind != "record":
-        lines.append("every file identical" if report.identical else "files differ from the bundle (listed above)")
+        lines.append("every file identical, and the bundle's score is what its label files give" if report.identical
+                     else "files differ from the bundle (listed above)")
+    if report.out is not None:
+        lines.append(f"this {report.kind}'s own bundle: {report.out['path']} (content hash {report.out['content_hash']}; "
+                     f"`report` of it says {'verified' if report.identical else 'replayed, different'})")
     return "\n".join(lines)
 
 
@@ -280,7 +299,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--threads", type=int, default=1, help="qa_pipeline_multithread's --num_thread (default 1: answers in a fixed order)")
     what.add_argument("--max-observation-length", type=int, default=1024, help="upstream's --max_observation_length (default: %(default)s)")
     what.add_argument("--server", help="a server already running with --config (it must set record.served_store) instead of starting one")
-    what.add_argument("--out", help="the bundle to write: a new folder, or BUNDLE.tar.gz")
+    what.add_argument("--out", help="the bundle to write: a new folder, or BUNDLE.tar.gz; with --replay/--rescore, the replay's own bundle "
+                                    "(with its verdict.json), so that `report` can say it verified and `report A B` compare them")
     what.add_argument("--reuse-model-answers", action="store_true",
                       help="answer the agent and the judge from what the store and frozen caches recorded (default: this run's own "
                            "answers, drawn fresh; a resumed run still pays no call twice)")

@@ -19,60 +19,22 @@ What is read (see :mod:`stabletoolbench_mirror.scoring.bundle` for the layout):
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
-
 from stabletoolbench_mirror.core.model_calls import model_endpoint
 from stabletoolbench_mirror.reporting.tally import ReportError, snapshot_tallies
+from stabletoolbench_mirror.scoring.assemble import score_differences
 from stabletoolbench_mirror.scoring.bundle import BUNDLE_FILE, Bundle, BundleError, read_bundle, verify
-from stabletoolbench_mirror.scoring.score import pass_rate
-from stabletoolbench_mirror.upstream.archives import MARKER, ArchiveError, tree_hash
+from stabletoolbench_mirror.scoring.contents import ContentsError, ScoreFile, read_json
+from stabletoolbench_mirror.upstream.archives import MARKER, ArchiveError, file_sha256, tree_hash
 from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
 
-#: how far a recomputed solve rate may be from ``score.json``'s (percent): one rounding to 0.1, as upstream prints it
-SCORE_TOLERANCE = 0.05 + 1e-9
 #: the run's facts a report repeats (``run.json``)
 RUN_FACTS = ("label", "groups", "method", "backbone", "agent_model", "judge_model", "evaluator", "evaluate_times", "limit",
              "reference", "stabletoolbench")
-
-
-class _PassRate(BaseModel):
-    solve_rate: float
-    std: float
-    per_evaluation: list[float] = Field(default_factory=list)
-    queries: int
-
-
-class _WinRate(BaseModel):
-    win: float
-    tie: float
-    lose: float
-    queries: int | None = None
-
-
-class _Labels(BaseModel):
-    evaluations: dict[str, str]
-    solved: bool | None = None
-
-
-class _Score(BaseModel):
-    """``score.json`` (see scoring/bundle.py)."""
-
-    pass_rate: dict[str, _PassRate]
-    pass_rate_average: float | None = None
-    win_rate: dict[str, _WinRate] = Field(default_factory=dict)
-    win_rate_average: float | None = None
-    labels: dict[str, dict[str, _Labels]] = Field(default_factory=dict)
-
-
-def _plain_name(value: str) -> bool:
-    """A name that is one path part of the bundle (a group, a label): never a path out of it."""
-    return bool(value) and value not in (".", "..") and not any(c in value for c in "/\\\0")
 
 
 def is_bundle(folder: str | Path) -> bool:
@@ -90,13 +52,16 @@ def query_id(answer_file: Path) -> str:
 def _score(bundle: Bundle) -> dict[str, Any]:
     if not (bundle.root / "score.json").is_file():
         return {"evaluated": False, "pass_rate": {}, "pass_rate_average": None, "win_rate": {}, "win_rate_average": None}
+    score = ScoreFile.model_validate(bundle.score)  # checked by read_bundle (scoring/contents.py)
+    return {"evaluated": True, **score.model_dump(include=set(ScoreFile.model_fields) - {"labels"})}
+
+
+def _json(path: Path) -> Any:
+    """A file of the bundle, read bounded (scoring/contents.py)."""
     try:
-        score = _Score.model_validate(bundle.score)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise ReportError(f"{bundle.root / 'score.json'}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}: "
-                          "not a score.json written by `stabletoolbench-mirror score`") from None
-    return {"evaluated": True, **score.model_dump(exclude={"labels"})}
+        return read_json(path)
+    except (OSError, ContentsError) as exc:
+        raise ReportError(f"{path}: cannot be read ({exc})") from None
 
 
 def _label_file(bundle: Bundle, group: str) -> dict[str, dict[str, str]] | None:
@@ -104,10 +69,7 @@ def _label_file(bundle: Bundle, group: str) -> dict[str, dict[str, str]] | None:
     files = [p for p in bundle.label_files(group) if p.suffix == ".json"]
     if not files:
         return None
-    try:
-        data = json.loads(files[0].read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ReportError(f"{files[0]}: cannot be read ({exc})") from None
+    data = _json(files[0])
     if not isinstance(data, dict):
         raise ReportError(f"{files[0]}: not eval_pass_rate's label file (a JSON object of queries expected)")
     out: dict[str, dict[str, str]] = {}
@@ -119,51 +81,56 @@ def _label_file(bundle: Bundle, group: str) -> dict[str, dict[str, str]] | None:
     return out
 
 
-def _labels(bundle: Bundle, evaluate_times: int | None, score: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+def _labels(bundle: Bundle, score: dict[str, Any]) -> dict[str, Any]:
     """Per group, per query: the judge's label of each evaluation and whether it was solved (``score.json``'s);
-    without ``score.json``, the label files' labels, ``solved`` unknown.  Checks the one against the other."""
+    without ``score.json``, the label files' labels, ``solved`` unknown."""
     recorded = bundle.score.get("labels") if score["evaluated"] else None
     out: dict[str, Any] = {}
     for group in bundle.groups:
-        from_file = _label_file(bundle, group)
         if isinstance(recorded, dict) and isinstance(recorded.get(group), dict):
             out[group] = {str(q): {"evaluations": dict(row["evaluations"]), "solved": row.get("solved")}
                           for q, row in recorded[group].items()}
-        elif from_file is not None:
-            out[group] = {q: {"evaluations": ev, "solved": None} for q, ev in from_file.items()}
-        if score["evaluated"] and from_file is not None:
-            _check_group(group, from_file, out.get(group), score["pass_rate"].get(group), evaluate_times, problems)
+        else:
+            from_file = _label_file(bundle, group)
+            if from_file is not None:
+                out[group] = {q: {"evaluations": ev, "solved": None} for q, ev in from_file.items()}
     return out
 
 
-def _check_group(group: str, from_file: dict[str, dict[str, str]], labels: dict[str, Any] | None, rate: dict[str, Any] | None,
-                 evaluate_times: int | None, problems: list[str]) -> None:
-    """``score.json``'s labels and solve rate of ``group`` against ``eval_pass_rate``'s label file."""
-    if labels is not None and {q: row["evaluations"] for q, row in labels.items()} != from_file:
-        problems.append(f"score.json: the labels of {group} are not those of its label file (pass_rate/): the score does not "
-                        "come from these label files")
-    if rate is None:
-        problems.append(f"score.json: no pass rate for {group}, whose label file is in the bundle")
-        return
-    if not from_file or not evaluate_times:
-        return
-    again = pass_rate(from_file, evaluate_times)
-    if abs(again.solve_rate - rate["solve_rate"]) > SCORE_TOLERANCE or again.queries != rate["queries"]:
-        problems.append(f"score.json: {group} solve rate {rate['solve_rate']:.2f}% over {rate['queries']} queries, but its label "
-                        f"file gives {again.solve_rate:.2f}% over {again.queries} (StableToolBench's rule, scoring/score.py)")
+@dataclass(frozen=True)
+class _Scored:
+    """What the score check needs of ``run.json`` (``assemble.Scored``)."""
+
+    label: str
+    groups: tuple[str, ...]
+    evaluate_times: int
+    reference: str | None
+
+
+def _score_problems(bundle: Bundle, score: dict[str, Any]) -> list[str]:
+    """``score.json`` against the label files, with the rule a replay verifies by (``assemble.score_differences``)."""
+    if not score["evaluated"]:
+        return []
+    run = bundle.checked
+    if run.evaluate_times is None:
+        return ["run.json: no evaluate_times: score.json cannot be checked against the label files"]
+    try:
+        return score_differences(bundle, _Scored(run.label, tuple(run.groups), run.evaluate_times, run.reference_label))
+    except BundleError as exc:
+        raise ReportError(str(exc)) from None
 
 
 def _answers(bundle: Bundle) -> dict[str, dict[str, str]]:
     """Per group, ``{query_id: sha256 of its answer file}``."""
-    return {group: {query_id(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in bundle.answer_files(group)} for group in bundle.groups}
+    return {group: {query_id(p): file_sha256(p) for p in bundle.answer_files(group)} for group in bundle.groups}
 
 
 def _records(bundle: Bundle, problems: list[str], progress: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
     """``(records, models, content hash)`` of the bundle's ``records/`` snapshot, its hash recomputed from its files."""
     root = bundle.records
     try:
-        manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        manifest = read_json(root / MANIFEST_NAME)
+    except (OSError, ContentsError) as exc:
         problems.append(f"records/{MANIFEST_NAME}: cannot be read ({exc}): the bundle holds no snapshot of the answers served")
         return None, None, None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("content_hash"), str):
@@ -214,8 +181,8 @@ def _environment(bundle: Bundle, records_hash: str | None, problems: list[str]) 
 def _manifest_part(records: Path, part: str) -> Any:
     """``part`` of the records' manifest (``None`` when the manifest cannot be read or is no object)."""
     try:
-        manifest = json.loads((records / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        manifest = read_json(records / MANIFEST_NAME)
+    except (OSError, ContentsError):
         return None
     return manifest.get(part) if isinstance(manifest, dict) else None
 
@@ -225,6 +192,39 @@ def _records_settings(bundle: Bundle) -> dict[str, Any]:
     settings = _manifest_part(bundle.records, "settings")
     simulator = settings.get("simulator") if isinstance(settings, dict) else None
     return simulator if isinstance(simulator, dict) else {}
+
+
+def _simulated_by(records: dict[str, Any] | None, simulator: dict[str, Any]) -> dict[str, Any] | None:
+    """The records' simulated answers by model, each row's model and prompt hash from ``run.json`` where the snapshot
+    kept none (a snapshot keeps each answer's origin, not its generation's settings; the run had one simulator)."""
+    if records is None:
+        return None
+    for row in records["simulated"]["by_model"]:
+        row["model"] = row["model"] or simulator.get("model")
+        row["prompt_sha256"] = row["prompt_sha256"] or simulator.get("prompt_sha256")
+    return records
+
+
+AS_PUBLISHED = "as published, not replayed"
+
+
+def _verification(bundle: Bundle, problems: list[str]) -> dict[str, Any]:
+    """Whether the bundle is the bundle of an identical replay or re-score (its ``verdict.json``), or as published.
+
+    ``verified`` only for a replay's own bundle (``score --replay/--rescore ... --out``) whose verdict says every
+    file was identical and which agrees with itself (sealed, its score its label files'); a verdict is what the
+    replay that wrote it found: it is worth what the machine that ran it is worth (docs/report.md)."""
+    verdict = bundle.verdict
+    if verdict is None:
+        return {"status": AS_PUBLISHED, "verified": False, "kind": None, "replayed": None}
+    if not verdict.identical:
+        status = f"{verdict.kind}, different"
+    elif problems:
+        status = f"not verified: a {verdict.kind}'s bundle that does not agree with itself (the problems above)"
+    else:
+        status = "verified"
+    return {"status": status, "verified": status == "verified", "kind": verdict.kind, "replayed": verdict.replayed,
+            "differ": list(verdict.differ)}
 
 
 # -- the report -------------------------------------------------------------------------------------------
@@ -242,27 +242,26 @@ def bundle_report(root: Path, progress: bool = False, *, unpacked: bool = False)
         changed = [d for d in verify(root) if not (unpacked and d.path == MARKER and d.change == "added")]
     except BundleError as exc:
         raise ReportError(str(exc)) from None
-    for name in (bundle.label, *bundle.groups):
-        if not _plain_name(name):
-            raise ReportError(f"{root / 'run.json'}: {name!r} is not a plain name (a label or group names files inside the bundle)")
     problems = [str(d) for d in changed]
-    evaluate_times = bundle.run.get("evaluate_times")
-    evaluate_times = evaluate_times if isinstance(evaluate_times, int) and not isinstance(evaluate_times, bool) else None
+    evaluate_times = bundle.checked.evaluate_times
     score = _score(bundle)
-    labels = _labels(bundle, evaluate_times, score, problems)
+    labels = _labels(bundle, score)
+    problems += _score_problems(bundle, score)
     records, models, records_hash = _records(bundle, problems, progress)
+    environment = _environment(bundle, records_hash, problems)
     return {
         "bundle": {
             "content_hash": bundle.content_hash, "sealed_at": bundle.manifest.get("sealed_at"),
             "mirror_version": bundle.manifest.get("mirror_version"), "sealed": not changed,
             "changed": [{"path": d.path, "change": d.change} for d in changed],
             **{fact: bundle.run.get(fact) for fact in RUN_FACTS},
+            "verification": _verification(bundle, problems),
         },
-        "environment": _environment(bundle, records_hash, problems),
+        "environment": environment,
         "score": {**score, "evaluate_times": evaluate_times},
         "labels": labels,
         "answers": _answers(bundle),
-        "records": records,
+        "records": _simulated_by(records, environment["simulator"]),
         "models": _with_roles(models, bundle.run),
         "problems": problems,
     }
@@ -322,6 +321,16 @@ def _records_comparison(root_a: Path, root_b: Path) -> dict[str, Any]:
     return out
 
 
+def _replay_of(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"replayed", "by", "status"}`` when one bundle is the other's replay (its verdict names the other's content hash)."""
+    sides = {"a": a, "b": b}
+    for by, replayed in (("b", "a"), ("a", "b")):
+        verification = sides[by]["bundle"]["verification"]
+        if verification["replayed"] is not None and verification["replayed"] == sides[replayed]["bundle"]["content_hash"]:
+            return {"replayed": replayed, "by": by, "kind": verification["kind"], "status": verification["status"]}
+    return None
+
+
 def compare(a: dict[str, Any], b: dict[str, Any], root_a: Path, root_b: Path) -> dict[str, Any]:
     """Where two bundles' reports differ: per group the solve rates and their difference (B - A), the queries
     whose answer files differ, those whose labels differ (the evaluations' labels as a multiset: which
@@ -337,6 +346,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], root_a: Path, root_b: Path) ->
                       for g in per_group.values()))
     return {
         "same": not differs and not a["problems"] and not b["problems"],
+        "replay": _replay_of(a, b),
         "groups": per_group,
         "average": {"a": average_a, "b": average_b, "difference": _difference(average_a, average_b)},
         "win_rate_average": {"a": a["score"]["win_rate_average"], "b": b["score"]["win_rate_average"]},

@@ -10,6 +10,7 @@ table beside it, with the numbers as text.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -41,15 +42,30 @@ body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-
 padding:0 1rem;color:#222;line-height:1.45}
 h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.2rem;margin-top:2.2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem}
 .meta{color:#555;font-size:.9rem}.cite{background:#f4f6f8;border-left:4px solid #4c78a8;padding:.6rem 1rem;margin:1rem 0}
-code,.hash{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.88rem;word-break:break-all}
+code,.hash{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.88rem}.hash{word-break:break-all}
 table{border-collapse:collapse;margin:.6rem 0 1rem;font-size:.9rem}th,td{padding:.2rem .7rem;border-bottom:1px solid #eee;
 text-align:left;vertical-align:top}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 .note{color:#666;font-size:.85rem}svg{display:block;margin:.4rem 0;max-width:100%;height:auto}
 .big{font-size:1.4rem;font-weight:600}
 .alert{background:#fdecea;border-left:4px solid #e45756;padding:.6rem 1rem;margin:1rem 0}
 .ok{background:#edf7ed;border-left:4px solid #54a24b;padding:.6rem 1rem;margin:1rem 0}
-#sides td{word-break:break-all}
 """
+NAME_BREAKS = re.compile(r"([_\-./])")
+"""Where a name (a label, a group, a bundle's path) may break across lines: after ``_ - . /``, never inside a word (hashes,
+which have no words, may break anywhere: ``.hash``)."""
+
+
+NOT_RECORDED = "not recorded"
+"""What the page says where its source kept no value (never ``-``, ``None`` or ``unknown``)."""
+
+
+class Markup(str):
+    """HTML already escaped, put in a table cell as it is (:func:`name`)."""
+
+
+def name(value: Any) -> Markup:
+    """``value`` escaped, with a line-break opportunity (``<wbr>``) after each ``_ - . /`` (:data:`NAME_BREAKS`)."""
+    return Markup(NAME_BREAKS.sub(r"\1<wbr>", esc(value)))
 
 
 def esc(value: Any) -> str:
@@ -144,7 +160,8 @@ def table(table_id: str, head: Sequence[str], rows: Iterable[Sequence[Any]], num
     cells = "".join(f'<th class="n">{esc(h)}</th>' if n else f"<th>{esc(h)}</th>" for h, n in zip(head, numeric))
     body = []
     for row in rows:
-        tds = "".join(f'<td class="n">{number(v)}</td>' if n else f"<td>{esc(v)}</td>" for v, n in zip(row, numeric))
+        tds = "".join(f'<td class="n">{number(v)}</td>' if n else f"<td>{v if isinstance(v, Markup) else esc(v)}</td>"
+                      for v, n in zip(row, numeric))
         body.append(f"<tr>{tds}</tr>")
     return f'<table id="{esc(table_id)}"><thead><tr>{cells}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
@@ -264,7 +281,8 @@ def _records_section(rec: dict[str, Any], kind: str) -> str:
                f"({sim['entries']:,} of {total:,}).</p>")
     if sim["by_model"]:
         model_rows: list[tuple[Any, ...]] = [
-            (r["origin"], r["model"] or "-", r["prompt_sha256"] or "-", r["entries"], "-" if r["failures"] is None else r["failures"])
+            (r["origin"], r["model"] or NOT_RECORDED, r["prompt_sha256"] or NOT_RECORDED, r["entries"],
+             NOT_RECORDED if r["failures"] is None else r["failures"])
             for r in sim["by_model"]
         ]
         out.append(table("by-model", ("origin", "model", "prompt sha256", "entries", "of them failure records"), model_rows,

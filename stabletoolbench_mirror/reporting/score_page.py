@@ -14,11 +14,13 @@ from collections import Counter
 from typing import Any
 
 from stabletoolbench_mirror.reporting.page import (
+    NOT_RECORDED,
     bar_chart,
     colour,
     esc,
     failures_and_faults,
     models_section,
+    name,
     number,
     page,
     records_part,
@@ -29,6 +31,7 @@ from stabletoolbench_mirror.scoring.score import SOLVED, UNSURE
 
 #: changed files, queries and APIs listed on a page at most (the JSON has them all)
 LISTED = 200
+NO_COMMIT = f"{NOT_RECORDED} (the checkout was not a git clone)"
 
 
 def _percent(value: Any) -> str:
@@ -59,11 +62,25 @@ def _cite(report: dict[str, Any]) -> str:
         f'<span class="hash" id="records-hash">{esc(env["records_hash"] or "(no records)")}</span><br>'
         f'Bundle content hash <span class="hash" id="bundle-hash">{esc(env["bundle_hash"])}</span>, sealed '
         f"{esc(bundle.get('sealed_at'))} by stabletoolbench-mirror {esc(bundle.get('mirror_version'))}.<br>"
-        f'StableToolBench commit <span class="hash" id="stb-commit">{esc(commit or "unknown (not a git checkout)")}</span>{esc(dirty)}.<br>'
+        f'StableToolBench commit <span class="hash" id="stb-commit">{esc(commit or NO_COMMIT)}</span>{esc(dirty)}.<br>'
         "The records hold every answer the run was served (tool answers from every tier, frozen caches included, and the "
         "agent's and the judge's model calls), so their hash names the whole environment; the bundle's hash names the run "
         "too: its answers, labels and score. <code>stabletoolbench-mirror report BUNDLE</code> checks both.</div>" + seal
     )
+
+
+def _verification(report: dict[str, Any]) -> str:
+    """Whether the bundle was replayed: ``verified`` only for a replay's own bundle whose every file was identical."""
+    verification = report["bundle"]["verification"]
+    if verification["verified"]:
+        return (f'<p class="ok" id="verification"><b>Verified</b>: this is the bundle of a {esc(verification["kind"])} of bundle '
+                f'<span class="hash">{esc(verification["replayed"])}</span>, which gave every file identical, and its score is what '
+                "its label files give. A verdict is what the machine that ran it found: replay it yourself to know.</p>")
+    if verification["replayed"] is None:
+        return ('<p class="note" id="verification"><b>As published, not replayed</b>: its numbers are what its author\'s run '
+                "wrote. <code>stabletoolbench-mirror score --replay BUNDLE --out REPLAYED</code> runs it again from its records "
+                "and exits 0 only when every file is identical; <code>report REPLAYED</code> then says verified.</p>")
+    return f'<p class="alert" id="verification"><b>{esc(verification["status"])}</b>: of bundle {esc(verification["replayed"])}.</p>'
 
 
 def _score_section(report: dict[str, Any]) -> str:
@@ -115,9 +132,37 @@ def _labels_section(report: dict[str, Any]) -> str:
                      sum(counted.values()) - counted.get(SOLVED, 0) - counted.get(UNSURE, 0)))
     out.append(table("labels", ("group", "queries", "solved (majority)", "Solved labels", "Unsure labels", "other labels"), rows,
                      (False, True, True, True, True, True)))
-    out.append('<p class="note">Each query\'s label of each evaluation, and whether it was solved, is in the JSON '
-               "(<code>labels</code>); <code>-</code>: the bundle has no <code>score.json</code> to say.</p>")
+    out.append('<p class="note"><code>-</code>: the bundle has no <code>score.json</code> to say.</p>')
+    out.append(_per_query(labels))
     return "".join(out)
+
+
+def _per_query(labels: dict[str, Any]) -> str:
+    """Each query's label of each evaluation, in the evaluations' order, and whether it was solved (the first :data:`LISTED`)."""
+    solved = {True: "yes", False: "no", None: NOT_RECORDED}
+    rows = [(name(group), qid, ", ".join(row["evaluations"][k].removeprefix("AnswerStatus.") for k in sorted(row["evaluations"], key=_order)),
+             solved[row["solved"]]) for group, queries in labels.items() for qid, row in sorted(queries.items(), key=lambda q: _order(q[0]))]
+    more = (f'<p class="note">The first {LISTED:,} of {len(rows):,} queries; the JSON (<code>labels</code>) has them all.</p>'
+            if len(rows) > LISTED else "")
+    return ("<h3>Each query</h3>" + table("labels-per-query", ("group", "query", "label of each evaluation", "solved (majority)"),
+                                          rows[:LISTED], (False, False, False, False)) + more)
+
+
+def _order(key: str) -> tuple[int, str]:
+    return (int(key), "") if key.isdigit() else (1 << 62, key)
+
+
+def _shaping(env: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The simulator's settings and the frozen caches, each value shown or said to be not recorded."""
+    sim, configured = env["simulator"], env["settings"].get("simulator")
+    off = "the simulator was off" if isinstance(configured, dict) and configured.get("enabled") is False else NOT_RECORDED
+    shaping: list[tuple[str, Any]] = [("simulator model", sim.get("model") or off), ("simulator style", sim.get("style") or off),
+                                      ("simulator prompt sha256", sim.get("prompt_sha256") or off)]
+    for i, frozen in enumerate(env["frozen_caches"]):
+        shown = (", ".join(f"{k} {NOT_RECORDED if v is None else v}" for k, v in frozen.items()) if isinstance(frozen, dict)
+                 else str(frozen))
+        shaping.append((f"frozen cache {i + 1}", name(shown)))
+    return shaping
 
 
 def _run_section(report: dict[str, Any]) -> str:
@@ -128,14 +173,9 @@ def _run_section(report: dict[str, Any]) -> str:
              ("evaluator", bundle.get("evaluator")), ("evaluate_times", bundle.get("evaluate_times")),
              ("limit", "every query" if bundle.get("limit") is None else bundle.get("limit")),
              ("reference", reference.get("label") if isinstance(reference, dict) else (reference or "none"))]
-    sim = env["simulator"]
-    shaping = [("simulator model", sim.get("model") or "-"), ("simulator style", sim.get("style") or "-"),
-               ("simulator prompt sha256", sim.get("prompt_sha256") or "-")]
-    for i, frozen in enumerate(env["frozen_caches"]):
-        shown = ", ".join(f"{k} {v}" for k, v in frozen.items()) if isinstance(frozen, dict) else str(frozen)
-        shaping.append((f"frozen cache {i + 1}", shown))
-    return ("<h2>What was run</h2>" + table("run", ("", ""), [(k, "-" if v is None else v) for k, v in facts], (False, False))
-            + "<h2>Settings that shaped the answers</h2>" + table("settings", ("", ""), shaping, (False, False))
+    rows = [(k, NOT_RECORDED if v is None else name(v) if k in ("label", "groups", "reference") else v) for k, v in facts]
+    return ("<h2>What was run</h2>" + table("run", ("", ""), rows, (False, False))
+            + "<h2>Settings that shaped the answers</h2>" + table("settings", ("", ""), _shaping(env), (False, False))
             + '<p class="note">From <code>run.json</code>\'s <code>environment</code> and the records\' manifest.</p>')
 
 
@@ -149,10 +189,10 @@ def render(report: dict[str, Any]) -> str:
 def bundle_sections(report: dict[str, Any]) -> list[str]:
     """The parts of a bundle's page."""
     bundle = report["bundle"]
-    head = [f"<h1>Score report: {esc(bundle['label'])}</h1>",
-            f'<p class="meta">Bundle: <code id="source">{esc(report["source"]["location"])}</code><br>'
+    head = [f"<h1>Score report: {name(bundle['label'])}</h1>",
+            f'<p class="meta">Bundle: <code id="source">{name(report["source"]["location"])}</code><br>'
             f"Written {esc(report['created_at'])} by {esc(report['created_by'])}.</p>",
-            _problems(report["problems"]), _cite(report)]
+            _problems(report["problems"]), _verification(report), _cite(report)]
     parts = [*head, _score_section(report), _labels_section(report), models_section(report["models"], "bundle")]
     if report["records"] is not None:
         parts += records_part(report["records"], "bundle")
@@ -163,10 +203,10 @@ def bundle_sections(report: dict[str, Any]) -> list[str]:
 # -- two bundles --------------------------------------------------------------------------------------------
 
 
-def _side(name: str, report: dict[str, Any]) -> tuple[str, ...]:
+def _side(side: str, report: dict[str, Any]) -> tuple[str, ...]:
     bundle, env = report["bundle"], report["environment"]
     state = "sealed" if bundle["sealed"] else "CHANGED since its seal"
-    return (name, bundle["label"], report["source"]["location"], env["bundle_hash"], env["records_hash"] or "-", state)
+    return (side, name(bundle["label"]), name(report["source"]["location"]), env["bundle_hash"], env["records_hash"] or NOT_RECORDED, state)
 
 
 def _compare_scores(pair: dict[str, Any]) -> str:
@@ -226,7 +266,7 @@ def render_pair(pair: dict[str, Any]) -> str:
     same = pair["comparison"]["same"]
     verdict = ('<p class="ok" id="same">The two bundles agree: the same scores, answers, labels and records.</p>' if same else
                '<p class="alert" id="different">The two bundles differ: see below.</p>')
-    parts = [f"<h1>Two score bundles: {esc(a['bundle']['label'])} and {esc(b['bundle']['label'])}</h1>",
+    parts = [f"<h1>Two score bundles: {name(a['bundle']['label'])} and {name(b['bundle']['label'])}</h1>",
              f'<p class="meta">Written {esc(pair["created_at"])} by {esc(pair["created_by"])}.</p>',
              table("sides", ("", "label", "bundle", "bundle hash", "records hash", "seal"), [_side("A", a), _side("B", b)],
                    (False,) * 6),
@@ -239,9 +279,9 @@ def render_pair(pair: dict[str, Any]) -> str:
 
 def _commit(report: dict[str, Any]) -> str:
     stb = report["bundle"].get("stabletoolbench")
-    return str(stb.get("commit") or "unknown") if isinstance(stb, dict) else "unknown"
+    return str(stb.get("commit") or NO_COMMIT) if isinstance(stb, dict) else NO_COMMIT
 
 
 def _roles(report: dict[str, Any]) -> str:
     roles = report["models"]["roles"]
-    return f"agent {roles.get('agent') or '-'}, judge {roles.get('judge') or '-'}"
+    return f"agent {roles.get('agent') or NOT_RECORDED}, judge {roles.get('judge') or NOT_RECORDED}"

@@ -14,6 +14,9 @@ to the bundle's root, ``/``-separated; ``<label>`` is the run's name in StableTo
                                             settings that shape answers, each command line
 ``score.json``                              the score (:data:`SCORE_FILE`): SoPR per group and on
                                             average, SoWR when a reference was named, labels per query
+``verdict.json``                            only in the bundle a replay or re-score writes (``--out``):
+                                            the content hash of the bundle it ran again, whether every
+                                            file was identical and its score what its labels give
 ``records/``                                a snapshot (``snapshot``'s format: ``manifest.json`` and an
                                             upstream ``tool_response_cache`` tree) of every answer the
                                             run was served, tool answers and model calls (``@model/``)
@@ -68,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 from stabletoolbench_mirror import __version__
 from stabletoolbench_mirror.core.files import atomic_write
+from stabletoolbench_mirror.scoring import contents
 from stabletoolbench_mirror.scoring.replayable import problems
 from stabletoolbench_mirror.upstream.archives import MARKER as UNPACKED_MARKER
 from stabletoolbench_mirror.upstream.archives import file_sha256
@@ -81,6 +85,7 @@ FORMAT_VERSION = 1
 BUNDLE_FILE = "bundle.json"
 RUN_FILE = "run.json"
 SCORE_FILE = "score.json"
+VERDICT_FILE = "verdict.json"
 RECORDS_DIR = "records"
 QUERIES_DIR = "queries"
 TEST_IDS_DIR = "test_ids"
@@ -125,6 +130,16 @@ def preference_files(reference: str, label: str, group: str) -> tuple[str, str]:
     """``eval_preference``'s two files of one group: ``(.json, .csv)``."""
     stem = f"{PREFERENCE_DIR}/{group}_{reference}_{label}"
     return f"{stem}.json", f"{stem}.csv"
+
+
+def inside(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """``path`` (absolute, or relative to ``root``) resolved, checked to lie inside ``root``: what ``score`` writes, copies,
+    moves or removes goes through here first.  :class:`BundleError` naming both when it does not."""
+    base = Path(root).resolve()
+    target = (base / path).resolve()
+    if not target.is_relative_to(base):
+        raise BundleError(f"{path}: not inside the work folder {base}: nothing is written or removed outside it")
+    return target
 
 
 # -- the content hash ----------------------------------------------------------------------------------
@@ -225,7 +240,15 @@ def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
                           f"upgrade stabletoolbench-mirror (this is {__version__})")
     if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("content_hash"), str):
         raise BundleError(f"{path}: the seal has no files or content_hash")
+    _checked(contents.Seal, manifest, path)
     return manifest
+
+
+def _checked(model: type[contents.Checked], data: Any, path: Path) -> contents.Checked:
+    try:
+        return contents.check(model, data, str(path))
+    except contents.ContentsError as exc:
+        raise BundleError(str(exc)) from None
 
 
 def verify(root: str | os.PathLike[str]) -> list[Difference]:
@@ -256,6 +279,10 @@ class Bundle:
     manifest: dict[str, Any]
     run: dict[str, Any]
     score: dict[str, Any]
+    checked: contents.RunFile
+    """``run.json``, checked (:mod:`.contents`): its names are plain, its numbers in range."""
+    verdict: contents.Verdict | None = None
+    """``verdict.json``: in the bundle of a replay or re-score, what it found (``None``: a bundle as recorded)."""
 
     @property
     def content_hash(self) -> str:
@@ -263,11 +290,11 @@ class Bundle:
 
     @property
     def label(self) -> str:
-        return str(self.run["label"])
+        return self.checked.label
 
     @property
     def groups(self) -> list[str]:
-        return [str(g) for g in self.run["groups"]]
+        return list(self.checked.groups)
 
     @property
     def records(self) -> Path:
@@ -287,28 +314,32 @@ class Bundle:
 
 
 def _read_json(root: Path, name: str, *, missing: str = "the bundle is incomplete") -> dict[str, Any]:
-    """The JSON object in ``root/name``; :class:`BundleError` naming the file (``missing``: what its absence means)."""
+    """The JSON object in ``root/name``, read bounded (:func:`.contents.read_json`); :class:`BundleError` naming the
+    file (``missing``: what its absence means)."""
     path = root / name
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = contents.read_json(path)
     except FileNotFoundError:
         raise BundleError(f"{root}: no {name}: {missing}") from None
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"{path}: cannot be read ({exc})") from None
+    except contents.ContentsError as exc:
+        raise BundleError(str(exc)) from None
     if not isinstance(data, dict):
         raise BundleError(f"{path}: a JSON object expected")
     return data
 
 
 def read_bundle(root: str | os.PathLike[str]) -> Bundle:
-    """The bundle folder at ``root`` (its seal's format checked; :func:`verify` checks its files)."""
+    """The bundle folder at ``root``, its seal's format and its contents checked (:mod:`.contents`; :func:`verify`
+    checks its files): :class:`BundleError` naming the file and the field."""
     base = Path(root)
     manifest = read_manifest(base)
     run = _read_json(base, RUN_FILE)
-    if not isinstance(run.get("label"), str) or not isinstance(run.get("groups"), list):
-        raise BundleError(f"{base / RUN_FILE}: no label or groups")
+    checked = _checked(contents.RunFile, run, base / RUN_FILE)
     score = _read_json(base, SCORE_FILE) if (base / SCORE_FILE).exists() else {}
-    return Bundle(base, manifest, run, score)
+    if score:
+        _checked(contents.ScoreFile, score, base / SCORE_FILE)
+    verdict = _checked(contents.Verdict, _read_json(base, VERDICT_FILE), base / VERDICT_FILE) if (base / VERDICT_FILE).exists() else None
+    return Bundle(base, manifest, run, score, checked, verdict)
 
 
 # -- opening a bundle: a folder, a .tar.gz or a URL -------------------------------------------------------

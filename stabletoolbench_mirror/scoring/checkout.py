@@ -73,13 +73,17 @@ class Checkout:
         if missing:
             raise CheckoutError(f"no test ids for {', '.join(missing)} in {self.root / TEST_IDS} (the evaluation's --test_ids)")
 
+    def evaluators(self) -> list[str]:
+        """The evaluators' names (the folders of ``tooleval/evaluators/`` with a ``config.yaml``), sorted."""
+        return sorted(p.parent.name for p in (self.root / EVALUATORS).glob("*/config.yaml"))
+
     def evaluator(self, name: str) -> Path:
-        """An evaluator's folder (its ``config.yaml``), :class:`CheckoutError` listing them when there is none."""
-        folder = self.root / EVALUATORS / name
-        if not (folder / "config.yaml").is_file():
-            known = sorted(p.parent.name for p in (self.root / EVALUATORS).glob("*/config.yaml"))
-            raise CheckoutError(f"no evaluator {name!r} in {self.root / EVALUATORS}: the evaluators are {', '.join(known) or '(none)'}")
-        return folder
+        """An evaluator's folder (its ``config.yaml``): ``name`` must be one of :meth:`evaluators`, never a path;
+        :class:`CheckoutError` listing them when it is not."""
+        known = self.evaluators()
+        if name not in known:
+            raise CheckoutError(f"no evaluator {name[:200]!r} in {self.root / EVALUATORS}: the evaluators are {', '.join(known) or '(none)'}")
+        return self.root / EVALUATORS / name
 
     def judge_model(self, evaluator: str) -> str:
         """The model an evaluator asks (its ``config.yaml``'s ``completions_kwargs.model``)."""

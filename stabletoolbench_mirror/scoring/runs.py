@@ -27,9 +27,20 @@ from typing import Any
 
 from stabletoolbench_mirror.config import Mode, Settings
 from stabletoolbench_mirror.core.files import write_text
-from stabletoolbench_mirror.core.secrets import public_url
 from stabletoolbench_mirror.scoring import bundle as layout
-from stabletoolbench_mirror.scoring.assemble import Environment, GroupComparison, assemble, compare, place_reference, score_of, seed_work
+from stabletoolbench_mirror.scoring import contents
+from stabletoolbench_mirror.scoring.assemble import (
+    Environment,
+    GroupComparison,
+    ScoreDisagrees,
+    answer_settings,
+    assemble,
+    compare,
+    place_reference,
+    score_differences,
+    score_of,
+    seed_work,
+)
 from stabletoolbench_mirror.scoring.checkout import Checkout
 from stabletoolbench_mirror.scoring.mirror import Mirror
 from stabletoolbench_mirror.scoring.session import RunSpec, Session, SessionError, State, Work, phases_of
@@ -66,6 +77,8 @@ class Report:
     """``[{"phase", "group", "seconds"}]``: each phase's wall time."""
     original: dict[str, Any] | None = None
     """A re-score with another judge: the original bundle, its judge and its score (``{"bundle", "judge_model", "score"}``)."""
+    out: dict[str, Any] | None = None
+    """A replay's or re-score's own bundle written (``--out``): ``{"path", "content_hash"}``."""
 
     @property
     def identical(self) -> bool:
@@ -79,6 +92,7 @@ class Report:
         if self.kind != "record":
             data["identical"] = self.identical
             data["comparisons"] = [c.as_json() for c in self.comparisons]
+            data["out"] = self.out
         data["original"] = None
         if self.original is not None:
             original = self.original["score"]
@@ -286,10 +300,7 @@ def _prepare(work: Work, spec: RunSpec, checkout: Checkout, reference: layout.Bu
 
 def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path, hooks: Hooks, prompt: Any) -> str:
     """The bundle assembled in the work folder, then moved to ``--out`` (a folder) or packed there (``.tar.gz``)."""
-    from stabletoolbench_mirror.upstream.archives import pack
-
-    out = request.out.resolve()
-    folder = work.root / "bundle"
+    folder = work.path("bundle")
     shutil.rmtree(folder, ignore_errors=True)  # a bundle not finished before (assembling is done again, from the files)
     env = Environment(
         checkout={"commit": request.checkout.commit, "dirty": request.checkout.dirty},
@@ -300,6 +311,14 @@ def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path
                "reuse_model_answers": request.reuse_model_answers, **_rescored_note(request)},
     )
     seal = assemble(work, request.spec, state, folder, env, lambda target: hooks.write_snapshot(served, target))
+    _place(folder, request.out.resolve())
+    return str(seal["content_hash"])
+
+
+def _place(folder: Path, out: Path) -> None:
+    """The bundle assembled in ``folder`` moved to ``out`` (a new or empty folder, :func:`_check_out`) or packed there."""
+    from stabletoolbench_mirror.upstream.archives import pack
+
     if _is_archive(out):
         pack(folder, out)
     else:
@@ -307,7 +326,6 @@ def _write_bundle(request: RecordRequest, work: Work, state: State, served: Path
         if out.is_dir():
             out.rmdir()  # an empty folder named by --out (_check_out)
         shutil.move(str(folder), str(out))
-    return str(seal["content_hash"])
 
 
 def _reference_note(request: RecordRequest) -> dict[str, Any] | None:
@@ -337,36 +355,6 @@ def _check_out(out: Path) -> None:
         raise SessionError(f"--out {out} exists: a bundle is written to a new path (or an empty folder); choose another")
 
 
-def answer_settings(settings: Settings, prompt: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The server's settings that shape answers (``run.json``'s ``environment``), no secret in them; ``prompt``: the
-    simulator's system prompt as the server's ``/health`` names it (``source``, ``sha256``)."""
-    sim = settings.simulator
-    simulator: dict[str, Any] = {"enabled": False}
-    if sim.enabled:
-        simulator = {"enabled": True, "style": sim.style, "model": sim.model, "temperature": sim.temperature,
-                     "api_base": [public_url(u) for u in sim.endpoints],
-                     "prompt_source": (prompt or {}).get("source"), "prompt_sha256": (prompt or {}).get("sha256")}
-    return {
-        "mode": str(settings.mode), "llm_mode": str(settings.llm.mode or settings.mode),
-        "frozen_caches": [_frozen_note(settings, p) for p in settings.frozen_caches],
-        "real": {"enabled": settings.real.enabled, "backend": settings.real.backend},
-        "simulator": simulator,
-        "llm_upstreams": [{"base_url": public_url(u.base_url), "models": list(u.models)} for u in settings.llm.upstreams],
-    }
-
-
-def _frozen_note(settings: Settings, configured: str) -> dict[str, Any]:
-    path = Path(settings.resolve(configured)) if "://" not in configured else None
-    manifest = path / "manifest.json" if path is not None else None
-    content_hash = None
-    if manifest is not None and manifest.is_file():
-        try:
-            content_hash = json.loads(manifest.read_text(encoding="utf-8")).get("content_hash")
-        except (OSError, ValueError):
-            content_hash = None
-    return {"path": public_url(configured) if "://" in configured else configured, "content_hash": content_hash}
-
-
 # -- replay and re-score -------------------------------------------------------------------------------
 
 
@@ -378,6 +366,8 @@ class ReplayRequest:
     work: Path
     rescore: bool = False
     progress: bool = True
+    out: Path | None = None
+    """Where to write the replay's own bundle (with its ``verdict.json``), ``None``: none."""
 
 
 def replay_settings(bundle: layout.Bundle, work: Work) -> Settings:
@@ -393,10 +383,7 @@ def replay_settings(bundle: layout.Bundle, work: Work) -> Settings:
 
 def replay(request: ReplayRequest, hooks: Hooks) -> Report:
     bundle = request.bundle
-    try:
-        spec = RunSpec.from_json(bundle.run)
-    except TypeError as exc:
-        raise SessionError(f"{bundle.root / layout.RUN_FILE}: not a run this version can replay ({exc})") from None
+    spec = _replay_checks(request)
     request.runner.seed = spec.seed  # the bundle's: upstream's random streams drawn as they were
     rescore = request.rescore or "rescored_from" in bundle.run  # a re-score's bundle holds its judge's calls only
     notes = _commit_notes(bundle, request.checkout)
@@ -419,8 +406,63 @@ def replay(request: ReplayRequest, hooks: Hooks) -> Report:
     finally:
         mirror.stop()
     comparisons = compare(bundle, spec, work, answers=not rescore)
-    return Report(kind, spec, work.root, score_of(work.root, spec), str(bundle.root), bundle.content_hash, comparisons, session.notes,
-                  state.timings())
+    report = Report(kind, spec, work.root, score_of(work.root, spec), str(bundle.root), bundle.content_hash, comparisons, session.notes,
+                    state.timings())
+    if request.out is not None:
+        report.out = {"path": str(request.out), "content_hash": _write_replay_bundle(request, spec, work, state, report)}
+    return report
+
+
+def _replay_checks(request: ReplayRequest) -> RunSpec:
+    """The bundle's run, checked before anything runs: every field a replay needs, the evaluator one of the checkout's,
+    ``--out`` new, and ``score.json`` what the bundle's label files give (:class:`ScoreDisagrees` naming each number)."""
+    bundle = request.bundle
+    try:
+        spec = RunSpec.from_json(bundle.run)
+    except TypeError as exc:
+        raise SessionError(f"{bundle.root / layout.RUN_FILE}: not a run this version can replay ({exc})") from None
+    request.checkout.evaluator(spec.evaluator)
+    if request.out is not None:
+        _check_out(request.out.resolve())
+    differences = score_differences(bundle, spec)
+    if differences:
+        raise ScoreDisagrees(f"{bundle.root}: its score is not what its own label files give, so a replay cannot verify it:\n  "
+                             + "\n  ".join(differences))
+    return spec
+
+
+def _write_replay_bundle(request: ReplayRequest, spec: RunSpec, work: Work, state: State, report: Report) -> str:
+    """The replay's own bundle (its files, the records it was answered from, ``verdict.json``) written to ``--out``."""
+    bundle = request.bundle
+    assert request.out is not None
+    folder = work.path("bundle")
+    shutil.rmtree(folder, ignore_errors=True)
+    recorded: dict[str, Any] = bundle.run["environment"] if isinstance(bundle.run.get("environment"), dict) else {}
+    env = Environment(
+        checkout={"commit": request.checkout.commit, "dirty": request.checkout.dirty},
+        settings={k: v for k, v in recorded.items() if not k.startswith("records_")},
+        reference=bundle.run["reference"] if isinstance(bundle.run.get("reference"), dict) else None,
+        extra={"stand_ins": request.runner.stand_ins, "skipped_sleeps": request.runner.skip_sleeps,
+               "python": request.runner.python_version(), "run_id": state.run_id,
+               **({"rescored_from": bundle.run["rescored_from"]} if "rescored_from" in bundle.run else {})},
+    )
+    verdict = {"kind": report.kind, "replayed": bundle.content_hash, "identical": report.identical,
+               "differ": sorted({p for c in report.comparisons for p in c.differ}), "score_differences": []}
+    seal = assemble(work, spec, state, folder, env, lambda target: _copy_records(bundle, target), verdict)
+    _place(folder, request.out.resolve())
+    return str(seal["content_hash"])
+
+
+def _copy_records(bundle: layout.Bundle, target: Path) -> dict[str, Any]:
+    """The bundle's ``records/`` (what the replay's server answered from, and only from) copied to ``target``; its manifest."""
+    from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
+
+    shutil.copytree(bundle.records, target)
+    try:
+        manifest = contents.read_json(target / MANIFEST_NAME)
+    except (OSError, contents.ContentsError) as exc:
+        raise layout.BundleError(f"{bundle.records / MANIFEST_NAME}: cannot be read ({exc})") from None
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def _commit_notes(bundle: layout.Bundle, checkout: Checkout) -> list[str]:

@@ -14,12 +14,13 @@ The figures are upstream's own, computed the way its scripts print them, from th
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from stabletoolbench_mirror.scoring.contents import ContentsError, read_json
 
 SOLVED = "AnswerStatus.Solved"
 UNSURE = "AnswerStatus.Unsure"
@@ -32,10 +33,13 @@ class ScoreError(ValueError):
 
 
 def _read(path: Path) -> dict[str, Any]:
+    """A label or preference file, read bounded (:func:`.contents.read_json`)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = read_json(path)
+    except FileNotFoundError as exc:
         raise ScoreError(f"{path}: cannot be read ({exc})") from None
+    except ContentsError as exc:
+        raise ScoreError(str(exc)) from None
     if not isinstance(data, dict):
         raise ScoreError(f"{path}: a JSON object by query id expected")
     return data
@@ -67,6 +71,14 @@ class PassRate:
         return {"solve_rate": self.solve_rate, "std": self.std, "per_evaluation": self.per_evaluation, "queries": self.queries}
 
 
+def _evaluation(key: Any) -> int:
+    """An evaluation's number (``"0"``, ``1``): :class:`ScoreError` for anything else (a label file is input)."""
+    text = str(key)
+    if not (text.isascii() and text.isdigit() and len(text) <= 4):
+        raise ScoreError(f"evaluation {text[:40]!r}: an evaluation's number (0, 1, ...) expected")
+    return int(text)
+
+
 def pass_rate(labels: Mapping[str, Mapping[Any, str]], evaluate_times: int) -> PassRate:
     """The pass rate of ``{query_id: {evaluate_time: label}}`` over ``evaluate_times`` evaluations: the rule.
 
@@ -78,7 +90,7 @@ def pass_rate(labels: Mapping[str, Mapping[Any, str]], evaluate_times: int) -> P
         raise ScoreError("no query has a label: a pass rate needs at least one")
     if evaluate_times < 1:
         raise ScoreError(f"evaluate_times must be at least 1, not {evaluate_times}")
-    by_time = [{int(time): label for time, label in evaluations.items()} for evaluations in labels.values()]
+    by_time = [{_evaluation(time): label for time, label in evaluations.items()} for evaluations in labels.values()]
     scores = [sum(WEIGHTS.get(evaluations.get(time, ""), 0.0) for evaluations in by_time) / len(by_time)
               for time in range(evaluate_times)]
     return PassRate(solve_rate=statistics.fmean(scores) * 100, std=statistics.pstdev(scores) * 100,
@@ -89,8 +101,11 @@ def pass_rate_file(labels_file: Path, evaluate_times: int) -> tuple[dict[str, An
     """``({"solve_rate", "std", "per_evaluation", "queries"}, {query_id: {"evaluations", "solved"}})`` of one label file
     (``eval_pass_rate``'s ``.json``); an empty file scores 0."""
     per_query = {qid: evaluations(entry) for qid, entry in _read(labels_file).items()}
-    figures = pass_rate(per_query, evaluate_times).figures() if per_query else \
-        {"solve_rate": 0.0, "std": 0.0, "per_evaluation": [0.0] * evaluate_times, "queries": 0}
+    try:
+        figures = pass_rate(per_query, evaluate_times).figures() if per_query else \
+            {"solve_rate": 0.0, "std": 0.0, "per_evaluation": [0.0] * evaluate_times, "queries": 0}
+    except ScoreError as exc:
+        raise ScoreError(f"{labels_file}: {exc}") from None
     labels = {qid: {"evaluations": dict(sorted(ev.items())), "solved": is_solved(ev)} for qid, ev in sorted(per_query.items())}
     return figures, labels
 
@@ -103,6 +118,8 @@ def win_rate(preference_file: Path, reference: str, label: str) -> dict[str, Any
         if not isinstance(votes, dict):
             raise ScoreError(f"{preference_file}: query {qid}: votes expected")
         ref, candidate = votes.get(reference, 0), votes.get(label, 0)
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (ref, candidate)):
+            raise ScoreError(f"{preference_file}: query {qid}: the votes for {reference} and {label} must be numbers")
         if ref > candidate:
             lose += 1
         elif ref < candidate:

@@ -40,14 +40,12 @@ from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.engine.model_calls import new_run_id
 from stabletoolbench_mirror.scoring import bundle as layout
 from stabletoolbench_mirror.scoring.checkout import SCRIPTS, Checkout
+from stabletoolbench_mirror.scoring.contents import BACKBONES, METHODS
 from stabletoolbench_mirror.scoring.mirror import Mirror
 from stabletoolbench_mirror.scoring.upstream_run import UpstreamFailed, UpstreamRunner, tail
 
 STATE_FILE = "state.json"
 STATE_FORMAT = 1
-METHODS = re.compile(r"^(CoT@\d+|DFS(_woFilter)?_w\d+)$")
-"""The methods upstream's ``method_converter`` runs: ``CoT@n``, ``DFS_w<n>``, ``DFS_woFilter_w<n>``."""
-BACKBONES = ("chatgpt_function", "toolllama_vllm")
 CLIENT_KEY = "sk-stm-score"
 """The key upstream's clients send: the server answers with ``llm.upstreams[].api_key_env``'s, never this one."""
 
@@ -120,51 +118,55 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class Work:
-    """Where a run's files go, laid out as the bundle is (so the bundle is assembled by copying)."""
+    """Where a run's files go, laid out as the bundle is (so the bundle is assembled by copying); every path it
+    gives is checked to lie inside ``root`` (:func:`.bundle.inside`)."""
 
     root: Path
 
+    def inside(self, path: str | Path) -> Path:
+        return layout.inside(self.root, path)
+
     def path(self, relative: str) -> Path:
-        return self.root / relative
+        return self.inside(relative)
 
     def queries(self, group: str) -> Path:
-        return self.root / layout.QUERIES_DIR / f"{group}.json"
+        return self.inside(f"{layout.QUERIES_DIR}/{group}.json")
 
     @property
     def test_ids(self) -> Path:
-        return self.root / layout.TEST_IDS_DIR
+        return self.inside(layout.TEST_IDS_DIR)
 
     def answers(self, group: str) -> Path:
-        return self.root / layout.answers_dir(group)
+        return self.inside(layout.answers_dir(group))
 
     def answers_read(self, group: str) -> Path:
-        return self.root / "answers_read" / group
+        return self.inside(f"answers_read/{group}")
 
     @property
     def converted(self) -> Path:
-        return self.root / layout.CONVERTED_DIR
+        return self.inside(layout.CONVERTED_DIR)
 
     @property
     def pass_rate(self) -> Path:
-        return self.root / layout.PASS_RATE_DIR
+        return self.inside(layout.PASS_RATE_DIR)
 
     @property
     def preference(self) -> Path:
-        return self.root / layout.PREFERENCE_DIR
+        return self.inside(layout.PREFERENCE_DIR)
 
     def log(self, name: str) -> Path:
-        return self.root / layout.LOGS_DIR / f"{name}.log"
+        return self.inside(f"{layout.LOGS_DIR}/{name}.log")
 
     def pool(self, run: str) -> Path:
-        return self.root / "pools" / f"{run}.json"
+        return self.inside(f"pools/{run}.json")
 
     @property
     def served(self) -> Path:
-        return self.root / "served"
+        return self.inside("served")
 
     @property
     def store(self) -> Path:
-        return self.root / "store"
+        return self.inside("store")
 
 
 @dataclass
@@ -361,7 +363,7 @@ class Session:
         for path in answers:
             data = json.loads(path.read_text(encoding="utf-8"))
             write_text(source / path.name, json.dumps(drop_null_function_calls(data), ensure_ascii=False, indent=2))
-        output = self.work.converted / self.spec.label / f"{group}.json"
+        output = self.work.inside(self.work.converted / self.spec.label / f"{group}.json")
         output.parent.mkdir(parents=True, exist_ok=True)
         args = ["--answer_dir", str(source), "--method", self.spec.method, "--output", str(output)]
         self._upstream(key, "convert", args, {}, total=1, desc=f"{group}: convert", count=lambda: int(output.is_file()))
@@ -369,7 +371,7 @@ class Session:
     def _pass_rate(self, group: str) -> None:
         key = f"pass_rate:{group}"
         run = self._run_name(key)
-        save = self.work.pass_rate / self.spec.label
+        save = self.work.inside(self.work.pass_rate / self.spec.label)
         save.mkdir(parents=True, exist_ok=True)
         labels = save / f"{group}_{self.spec.label}.json"
         args = ["--converted_answer_path", str(self.work.converted), "--save_path", str(save), "--reference_model", self.spec.label,
@@ -385,7 +387,7 @@ class Session:
         reference = self.spec.reference
         assert reference is not None
         self.work.preference.mkdir(parents=True, exist_ok=True)
-        output = self.work.preference / f"{group}_{reference}_{self.spec.label}.json"
+        output = self.work.inside(self.work.preference / f"{group}_{reference}_{self.spec.label}.json")
         args = ["--converted_answer_path", str(self.work.converted), "--reference_model", reference, "--output_model", self.spec.label,
                 "--test_ids", str(self.work.test_ids), "--save_path", str(self.work.preference),
                 "--pass_rate_result_path", str(self.work.pass_rate), "--max_eval_threads", "1", "--use_pass_rate", "true",

@@ -112,7 +112,11 @@ def test_the_page_of_a_bundle_shows_the_score_calls_tokens_simulated_share_and_h
                 "records_hash": page.inner_text("#records-hash"), "bundle_hash": page.inner_text("#bundle-hash"),
                 "commit": page.inner_text("#stb-commit"), "sealed": page.locator("#seal-ok").count(),
                 "problems": page.locator("#problems").count(), "labels": table_rows(page, "labels"),
-                "by_source": table_rows(page, "by-source"), "win_rate": page.inner_text("#win-rate-none")}
+                "by_source": table_rows(page, "by-source"), "win_rate": page.inner_text("#win-rate-none"),
+                "verification": page.inner_text("#verification"), "per_query": table_rows(page, "labels-per-query"),
+                "by_model": table_rows(page, "by-model"), "text": page.inner_text("body"),
+                "source": page.evaluate("""() => { const e = document.getElementById('source'), s = getComputedStyle(e);
+                                                   return [s.wordBreak, s.overflowWrap, e.innerHTML]; }""")}
 
     opened = open_page(page_file, inspect, screenshot=tmp_path / "report-bundle.png")
     print(f"screenshot: {opened.screenshot}")
@@ -132,6 +136,18 @@ def test_the_page_of_a_bundle_shows_the_score_calls_tokens_simulated_share_and_h
     assert shown["commit"] == STABLETOOLBENCH_COMMIT and shown["sealed"] == 1 and shown["problems"] == 0
     assert [row[:3] for row in shown["labels"]] == [["G1_instruction", "3", "1"], ["G1_category", "2", "1"]]
     assert "Not evaluated" in shown["win_rate"]
+    assert shown["verification"].startswith("As published, not replayed")
+    assert shown["per_query"] == [["G1_instruction", "1", "Solved, Solved, Solved, Solved", "yes"],
+                                  ["G1_instruction", "2", "Unsolved, Unsolved, Unsolved, Unsolved", "no"],
+                                  ["G1_instruction", "3", "Solved, Unsure, Unsolved, Unsolved", "no"],
+                                  ["G1_category", "10", "Solved, Solved, Solved, Unsolved", "yes"],
+                                  ["G1_category", "11", "Unsure, Unsure, Unsure, Unsure", "no"]]
+    # the simulated answers' model and prompt: the run's simulator (run.json), not "-"
+    assert [row[1:4] for row in shown["by_model"]] == [["MirrorAPI", built.simulator_prompt["sha256"], "3"]]
+    assert not any(word in shown["text"] for word in ("None", "unknown", "\n-\n", "\t-\n"))
+    # a name breaks after _ - . / only, never inside a word
+    word_break, overflow_wrap, source_html = shown["source"]
+    assert word_break == "normal" and overflow_wrap == "normal" and "-<wbr>" in source_html and "/<wbr>" in source_html
     charts = {chart["id"]: chart for chart in shown["charts"]}
     assert {"chart-sopr", "chart-model-tokens", "chart-by-source"} <= set(charts)
     assert len(charts["chart-sopr"]["bars"]) == 2 and len(charts["chart-model-tokens"]["bars"]) == 2
@@ -152,7 +168,8 @@ def test_a_bundle_changed_since_its_seal_is_reported_loudly_naming_each_file(bui
                                            {"path": "pass_rate/stm_agent/G1_category_stm_agent.json", "change": "changed"}]
     assert any("G1_category_stm_agent.json: changed since the bundle was sealed" in p for p in report["problems"])
     # and the changed label file no longer agrees with score.json
-    assert any("labels of G1_category are not those of its label file" in p for p in report["problems"])
+    assert "score.json: labels.G1_category.11.evaluations.0: the bundle says 'AnswerStatus.Unsure', its label files give " \
+           "'AnswerStatus.Solved'" in report["problems"]
     page_file = tmp_path / "changed.html"
     done = cli("report", str(changed), "--html", str(page_file), "-q", cwd=tmp_path)
     assert done.returncode == 1 and "PROBLEM:" in done.stdout and "CHANGED since its seal" in done.stdout
@@ -170,8 +187,7 @@ def test_a_score_json_the_label_files_do_not_give_is_a_problem(built: Built, tmp
     bundle.seal(wrong)  # sealed as it is: the seal cannot say the score is wrong, the label files can
     report = report_json(str(wrong), cwd=tmp_path, expected=1)
     assert report["bundle"]["sealed"]
-    assert report["problems"] == ["score.json: G1_instruction solve rate 70.00% over 3 queries, but its label file gives 45.83% over 3 "
-                                  "(StableToolBench's rule, scoring/score.py)"]
+    assert report["problems"] == ["score.json: pass_rate.G1_instruction.solve_rate: the bundle says 70, its label files give 45.8333"]
 
 
 def test_records_whose_files_are_not_their_manifest_are_a_problem_even_when_sealed_so(built: Built, tmp_path: Path) -> None:
@@ -315,25 +331,42 @@ def test_the_store_and_the_snapshot_count_model_calls_apart_from_tool_answers(bu
 def test_a_win_rate_against_a_reference_is_shown_with_its_average(built: Built, tmp_path: Path) -> None:
     against = tmp_path / "against"
     shutil.copytree(built.root, against)
+    # eval_preference's files: per query the votes for each run (a win, a tie, a loss; two wins)
+    votes = {"G1_instruction": {"1": (0, 2), "2": (1, 1), "3": (2, 0)}, "G1_category": {"10": (0, 1), "11": (1, 3)}}
+    for group, queries in votes.items():
+        path = against / bundle.preference_files("chatgpt_cot", "stm_agent", group)[0]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({q: {"chatgpt_cot": ref, "stm_agent": ours} for q, (ref, ours) in queries.items()}))
     score = json.loads((against / "score.json").read_text())
-    score["win_rate"] = {"G1_instruction": {"win": 0.5, "tie": 0.25, "lose": 0.25, "queries": 3},
+    score["win_rate"] = {"G1_instruction": {"win": 1 / 3, "tie": 1 / 3, "lose": 1 / 3, "queries": 3},
                          "G1_category": {"win": 1.0, "tie": 0.0, "lose": 0.0, "queries": 2}}
-    score["win_rate_average"] = 0.75
+    score["win_rate_average"] = (1 / 3 + 1.0) / 2
     (against / "score.json").write_text(json.dumps(score))
     run = json.loads((against / "run.json").read_text())
     run["reference"] = {"label": "chatgpt_cot", "content_hash": "sha256:" + "1" * 64}
     (against / "run.json").write_text(json.dumps(run))
     bundle.seal(against)
     report = report_json(str(against), cwd=tmp_path)
-    assert report["score"]["win_rate"]["G1_instruction"] == {"win": 0.5, "tie": 0.25, "lose": 0.25, "queries": 3}
-    assert report["score"]["win_rate_average"] == 0.75 and report["bundle"]["reference"]["label"] == "chatgpt_cot"
+    assert report["score"]["win_rate"]["G1_category"] == {"win": 1.0, "tie": 0.0, "lose": 0.0, "queries": 2}
+    assert report["score"]["win_rate_average"] == pytest.approx(2 / 3) and report["bundle"]["reference"]["label"] == "chatgpt_cot"
+    done = cli("report", str(against), "--json-out", str(tmp_path / "against.json"), "-q", cwd=tmp_path)
+    assert done.returncode == 0 and "SoWR:          G1_instruction 33.3%, G1_category 100.0%; average 66.7% (against chatgpt_cot)" in done.stdout
+    # a win rate its preference files do not give is a problem, naming the number
+    score["win_rate"]["G1_category"]["win"] = 0.5
+    (against / "score.json").write_text(json.dumps(score))
+    bundle.seal(against)
+    assert report_json(str(against), cwd=tmp_path, expected=1)["problems"] == [
+        "score.json: win_rate.G1_category.win: the bundle says 0.5, its label files give 1"]
+    score["win_rate"]["G1_category"]["win"] = 1.0
+    (against / "score.json").write_text(json.dumps(score))
+    bundle.seal(against)
     require_chromium()
     page_file = tmp_path / "against.html"
     assert cli("report", str(against), "--html", str(page_file), "-q", cwd=tmp_path).returncode == 0
     opened = open_page(page_file, lambda page: {"rows": table_rows(page, "win-rate"), "average": page.inner_text("#sowr-average"),
                                                  "text": page.inner_text("body")})
-    assert opened.result["rows"] == [["G1_instruction", "50.0%", "25.0%", "25.0%", "3"], ["G1_category", "100.0%", "0.0%", "0.0%", "2"]]
-    assert opened.result["average"] == "75.0%" and "against chatgpt_cot" in opened.result["text"]
+    assert opened.result["rows"] == [["G1_instruction", "33.3%", "33.3%", "33.3%", "3"], ["G1_category", "100.0%", "0.0%", "0.0%", "2"]]
+    assert opened.result["average"] == "66.7%" and "against chatgpt_cot" in opened.result["text"]
 
 
 @pytest.mark.parametrize("group", ["../../outside", "a/b", "..", ""])

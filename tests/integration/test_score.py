@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from stabletoolbench_mirror.commands.cli import main as cli
-from stabletoolbench_mirror.scoring.bundle import read_bundle, seal, verify
+from stabletoolbench_mirror.scoring.bundle import open_bundle, read_bundle, seal, verify
 from tests.helpers.model_stubs import AgentStub, JudgeStub, ToolLlamaStub
 from tests.helpers.openai_stub import OpenAIStub
 from tests.helpers.upstream_pipeline import FROZEN_CACHE, TOOLS_DIR, UPSTREAM, upstream_available
@@ -141,9 +141,15 @@ def test_a_changed_answer_file_makes_the_replay_fail_naming_it(recorded: dict[st
     assert code == 1 and f"answers/G1_tool/394_{COT}.json: changed since the bundle was sealed" in err
     # sealed again over the change: the replay itself finds the answer file that differs
     seal(bundle)
-    code, out, err = score("--replay", str(bundle), "--work", str(work / "changed-replay"), capsys=capsys)
+    code, out, err = score("--replay", str(bundle), "--work", str(work / "changed-replay"), "--out", str(work / "changed-replayed"),
+                           capsys=capsys)
     assert code == 1, err
     assert f"differs: answers/G1_tool/394_{COT}.json" in out
+    replayed = read_bundle(work / "changed-replayed")  # the replay's own bundle says what it found
+    assert replayed.verdict is not None and not replayed.verdict.identical and replayed.verdict.replayed == read_bundle(bundle).content_hash
+    assert f"answers/G1_tool/394_{COT}.json" in replayed.verdict.differ
+    assert cli(["report", str(replayed.root), "--json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out)["bundle"]["verification"]["status"] == "replay, different"
     assert "G1_instruction: answers 2/2 identical, 3/3 evaluation files identical: identical" in out
     assert "G1_tool: answers 1/2 identical, 3/3 evaluation files identical: DIFFERENT" in out
     assert "files differ from the bundle" in out
@@ -166,6 +172,38 @@ def test_sowr_rescored_twice_from_the_bundle_gives_identical_preference_files(re
             relative = f"preference/{group}_cot_dfs.{suffix}"
             first, second = (work / "rescore1" / relative).read_bytes(), (work / "rescore2" / relative).read_bytes()
             assert first == second == (recorded["dfs"] / relative).read_bytes()
+
+
+def test_a_rescore_with_out_writes_its_own_bundle_that_report_calls_verified(recorded: dict[str, Any], work: Path,
+                                                                          capsys: pytest.CaptureFixture[str],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``score --rescore ARCHIVE --work REL --out REL``: a relative work folder made absolute once; the re-score's own bundle
+    carries its verdict, ``report`` of it says verified, of the published bundle "as published, not replayed"."""
+    monkeypatch.chdir(work)
+    code, out, err = score("--rescore", "cot.tar.gz", "--work", "rescore-relative", "--out", "cot-rescored", "--json", capsys=capsys)
+    assert code == 0, err
+    done = json.loads(out)
+    assert done["identical"] is True and done["work"] == str(work / "rescore-relative")
+    assert (work / "rescore-relative" / "state.json").is_file() and not (work / "rescore-relative" / "rescore-relative").exists()
+    published = open_bundle(str(recorded["cot"]), work / "downloads-again")
+    rescored = read_bundle(work / "cot-rescored")
+    assert done["out"] == {"path": str(work / "cot-rescored"), "content_hash": rescored.content_hash}
+    assert rescored.verdict is not None and rescored.verdict.kind == "rescore" and rescored.verdict.identical
+    assert rescored.verdict.replayed == published.content_hash and rescored.score == published.score
+    statuses = {}
+    for source in ("cot.tar.gz", "cot-rescored"):
+        capsys.readouterr()
+        assert cli(["report", source, "--json-out", f"{source}.report.json", "-q", "--config", str(work / "record.yml")]) == 0
+        said = capsys.readouterr().out
+        statuses[source] = json.loads((work / f"{source}.report.json").read_text())["bundle"]["verification"]["status"]
+        assert f"verification:  {statuses[source]}" in said
+    assert statuses == {"cot.tar.gz": "as published, not replayed", "cot-rescored": "verified"}
+    capsys.readouterr()
+    assert cli(["report", "cot.tar.gz", "cot-rescored", "--json", "-q", "--config", str(work / "record.yml")]) == 0  # they agree
+    said = capsys.readouterr()
+    comparison = json.loads(said.out)["comparison"]
+    assert comparison["same"] is True and comparison["replay"] == {"replayed": "a", "by": "b", "kind": "rescore", "status": "verified"}
+    assert "replay:        B is the rescore of A: verified" in said.err
 
 
 def test_the_report_of_a_recorded_bundle_shows_its_score_calls_tool_share_and_hashes(recorded: dict[str, Any], tmp_path: Path,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from stabletoolbench_mirror.scoring.score import SOLVED, UNSURE, pass_rate
@@ -36,3 +39,20 @@ def test_no_query_or_no_evaluation_is_refused() -> None:
         pass_rate({}, 4)
     with pytest.raises(ValueError, match="evaluate_times"):
         pass_rate({"1": {"0": SOLVED}}, 0)
+
+
+def test_a_label_or_preference_file_of_another_shape_is_a_score_error_naming_it(tmp_path: Path) -> None:
+    from stabletoolbench_mirror.scoring.score import ScoreError, pass_rate_file, win_rate
+
+    labels = tmp_path / "G1_run.json"
+    for solved in ({"x": "AnswerStatus.Solved"}, {"1" * 5000: "AnswerStatus.Solved"}):
+        labels.write_text(json.dumps({"1": {"is_solved": solved}}))
+        with pytest.raises(ScoreError, match=r"G1_run.json: evaluation .*: an evaluation's number \(0, 1, ...\) expected"):
+            pass_rate_file(labels, 2)
+    votes = tmp_path / "G1_ref_run.json"
+    votes.write_text(json.dumps({"1": {"ref": "3", "run": 1}}))
+    with pytest.raises(ScoreError, match="G1_ref_run.json: query 1: the votes for ref and run must be numbers"):
+        win_rate(votes, "ref", "run")
+    votes.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ScoreError, match="nested deeper than 500 levels"):
+        win_rate(votes, "ref", "run")
