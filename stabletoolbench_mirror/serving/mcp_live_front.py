@@ -115,13 +115,13 @@ class LiveFront:
         into the session's streams, its task, the answer back as a server-sent event) cost more than the rest of
         the call (``benchmarks/live_mcp.py``).  Only a single request whose method is ``tools/call``, naming a
         tool offered here with object arguments, from a client that accepts JSON, is answered here; the result is
-        the one the SDK path serves (the same ``CallToolResult``, dumped as the SDK dumps it).  ``session``: an
-        awaitable giving the call's server session (or the answer to a bad ``X-STM-Session``)."""
+        the one the SDK path serves (the same ``CallToolResult``, dumped as the SDK dumps it).  ``session``: made
+        only for such a call, an awaitable giving its server session (or the answer to a bad ``X-STM-Session``)."""
         message = self._live_call_of(body, accept)
         if message is None:
             return None
         params = message["params"]
-        run, local = await session
+        run, local = await session()
         if isinstance(run, Outcome):
             text: str | None = encode_answer(error_result(f"stabletoolbench-mirror: {run.answer['error']}"))
         else:
@@ -174,7 +174,7 @@ async def answer_directly(live: LiveFront, scope: Any, receive: Any, send: Any, 
         pass  # over the client's limits: the SDK's path answers it, refused there as any MCP call
     else:
         try:
-            answer = await live.direct(body, request.headers.get("accept", ""), session_of(request.headers, sid))
+            answer = await live.direct(body, request.headers.get("accept", ""), lambda: session_of(request.headers, sid))
         finally:
             if admission is not None:
                 admission.leave(client)
