@@ -50,7 +50,6 @@ import argparse
 import asyncio
 import http.client
 import http.server
-import io
 import json
 import os
 import signal
@@ -73,6 +72,7 @@ sys.path.insert(0, str(REPO))
 from stabletoolbench_mirror.core.records import Record  # noqa: E402
 from stabletoolbench_mirror.stores import DiskcacheStore  # noqa: E402
 from stabletoolbench_mirror.upstream.failures import failure_entries_hash  # noqa: E402
+from tests.helpers.archives import add_member as _add  # noqa: E402
 from tests.helpers.crowd import close_all, crowd_of_requests, request_without_reading, rss_mb, stalled_bodies  # noqa: E402
 from tests.helpers.openai_stub import OpenAIStub, Reply  # noqa: E402
 from tests.helpers.processes import ServeProcess, StubProcess  # noqa: E402
@@ -205,28 +205,6 @@ def import_config(tmp: Path, name: str, **settings: Any) -> tuple[Path, Path]:
 
 def left_in(folder: Path) -> int:
     return sum(1 for _ in folder.rglob("*")) if folder.exists() else 0
-
-
-class _Zeros(io.RawIOBase):
-    """``size`` zero bytes, read in chunks (never held at once)."""
-
-    def __init__(self, size: int) -> None:
-        self.left = size
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
-        n = min(len(buffer), self.left)
-        buffer[:n] = bytes(n)
-        self.left -= n
-        return n
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes | None = None, *, zeros: int = 0) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data) if data is not None else zeros
-    tar.addfile(info, io.BytesIO(data) if data is not None else io.BufferedReader(_Zeros(zeros), 1 << 20))
 
 
 #: a manifest as ``snapshot`` writes one (its content hash never reached: the members are refused from their headers first)

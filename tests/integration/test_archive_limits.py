@@ -7,7 +7,6 @@ streamed into it, so the archive stays small while its headers say gigabytes.
 from __future__ import annotations
 
 import http.server
-import io
 import json
 import os
 import subprocess
@@ -28,6 +27,7 @@ from stabletoolbench_mirror.stores import DiskcacheStore
 from stabletoolbench_mirror.upstream import archives
 from stabletoolbench_mirror.upstream.archives import ArchiveLimits
 from tests.helpers import paths
+from tests.helpers.archives import add_member as _add
 from tests.helpers.live import serve_folder, serve_http
 
 GIB = 1 << 30
@@ -46,28 +46,6 @@ used = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"rc": done.returncode, "stdout": done.stdout, "stderr": done.stderr, "elapsed_s": elapsed,
                   "cpu_s": used.ru_utime + used.ru_stime, "maxrss_kib": used.ru_maxrss}))
 """
-
-
-class _Zeros(io.RawIOBase):
-    """``size`` zero bytes, read in chunks (never held at once)."""
-
-    def __init__(self, size: int) -> None:
-        self.left = size
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
-        n = min(len(buffer), self.left)
-        buffer[:n] = bytes(n)
-        self.left -= n
-        return n
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes | None = None, *, zeros: int = 0) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data) if data is not None else zeros
-    tar.addfile(info, io.BytesIO(data) if data is not None else io.BufferedReader(_Zeros(zeros), 1 << 20))
 
 
 def _archive(path: Path, members: list[tuple[str, int]]) -> Path:

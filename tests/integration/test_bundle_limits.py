@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-import io
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ from stabletoolbench_mirror.scoring import bundle
 from stabletoolbench_mirror.scoring.bundle import open_bundle
 from stabletoolbench_mirror.upstream.archive_limits import ArchiveLimits
 from stabletoolbench_mirror.upstream.archives import pack
+from tests.helpers.archives import add_member as _add
 from tests.helpers.live import serve_http
 from tests.helpers.paths import REPO
 from tests.integration.test_score_bundle import make_bundle
@@ -37,33 +37,11 @@ ZEROS = 200 * MB
 ENDLESS_FOR_S = 120.0  # the endless answers stop after this, whatever the client does
 
 
-class _Zeros(io.RawIOBase):
-    """``size`` zero bytes, read in chunks (never held at once)."""
-
-    def __init__(self, size: int) -> None:
-        self.left = size
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
-        n = min(len(buffer), self.left)
-        buffer[:n] = bytes(n)
-        self.left -= n
-        return n
-
-
 def _zeros_sha256(size: int) -> str:
     digest, chunk = hashlib.sha256(), bytes(MB)
     for _ in range(size // MB):
         digest.update(chunk)
     return digest.hexdigest()
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes | None = None, *, zeros: int = 0) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data) if data is not None else zeros
-    tar.addfile(info, io.BytesIO(data) if data is not None else io.BufferedReader(_Zeros(zeros), MB))
 
 
 def sealed_bomb(path: Path) -> Path:
