@@ -53,6 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stabletoolbench_mirror.scoring.demo_models import forced_function, offered_functions
 from tests.helpers.live import ScriptedApp, free_port, read_body, send_json
 
 FINISH = "Finish"
@@ -234,19 +235,6 @@ class ChatStub(ScriptedApp):
 # -- the agent ---------------------------------------------------------------------------------------
 
 
-def _functions(body: dict[str, Any]) -> list[dict[str, Any]]:
-    tools = [t["function"] for t in body.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)]
-    return tools or [f for f in body.get("functions") or [] if isinstance(f, dict)]
-
-
-def _forced_name(body: dict[str, Any]) -> str | None:
-    choice = body.get("tool_choice", body.get("function_call"))
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if "function" in choice else choice.get("name")
-        return str(name) if name else None
-    return None
-
-
 def _query(messages: list[dict[str, Any]]) -> str:
     """The user's request: upstream's user turn is ``"\\n{query}\\nBegin!\\n"``."""
     for message in messages:
@@ -296,14 +284,14 @@ def agent_message(body: dict[str, Any], *, tool_calls_before_answer: int = 1, ch
     ``give_answer`` with a final answer quoting the query and the last tool result.
     """
     messages = body.get("messages") or []
-    functions = _functions(body)
+    functions = offered_functions(body)
     query = _query(messages)
     results = [m for m in messages if m.get("role") in ("tool", "function")]
     legacy = not body.get("tools") and bool(body.get("functions"))
     if not functions or body.get("tool_choice") == "none" or body.get("function_call") == "none":
         return Answer(content=f"Answer to: {query[:200]}", finish_reason="stop")
     names = [f.get("name") for f in functions]
-    forced = _forced_name(body)
+    forced = forced_function(body)
     workers = [f for f in functions if f.get("name") != FINISH]
     if forced is not None and forced in names:
         function = functions[names.index(forced)]
@@ -467,8 +455,8 @@ class JudgeStub(ChatStub):
         label = self.label(body)
         with self._lock:
             self.labels.append(label)
-        functions = _functions(body)
-        name = _forced_name(body) or (str(functions[0].get("name")) if functions else "check_answer_status")
+        functions = offered_functions(body)
+        name = forced_function(body) or (str(functions[0].get("name")) if functions else "check_answer_status")
         arguments = json.dumps(judge_arguments(name, label))
         content = f"The answer is {label}." + self._echo(headers)
         if not body.get("tools") and body.get("functions"):
@@ -476,7 +464,7 @@ class JudgeStub(ChatStub):
         call_id = "call_" + _digest([body.get("messages"), name, label])
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
         # a forced tool_choice ends with "stop", as OpenAI's API answers it
-        return Answer(content=content, tool_calls=[call], finish_reason="stop" if _forced_name(body) else "tool_calls")
+        return Answer(content=content, tool_calls=[call], finish_reason="stop" if forced_function(body) else "tool_calls")
 
 
 # -- the wire ----------------------------------------------------------------------------------------
