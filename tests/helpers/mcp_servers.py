@@ -2,10 +2,10 @@
 
 The PyPI servers ``mcp-server-time`` and ``mcp-server-git`` install beside this project (the ``test`` extra) and
 run from its venv; ``mcp-server-sqlite`` needs the MCP SDK 1.x, which cannot live beside this project's 2.x, so it
-is installed in a venv of its own (``STM_MCP_SQLITE_VENV``, default ``.mcp-sqlite`` in the repository; ``.ci/run``
+is installed in a venv of its own (``STM_CI_MCP_SQLITE_VENV``, default ``.mcp-sqlite`` in the repository; ``.ci/run``
 makes it).  The npm servers
 (``@modelcontextprotocol/server-everything``, ``server-filesystem``, ``server-memory``) are read from
-``STM_MCP_NODE_DIR`` (default ``.mcp-node``; ``.ci/run`` installs them there) and run with ``node``.
+``STM_CI_MCP_NODE_DIR`` (default ``.mcp-node``; ``.ci/run`` installs them there) and run with ``node``.
 A test that needs one that is not installed skips, naming what installs it.
 """
 
@@ -23,8 +23,8 @@ import pytest
 
 from tests.helpers.paths import REPO
 
-SQLITE_VENV = Path(os.environ.get("STM_MCP_SQLITE_VENV", REPO / ".mcp-sqlite"))
-NODE_DIR = Path(os.environ.get("STM_MCP_NODE_DIR", REPO / ".mcp-node"))
+SQLITE_VENV = Path(os.environ.get("STM_CI_MCP_SQLITE_VENV", REPO / ".mcp-sqlite"))
+NODE_DIR = Path(os.environ.get("STM_CI_MCP_NODE_DIR", REPO / ".mcp-node"))
 NPM_PACKAGES = {"everything": "server-everything", "filesystem": "server-filesystem", "memory": "server-memory"}
 
 

@@ -69,6 +69,19 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     assert load_settings(cfg, environ=tooling).port == 9000
 
 
+def test_every_stm_variable_the_ci_script_and_the_test_helpers_set_is_not_taken_for_a_setting(tmp_path: Path) -> None:
+    """CI exports variables for the test helpers; one the config takes for an unknown key fails every in-process command."""
+    import re
+    repo = Path(__file__).resolve().parents[2]
+    texts = [(repo / ".ci" / "run").read_text(), *(p.read_text() for p in (repo / "tests" / "helpers").glob("*.py"))]
+    names = {n for t in texts for n in re.findall(r"\b(STM_[A-Z0-9_]+)\b", t)} - {"STM_"}
+    assert "STM_CI_MCP_SQLITE_VENV" in names  # the scan sees what .ci/run exports
+    cfg = write(tmp_path, "port: 9000\n")
+    from stabletoolbench_mirror.config import Settings
+    settings_env = {n for n in names if n.removeprefix("STM_").split("__")[0].lower() in Settings.model_fields}
+    assert load_settings(cfg, environ={n: "/tmp/x" for n in names - settings_env}).port == 9000
+
+
 def test_relative_paths_resolve_against_the_config_folder(tmp_path: Path) -> None:
     sub = tmp_path / "conf"
     sub.mkdir()
