@@ -139,6 +139,18 @@ class FaultPlan:
             await anyio.sleep(self.slow_s)  # on the event loop: a slow answer holds no worker thread
         return self.apply(outcome, kind)
 
+    def mcp_kind(self, server: str, tool: str, api: str, key: str, outcome: Outcome) -> str | None:
+        """The fault a live MCP server's tool call gets (:func:`mcp_faulted`), or ``None``.  The scope's names are the
+        call's: ``categories`` ``@mcp``, ``tools`` the server's name, ``apis`` the tool's name or ``@mcp/<server>/<tool>``;
+        the draw is ``(seed, api, key)`` as every call's."""
+        if outcome.status != 200 or outcome.kind not in FAULTABLE or outcome.fault is not None:
+            return None
+        if self._categories and "@mcp" not in self._categories or self._tools and server not in self._tools:
+            return None
+        if self._apis and not self._apis & {tool, f"@mcp/{server}/{tool}", api}:
+            return None
+        return self.kind_for(api, key)
+
     def serve_blocking(self, call: ToolCall, outcome: Outcome) -> Outcome:
         """:meth:`serve` without the wait of a ``slow`` fault, for a caller without an event loop (``check --with-faults``
         in process)."""
@@ -171,6 +183,33 @@ def faulted_body(body: str, kind: str) -> str:
     if kind == "slow":
         return body
     raise ValueError(f"unknown fault kind {kind!r}")
+
+
+def mcp_faulted(body: str, kind: str) -> str:
+    """The ``CallToolResult`` (JSON text) served for fault ``kind`` in place of the clean one ``body``: an error kind is an
+    ``isError`` result whose text is StableToolBench's error text, ``empty`` a result without content, ``truncated``
+    each text content cut in half (its ``structuredContent`` left out), ``malformed`` a text content holding the result's JSON cut in half (never valid
+    JSON), ``slow`` the clean result."""
+    if kind == "slow":
+        return body
+    if kind in ERROR_KINDS:
+        return protocol.encode_answer({"content": [{"type": "text", "text": ERROR_KINDS[kind]}], "isError": True})
+    if kind == "empty":
+        return protocol.encode_answer({"content": []})
+    if kind == "malformed":
+        return protocol.encode_answer({"content": [{"type": "text", "text": body[: max(1, len(body) // 2)]}]})
+    if kind != "truncated":
+        raise ValueError(f"unknown fault kind {kind!r}")
+    try:
+        result: Any = json.loads(body)
+    except ValueError:
+        result = None
+    if not isinstance(result, dict) or not isinstance(result.get("content"), list):
+        return protocol.encode_answer({"content": [{"type": "text", "text": body[: len(body) // 2]}]})
+    cut = [{**part, "text": part["text"][: len(part["text"]) // 2]}
+           if isinstance(part, dict) and isinstance(part.get("text"), str) else part for part in result["content"]]
+    kept = {name: value for name, value in result.items() if name != "structuredContent"}
+    return protocol.encode_answer({**kept, "content": cut})
 
 
 def _truncated(body: str) -> str:

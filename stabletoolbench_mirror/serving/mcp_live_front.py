@@ -70,7 +70,7 @@ class LiveFront:
         simulator = next((r for r in layer.responders if isinstance(r, Simulator)), None)
         calls = LiveCalls(servers, layer.store, mode=layer.mode, stats=layer.stats, run=run, frozen=layer.frozen, simulator=simulator,
                           save=settings.save, store_timeout_s=settings.store.timeout_s, limiter=limiter,
-                          redactor=Redactor(settings.secrets()))
+                          redactor=Redactor(settings.secrets()), faults=layer.faults)
         return cls(calls)
 
     def start(self) -> None:

@@ -276,3 +276,34 @@ def test_a_handshake_era_session_is_recorded_and_replayed_in_order_through_the_d
     assert _dump(replayed_tools) == _dump(tools)
     assert _dump(replayed) == _dump(recorded)
     assert [(r.content, r.is_error) for r in modern] == [(r.content, r.is_error) for r in recorded]
+
+
+def test_seeded_faults_are_served_on_live_mcp_calls_the_same_in_every_run_and_never_recorded(tmp_path: Path) -> None:
+    calls = [("echo", {"text": f"call {i}"}) for i in range(12)]
+    with _serve(tmp_path, "record", {"rogue": _echo_server()}) as server:
+        _, clean = servers.run_session(server.url + "/mcp", calls)
+    before = {(r.api, r.key): r.body for r in _records(tmp_path)}
+    faults = {"seed": 7, "rate": 0.5, "kinds": ["api_not_working", "truncated", "empty"]}
+    runs = []
+    for _ in range(2):
+        with _serve(tmp_path, "replay", {"rogue": _echo_server()}, faults=faults) as server:
+            _, served = servers.run_session(server.url + "/mcp", calls)
+            stats = requests.get(server.url + "/stats", timeout=10).json()
+        runs.append((_dump(served), stats["faults"]))
+    assert runs[0] == runs[1]  # the same calls faulted the same way in every run
+    served, counted = runs[0]
+    faulted = [i for i, (a, b) in enumerate(zip(served, _dump(clean))) if a != b]
+    assert 0 < len(faulted) < len(calls) and sum(counted.values()) == len(faulted)
+    kinds = set()
+    for i in faulted:
+        result, text = served[i], clean[i].content[0].text
+        if result.get("isError"):
+            kinds.add("api_not_working")
+            assert result["content"][0]["text"] == "API not working error..."  # StableToolBench's own error text
+        elif not result["content"]:
+            kinds.add("empty")
+        else:
+            kinds.add("truncated")
+            assert result["content"][0]["text"] == text[: len(text) // 2]
+    assert kinds == set(counted)
+    assert {(r.api, r.key): r.body for r in _records(tmp_path)} == before  # served only: the records are the clean results

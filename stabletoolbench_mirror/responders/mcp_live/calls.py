@@ -15,7 +15,8 @@ call and ``/v1`` a model call, in the same store, with the same provenance and c
 5. the server down (or ``live: false``): the simulator, from the tool's recorded schema (:mod:`.simulate`),
    recorded with ``source: simulated``; without one, an error result naming the server that is down,
    recorded as a failure record (replayed as served);
-6. counted once in ``/stats`` (``requests``, outcomes, ``by_source``, per API ``@mcp/<server>/<tool>``).
+6. ``faults:`` (seeded) may serve a fault in its place (:meth:`~stabletoolbench_mirror.engine.faults.FaultPlan.mcp_kind`);
+7. counted once in ``/stats`` (``requests``, outcomes, ``by_source``, per API ``@mcp/<server>/<tool>``).
 
 ``tools/list`` of each server is read at start: live in ``record``/``refresh`` (and recorded when it
 differs from the record), else from the store.  Blocking work (store, servers, simulator) runs in worker threads.
@@ -39,6 +40,7 @@ from stabletoolbench_mirror.core.outcomes import Outcome, OutcomeKind
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.core.secrets import Redactor
+from stabletoolbench_mirror.engine.faults import FaultPlan, mcp_faulted
 from stabletoolbench_mirror.engine.occurrences import PrivateRun, RunCounters
 from stabletoolbench_mirror.responders.mcp_live.client import LiveServer, LiveServerDown
 from stabletoolbench_mirror.responders.mcp_live.simulate import result_text, simulate
@@ -77,8 +79,10 @@ class LiveCalls:
 
     def __init__(self, servers: Mapping[str, McpServerConfig], store: Store, *, mode: Mode, stats: Any, run: str,
                  frozen: Sequence[CacheTier] = (), simulator: Simulator | None = None, save: bool = True,
-                 store_timeout_s: float = 2.0, limiter: Any = None, redactor: Redactor | None = None) -> None:
-        """``frozen``: read after the store, in order (a snapshot of a recorded run replays it alone)."""
+                 store_timeout_s: float = 2.0, limiter: Any = None, redactor: Redactor | None = None,
+                 faults: FaultPlan | None = None) -> None:
+        """``frozen``: read after the store, in order (a snapshot of a recorded run replays it alone); ``faults``: the seeded
+        faults served instead of some answers (:meth:`~.FaultPlan.mcp_kind`), after the clean answer was recorded."""
         self.configs = dict(servers)
         self.live = {name: LiveServer(name, cfg) for name, cfg in servers.items()}
         self.store = store
@@ -91,6 +95,7 @@ class LiveCalls:
         self.simulator = simulator
         self.save = save
         self.limiter = limiter
+        self.faults = faults
         self.counters = RunCounters(store, PrivateRun(run), store_timeout_s)
         self.tools: dict[str, LiveTool] = {}
         self.listed_at: dict[str, float | None] = {}
@@ -215,11 +220,16 @@ class LiveCalls:
         if outcome is None:
             outcome = Outcome(encode_answer(error_result("stabletoolbench-mirror: internal error (see the server log)")),
                               OutcomeKind.ERROR, status=500, api=api)
-        self.stats.count(outcome)
         earlier = self._history.get(run)
         if earlier is None:
             earlier = self._history[run] = deque(maxlen=HISTORY_CALLS)
         earlier.append((tool.offered, arguments, outcome.body))  # the result's text read only if a simulation needs it
+        plan = self.faults
+        if plan is not None and (fault := plan.mcp_kind(tool.server, tool.name, api, key, outcome)) is not None:
+            if fault == "slow":  # served only: the store and the simulator's history keep the clean result
+                await anyio.sleep(plan.slow_s)
+            outcome = dataclasses.replace(outcome, body=mcp_faulted(outcome.body, fault), fault=fault)
+        self.stats.count(outcome)
         return outcome.body
 
     def _store_hit(self, api: str, key: str, server: str) -> Record | None:
