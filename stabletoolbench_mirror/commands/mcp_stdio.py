@@ -1,8 +1,9 @@
 """``stabletoolbench-mirror mcp``: the MCP front over stdio, for MCP clients that start their servers themselves.
 
 The same layer, tools and answers as ``serve``'s ``/mcp`` (see :mod:`stabletoolbench_mirror.serving.mcp_front`);
-``--query GROUP/ID`` offers one query's tools.  The whole run is one server session.  Logs go to
-stderr (stdout carries the protocol).
+``--query GROUP/ID`` offers one query's tools; with ``mcp_servers`` (or a snapshot of an MCP run in replay)
+the live servers' tools instead, each call recorded and replayed as ``/mcp``'s.  The whole run is one server
+session.  Logs go to stderr (stdout carries the protocol; a live stdio server's own stdout is its pipe, never ours).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ def cmd_mcp(args: Any) -> int:
     from stabletoolbench_mirror.core.fair import FairLimiter
     from stabletoolbench_mirror.core.logs import setup_logging
     from stabletoolbench_mirror.factory import build_layer
+    from stabletoolbench_mirror.engine.model_calls import new_run_id
     from stabletoolbench_mirror.serving.mcp_front import McpFront
+    from stabletoolbench_mirror.serving.mcp_live_front import LiveFront
     from stabletoolbench_mirror.serving.server import CallPath
 
     settings = settings_from_args(args)
@@ -37,12 +40,19 @@ def cmd_mcp(args: Any) -> int:
     if query is not None and query not in front.catalog.queries:
         raise CommandError(f"--query {args.query}: no such query in mcp.queries")
     layer = build_layer(settings)  # a StoreError is the command line's exit 2
+    live = None
     try:
         path = CallPath(layer, FairLimiter(max(40, settings.limits.max_pending_misses + 32), reserve=32))
         for tier in layer.tiers:
             tier.use_threads(path.threads)
+        if query is None:  # the live MCP servers (mcp_servers, or a snapshot's): their tools, started and listed first
+            live = front.live = LiveFront.build(settings, layer, settings.llm.run or new_run_id(), path.threads)
+            if live is not None:
+                live.start()
         anyio.run(front.serve_stdio, path, query)
     finally:
+        if live is not None:
+            live.close()
         layer.close()
     return 0
 

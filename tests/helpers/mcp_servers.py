@@ -89,16 +89,18 @@ def children_running(command_part: str) -> list[str]:
     return mine
 
 
-async def session(url: str, calls: list[tuple[str, dict[str, Any]]], headers: dict[str, str] | None = None,
+async def session(url: Any, calls: list[tuple[str, dict[str, Any]]], headers: dict[str, str] | None = None,
                   mode: str = "auto") -> tuple[list[Any], list[Any]]:
-    """An agent-like SDK client session at ``url``: every tool listed (page by page), then ``calls`` in order.
+    """An agent-like SDK client session at ``url`` (or a stdio server's ``StdioServerParameters``): every tool listed
+    (page by page), then ``calls`` in order.
 
     ``mode``: the SDK's protocol era, ``auto`` (the 2026 era: no MCP session) or ``legacy`` (the handshake: a session)."""
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    transport = streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers or {}, timeout=120))
+    transport = (streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers or {}, timeout=120))
+                 if isinstance(url, str) else url)
     async with Client(transport, mode=mode) as client:
         page = await client.list_tools()
         tools = list(page.tools)
@@ -109,5 +111,5 @@ async def session(url: str, calls: list[tuple[str, dict[str, Any]]], headers: di
     return tools, results
 
 
-def run_session(url: str, calls: list[tuple[str, dict[str, Any]]], **kwargs: Any) -> tuple[list[Any], list[Any]]:
+def run_session(url: Any, calls: list[tuple[str, dict[str, Any]]], **kwargs: Any) -> tuple[list[Any], list[Any]]:
     return asyncio.run(session(url, calls, **kwargs))

@@ -307,3 +307,33 @@ def test_seeded_faults_are_served_on_live_mcp_calls_the_same_in_every_run_and_ne
             assert result["content"][0]["text"] == text[: len(text) // 2]
     assert kinds == set(counted)
     assert {(r.api, r.key): r.body for r in _records(tmp_path)} == before  # served only: the records are the clean results
+
+
+def test_the_stdio_mcp_command_records_and_replays_live_servers_as_serve_does(tmp_path: Path) -> None:
+    """``stabletoolbench-mirror mcp`` (stdio, as an MCP client starts its servers) with ``mcp_servers``: the live servers'
+    tools, a stateful session recorded by order, then replayed with the servers gone."""
+    import yaml
+    from mcp import StdioServerParameters
+
+    work = tmp_path / "work"
+    work.mkdir()
+    calls = _session_calls(work)[2:8] + [("echo", {"text": "over stdio"})]
+    config = {"sqlite": servers.sqlite_server(work / "notes.db"), "rogue": _echo_server()}
+
+    def stdio(mode: str) -> StdioServerParameters:
+        path = tmp_path / f"{mode}.yml"
+        path.write_text(yaml.safe_dump({"mode": mode, "store": {"path": str(tmp_path / "store")}, "mcp_servers": config}))
+        args = ["-m", "stabletoolbench_mirror", "mcp", "--config", str(path)]
+        return StdioServerParameters(command=sys.executable, args=args, env={"PYTHONPATH": str(REPO)}, cwd=str(tmp_path))
+
+    tools, recorded = servers.run_session(stdio("record"), calls)
+    assert {"read_query", "echo"} <= {t.name for t in tools}
+    counts = [r.content[0].text for r, (name, _) in zip(recorded, calls) if name == "read_query"]
+    assert counts == ["[{'n': 0}]", "[{'n': 1}]", "[{'n': 2}]"]
+    assert {r.source for r in _records(tmp_path)} == {"mcp"}
+    (work / "notes.db").unlink()
+    config["sqlite"] = {"command": str(tmp_path / "gone")}  # the live servers cannot start now: the records answer
+    config["rogue"] = {"command": str(tmp_path / "gone")}
+    replayed_tools, replayed = servers.run_session(stdio("replay"), calls)
+    assert _dump(replayed_tools) == _dump(tools)
+    assert _dump(replayed) == _dump(recorded)
