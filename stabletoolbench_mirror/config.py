@@ -134,6 +134,16 @@ class Settings(Section):
         except ValueError as exc:
             raise ConfigError(f"mcp_servers: {exc}") from None
 
+    def with_servers_read(self) -> Settings:
+        """These settings with ``mcp_servers`` given as its servers when it names a JSON file (a snapshot's manifest keeps
+        what the run used, not a path the reader does not have); as they are when the file cannot be read."""
+        if not isinstance(self.mcp_servers, str):
+            return self
+        try:
+            return self.model_copy(update={"mcp_servers": self.live_servers()})
+        except ConfigError:
+            return self
+
     def _mcp_secrets(self) -> list[str]:
         """The ``env`` and ``headers`` values of ``mcp_servers`` named like a credential (``*KEY*``, ``*TOKEN*``,
         ``Authorization``, ...) and written as they are (a ``${VAR}`` reference is no secret; the bearer's scheme is kept)."""

@@ -116,7 +116,7 @@ def write_snapshot(
         "failure_entries_hash": failure_entries_hash(digest.hexdigest(), {(api, key) for api, key in failures}),
         "api_hashes": digest.apis,
         "store": store.kind,
-        "settings": public_settings(settings) if settings is not None else None,
+        "settings": public_settings(settings.with_servers_read()) if settings is not None else None,
     }
     write_text(root / MANIFEST_NAME, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest

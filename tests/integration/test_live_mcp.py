@@ -186,11 +186,12 @@ def test_a_snapshot_of_an_mcp_run_replays_it_alone_in_a_clean_folder(tmp_path: P
     config = {"time": {**servers.time_server(), "matcher": "exact"}, "sqlite": servers.sqlite_server(run / "notes.db")}
     calls = _session_calls(run)[:8]
     chat = {"model": "agent-model", "messages": [{"role": "user", "content": "which tool next?"}]}
+    (run / "mcp.json").write_text(json.dumps({"mcpServers": config}))  # an MCP client's file, as the benchmarks ship theirs
     with _simulator("the agent's answer") as agent:
         (run / "config.yml").write_text(yaml.safe_dump({
-            "mode": "record", "store": {"path": str(run / "store")}, "mcp_servers": config,
+            "mode": "record", "store": {"path": str(run / "store")}, "mcp_servers": "mcp.json",
             "llm": {"upstreams": [{"base_url": agent.api_base}]}}))
-        settings = make_settings(run, mode="record", mcp_servers=config, llm={"upstreams": [{"base_url": agent.api_base}]})
+        settings = make_settings(run, mode="record", mcp_servers=str(run / "mcp.json"), llm={"upstreams": [{"base_url": agent.api_base}]})
         with UvicornThread(create_app(settings), **uvicorn_options(settings)) as server:
             recorded_tools, recorded = servers.run_session(server.url + "/mcp", calls)
             model_answer = requests.post(server.url + "/v1/chat/completions", json=chat, timeout=30).json()
