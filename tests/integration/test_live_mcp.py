@@ -238,6 +238,13 @@ def test_mcp_verify_names_the_tool_and_field_that_drifted_and_exits_1(tmp_path: 
     [drift] = json.loads(changed.stdout)["servers"]
     assert drift["schema"] == {"echo": ["inputSchema.properties.loud", "inputSchema.required"]}  # the tool and its fields
     assert drift["answers"] == {"echo": ["content[0].text.version"]} and drift["differing"] == 2
+    kept = sorted((r for r in _records(tmp_path) if r.api == "@mcp/rogue/@drift"), key=lambda r: r.answer["at"])
+    assert [(r.answer["seen"], r.answer["drifted"]) for r in kept] == [("verify", False), ("verify", True)]  # the changelog
+    assert kept[1].answer["schema"] == drift["schema"]
+    with _serve(tmp_path, "record", {"rogue": _echo_server("--version", "2")}) as server:  # a record run sees the new schema
+        servers.run_session(server.url + "/mcp", [])
+    [seen] = [r for r in _records(tmp_path) if r.api == "@mcp/rogue/@drift" and r.answer["seen"] == "record"]
+    assert seen.answer["schema"] == {"echo": ["inputSchema.properties.loud", "inputSchema.required"]}
 
 
 def _raw_call(url: str, tool: str, arguments: dict[str, Any]) -> Any:

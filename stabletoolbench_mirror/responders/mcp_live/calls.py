@@ -43,12 +43,14 @@ from stabletoolbench_mirror.core.secrets import Redactor
 from stabletoolbench_mirror.engine.faults import FaultPlan, mcp_faulted
 from stabletoolbench_mirror.engine.occurrences import PrivateRun, RunCounters
 from stabletoolbench_mirror.responders.mcp_live.client import LiveServer, LiveServerDown
+from stabletoolbench_mirror.responders.mcp_live.drift import ServerDrift, schema_drift
 from stabletoolbench_mirror.responders.mcp_live.simulate import result_text, simulate
 from stabletoolbench_mirror.responders.mcp_live.tools import (
     LISTING_KEY,
     LiveTool,
     call_digest,
     call_key,
+    drift_record,
     listed_tools,
     listing_api,
     listing_record,
@@ -141,6 +143,11 @@ class LiveCalls:
                 if self.save and (recorded is None or listed_tools(recorded) != tools):
                     try:
                         self.store.replace(fresh, None)
+                        if recorded is not None:  # the server's tools changed since the recorded listing: its drift kept
+                            changed = ServerDrift(server, schema=schema_drift(listed_tools(recorded), tools))
+                            log.warning("MCP server %r: its tools/list changed since it was recorded: %s", server,
+                                        "; ".join(f"{t}: {', '.join(f)}" for t, f in changed.schema.items())[:500])
+                            self.store.add(drift_record(server, changed.to_json(), "record"), None)
                     except StoreError as exc:
                         log.warning("MCP server %r: its tools/list is not recorded (%s)", server, exc)
                 self.listed_at[server] = fresh.meta["listed_at"] if fresh.meta else None

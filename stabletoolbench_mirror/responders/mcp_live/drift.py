@@ -21,8 +21,8 @@ from stabletoolbench_mirror.core.records import Record
 from stabletoolbench_mirror.responders.mcp_live.client import LiveServer, LiveServerDown
 from stabletoolbench_mirror.responders.mcp_live.tools import (
     LISTING_KEY,
-    LISTING_PART,
     MCP_CATEGORY,
+    is_answer_api,
     listed_tools,
     listing_api,
     without_fields,
@@ -108,7 +108,7 @@ def schema_drift(recorded: Iterable[Mapping[str, Any]], live: Iterable[Mapping[s
 def _recorded_calls(store: Store, server: str) -> list[Record]:
     """The recorded live answers of ``server``'s tools, in the order they were recorded."""
     prefix = f"{MCP_CATEGORY}/{server}/"
-    found = [r for r in store if r.api.startswith(prefix) and not r.api.endswith("/" + LISTING_PART)
+    found = [r for r in store if r.api.startswith(prefix) and is_answer_api(r.api)
              and r.source == "mcp" and not r.is_failure and isinstance((r.meta or {}).get("arguments"), dict)]
     return sorted(found, key=lambda r: r.created_at)
 

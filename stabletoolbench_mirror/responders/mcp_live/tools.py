@@ -9,7 +9,11 @@
   ``ignore_fields`` left out: :func:`call_digest`), followed with ``by-order`` by ``#<occurrence>``: the n-th
   identical call of a run gets the n-th recorded answer, as model calls do (``exact``: the digest alone);
 * a server's ``tools/list`` is one record, ``@mcp/<server>/@tools`` key ``tools/list`` (:func:`listing_record`):
-  the tools as listed and when (``listed_at``), so a replay lists exactly the tools and schemas the run saw.
+  the tools as listed and when (``listed_at``), so a replay lists exactly the tools and schemas the run saw;
+* a server's drift, each time it is measured, is one record more, ``@mcp/<server>/@drift`` key
+  ``<seen>@<time>`` (:func:`drift_record`): what ``mcp-verify`` found (``seen: verify``), or the schema changes
+  of a record run whose ``tools/list`` differs from the recorded one (``seen: record``); the environment's
+  changelog, carried by snapshots and shown by ``report``.  Neither kind is ever a tool's answer.
 
 Nothing here does I/O.
 """
@@ -35,6 +39,8 @@ MCP_CATEGORY = "@mcp"
 LISTING_PART = "@tools"
 #: the key of a server's listing record
 LISTING_KEY = "tools/list"
+#: the last part of a server's drift records' API
+DRIFT_PART = "@drift"
 #: a tool name recorded as it is (else as ``x-<sha256>``)
 _SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 #: the longest tool name offered (a longer one is left out of the listing, with a warning)
@@ -56,6 +62,15 @@ def tool_api(server: str, tool: str) -> str:
 
 def listing_api(server: str) -> str:
     return f"{MCP_CATEGORY}/{server}/{LISTING_PART}"
+
+
+def drift_api(server: str) -> str:
+    return f"{MCP_CATEGORY}/{server}/{DRIFT_PART}"
+
+
+def is_answer_api(api: str) -> bool:
+    """Whether an MCP record's API is a tool's (its calls' answers), not a server's listing or drift."""
+    return not api.rpartition("/")[2].startswith("@")
 
 
 def server_of(api: str) -> str | None:
@@ -102,6 +117,15 @@ def listing_record(server: str, tools: list[dict[str, Any]], listed_at: float | 
     body = {"tools": tools, "listed_at": listed_at}
     return Record.from_answer(listing_api(server), LISTING_KEY, body, "mcp", f"mcp:{server}",
                               meta={"listed_at": listed_at, "tools": len(tools)})
+
+
+def drift_record(server: str, drift: dict[str, Any], seen: str, at: float | None = None) -> Record:
+    """The record of one measured drift of ``server`` (``drift``: :meth:`~.drift.ServerDrift.to_json`), ``seen`` by
+    ``verify`` or ``record``, at ``at`` (now)."""
+    at = time.time() if at is None else at
+    body = {**drift, "seen": seen, "at": at}
+    return Record.from_answer(drift_api(server), f"{seen}@{at:.6f}", body, "mcp", f"mcp:{server}",
+                              meta={"seen": seen, "at": at, "drifted": bool(drift.get("drifted"))})
 
 
 def listed_tools(record: Record) -> list[dict[str, Any]]:
