@@ -19,8 +19,8 @@ def cmd_mcp(args: Any) -> int:
 
     from stabletoolbench_mirror.core.fair import FairLimiter
     from stabletoolbench_mirror.core.logs import setup_logging
-    from stabletoolbench_mirror.factory import build_layer
     from stabletoolbench_mirror.engine.model_calls import new_run_id
+    from stabletoolbench_mirror.factory import build_layer
     from stabletoolbench_mirror.serving.mcp_front import McpFront
     from stabletoolbench_mirror.serving.mcp_live_front import LiveFront
     from stabletoolbench_mirror.serving.server import CallPath

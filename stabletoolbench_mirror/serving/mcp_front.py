@@ -116,6 +116,9 @@ class _SessionMap:
     async def server_session(self, layer: MirrorLayer, mcp_id: str) -> str | None | Outcome:
         if layer.sessions is None:
             return None
+        known = self._ids.get(mcp_id)
+        if known is not None:  # a session's every call but its first: no lock, no wait for the loop's next turn
+            return known
         async with self._lock:
             found = self._ids.get(mcp_id)
             if found is None:

@@ -15,13 +15,18 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+
 from stabletoolbench_mirror.config import ConfigError, McpServerConfig, Mode, Settings, read_mcp_servers
+from stabletoolbench_mirror.core import fair, protocol
 from stabletoolbench_mirror.core.outcomes import Outcome
 from stabletoolbench_mirror.core.protocol import encode_answer
 from stabletoolbench_mirror.core.secrets import Redactor
 from stabletoolbench_mirror.engine.layer import MirrorLayer
 from stabletoolbench_mirror.responders.mcp_live.calls import LiveCalls, error_result
 from stabletoolbench_mirror.responders.simulator.responder import Simulator
+from stabletoolbench_mirror.serving.admission import Refused
 from stabletoolbench_mirror.serving.mcp_catalog import Catalog
 from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
 
@@ -153,17 +158,11 @@ async def answer_directly(live: LiveFront, scope: Any, receive: Any, send: Any, 
                           session_of: Any, limit: int) -> tuple[Any, int | None]:
     """A handshake-era session's POST answered by :meth:`LiveFront.direct` when it is a live tool's call: its status,
     else ``None`` and the ``receive`` that hands the SDK the body read here.  A body over ``limit`` is refused (HTTP 413)."""
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
-
-    from stabletoolbench_mirror.core import fair, protocol
-    from stabletoolbench_mirror.serving.admission import Refused
-
     body = await _body(receive, limit)
     if body is None:
         await JSONResponse(protocol.answer(f"request body larger than {limit} bytes", ""), status_code=413)(scope, receive, send)
         return receive, 413
-    request = Request(scope)
+    headers = Headers(scope=scope)
     client = scope["client"][0] if scope.get("client") else "?"
     fair.CLIENT.set(client)  # the worker threads shared fairly between clients, as /virtual's
     answer = None
@@ -174,12 +173,15 @@ async def answer_directly(live: LiveFront, scope: Any, receive: Any, send: Any, 
         pass  # over the client's limits: the SDK's path answers it, refused there as any MCP call
     else:
         try:
-            answer = await live.direct(body, request.headers.get("accept", ""), lambda: session_of(request.headers, sid))
+            answer = await live.direct(body, headers.get("accept", ""), lambda: session_of(headers, sid))
         finally:
             if admission is not None:
                 admission.leave(client)
-    if answer is not None:
-        await Response(answer, media_type="application/json", headers={"mcp-session-id": sid})(scope, receive, send)
+    if answer is not None:  # the answer's two ASGI messages as Starlette's Response sends them, without building one
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-length", str(len(answer)).encode()), (b"content-type", b"application/json"),
+            (b"mcp-session-id", sid.encode("latin-1"))]})
+        await send({"type": "http.response.body", "body": answer})
         return receive, 200
     sent = [False]
 

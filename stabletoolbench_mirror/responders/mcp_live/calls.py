@@ -55,7 +55,6 @@ from stabletoolbench_mirror.responders.mcp_live.tools import (
     listing_api,
     listing_record,
     offered_tools,
-    tool_api,
 )
 from stabletoolbench_mirror.responders.simulator.responder import Simulator
 from stabletoolbench_mirror.stores.base import CacheTier, Store, StoreError
@@ -201,7 +200,7 @@ class LiveCalls:
         if tool is None:
             return None
         config, run = self.configs[tool.server], run or self.run
-        api = tool_api(tool.server, tool.name)
+        api = tool.api
         digest = call_digest(tool.name, arguments, config.ignore_fields)
         number = 0
         if config.matcher == "by-order":

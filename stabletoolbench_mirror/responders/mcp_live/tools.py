@@ -20,6 +20,7 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -145,6 +146,11 @@ class LiveTool:
     name: str
     offered: str
     listed: Mapping[str, Any]
+
+    @functools.cached_property
+    def api(self) -> str:
+        """The API its calls are recorded under (:func:`tool_api`), worked out once."""
+        return tool_api(self.server, self.name)
 
     def offered_tool(self) -> dict[str, Any]:
         """The tool as listed, under its offered name."""
