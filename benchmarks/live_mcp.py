@@ -9,7 +9,11 @@ both: plain JSON-RPC over streamable HTTP (``httpx``, keep-alive), one ``initial
 checked against what the server answered when recorded:
 
 * **c=1**: the calls one at a time; the median and p99 latency of a call;
-* **c=8**: the same calls shared by 8 threads in one session; calls/s.
+* **c=8**: the same calls shared by 8 threads in one session; calls/s;
+* **HTTP floor**: the same client against a bare ASGI app with a fixed answer (``_bare_app.py``), what any
+  replayer over HTTP costs at least on this machine;
+* **app alone**: each replayer's app handed the session's calls in process (``_asgi_calls.py``, no socket, no
+  client), its own work per call (median, µs).
 
 Each replay server is started fresh for each measurement (``mcp-recorder``'s matchers use each recorded
 interaction once per process).  ``mcp-recorder`` needs its own venv (it pins the MCP SDK 1.x, and its proxy needs Starlette before 1.0)::
@@ -38,6 +42,7 @@ import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _asgi_calls import arguments as _arguments  # noqa: E402
 from _procs import REPO, clean_env, free_port, process, serve_args  # noqa: E402
 
 ROGUE = [sys.executable, str(REPO / "tests" / "helpers" / "rogue_mcp_server.py")]
@@ -52,10 +57,6 @@ loaded = load_cassette(Path(sys.argv[1]))
 uvicorn.run(create_replay_app(loaded, create_matcher("method_params", loaded.interactions)), host="127.0.0.1",
             port=int(sys.argv[2]), log_level="warning")
 """
-
-
-def _arguments(i: int) -> dict[str, Any]:
-    return {"text": f"call {i}: " + "lorem ipsum " * 20}
 
 
 class JsonRpc:
@@ -122,12 +123,18 @@ def recorder_replay(venv: Path, cassette: Path) -> Iterator[str]:
         proc.wait(30)
 
 
-@contextlib.contextmanager
-def mirror(work: Path, mode: str) -> Iterator[str]:
-    port = free_port()
+def mirror_config(work: Path, mode: str) -> Path:
+    """The mirror's config in ``mode``: the rogue server's echo, matched exactly (each call is distinct)."""
     config = work / f"mirror-{mode}.yml"
     config.write_text(yaml.safe_dump({"mode": mode, "store": {"path": str(work / "store")}, "log_level": "warning",
                                       "mcp_servers": {"rogue": {"command": ROGUE[0], "args": ROGUE[1:], "matcher": "exact"}}}))
+    return config
+
+
+@contextlib.contextmanager
+def mirror(work: Path, mode: str) -> Iterator[str]:
+    port = free_port()
+    config = mirror_config(work, mode)
     with process(serve_args(config, "--host", "127.0.0.1", "--port", str(port)), f"http://127.0.0.1:{port}/health"):
         yield f"http://127.0.0.1:{port}/mcp"
 
@@ -147,13 +154,30 @@ def record(work: Path, venv: Path, calls: int) -> tuple[Path, list[str]]:
     return work / "cassettes" / "session.json", expected
 
 
-def measure(url: str, expected: list[str], concurrency: int) -> tuple[float, list[float]]:
-    """(calls/s, per-call latencies) of the session's calls over ``concurrency`` threads; each answer checked."""
+@contextlib.contextmanager
+def floor() -> Iterator[str]:
+    """The HTTP floor: a bare ASGI app (``_bare_app.py``, a fixed answer) on the mirror's uvicorn and httptools."""
+    port = free_port()
+    with process([sys.executable, str(REPO / "benchmarks" / "_bare_app.py"), "--port", str(port)], f"http://127.0.0.1:{port}/"):
+        yield f"http://127.0.0.1:{port}/mcp"
+
+
+def measure(url: str, expected: list[str] | None, concurrency: int, calls: int) -> tuple[float, list[float]]:
+    """(calls/s, per-call latencies) of the session's ``calls`` calls over ``concurrency`` threads; each answer
+    checked against ``expected`` (``None``: the floor, whose fixed answer is only read)."""
     client = JsonRpc(url)
-    client.start()
+    if expected is not None:
+        client.start()
+
+    def call(i: int) -> str:
+        if expected is not None:
+            return client.call(i)
+        body = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "echo", "arguments": _arguments(i)}}
+        return client.http.post(url, json=body, headers=client.headers).text
+
     latencies: list[float] = []
     wrong: list[int] = []
-    order = iter(range(len(expected)))
+    order = iter(range(calls))
     lock = threading.Lock()
 
     def worker() -> None:
@@ -163,9 +187,9 @@ def measure(url: str, expected: list[str], concurrency: int) -> tuple[float, lis
             if i is None:
                 return
             started = time.perf_counter()
-            text = client.call(i)
+            text = call(i)
             latencies.append(time.perf_counter() - started)
-            if text != expected[i]:
+            if expected is not None and text != expected[i]:
                 wrong.append(i)
 
     started = time.perf_counter()
@@ -177,7 +201,14 @@ def measure(url: str, expected: list[str], concurrency: int) -> tuple[float, lis
     wall = time.perf_counter() - started
     if wrong:
         raise RuntimeError(f"{url}: {len(wrong)} answers differ from the recorded session (first: call {wrong[0]})")
-    return len(expected) / wall, latencies
+    return calls / wall, latencies
+
+
+def in_process(python: Path, kind: str, source: Path, calls: int) -> list[float]:
+    """Per-call seconds of a replayer's app alone, driven in process (``_asgi_calls.py``) in its own venv."""
+    done = subprocess.run([str(python), str(REPO / "benchmarks" / "_asgi_calls.py"), kind, str(source), str(calls)],
+                          capture_output=True, text=True, check=True, env=clean_env(), cwd=REPO, timeout=600)
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def main() -> None:
@@ -186,25 +217,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="fresh replay servers per tool and concurrency, taken in turn")
     parser.add_argument("--recorder-venv", type=Path, default=REPO / ".venv-recorder")
     args = parser.parse_args()
+    names = ("HTTP floor", "mcp-recorder", "mirror")
     with tempfile.TemporaryDirectory(prefix="stm-live-mcp-") as tmp:
         work = Path(tmp)
         cassette, expected = record(work, args.recorder_venv, args.calls)
+        replay_config = mirror_config(work, "replay")
         results: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
+        alone: dict[str, list[float]] = {}
         for _ in range(args.rounds):
             for concurrency in (1, 8):
-                for name in ("mcp-recorder", "mirror"):
-                    server = recorder_replay(args.recorder_venv, cassette) if name == "mcp-recorder" else mirror(work, "replay")
+                for name in names:
+                    server = (floor() if name == "HTTP floor" else recorder_replay(args.recorder_venv, cassette)
+                              if name == "mcp-recorder" else mirror(work, "replay"))
                     with server as url:
-                        results.setdefault((name, concurrency), []).append(measure(url, expected, concurrency))
+                        results.setdefault((name, concurrency), []).append(
+                            measure(url, None if name == "HTTP floor" else expected, concurrency, args.calls))
+            alone.setdefault("mcp-recorder", []).append(statistics.median(
+                in_process(args.recorder_venv / "bin" / "python", "mcp-recorder", cassette, args.calls)))
+            alone.setdefault("mirror", []).append(statistics.median(in_process(Path(sys.executable), "mirror", replay_config, args.calls)))
     print(f"{args.calls} recorded echo calls replayed, {args.rounds} rounds (medians of the rounds)")
-    print(f"{'replayer':<14} {'c=1 median ms':>14} {'c=1 p99 ms':>11} {'c=1 calls/s':>12} {'c=8 calls/s':>12}")
-    for name in ("mcp-recorder", "mirror"):
+    print(f"{'replayer':<14} {'c=1 median ms':>14} {'c=1 p99 ms':>11} {'c=1 calls/s':>12} {'c=8 calls/s':>12} {'app alone us':>13}")
+    for name in names:
         one = results[(name, 1)]
         median = statistics.median(statistics.median(lat) for _, lat in one) * 1000
         p99 = statistics.median(sorted(lat)[int(len(lat) * 0.99) - 1] for _, lat in one) * 1000
         rate1 = statistics.median(rate for rate, _ in one)
         rate8 = statistics.median(rate for rate, _ in results[(name, 8)])
-        print(f"{name:<14} {median:>14.2f} {p99:>11.2f} {rate1:>12.0f} {rate8:>12.0f}")
+        own = f"{statistics.median(alone[name]) * 1e6:>13.0f}" if name in alone else f"{'-':>13}"
+        print(f"{name:<14} {median:>14.2f} {p99:>11.2f} {rate1:>12.0f} {rate8:>12.0f} {own}")
 
 
 if __name__ == "__main__":

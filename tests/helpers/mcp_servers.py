@@ -5,13 +5,15 @@ run from its venv; ``mcp-server-sqlite`` needs the MCP SDK 1.x, which cannot liv
 is installed in a venv of its own (``STM_CI_MCP_SQLITE_VENV``, default ``.mcp-sqlite`` in the repository; ``.ci/run``
 makes it).  The npm servers
 (``@modelcontextprotocol/server-everything``, ``server-filesystem``, ``server-memory``) are read from
-``STM_CI_MCP_NODE_DIR`` (default ``.mcp-node``; ``.ci/run`` installs them there) and run with ``node``.
+``STM_CI_MCP_NODE_DIR`` (default ``.mcp-node``; ``.ci/run`` installs them there) and run with ``node``.  An agent
+framework's client, FastMCP's, runs from a venv of its own too (``STM_CI_MCP_CLIENT_VENV``, default ``.mcp-client``).
 A test that needs one that is not installed skips, naming what installs it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -25,6 +27,7 @@ from tests.helpers.paths import REPO
 
 SQLITE_VENV = Path(os.environ.get("STM_CI_MCP_SQLITE_VENV", REPO / ".mcp-sqlite"))
 NODE_DIR = Path(os.environ.get("STM_CI_MCP_NODE_DIR", REPO / ".mcp-node"))
+CLIENT_VENV = Path(os.environ.get("STM_CI_MCP_CLIENT_VENV", REPO / ".mcp-client"))
 NPM_PACKAGES = {"everything": "server-everything", "filesystem": "server-filesystem", "memory": "server-memory"}
 
 
@@ -113,3 +116,17 @@ async def session(url: Any, calls: list[tuple[str, dict[str, Any]]], headers: di
 
 def run_session(url: Any, calls: list[tuple[str, dict[str, Any]]], **kwargs: Any) -> tuple[list[Any], list[Any]]:
     return asyncio.run(session(url, calls, **kwargs))
+
+
+def fastmcp_session(url: str, calls: list[tuple[str, dict[str, Any]]], work: Path) -> dict[str, Any]:
+    """An agent framework's client session at ``url`` (FastMCP's ``Client``, in its venv: :data:`CLIENT_VENV`): the tools
+    it listed and the results it got, as ``tests/helpers/fastmcp_agent.py`` prints them; skips when it is not installed."""
+    python = CLIENT_VENV / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"FastMCP is not installed: python3 -m venv {CLIENT_VENV} && {CLIENT_VENV}/bin/pip install fastmcp")
+    path = work / "fastmcp-calls.json"
+    path.write_text(json.dumps(calls), encoding="utf-8")
+    done = subprocess.run([str(python), str(REPO / "tests" / "helpers" / "fastmcp_agent.py"), url, str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -345,3 +345,22 @@ def test_the_stdio_mcp_command_records_and_replays_live_servers_as_serve_does(tm
     replayed_tools, replayed = servers.run_session(stdio("replay"), calls)
     assert _dump(replayed_tools) == _dump(tools)
     assert _dump(replayed) == _dump(recorded)
+
+
+def test_an_agent_frameworks_client_records_and_replays_a_stateful_session(tmp_path: Path) -> None:
+    """FastMCP's ``Client`` (an agent framework's, in a venv of its own), not the SDK's: the same session recorded
+    with the live servers, then replayed with them gone, lists the same tools and gets the same results, in order."""
+    work = tmp_path / "work"
+    work.mkdir()
+    calls = _session_calls(work)[2:8] + [("echo", {"text": "from FastMCP"})]
+    config = {"sqlite": servers.sqlite_server(work / "notes.db"), "rogue": _echo_server()}
+    with _serve(tmp_path, "record", config) as server:
+        recorded = servers.fastmcp_session(server.url + "/mcp", calls, tmp_path)
+    counts = [r["content"][0]["text"] for r, (name, _) in zip(recorded["results"], calls) if name == "read_query"]
+    assert counts == ["[{'n': 0}]", "[{'n': 1}]", "[{'n': 2}]"]
+    assert {"read_query", "echo"} <= {t["name"] for t in recorded["tools"]}
+    (work / "notes.db").unlink()
+    gone = {name: {"command": str(tmp_path / "gone")} for name in config}
+    with _serve(tmp_path, "replay", gone) as server:
+        replayed = servers.fastmcp_session(server.url + "/mcp", calls, tmp_path)
+    assert replayed == recorded
