@@ -27,8 +27,6 @@ def cmd_mcp_verify(args: argparse.Namespace) -> int:
     """Ask the live MCP servers of mcp_servers again for the recorded tools/list and calls, and report what drifted
     (schema changes per tool, answers that differ, JSON-aware with each server's ignore_fields); exit 1 on drift."""
     from stabletoolbench_mirror.responders.mcp_live.drift import verify_server
-    from stabletoolbench_mirror.responders.mcp_live.tools import drift_record
-    from stabletoolbench_mirror.stores import StoreError
 
     servers = settings_from_args(args).live_servers()
     if args.server:
@@ -40,19 +38,27 @@ def cmd_mcp_verify(args: argparse.Namespace) -> int:
         raise CommandError("mcp_servers names no server to verify: set mcp_servers in the config")
     with open_store(args) as store:  # read-only: a mistyped store path is an error, never an empty store made there
         drifts = [verify_server(name, config, store, calls=not args.schema_only) for name, config in sorted(servers.items())]
-    if not args.no_record:  # the environment's changelog: each finding kept in the store, for snapshots and report
-        try:
-            with open_store(args, read_only=False) as store:
-                for drift in drifts:
-                    store.add(drift_record(drift.server, drift.to_json(), "verify"), None)
-        except StoreError as exc:
-            raise CommandError(f"the finding is not kept in the store ({exc}); --no-record leaves the store as it is") from None
+    if not args.no_record:
+        _keep(args, drifts)
     if args.json:
         print_json({"drifted": any(d.drifted for d in drifts), "servers": [d.to_json() for d in drifts]})
     else:
         for drift in drifts:
             _print(drift)
     return 1 if any(d.drifted for d in drifts) else 0
+
+
+def _keep(args: argparse.Namespace, drifts: list[Any]) -> None:
+    """The environment's changelog: each server's finding kept in the store (for snapshots and ``report``)."""
+    from stabletoolbench_mirror.responders.mcp_live.tools import drift_record
+    from stabletoolbench_mirror.stores import StoreError
+
+    try:
+        with open_store(args, read_only=False) as store:
+            for drift in drifts:
+                store.add(drift_record(drift.server, drift.to_json(), "verify"), None)
+    except StoreError as exc:
+        raise CommandError(f"the finding is not kept in the store ({exc}); --no-record leaves the store as it is") from None
 
 
 def _print(drift: Any) -> None:

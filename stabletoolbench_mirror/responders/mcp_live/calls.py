@@ -230,13 +230,19 @@ class LiveCalls:
         if earlier is None:
             earlier = self._history[run] = deque(maxlen=HISTORY_CALLS)
         earlier.append((tool.offered, arguments, outcome.body))  # the result's text read only if a simulation needs it
-        plan = self.faults
-        if plan is not None and (fault := plan.mcp_kind(tool.server, tool.name, api, key, outcome)) is not None:
-            if fault == "slow":  # served only: the store and the simulator's history keep the clean result
-                await anyio.sleep(plan.slow_s)
-            outcome = dataclasses.replace(outcome, body=mcp_faulted(outcome.body, fault), fault=fault)
+        outcome = await self._faulted(tool, key, outcome)
         self.stats.count(outcome)
         return outcome.body
+
+    async def _faulted(self, tool: LiveTool, key: str, outcome: Outcome) -> Outcome:
+        """``outcome``, or the seeded fault served in its place (served only: the store and the simulator's history
+        keep the clean result)."""
+        plan = self.faults
+        if plan is None or (fault := plan.mcp_kind(tool.server, tool.name, tool.api, key, outcome)) is None:
+            return outcome
+        if fault == "slow":
+            await anyio.sleep(plan.slow_s)
+        return dataclasses.replace(outcome, body=mcp_faulted(outcome.body, fault), fault=fault)
 
     def _store_hit(self, api: str, key: str, server: str) -> Record | None:
         """The store's record of ``key`` when it is served as it is and the store reads without waiting; else ``None``
