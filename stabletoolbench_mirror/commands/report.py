@@ -71,13 +71,18 @@ def mcp_lines(mcp: dict[str, Any]) -> Iterable[str]:
                     else f"last verified {last['at']}: {'DRIFTED' if last['drifted'] else 'unchanged'}")
         yield (f"mcp server {_plain(server)}: {listed}, {s['tools_called']} called, {s['calls']} calls"
                f"{f' ({sources})' if sources else ''}, {verified}")
-        latest = s["drift"][-1] if s["drift"] else None
-        if latest and latest["drifted"]:
-            for what, key in (("schema", "schema"), ("answers", "answers")):
-                for tool, fields in latest[key].items():
-                    yield f"  drifted ({latest['seen']} {latest['at']}): {_plain(tool)} {what}: {_plain(', '.join(fields))}"
-            if latest["error"]:
-                yield f"  drift error ({latest['seen']} {latest['at']}): {_plain(latest['error'])}"
+        if s["drift"] and s["drift"][-1]["drifted"]:
+            yield from _drift_lines(s["drift"][-1])
+
+
+def _drift_lines(drift: dict[str, Any]) -> Iterable[str]:
+    """One line per tool a drift record names (its schema's fields, then its answers'), and its error."""
+    when = f"{drift['seen']} {drift['at']}"
+    for what in ("schema", "answers"):
+        for tool, fields in drift[what].items():
+            yield f"  drifted ({when}): {_plain(tool)} {what}: {_plain(', '.join(fields))}"
+    if drift["error"]:
+        yield f"  drift error ({when}): {_plain(drift['error'])}"
 
 
 def _bundle_lines(report: dict[str, Any]) -> Iterable[str]:

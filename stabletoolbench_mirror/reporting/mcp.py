@@ -98,11 +98,16 @@ class _Server:
         self.listed = [str(t["name"]) for t in tools if isinstance(t, dict) and "name" in t]
         self.listed_at = _seconds(answer.get("listed_at")) if isinstance(answer, dict) else None
 
-    def to_json(self, columns: Sequence[str]) -> dict[str, Any]:
+    def by_tool(self) -> Counter[str]:
+        """Calls per tool, named as the listing names it, else as a call's ``meta.tool``, else by its API part."""
         names = {name_part(n): n for n in self.listed or []}
         by_tool: Counter[str] = Counter()
         for part, n in self.calls.items():
             by_tool[names.get(part) or self.meta_names.get(part) or part] += n
+        return by_tool
+
+    def to_json(self, columns: Sequence[str]) -> dict[str, Any]:
+        by_tool = self.by_tool()
         drift = sorted(self.drift, key=lambda d: (d["_at"], d["_key"]))
         verified = [d for d in drift if d["seen"] == "verify"]
         rows = [{k: v for k, v in d.items() if not k.startswith("_")} for d in drift]

@@ -391,34 +391,41 @@ def mcp_section(mcp: dict[str, Any] | None) -> str:
     if not mcp:
         return ""
     servers = mcp["servers"]
+    verdict = ("A server's latest drift record says it drifted: its tools or answers are not what the run recorded."
+               if mcp["drifted"] else "No server's latest drift record says it drifted.")
+    calls = [(server, tool, n) for server, s in servers.items() for tool, n in s["calls_by_tool"].items()]
+    return "".join([
+        "<h2>Live MCP servers</h2>", f'<p id="mcp-drifted" class="{"alert" if mcp["drifted"] else "ok"}">{esc(verdict)}</p>',
+        _mcp_servers(servers), "<h3>Calls per tool</h3>", table("mcp-tools", ("server", "tool", "calls"), calls[:TOOL_ROWS], (False, False, True)),
+        "<h3>Drift</h3>", _mcp_drift(servers),
+        '<p class="note">A server\'s listing and drift records are not tool answers: only its calls are counted above as tool '
+        "answers. Drift is in time order: <code>verify</code> by <code>mcp-verify</code>, <code>record</code> by a record run "
+        "that saw the server's tools/list change.</p>"])
+
+
+def _mcp_servers(servers: dict[str, dict[str, Any]]) -> str:
     columns = list(dict.fromkeys(c for s in servers.values() for c in s["calls_by_source"]))
     rows = [(server, NOT_RECORDED if s["tools_listed"] is None else s["tools_listed"], s["listed_at"] or NOT_RECORDED,
-             s["tools_called"], s["calls"], *(s["calls_by_source"].get(c, 0) for c in columns),
-             _verified(s["last_verified"]), "drifted" if s["drifted"] else "unchanged" if s["drift"] else "never measured")
+             s["tools_called"], s["calls"], *(s["calls_by_source"].get(c, 0) for c in columns), _verified(s["last_verified"]),
+             _drift_state(s))
             for server, s in servers.items()]
     head = ("server", "tools listed", "listed at", "tools called", "calls", *(label(c) for c in columns), "last verified", "drift")
-    out = ["<h2>Live MCP servers</h2>",
-           f'<p id="mcp-drifted" class="{"alert" if mcp["drifted"] else "ok"}">'
-           + ("A server's latest drift record says it drifted: its tools or answers are not what the run recorded."
-              if mcp["drifted"] else "No server's latest drift record says it drifted.") + "</p>",
-           table("mcp-servers", head, rows, (False, True, False, True, True, *(True for _ in columns), False, False)),
-           "<h3>Calls per tool</h3>",
-           table("mcp-tools", ("server", "tool", "calls"),
-                 [(server, tool, n) for server, s in servers.items() for tool, n in s["calls_by_tool"].items()][:TOOL_ROWS],
-                 (False, False, True))]
-    drift = [(server, d["seen"], d["at"] or NOT_RECORDED, "drifted" if d["drifted"] else "unchanged", _drift_text(d["schema"]),
-              _drift_text(d["answers"]), d["error"] or "-") for server, s in servers.items() for d in s["drift"]]
-    out.append("<h3>Drift</h3>")
-    if drift:
-        out.append(table("mcp-drift", ("server", "seen by", "at", "drifted", "schema changed", "answers differ", "error"), drift,
-                         (False,) * 7))
-    else:
-        out.append('<p class="note" id="mcp-drift-none">No drift measured: <code>stabletoolbench-mirror mcp-verify</code> '
-                   "asks the servers again and keeps what it finds.</p>")
-    out.append('<p class="note">A server\'s listing and drift records are not tool answers: only its calls are counted above '
-               "as tool answers. Drift is in time order: <code>verify</code> by <code>mcp-verify</code>, <code>record</code> by "
-               "a record run that saw the server's tools/list change.</p>")
-    return "".join(out)
+    return table("mcp-servers", head, rows, (False, True, False, True, True, *(True for _ in columns), False, False))
+
+
+def _drift_state(server: dict[str, Any]) -> str:
+    if not server["drift"]:
+        return "never measured"
+    return "drifted" if server["drifted"] else "unchanged"
+
+
+def _mcp_drift(servers: dict[str, dict[str, Any]]) -> str:
+    rows = [(server, d["seen"], d["at"] or NOT_RECORDED, "drifted" if d["drifted"] else "unchanged", _drift_text(d["schema"]),
+             _drift_text(d["answers"]), d["error"] or "-") for server, s in servers.items() for d in s["drift"]]
+    if not rows:
+        return ('<p class="note" id="mcp-drift-none">No drift measured: <code>stabletoolbench-mirror mcp-verify</code> asks the '
+                "servers again and keeps what it finds.</p>")
+    return table("mcp-drift", ("server", "seen by", "at", "drifted", "schema changed", "answers differ", "error"), rows, (False,) * 7)
 
 
 def _verified(last: dict[str, Any] | None) -> str:
