@@ -49,8 +49,40 @@ def summary_lines(report: dict[str, Any]) -> Iterable[str]:
         models = report["models"]
         yield (f"model calls:   {models['calls']} ({', '.join(row['model'] for row in models['models'])}; "
                f"{models['prompt_tokens']} prompt + {models['completion_tokens']} completion tokens)")
+    if report.get("mcp"):
+        yield from mcp_lines(report["mcp"])
     for problem in report["problems"]:
         yield f"PROBLEM:       {problem}"
+
+
+def _plain(value: Any) -> str:
+    """A server's name for a terminal: its control characters as ``?`` (a server names its own tools)."""
+    return "".join("?" if ch < " " or ch == "\x7f" else ch for ch in str(value))
+
+
+def mcp_lines(mcp: dict[str, Any]) -> Iterable[str]:
+    """One line per live MCP server, then one per tool its latest drift record says drifted."""
+    for server, s in mcp["servers"].items():
+        listed = ("no tools/list recorded" if s["tools_listed"] is None
+                  else f"{s['tools_listed']} tools listed ({s['listed_at'] or 'not recorded'})")
+        sources = ", ".join(f"{k} {v}" for k, v in s["calls_by_source"].items() if v)
+        last = s["last_verified"]
+        verified = ("never verified" if last is None
+                    else f"last verified {last['at']}: {'DRIFTED' if last['drifted'] else 'unchanged'}")
+        yield (f"mcp server {_plain(server)}: {listed}, {s['tools_called']} called, {s['calls']} calls"
+               f"{f' ({sources})' if sources else ''}, {verified}")
+        if s["drift"] and s["drift"][-1]["drifted"]:
+            yield from _drift_lines(s["drift"][-1])
+
+
+def _drift_lines(drift: dict[str, Any]) -> Iterable[str]:
+    """One line per tool a drift record names (its schema's fields, then its answers'), and its error."""
+    when = f"{drift['seen']} {drift['at']}"
+    for what in ("schema", "answers"):
+        for tool, fields in drift[what].items():
+            yield f"  drifted ({when}): {_plain(tool)} {what}: {_plain(', '.join(fields))}"
+    if drift["error"]:
+        yield f"  drift error ({when}): {_plain(drift['error'])}"
 
 
 def _bundle_lines(report: dict[str, Any]) -> Iterable[str]:

@@ -125,25 +125,28 @@ def _answers(bundle: Bundle) -> dict[str, dict[str, str]]:
     return {group: {query_id(p): file_sha256(p) for p in bundle.answer_files(group)} for group in bundle.groups}
 
 
-def _records(bundle: Bundle, problems: list[str], progress: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
-    """``(records, models, content hash)`` of the bundle's ``records/`` snapshot, its hash recomputed from its files."""
+_Parts = tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None]
+"""``(records, models, mcp)`` of a bundle's records, each ``None`` when they cannot be read."""
+
+
+def _records(bundle: Bundle, problems: list[str], progress: bool) -> tuple[_Parts, str | None]:
+    """``((records, models, mcp), content hash)`` of the bundle's ``records/`` snapshot, its hash recomputed from its files."""
     root = bundle.records
     try:
         manifest = read_json(root / MANIFEST_NAME)
     except (OSError, ContentsError) as exc:
         problems.append(f"records/{MANIFEST_NAME}: cannot be read ({exc}): the bundle holds no snapshot of the answers served")
-        return None, None, None
+        return (None, None, None), None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("content_hash"), str):
         problems.append(f"records/{MANIFEST_NAME}: no content_hash: not a snapshot made by `stabletoolbench-mirror snapshot`")
-        return None, None, None
+        return (None, None, None), None
     try:
         actual = tree_hash(root, progress=progress)
     except ArchiveError as exc:
         raise ReportError(f"{root}: {exc}") from None
     if actual != manifest["content_hash"]:
         problems.append(f"records/: the files' content hash {actual} is not their manifest's {manifest['content_hash']}")
-    records, models = snapshot_tallies(root, manifest)
-    return records, models, actual
+    return snapshot_tallies(root, manifest), actual
 
 
 def _with_roles(models: dict[str, Any] | None, run: dict[str, Any]) -> dict[str, Any] | None:
@@ -232,7 +235,7 @@ def _verification(bundle: Bundle, problems: list[str]) -> dict[str, Any]:
 
 def bundle_report(root: Path, progress: bool = False, *, unpacked: bool = False) -> dict[str, Any]:
     """The parts of a report of the bundle at ``root`` (``bundle``, ``environment``, ``score``, ``labels``,
-    ``answers``, ``records``, ``models``, ``problems``); :class:`ReportError` when it is no readable bundle.
+    ``answers``, ``records``, ``models``, ``mcp``, ``problems``); :class:`ReportError` when it is no readable bundle.
 
     ``unpacked``: ``root`` was unpacked from an archive here, beside the marker the unpacking wrote
     (:data:`~stabletoolbench_mirror.upstream.archives.MARKER`), which is no file of the bundle.
@@ -247,7 +250,7 @@ def bundle_report(root: Path, progress: bool = False, *, unpacked: bool = False)
     score = _score(bundle)
     labels = _labels(bundle, score)
     problems += _score_problems(bundle, score)
-    records, models, records_hash = _records(bundle, problems, progress)
+    (records, models, mcp), records_hash = _records(bundle, problems, progress)
     environment = _environment(bundle, records_hash, problems)
     return {
         "bundle": {
@@ -263,6 +266,7 @@ def bundle_report(root: Path, progress: bool = False, *, unpacked: bool = False)
         "answers": _answers(bundle),
         "records": _simulated_by(records, environment["simulator"]),
         "models": _with_roles(models, bundle.run),
+        "mcp": mcp,
         "problems": problems,
     }
 

@@ -34,7 +34,7 @@ _OTHER_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a
 LABELS = {
     "frozen_cache": "frozen cache", "store": "store", "real": "real API", "simulated": "simulator",
     "real_or_simulated": "real API or simulator", "local": "local tool", "failure": "failure", "not_served": "not served",
-    "imported": "imported", "frozen": "frozen cache", "answer": "answer",
+    "imported": "imported", "frozen": "frozen cache", "answer": "answer", "mcp": "live MCP server",
 }
 
 CSS = """
@@ -381,6 +381,59 @@ def records_part(rec: dict[str, Any], kind: str) -> list[str]:
             "<h2>Per tool</h2>", _per_group(rec["by_tool"], RECORD_ORDER, "Entries", "tool")]
 
 
+def _drift_text(fields: dict[str, list[str]]) -> str:
+    return "; ".join(f"{tool}: {', '.join(changed)}" for tool, changed in fields.items()) or "-"
+
+
+def mcp_section(mcp: dict[str, Any] | None) -> str:
+    """The live MCP servers of a report's ``mcp`` part: their listings, calls and drift (every name escaped: a
+    server names its own tools)."""
+    if not mcp:
+        return ""
+    servers = mcp["servers"]
+    verdict = ("A server's latest drift record says it drifted: its tools or answers are not what the run recorded."
+               if mcp["drifted"] else "No server's latest drift record says it drifted.")
+    calls = [(server, tool, n) for server, s in servers.items() for tool, n in s["calls_by_tool"].items()]
+    return "".join([
+        "<h2>Live MCP servers</h2>", f'<p id="mcp-drifted" class="{"alert" if mcp["drifted"] else "ok"}">{esc(verdict)}</p>',
+        _mcp_servers(servers), "<h3>Calls per tool</h3>", table("mcp-tools", ("server", "tool", "calls"), calls[:TOOL_ROWS], (False, False, True)),
+        "<h3>Drift</h3>", _mcp_drift(servers),
+        '<p class="note">A server\'s listing and drift records are not tool answers: only its calls are counted above as tool '
+        "answers. Drift is in time order: <code>verify</code> by <code>mcp-verify</code>, <code>record</code> by a record run "
+        "that saw the server's tools/list change.</p>"])
+
+
+def _mcp_servers(servers: dict[str, dict[str, Any]]) -> str:
+    columns = list(dict.fromkeys(c for s in servers.values() for c in s["calls_by_source"]))
+    rows = [(server, NOT_RECORDED if s["tools_listed"] is None else s["tools_listed"], s["listed_at"] or NOT_RECORDED,
+             s["tools_called"], s["calls"], *(s["calls_by_source"].get(c, 0) for c in columns), _verified(s["last_verified"]),
+             _drift_state(s))
+            for server, s in servers.items()]
+    head = ("server", "tools listed", "listed at", "tools called", "calls", *(label(c) for c in columns), "last verified", "drift")
+    return table("mcp-servers", head, rows, (False, True, False, True, True, *(True for _ in columns), False, False))
+
+
+def _drift_state(server: dict[str, Any]) -> str:
+    if not server["drift"]:
+        return "never measured"
+    return "drifted" if server["drifted"] else "unchanged"
+
+
+def _mcp_drift(servers: dict[str, dict[str, Any]]) -> str:
+    rows = [(server, d["seen"], d["at"] or NOT_RECORDED, "drifted" if d["drifted"] else "unchanged", _drift_text(d["schema"]),
+             _drift_text(d["answers"]), d["error"] or "-") for server, s in servers.items() for d in s["drift"]]
+    if not rows:
+        return ('<p class="note" id="mcp-drift-none">No drift measured: <code>stabletoolbench-mirror mcp-verify</code> asks the '
+                "servers again and keeps what it finds.</p>")
+    return table("mcp-drift", ("server", "seen by", "at", "drifted", "schema changed", "answers differ", "error"), rows, (False,) * 7)
+
+
+def _verified(last: dict[str, Any] | None) -> str:
+    if last is None:
+        return "never"
+    return f"{last['at'] or NOT_RECORDED}: {'drifted' if last['drifted'] else 'unchanged'}"
+
+
 def render_run(report: dict[str, Any]) -> str:
     """The page of a store's, snapshot's or server's report (what :func:`.sources.collect` returns for one)."""
     kind = report["source"]["kind"]
@@ -392,7 +445,7 @@ def render_run(report: dict[str, Any]) -> str:
                   "<h2>Per tool</h2>", _per_group(req["by_tool"], OUTCOME_ORDER, "Requests", "tool")]
     if rec is not None:
         parts += records_part(rec, kind)
-    parts += [models_section(report.get("models"), kind), failures_and_faults(report), _spend_and_latency(rec)]
+    parts += [mcp_section(report.get("mcp")), models_section(report.get("models"), kind), failures_and_faults(report), _spend_and_latency(rec)]
     return page(f"stabletoolbench-mirror report: {kind}", parts)
 
 

@@ -19,6 +19,7 @@ from stabletoolbench_mirror.reporting.page import (
     colour,
     esc,
     failures_and_faults,
+    mcp_section,
     models_section,
     name,
     number,
@@ -196,7 +197,7 @@ def bundle_sections(report: dict[str, Any]) -> list[str]:
     parts = [*head, _score_section(report), _labels_section(report), models_section(report["models"], "bundle")]
     if report["records"] is not None:
         parts += records_part(report["records"], "bundle")
-    parts += [failures_and_faults(report), _run_section(report)]
+    parts += [mcp_section(report.get("mcp")), failures_and_faults(report), _run_section(report)]
     return parts
 
 

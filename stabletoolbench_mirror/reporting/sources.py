@@ -46,7 +46,7 @@ from stabletoolbench_mirror.upstream.failures import MANIFEST_NAME
 FORMAT = "stabletoolbench-mirror-report"
 FORMAT_VERSION = 2
 #: the parts of a report, each ``null`` where its source has no figures for it (docs/report.md)
-PARTS = ("environment", "records", "requests", "models", "bundle", "score", "labels", "answers")
+PARTS = ("environment", "records", "requests", "models", "mcp", "bundle", "score", "labels", "answers")
 
 
 def _check_unpacked(root: Path, progress: bool) -> str:
@@ -101,7 +101,7 @@ def collect(spec: str, settings: Settings, *, timeout_s: float = 30.0, max_bytes
     store, where = _open_store(spec, settings)
     with store:
         report = base({"kind": "store", "location": where, "store": store.kind})
-        report["records"], report["models"] = store_tallies(store)
+        report["records"], report["models"], report["mcp"] = store_tallies(store)
     return report
 
 
@@ -128,7 +128,7 @@ def _folder_report(root: Path, report_source: dict[str, Any], progress: bool) ->
         return report
     manifest = read_manifest(root)
     report["environment"] = environment(manifest)
-    report["records"], report["models"] = snapshot_tallies(root, manifest)
+    report["records"], report["models"], report["mcp"] = snapshot_tallies(root, manifest)
     return report
 
 

@@ -7,7 +7,8 @@ completion's ``usage``), :class:`ToolTally` the tool answers (by source, categor
 model and prompt, tokens and latency of the simulator's generations).  The simulated share is a share
 of tool answers only.  A store's records come with their provenance (:func:`store_tallies`); a
 snapshot's files hold the served answers only, so its sources are the manifest's totals
-(:func:`snapshot_tallies`).
+(:func:`snapshot_tallies`).  The same pass feeds the ``mcp`` part (:class:`.mcp.McpTally`): a live MCP
+server's calls are tool answers, its listing and drift records are not.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from stabletoolbench_mirror.core.model_calls import model_endpoint, split_key, usage_of
 from stabletoolbench_mirror.core.naming import ApiPath, category_of
 from stabletoolbench_mirror.core.records import Record
+from stabletoolbench_mirror.reporting.mcp import SNAPSHOT_COLUMNS, McpTally
 from stabletoolbench_mirror.stores import Store
 from stabletoolbench_mirror.upstream.failures import failure_entries
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
@@ -205,10 +207,16 @@ def slowest(latency: Mapping[str, _Latency], n: int = SLOWEST) -> list[dict[str,
             for negative, api in means]
 
 
-def store_tallies(store: Store) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """``(records, models)`` of a store: every record read once, streamed."""
-    tools, models = ToolTally(), ModelTally()
+Tallies = tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]
+"""``(records, models, mcp)``: three parts of a report."""
+
+
+def store_tallies(store: Store) -> Tallies:
+    """``(records, models, mcp)`` of a store: every record read once, streamed."""
+    tools, models, mcp = ToolTally(), ModelTally(), McpTally()
     for record in store:
+        if not mcp.add_record(record):
+            continue
         parts = model_endpoint(record.api)
         if parts is None:
             tools.add(record)
@@ -218,23 +226,24 @@ def store_tallies(store: Store) -> tuple[dict[str, Any], dict[str, Any] | None]:
         except ValueError:
             answer = None
         models.add(*parts, record.key, answer)
-    return tools.to_json(), models.to_json()
+    return tools.to_json(), models.to_json(), mcp.to_json()
 
 
 # -- a snapshot's tree ----------------------------------------------------------------------------------
 
 
-def snapshot_tallies(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """``(records, models)`` of a snapshot: the tree's entries per category and tool, the manifest's totals.
+def snapshot_tallies(root: Path, manifest: dict[str, Any]) -> Tallies:
+    """``(records, models, mcp)`` of a snapshot: the tree's entries per category and tool, the manifest's totals.
 
     A snapshot's files hold the served answers only (no provenance), so per category and tool it says how
     many answers and failure entries there are; tool answers by source and by simulator model are the
-    manifest's totals, less its model calls (source ``model``).  Model calls are counted from their files.
+    manifest's totals, less its model calls (source ``model``) and its MCP servers' listing and drift records
+    (source ``mcp``).  Model calls are counted from their files.
     """
     failed = failure_entries(manifest) or set()
     by_category: dict[str, Counter[str]] = defaultdict(Counter)
     by_tool: dict[str, Counter[str]] = defaultdict(Counter)
-    models = ModelTally()
+    models, mcp = ModelTally(), McpTally(SNAPSHOT_COLUMNS)
     entries = model_entries = 0
     for api, path in iter_cache_files(root, allow_symlinks=False):
         try:
@@ -247,12 +256,14 @@ def snapshot_tallies(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, An
                 models.add(*parts, key, answer)
             model_entries += len(data)
             continue
-        for key in data:
+        for key, answer in data.items():
             column = "failure" if (api, key) in failed else "answer"
+            if not mcp.add_entry(api, key, answer, column == "failure"):
+                continue
             by_category[category_of(api)][column] += 1
             by_tool[tool_of(api)][column] += 1
             entries += 1
-    by_source = tool_sources(counts_of(manifest.get("by_source")), model_entries)
+    by_source = tool_sources(counts_of(manifest.get("by_source")), model_entries, mcp.own_records)
     simulated = by_source.get("simulated", 0)
     origins = counts_of(manifest.get("models"))
     return {
@@ -267,13 +278,16 @@ def snapshot_tallies(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, An
             for origin, n in sorted_counts(origins).items()]),
         "tokens": None,
         "slowest_apis": [],
-    }, models.to_json()
+    }, models.to_json(), mcp.to_json()
 
 
-def tool_sources(by_source: dict[str, int], model_entries: int) -> dict[str, int]:
+def tool_sources(by_source: dict[str, int], model_entries: int, mcp_own: int = 0) -> dict[str, int]:
     """A manifest's entries by source, less its model calls: those recorded (``model``), and those a
-    ``cache import`` brought in (counted under ``imported``), so that the rest are tool answers."""
+    ``cache import`` brought in (counted under ``imported``), and less the ``mcp_own`` listing and drift records
+    of its MCP servers (source ``mcp``), so that the rest are tool answers."""
     out = dict(by_source)
+    if mcp_own and "mcp" in out:
+        out["mcp"] = max(out["mcp"] - mcp_own, 0)
     left = model_entries - out.pop("model", 0)
     if left > 0 and "imported" in out:
         out["imported"] = max(out["imported"] - left, 0)
