@@ -245,6 +245,12 @@ def test_mcp_verify_names_the_tool_and_field_that_drifted_and_exits_1(tmp_path: 
         servers.run_session(server.url + "/mcp", [])
     [seen] = [r for r in _records(tmp_path) if r.api == "@mcp/rogue/@drift" and r.answer["seen"] == "record"]
     assert seen.answer["schema"] == {"echo": ["inputSchema.properties.loud", "inputSchema.required"]}
+    report = subprocess.run([sys.executable, "-m", "stabletoolbench_mirror", "report", "--store-path", str(tmp_path / "store"), "--json"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    rogue = json.loads(report.stdout)["mcp"]["servers"]["rogue"]  # the run's report: its calls and its changelog
+    assert (rogue["calls"], rogue["calls_by_source"]["mcp"], rogue["tools_called"]) == (2, 2, 1)
+    assert [(d["seen"], d["drifted"]) for d in rogue["drift"]] == [("verify", False), ("verify", True), ("record", True)]
+    assert rogue["last_verified"]["drifted"] is True and rogue["drifted"] is True
 
 
 def _raw_call(url: str, tool: str, arguments: dict[str, Any]) -> Any:
