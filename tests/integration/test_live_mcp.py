@@ -158,7 +158,7 @@ def test_hostile_servers_get_clear_errors_and_nothing_is_written_outside_the_sto
     escaped, odd, big = results
     assert not escaped.is_error and json.loads(escaped.content[0].text)["tool"] == "../../escape"
     assert not odd.is_error
-    assert big.is_error and "the result of 'big' is 5242" in big.content[0].text and "over the 16777216" in big.content[0].text
+    assert big.is_error and "MCP server 'rogue' failed: the server's answer is over 17825792 bytes" in big.content[0].text
     apis = {r.api for r in _records(tmp_path)}
     assert {a for a in apis if not a.endswith("@tools")} == {f"@mcp/rogue/{servers_part}" for servers_part in
                                                             _parts("../../escape", "a/b\\c", "big")}

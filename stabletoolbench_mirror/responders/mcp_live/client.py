@@ -5,8 +5,9 @@ HTTP connection) inside one task; each :class:`LiveServer` runs that task in an 
 thread of its own, so a server that hangs, floods or dies never holds the mirror's event loop.  The mirror's
 worker threads hand it a coroutine (``asyncio.run_coroutine_threadsafe``) and wait for it with a deadline.
 
-A live server's output is hostile: every wait is bounded (``start_timeout_s``, ``call_timeout_s``), a tool
-result over :data:`MAX_RESULT_BYTES` is refused, a listing keeps at most :data:`MAX_TOOLS` tools of at
+A live server's output is hostile: every wait is bounded (``start_timeout_s``, ``call_timeout_s``), a stdio
+server's lines are read at most :data:`~.stdio.MAX_LINE_BYTES` long (:mod:`.stdio`), a tool result over
+:data:`MAX_RESULT_BYTES` is refused, a listing keeps at most :data:`MAX_TOOLS` tools of at
 most :data:`MAX_LISTING_BYTES`.  A server that cannot be reached is :class:`LiveServerDown`, whose message
 names the server; it is started again at the next call after :data:`RESTART_AFTER_S`.
 """
@@ -83,9 +84,11 @@ class LiveServer:
             return streamable_http_client(cfg.url, http_client=http)
         from mcp.client.stdio import StdioServerParameters
 
+        from stabletoolbench_mirror.responders.mcp_live.stdio import bounded_stdio
+
         env = {k: expand(v, f"{where}.env.{k}") for k, v in cfg.env.items()}
         assert cfg.command is not None
-        return StdioServerParameters(command=cfg.command, args=list(cfg.args), env=env or None, cwd=cfg.cwd)
+        return bounded_stdio(StdioServerParameters(command=cfg.command, args=list(cfg.args), env=env or None, cwd=cfg.cwd))
 
     async def _run(self, ready: Future[None]) -> None:
         from mcp import Client
