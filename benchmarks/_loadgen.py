@@ -49,8 +49,8 @@ def _request_bytes(host: str, port: int, path: str, body: bytes, headers: dict[s
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, payload: bytes, result: LoadResult) -> None:
-    """One request and its response on a keep-alive connection, recorded in ``result``."""
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, payload: bytes, result: LoadResult) -> bytes:
+    """One request and its response on a keep-alive connection, recorded in ``result``; the response's body."""
     start = time.perf_counter()
     writer.write(payload)
     status_line = await reader.readline()
@@ -62,12 +62,13 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         name, _, value = line.decode("latin-1").partition(":")
         if name.lower() == "content-length":
             length = int(value.strip())
-    await reader.readexactly(length)
+    body = await reader.readexactly(length)
     result.latencies_s.append(time.perf_counter() - start)
     status = int(status_line.split()[1]) if status_line else 0
     result.statuses[status] = result.statuses.get(status, 0) + 1
     if status != 200:
         result.errors += 1
+    return body
 
 
 async def _one_connection(host: str, port: int, path: str, bodies: Callable[[int], bytes], deadline: float,
@@ -114,21 +115,25 @@ def json_bodies(payloads: Sequence[dict]) -> Callable[[int], bytes]:
 
 
 
-def run_list(url: str, bodies: Sequence[bytes], *, concurrency: int, headers: dict[str, str] | None = None) -> LoadResult:
-    """Send each of ``bodies`` once, over ``concurrency`` keep-alive connections that take the next one in turn."""
+def run_list(url: str, bodies: Sequence[bytes], *, concurrency: int, headers: dict[str, str] | None = None,
+             answers: dict[int, bytes] | None = None) -> LoadResult:
+    """Send each of ``bodies`` once, over ``concurrency`` keep-alive connections that take the next one in turn
+    (``answers``: filled with each body's response body, by its index)."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     host, port, path = parts.hostname or "127.0.0.1", parts.port or 80, parts.path or "/"
     assert host in ("127.0.0.1", "localhost", "::1"), "load only ever goes to loopback"
     result = LoadResult()
-    todo = iter(bodies)
+    todo = iter(enumerate(bodies))
 
     async def one() -> None:
         reader, writer = await asyncio.open_connection(host, port)
         try:
-            for body in todo:
-                await _exchange(reader, writer, _request_bytes(host, port, path, body, headers or {}), result)
+            for i, body in todo:
+                answer = await _exchange(reader, writer, _request_bytes(host, port, path, body, headers or {}), result)
+                if answers is not None:
+                    answers[i] = answer
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
             result.errors += 1
         finally:

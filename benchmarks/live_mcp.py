@@ -12,6 +12,9 @@ checked against what the server answered when recorded:
 * **c=8**: the same calls shared by 8 threads in one session; calls/s;
 * **HTTP floor**: the same client against a bare ASGI app with a fixed answer (``_bare_app.py``), what any
   replayer over HTTP costs at least on this machine;
+* **the lean client**: the same calls, checked the same way, sent by ``_loadgen.py`` (raw keep-alive HTTP/1.1
+  over asyncio; the floor answers 7-10k calls/s to it), so the figures are the servers', not the client's: the
+  ``httpx`` client's 8 threads are what bounds every c=8 figure above, the floor's included;
 * **app alone**: each replayer's app handed the session's calls in process (``_asgi_calls.py``, no socket, no
   client), its own work per call (median, µs).
 
@@ -43,6 +46,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _asgi_calls import arguments as _arguments  # noqa: E402
+from _loadgen import run_list  # noqa: E402
 from _procs import REPO, clean_env, free_port, process, serve_args  # noqa: E402
 
 ROGUE = [sys.executable, str(REPO / "tests" / "helpers" / "rogue_mcp_server.py")]
@@ -204,6 +208,26 @@ def measure(url: str, expected: list[str] | None, concurrency: int, calls: int) 
     return calls / wall, latencies
 
 
+def lean(url: str, expected: list[str] | None, concurrency: int) -> tuple[float, float]:
+    """(calls/s, median ms) of the session's calls sent by the lean asyncio client (``_loadgen.run_list``: raw
+    keep-alive HTTP/1.1, so the client is never what bounds the figure), each answer checked as :func:`measure` does."""
+    client = JsonRpc(url)
+    if expected is not None:
+        client.start()
+    headers = {k: v for k, v in client.headers.items() if k in ("accept", "mcp-session-id")}
+    bodies = [json.dumps({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call", "params": {"name": "echo", "arguments": _arguments(i)}}).encode()
+              for i in range(len(expected or [None] * 400))]
+    answers: dict[int, bytes] = {}
+    result = run_list(url, bodies, concurrency=concurrency, headers=headers, answers=answers)
+    if result.errors:
+        raise RuntimeError(f"{url}: {result.errors} failed calls ({result.statuses})")
+    if expected is not None:
+        wrong = [i for i, text in enumerate(expected) if json.loads(answers[i])["result"]["content"][0]["text"] != text]
+        if wrong:
+            raise RuntimeError(f"{url}: {len(wrong)} answers differ from the recorded session (first: call {wrong[0]})")
+    return result.rps, result.p50_ms
+
+
 def in_process(python: Path, kind: str, source: Path, calls: int) -> list[float]:
     """Per-call seconds of a replayer's app alone, driven in process (``_asgi_calls.py``) in its own venv."""
     done = subprocess.run([str(python), str(REPO / "benchmarks" / "_asgi_calls.py"), kind, str(source), str(calls)],
@@ -224,6 +248,7 @@ def main() -> None:
         replay_config = mirror_config(work, "replay")
         results: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
         alone: dict[str, list[float]] = {}
+        leaner: dict[tuple[str, int], list[tuple[float, float]]] = {}
         for _ in range(args.rounds):
             for concurrency in (1, 8):
                 for name in names:
@@ -232,6 +257,10 @@ def main() -> None:
                     with server as url:
                         results.setdefault((name, concurrency), []).append(
                             measure(url, None if name == "HTTP floor" else expected, concurrency, args.calls))
+                    server = (floor() if name == "HTTP floor" else recorder_replay(args.recorder_venv, cassette)
+                              if name == "mcp-recorder" else mirror(work, "replay"))
+                    with server as url:
+                        leaner.setdefault((name, concurrency), []).append(lean(url, None if name == "HTTP floor" else expected, concurrency))
             alone.setdefault("mcp-recorder", []).append(statistics.median(
                 in_process(args.recorder_venv / "bin" / "python", "mcp-recorder", cassette, args.calls)))
             alone.setdefault("mirror", []).append(statistics.median(in_process(Path(sys.executable), "mirror", replay_config, args.calls)))
@@ -245,6 +274,12 @@ def main() -> None:
         rate8 = statistics.median(rate for rate, _ in results[(name, 8)])
         own = f"{statistics.median(alone[name]) * 1e6:>13.0f}" if name in alone else f"{'-':>13}"
         print(f"{name:<14} {median:>14.2f} {p99:>11.2f} {rate1:>12.0f} {rate8:>12.0f} {own}")
+    print("the same calls from the lean client (raw keep-alive HTTP/1.1 over asyncio, benchmarks/_loadgen.py)")
+    print(f"{'replayer':<14} {'c=1 median ms':>14} {'c=1 calls/s':>12} {'c=8 median ms':>14} {'c=8 calls/s':>12}")
+    for name in names:
+        one, eight = leaner[(name, 1)], leaner[(name, 8)]
+        print(f"{name:<14} {statistics.median(ms for _, ms in one):>14.2f} {statistics.median(r for r, _ in one):>12.0f} "
+              f"{statistics.median(ms for _, ms in eight):>14.2f} {statistics.median(r for r, _ in eight):>12.0f}")
 
 
 if __name__ == "__main__":
