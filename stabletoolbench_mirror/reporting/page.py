@@ -381,6 +381,10 @@ def records_part(rec: dict[str, Any], kind: str) -> list[str]:
             "<h2>Per tool</h2>", _per_group(rec["by_tool"], RECORD_ORDER, "Entries", "tool")]
 
 
+#: the latest drift records shown per server (the JSON has every one)
+DRIFT_ROWS = 100
+
+
 def _drift_text(fields: dict[str, list[str]]) -> str:
     return "; ".join(f"{tool}: {', '.join(changed)}" for tool, changed in fields.items()) or "-"
 
@@ -421,7 +425,7 @@ def _drift_state(server: dict[str, Any]) -> str:
 
 def _mcp_drift(servers: dict[str, dict[str, Any]]) -> str:
     rows = [(server, d["seen"], d["at"] or NOT_RECORDED, "drifted" if d["drifted"] else "unchanged", _drift_text(d["schema"]),
-             _drift_text(d["answers"]), d["error"] or "-") for server, s in servers.items() for d in s["drift"]]
+             _drift_text(d["answers"]), d["error"] or "-") for server, s in servers.items() for d in s["drift"][-DRIFT_ROWS:]]
     if not rows:
         return ('<p class="note" id="mcp-drift-none">No drift measured: <code>stabletoolbench-mirror mcp-verify</code> asks the '
                 "servers again and keeps what it finds.</p>")
