@@ -38,8 +38,19 @@ from stabletoolbench_mirror.responders.mcp_live.tools import (
 
 #: a store's calls by source (its records' provenance)
 STORE_COLUMNS = ("mcp", "simulated", "failure")
-#: a snapshot's calls: its entries, answers and failure entries
+#: a snapshot's calls before the manifest listed its simulated MCP entries (``mcp_simulated_entries``): answers and
+#: failure entries
 SNAPSHOT_COLUMNS = ("answer", "failure")
+
+
+def simulated_entries(manifest: Any) -> set[tuple[str, str]] | None:
+    """The ``(api, key)`` pairs a snapshot's manifest lists as simulated MCP calls; ``None`` when it lists none
+    (written before the list, or malformed)."""
+    listed = manifest.get("mcp_simulated_entries") if isinstance(manifest, dict) else None
+    if not isinstance(listed, list):
+        return None
+    pairs = {(item[0], item[1]) for item in listed if isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)}
+    return pairs if len(pairs) == len(listed) else None
 
 
 def iso_time(value: Any) -> str | None:
@@ -151,13 +162,15 @@ class McpTally:
         self._own(server, record.api, record.key, answer)
         return False
 
-    def add_entry(self, api: str, key: str, answer: Any, failed: bool) -> bool:
-        """Count a snapshot's entry (``failed``: a failure entry); whether it is a tool answer, as :meth:`add_record`."""
+    def add_entry(self, api: str, key: str, answer: Any, failed: bool, simulated: set[tuple[str, str]] | None = None) -> bool:
+        """Count a snapshot's entry (``failed``: a failure entry; ``simulated``: the manifest's simulated MCP entries,
+        when it lists them: the other answers are the live servers'); whether it is a tool answer, as :meth:`add_record`."""
         server = server_of(api)
         if server is None:
             return True
         if is_answer_api(api):
-            self._call(server, api, "failure" if failed else "answer", None)
+            column = "failure" if failed else "answer" if simulated is None else "simulated" if (api, key) in simulated else "mcp"
+            self._call(server, api, column, None)
             return True
         self._own(server, api, key, answer)
         return False

@@ -22,7 +22,7 @@ from typing import Any
 from stabletoolbench_mirror.core.model_calls import model_endpoint, split_key, usage_of
 from stabletoolbench_mirror.core.naming import ApiPath, category_of
 from stabletoolbench_mirror.core.records import Record
-from stabletoolbench_mirror.reporting.mcp import SNAPSHOT_COLUMNS, McpTally
+from stabletoolbench_mirror.reporting.mcp import SNAPSHOT_COLUMNS, STORE_COLUMNS, McpTally, simulated_entries
 from stabletoolbench_mirror.stores import Store
 from stabletoolbench_mirror.upstream.failures import failure_entries
 from stabletoolbench_mirror.upstream.layout import iter_cache_files, read_cache_file
@@ -243,7 +243,8 @@ def snapshot_tallies(root: Path, manifest: dict[str, Any]) -> Tallies:
     failed = failure_entries(manifest) or set()
     by_category: dict[str, Counter[str]] = defaultdict(Counter)
     by_tool: dict[str, Counter[str]] = defaultdict(Counter)
-    models, mcp = ModelTally(), McpTally(SNAPSHOT_COLUMNS)
+    simulated_mcp = simulated_entries(manifest)
+    models, mcp = ModelTally(), McpTally(SNAPSHOT_COLUMNS if simulated_mcp is None else STORE_COLUMNS)
     entries = model_entries = 0
     for api, path in iter_cache_files(root, allow_symlinks=False):
         try:
@@ -258,7 +259,7 @@ def snapshot_tallies(root: Path, manifest: dict[str, Any]) -> Tallies:
             continue
         for key, answer in data.items():
             column = "failure" if (api, key) in failed else "answer"
-            if not mcp.add_entry(api, key, answer, column == "failure"):
+            if not mcp.add_entry(api, key, answer, column == "failure", simulated_mcp):
                 continue
             by_category[category_of(api)][column] += 1
             by_tool[tool_of(api)][column] += 1

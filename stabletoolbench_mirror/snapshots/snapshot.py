@@ -33,6 +33,7 @@ from stabletoolbench_mirror.core.files import write_text
 from stabletoolbench_mirror.core.naming import category_of
 from stabletoolbench_mirror.core.progress import progress_bar
 from stabletoolbench_mirror.core.secrets import public_settings
+from stabletoolbench_mirror.responders.mcp_live.tools import server_of
 from stabletoolbench_mirror.snapshots.tree_export import ExportSummary, Tally, count, iter_export
 from stabletoolbench_mirror.stores import Store
 from stabletoolbench_mirror.upstream.content_hash import HASH_METHOD, ContentHash
@@ -81,16 +82,20 @@ def write_snapshot(
     written = Tally()
     digest = ContentHash()
     failures: list[list[str]] = []
+    simulated_mcp: list[list[str]] = []
     excluded = store.counts()
     excluded_before = excluded.by_outcome.get("failure", 0) if excluded is not None and exclude_failures else None
     for exported in iter_export(store, root, progress=progress, desc="snapshot", exclude_failures=exclude_failures):
         count(summary, exported)
         if exported.path is None:
             continue
+        mcp = server_of(exported.api) is not None
         for record in exported.records:
             written.add(record)
             if record.is_failure:
                 failures.append([exported.api, record.key])
+            elif mcp and record.source == "simulated":  # a tree keeps no provenance: the report reads it here
+                simulated_mcp.append([exported.api, record.key])
         digest.add_api_bodies(exported.api, ((r.key, r.body) for r in exported.records))
     tally = written.to_json()
     manifest: dict[str, Any] = {
@@ -113,6 +118,7 @@ def write_snapshot(
         "failure_reasons": tally["failure_reasons"],
         "excluded_failures": _excluded(store, exclude_failures, excluded_before),
         "failure_entries": sorted(failures),
+        "mcp_simulated_entries": sorted(simulated_mcp),
         "failure_entries_hash": failure_entries_hash(digest.hexdigest(), {(api, key) for api, key in failures}),
         "api_hashes": digest.apis,
         "store": store.kind,

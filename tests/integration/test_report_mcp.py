@@ -158,15 +158,13 @@ def test_the_snapshot_report_has_the_same_servers_tools_calls_and_drift(store: P
     got, lines = report([str(snapshot)], store.parent)
     assert got["source"]["kind"] == "snapshot"
     assert got["mcp"]["drifted"] is True
-    for name, server in of_store["mcp"]["servers"].items():
-        shot = got["mcp"]["servers"][name]
-        by_source = server["calls_by_source"]
-        assert shot["calls_by_source"] == {"answer": by_source["mcp"] + by_source["simulated"], "failure": by_source["failure"]}
-        assert {k: v for k, v in shot.items() if k != "calls_by_source"} == {k: v for k, v in server.items() if k != "calls_by_source"}
+    # the manifest lists the simulated MCP entries (a tree keeps no provenance): the same calls by source as the store's
+    assert got["mcp"]["servers"] == of_store["mcp"]["servers"]
     assert got["records"]["entries"] == 17
     assert got["records"]["by_source"] == {"mcp": 14, "simulated": 3}  # the manifest's, less the 5 listing and drift records
     assert got["records"]["by_category"]["@mcp"] == {"answer": 14, "failure": 2, "total": 16}
-    assert (f"mcp server evil: 3 tools listed ({ISO[LISTED_EVIL]}), 2 called, 6 calls (answer 4, failure 2), never verified") in lines
+    assert (f"mcp server evil: 3 tools listed ({ISO[LISTED_EVIL]}), 2 called, 6 calls (mcp 3, simulated 1, failure 2), "
+            "never verified") in lines
 
 
 class Tables(HTMLParser):
@@ -220,11 +218,8 @@ def test_the_page_shows_the_servers_and_drift_every_name_escaped(store: Path, sn
         assert servers["time"][:5] == ["time", "2", ISO[LISTED_TIME], "2", "10"]
         assert servers["time"][-2:] == [f"{ISO[VERIFY_UNCHANGED]}: unchanged", "unchanged"]
         assert servers["evil"][-2:] == ["never", "drifted"]
-        if name == "store":
-            assert tables["mcp-servers"][0][5:8] == ["live MCP server", "simulator", "failure"]
-            assert servers["evil"][5:8] == ["3", "1", "2"]
-        else:
-            assert servers["evil"][5:7] == ["4", "2"]
+        assert tables["mcp-servers"][0][5:8] == ["live MCP server", "simulator", "failure"]  # a snapshot's too (its manifest's list)
+        assert servers["evil"][5:8] == ["3", "1", "2"]
         assert ["evil", EVIL, "2"] in tables["mcp-tools"]
         drift_rows = tables["mcp-drift"][1:]
         assert drift_rows == [
@@ -246,3 +241,16 @@ def test_a_source_without_mcp_records_has_no_mcp_part(tmp_path: Path) -> None:
     assert not any(line.startswith("mcp server") for line in lines)
     text, _ = page_of(["--store-path", str(path)], tmp_path, "plain")
     assert "Live MCP servers" not in text
+
+
+def test_a_snapshot_whose_manifest_lists_no_simulated_entries_counts_answers_and_failures(snapshot: Path, tmp_path: Path) -> None:
+    """A snapshot made before its manifest listed them (or one whose list is malformed): answers, not sources."""
+    import shutil
+
+    old = tmp_path / "old-snapshot"
+    shutil.copytree(snapshot, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest.pop("mcp_simulated_entries")
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    got, _ = report([str(old)], tmp_path)
+    assert got["mcp"]["servers"]["evil"]["calls_by_source"] == {"answer": 4, "failure": 2}
