@@ -74,7 +74,7 @@ class _Lines:
             end = chunk.find(b"\n", start)
             piece = chunk[start:] if end < 0 else chunk[start:end]
             if not self.dropping and len(self.line) + len(piece) > self.limit:
-                self.dropping, self.head = True, bytes(self.line[:HEAD_BYTES]) or piece[:HEAD_BYTES]
+                self.dropping, self.head = True, (bytes(self.line[:HEAD_BYTES]) + piece[:HEAD_BYTES])[:HEAD_BYTES]
                 self.line = bytearray()
             elif not self.dropping:
                 self.line += piece

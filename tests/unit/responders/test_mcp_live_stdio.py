@@ -24,8 +24,8 @@ def test_lines_split_across_chunks_are_parsed_and_blank_lines_skipped() -> None:
 
 def test_a_line_past_the_bound_is_dropped_as_it_streams_and_its_request_gets_an_error() -> None:
     lines = _Lines(10_000)
-    head = b'{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"'
-    out = lines.feed(head)
+    out = lines.feed(b'{"jsonrpc":"2.0",')  # the id comes in the chunk that takes the line past the bound
+    out += lines.feed(b'"id":7,"result":{"content":[{"type":"text","text":"' + b"g" * 20_000)
     for _ in range(2_000):  # 128 MB of one line, 64 KiB at a time
         out += lines.feed(b"g" * 65536)
         assert len(lines.line) <= 10_000  # never more than the bound held
