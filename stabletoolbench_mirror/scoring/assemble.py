@@ -177,7 +177,7 @@ def assemble(work: Work, spec: RunSpec, state: State, out: Path, env: Environmen
     """Write the bundle of ``work`` into the folder ``out`` (new or empty, inside ``work``) and seal it; return the seal.
 
     ``write_records(folder)`` snapshots the served store into ``folder`` and returns its manifest; ``verdict``: a
-    replay's or re-score's ``verdict.json`` (:class:`.contents.Verdict`).
+    replay's or re-score's ``verdict.json`` (:class:`.contents.VerdictFile`).
     """
     out = work.inside(out)
     if out.exists() and any(out.iterdir()):

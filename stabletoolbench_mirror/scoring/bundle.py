@@ -281,7 +281,7 @@ class Bundle:
     score: dict[str, Any]
     checked: contents.RunFile
     """``run.json``, checked (:mod:`.contents`): its names are plain, its numbers in range."""
-    verdict: contents.Verdict | None = None
+    verdict: contents.VerdictFile | None = None
     """``verdict.json``: in the bundle of a replay or re-score, what it found (``None``: a bundle as recorded)."""
 
     @property
@@ -338,7 +338,7 @@ def read_bundle(root: str | os.PathLike[str]) -> Bundle:
     score = _read_json(base, SCORE_FILE) if (base / SCORE_FILE).exists() else {}
     if score:
         _checked(contents.ScoreFile, score, base / SCORE_FILE)
-    verdict = _checked(contents.Verdict, _read_json(base, VERDICT_FILE), base / VERDICT_FILE) if (base / VERDICT_FILE).exists() else None
+    verdict = _checked(contents.VerdictFile, _read_json(base, VERDICT_FILE), base / VERDICT_FILE) if (base / VERDICT_FILE).exists() else None
     return Bundle(base, manifest, run, score, checked, verdict)
 
 

@@ -152,7 +152,7 @@ class Reference(_Checked):
     content_hash: Hash | None = None
 
 
-class Checkout(_Checked):
+class RunCheckout(_Checked):
     commit: Annotated[StrictStr, Field(max_length=64, pattern=r"^[0-9a-f]*$")] | None = None
     dirty: StrictBool | None = None
 
@@ -183,7 +183,7 @@ class RunFile(_Checked):
     reference: Annotated[Reference, BeforeValidator(_labelled)] | None = None
     """``{"label", "content_hash"}`` in a bundle; the label alone in ``session.RunSpec.as_json``."""
     query_ids: Annotated[list[Annotated[StrictStr, Field(max_length=64)]], Field(max_length=MAX_QUERIES)] | None = None
-    stabletoolbench: Checkout | None = None
+    stabletoolbench: RunCheckout | None = None
     environment: dict[str, Any] | None = None
     commands: list[dict[str, Any]] | None = None
 
@@ -195,7 +195,7 @@ class RunFile(_Checked):
 # -- score.json ----------------------------------------------------------------------------------------
 
 
-class PassRate(_Checked):
+class ScorePassRate(_Checked):
     solve_rate: Figure
     std: Figure
     per_evaluation: Annotated[list[Figure], Field(max_length=100)] = Field(default_factory=list)
@@ -217,7 +217,7 @@ class Labels(_Checked):
 class ScoreFile(_Checked):
     """``score.json`` (see :mod:`.bundle`)."""
 
-    pass_rate: dict[Name, PassRate]
+    pass_rate: dict[Name, ScorePassRate]
     pass_rate_average: Figure | None = None
     win_rate: dict[Name, WinRate] = Field(default_factory=dict)
     win_rate_average: Figure | None = None
@@ -236,7 +236,7 @@ class Seal(_Checked):
     mirror_version: Annotated[StrictStr, Field(max_length=64)] | None = None
 
 
-class Verdict(_Checked):
+class VerdictFile(_Checked):
     """``verdict.json``, in the bundle a replay or re-score wrote with ``--out``: which bundle it ran again and what it found."""
 
     kind: Literal["replay", "rescore"]
