@@ -55,7 +55,7 @@ def forced_function(body: dict[str, Any]) -> str | None:
     return None
 
 
-def _query(messages: list[dict[str, Any]]) -> str:
+def user_query(messages: list[dict[str, Any]]) -> str:
     """The user's turn (upstream writes ``"\\n{query}\\nBegin!\\n"``)."""
     text = next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "").strip()
     return text.removesuffix("Begin!").strip()
@@ -94,7 +94,7 @@ def agent_message(body: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The agent's next message (see the module's docstring) and its ``finish_reason``."""
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     functions = offered_functions(body)
-    query = _query(messages)
+    query = user_query(messages)
     results = [m for m in messages if m.get("role") in ("tool", "function")]
     names = [f.get("name") for f in functions]
     workers = [f for f in functions if f.get("name") != FINISH]

@@ -53,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stabletoolbench_mirror.scoring.demo_models import forced_function, offered_functions
+from stabletoolbench_mirror.scoring.demo_models import arguments_for, forced_function, offered_functions, user_query
 from tests.helpers.live import ScriptedApp, free_port, read_body, send_json
 
 FINISH = "Finish"
@@ -235,39 +235,21 @@ class ChatStub(ScriptedApp):
 # -- the agent ---------------------------------------------------------------------------------------
 
 
-def _query(messages: list[dict[str, Any]]) -> str:
-    """The user's request: upstream's user turn is ``"\\n{query}\\nBegin!\\n"``."""
-    for message in messages:
-        if message.get("role") == "user":
-            text = str(message.get("content") or "").strip()
-            return text[: -len("Begin!")].strip() if text.endswith("Begin!") else text
-    return ""
-
-
 def derive_arguments(function: dict[str, Any], query: str) -> dict[str, Any]:
-    """Arguments for ``function`` taken from the query: its first required string parameter gets the
-    query's first quoted phrase (``'birthday party ideas'``) when it has one, the others their
-    ``example_value``, else a few words of the query (numbers 1, booleans true)."""
-    parameters = function.get("parameters") or {}
-    properties: dict[str, Any] = parameters.get("properties") or {}
-    required = [name for name in parameters.get("required") or [] if name in properties]
+    """Arguments for ``function`` taken from the query: demo_models' (each required parameter's ``example_value``,
+    else a few words of the query, numbers 1, booleans true), and the first required string parameter met before any
+    string value gets the query's first quoted phrase (``'birthday party ideas'``) when it has one."""
+    arguments = arguments_for(function, query)
     quoted = re.findall(r"'([^']{2,80})'|\"([^\"]{2,80})\"", query)
     phrase = next((a or b for a, b in quoted), None)
-    arguments: dict[str, Any] = {}
-    for name in required:
-        spec = properties[name] or {}
-        kind = spec.get("type", "string")
-        example = spec.get("example_value")
-        if kind == "string" and phrase is not None and not any(isinstance(v, str) for v in arguments.values()):
+    properties: dict[str, Any] = (function.get("parameters") or {}).get("properties") or {}
+    for name, value in arguments.items():  # in the order of the required parameters
+        spec = properties[name] if isinstance(properties[name], dict) else {}
+        if phrase is not None and spec.get("type", "string") == "string":
             arguments[name] = phrase
-        elif example is not None and str(example) != "":
-            arguments[name] = example
-        elif kind in ("integer", "number"):
-            arguments[name] = 1
-        elif kind == "boolean":
-            arguments[name] = True
-        else:
-            arguments[name] = " ".join(query.split()[:4]) or name
+            break
+        if isinstance(value, str):
+            break
     return arguments
 
 
@@ -285,7 +267,7 @@ def agent_message(body: dict[str, Any], *, tool_calls_before_answer: int = 1, ch
     """
     messages = body.get("messages") or []
     functions = offered_functions(body)
-    query = _query(messages)
+    query = user_query(messages)
     results = [m for m in messages if m.get("role") in ("tool", "function")]
     legacy = not body.get("tools") and bool(body.get("functions"))
     if not functions or body.get("tool_choice") == "none" or body.get("function_call") == "none":
