@@ -57,6 +57,15 @@ def record_config(folder: Path, agent: AgentStub, judge: JudgeStub, simulator: O
     return path
 
 
+def models_config(folder: Path, agent_url: str, judge_url: str, **extra: Any) -> Path:
+    """``folder/c.yml``: a record run's config with the agent's and the judge's model servers (and ``extra`` keys)."""
+    config = {"mode": "record", "store": {"path": str(folder / "store")}, **extra, "log_level": "warning",
+              "llm": {"upstreams": [{"base_url": agent_url, "models": [AGENT]}, {"base_url": judge_url, "models": [JUDGE]}]}}
+    path = folder / "c.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("score")
@@ -284,10 +293,7 @@ def test_ctrl_c_leaves_a_run_the_same_command_resumes_and_a_records_of_model_cal
     import time
 
     with AgentStub() as agent, JudgeStub(seed=3) as judge:
-        config = tmp_path / "c.yml"
-        config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "log_level": "warning",
-                                          "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]},
-                                                                {"base_url": judge.api_base, "models": [JUDGE]}]}}))
+        config = models_config(tmp_path, agent.api_base, judge.api_base)
         command = [sys.executable, "-m", "stabletoolbench_mirror", "score", "--stabletoolbench", str(UPSTREAM), "--tools", str(TOOLS_DIR),
                    "--stand-ins", "--config", str(config), "--groups", "G1_instruction", "--query-ids", "608", "--method", COT,
                    "--agent-model", AGENT, "--evaluate-times", "2", "--out", str(tmp_path / "run.tar.gz")]
@@ -378,11 +384,7 @@ def test_two_records_of_one_label_on_one_store_draw_their_own_answers_and_both_r
     """The second record run of a label on a store gets model-call runs of its own (occurrences from #1) and its own
     answers (the judge labels at random: the labels differ); both bundles replay.  ``--reuse-model-answers`` asks nothing."""
     with AgentStub() as agent, JudgeStub(seed=2) as judge:
-        config = tmp_path / "c.yml"
-        config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(FROZEN_CACHE)],
-                                          "log_level": "warning",
-                                          "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]},
-                                                                {"base_url": judge.api_base, "models": [JUDGE]}]}}))
+        config = models_config(tmp_path, agent.api_base, judge.api_base, frozen_caches=[str(FROZEN_CACHE)])
         run = ["--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073,608", "--method", COT, "--agent-model", AGENT,
                "--evaluate-times", "3", "--label", "same"]
         asked = []
@@ -429,10 +431,7 @@ def test_a_dead_judge_or_server_fails_at_once_naming_it(tmp_path: Path, capsys: 
     try:
         with AgentStub() as agent:
             for judge_url, cause in ((dead, "connection refused"), (f"http://127.0.0.1:{silent.getsockname()[1]}/v1", "timed out")):
-                config = tmp_path / "c.yml"
-                config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "log_level": "warning",
-                                                  "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]},
-                                                                        {"base_url": judge_url, "models": [JUDGE]}]}}))
+                config = models_config(tmp_path, agent.api_base, judge_url)
                 started = time.monotonic()
                 code, _, err = score("--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073", "--method", COT,
                                      "--agent-model", AGENT, "--out", str(tmp_path / "b"), capsys=capsys)
@@ -460,11 +459,7 @@ def test_a_bundle_rescored_with_another_judge_is_a_new_bundle_beside_the_origina
     the agent never), written as a bundle of its own that names the original; it replays with no model running."""
     other = "gpt-4o-mini-judge"
     with AgentStub() as agent, JudgeStub(seed=4) as judge:
-        config = tmp_path / "c.yml"
-        config.write_text(yaml.safe_dump({"mode": "record", "store": {"path": str(tmp_path / "store")}, "frozen_caches": [str(FROZEN_CACHE)],
-                                          "log_level": "warning",
-                                          "llm": {"upstreams": [{"base_url": agent.api_base, "models": [AGENT]},
-                                                                {"base_url": judge.api_base, "models": [JUDGE]}]}}))
+        config = models_config(tmp_path, agent.api_base, judge.api_base, frozen_caches=[str(FROZEN_CACHE)])
         code, _, err = score("--config", str(config), "--groups", "G1_instruction", "--query-ids", "1073,608", "--method", COT,
                              "--agent-model", AGENT, "--evaluate-times", "2", "--out", str(tmp_path / "original"), capsys=capsys)
         assert code == 0, err
